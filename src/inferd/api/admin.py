@@ -1,0 +1,97 @@
+"""Admin routes: model reload, canary, promote, rollback. Bearer ``server.admin_key``; 404 without one."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from fastapi import APIRouter, Depends, Request
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.responses import Response
+
+from inferd.api.errors import APIError
+from inferd.api.routes import _JSON_BODY, json_response, read_body
+from inferd.api.security import require_admin
+from inferd.core.handler import ModelLoadError
+from inferd.core.model_loader import ModelNotReady, ModelSlot, ReloadInProgress
+
+log = logging.getLogger(__name__)
+
+
+def _admin(request: Request) -> None:
+    require_admin(request, request.app.state.settings.server.admin_key)
+
+
+admin_router = APIRouter(prefix="/admin", dependencies=[Depends(_admin)])
+
+
+class ReloadRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    path: str = Field(min_length=1)
+    version: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._\-]+$")
+
+
+class CanaryRequest(ReloadRequest):
+    weight: float = Field(ge=0.0, le=1.0)
+
+
+def _describe(slot: ModelSlot) -> dict[str, Any]:
+    return {"name": slot.spec.name, "version": slot.version, "path": str(slot.spec.path),
+            "dimension": slot.handler.dimension, "load_seconds": round(slot.load_seconds, 3)}
+
+
+async def _change(request: Request, outcome_label: str, fn, *args) -> dict[str, Any]:
+    metrics = request.app.state.metrics
+    try:
+        slot = await asyncio.to_thread(fn, *args)
+    except ReloadInProgress as exc:
+        metrics.model_reloads.labels("conflict").inc()
+        raise APIError(409, f"{exc}; try again when it has finished", "reload_in_progress") from None
+    except ModelNotReady as exc:
+        raise APIError(503, f"no model is serving yet ({exc.state})", "model_not_ready",
+                       headers={"Retry-After": "1"}) from None
+    except ModelLoadError as exc:
+        metrics.model_reloads.labels("failed").inc()
+        log.error("%s failed: %s", outcome_label, exc)
+        raise APIError(422, f"{outcome_label} failed; the serving model is unchanged: {exc}",
+                       "model_load_failed", "path") from None
+    metrics.model_reloads.labels("ok").inc()
+    return _describe(slot)
+
+
+@admin_router.post("/models/reload", openapi_extra=_JSON_BODY)
+async def reload_model(request: Request) -> Response:
+    body = await read_body(request, ReloadRequest)
+    manager = request.app.state.manager
+    slot = await _change(request, "reload", manager.reload, body.path, body.version)
+    return json_response({"status": "switched", "active": slot, "switches": manager.switches})
+
+
+@admin_router.post("/models/canary", openapi_extra=_JSON_BODY)
+async def canary(request: Request) -> Response:
+    body = await read_body(request, CanaryRequest)
+    manager = request.app.state.manager
+    slot = await _change(request, "canary", manager.set_canary, body.path, body.version, body.weight)
+    return json_response({"status": "canary", "canary": slot, "weight": manager.canary_weight})
+
+
+@admin_router.post("/models/promote")
+async def promote(request: Request) -> Response:
+    slot = await _change(request, "promote", request.app.state.manager.promote)
+    return json_response({"status": "promoted", "active": slot})
+
+
+@admin_router.post("/models/rollback")
+async def rollback(request: Request) -> Response:
+    slot = await _change(request, "rollback", request.app.state.manager.rollback)
+    return json_response({"status": "rolled_back", "active": slot})
+
+
+@admin_router.get("/models")
+async def list_models(request: Request) -> Response:
+    manager = request.app.state.manager
+    return json_response({"state": manager.state, "switches": manager.switches,
+                          "canary_weight": manager.canary_weight,
+                          "slots": [{"role": role, **_describe(s), "in_use": s.refs}
+                                    for role, s in manager.slots()]})

@@ -1,0 +1,114 @@
+"""create_app: wires settings, model manager, engine, metrics and routes; the lifespan loads the model."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI, Request
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.responses import Response
+
+from inferd import __version__
+from inferd.api.admin import admin_router
+from inferd.api.errors import install_error_handlers
+from inferd.api.middleware import BodyLimitMiddleware, RequestContextMiddleware
+from inferd.api.routes import router
+from inferd.api.security import require_keys
+from inferd.config import Settings
+from inferd.core.handler import Handler, ModelLoadError, ModelSpec
+from inferd.core.inference import InferenceEngine
+from inferd.core.model_loader import ModelManager, load_handler
+from inferd.utils.metrics import Metrics
+
+log = logging.getLogger(__name__)
+
+
+class LoadFailed(SystemExit):
+    """Raised out of start-up when the model fails and ``model.exit_on_load_failure`` is set."""
+
+
+def _publish_models(manager: ModelManager, metrics: Metrics) -> None:
+    metrics.model_info.clear()
+    for role, slot in manager.slots():
+        h = slot.handler
+        metrics.model_info.labels(role, slot.spec.name, slot.version, str(h.device), h.dtype,
+                                  "pytorch").set(1)
+        metrics.model_load.labels(slot.version).set(slot.load_seconds)
+
+
+def create_app(settings: Settings, loader: Callable[[ModelSpec], Handler] = load_handler,
+               memory_guard: Any = None) -> FastAPI:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach a model hub, whatever a library tries
+    metrics = Metrics(settings.batching.max_batch_size)
+    manager = ModelManager(settings, loader)
+    manager.on_change = lambda: _publish_models(manager, metrics)
+    if memory_guard is not None:
+        memory_guard.metrics = metrics
+    engine = InferenceEngine(manager, settings, metrics, memory_guard)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        engine.start()
+        task = None
+        mode = settings.model.load_mode
+        if mode == "eager":
+            await _load(manager, settings)
+        elif mode == "background":
+            task = asyncio.create_task(_load(manager, settings, background=True))
+        try:
+            yield
+        finally:
+            if task is not None and not task.done():
+                task.cancel()
+            await engine.drain(settings.server.drain_timeout_s)
+            engine.stop()
+            manager.close()
+
+    app = FastAPI(title="inferd", version=__version__, lifespan=lifespan)
+    app.state.settings = settings
+    app.state.manager = manager
+    app.state.engine = engine
+    app.state.metrics = metrics
+    app.state.memory_guard = memory_guard
+    app.state.started_at = time.time()
+    install_error_handlers(app)
+    app.include_router(router)
+    if settings.server.admin_port is None:
+        app.include_router(admin_router)
+
+    @app.get("/metrics")
+    async def metrics_endpoint(request: Request) -> Response:
+        key = settings.server.metrics_key
+        require_keys(request, (key,) if key else (), "metrics")
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.limits.max_body_bytes)
+    app.add_middleware(RequestContextMiddleware, metrics=metrics, access=settings.server.access_log)
+    return app
+
+
+def create_admin_app(main: FastAPI) -> FastAPI:
+    """The admin routes on their own app (for ``server.admin_port``), sharing the main app's state."""
+    app = FastAPI(title="inferd admin", version=__version__)
+    app.state._state = main.state._state
+    install_error_handlers(app)
+    app.include_router(admin_router)
+    app.add_middleware(RequestContextMiddleware, metrics=main.state.metrics, access=True)
+    return app
+
+
+async def _load(manager: ModelManager, settings: Settings, background: bool = False) -> None:
+    try:
+        await asyncio.to_thread(manager.load_initial)
+    except ModelLoadError as exc:
+        if settings.model.exit_on_load_failure:
+            if background:
+                log.critical("exiting: the model failed to load and model.exit_on_load_failure is set")
+                os._exit(3)
+            raise LoadFailed(3) from exc

@@ -1,0 +1,142 @@
+"""Pure ASGI middleware: request context (id, timing headers, access log, metrics) and the body limit.
+
+Pure ASGI rather than BaseHTTPMiddleware, which hides client disconnects and buffers responses.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+import uuid
+from typing import Any
+
+from starlette.datastructures import MutableHeaders
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from inferd.api.errors import APIError, error_body
+from inferd.utils.logger import request_id_var
+from inferd.utils.metrics import Metrics
+
+log = logging.getLogger(__name__)
+access_log = logging.getLogger("inferd.access")
+
+_SAFE_ID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
+# Known paths are metric labels as they are; anything else is one label, so 404 scans cannot explode them.
+KNOWN_PATHS = frozenset({
+    "/predict", "/v1/embeddings", "/v1/models", "/info", "/health", "/health/live", "/health/ready",
+    "/metrics", "/admin/memory", "/admin/models/reload", "/admin/models/canary", "/admin/models/promote",
+    "/admin/models/rollback", "/admin/models",
+})
+
+
+def context(scope: Scope) -> dict[str, Any]:
+    """The per-request dict routes fill (stage timings, version) for headers and the access log."""
+    return scope.setdefault("inferd", {})
+
+
+class RequestContextMiddleware:
+    def __init__(self, app: ASGIApp, metrics: Metrics, access: bool = True) -> None:
+        self.app = app
+        self.metrics = metrics
+        self.access = access
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        supplied = _header(scope, b"x-request-id")
+        rid = supplied if supplied and _SAFE_ID.match(supplied) else uuid.uuid4().hex
+        token = request_id_var.set(rid)
+        started = time.perf_counter()
+        ctx = context(scope)
+        status = [500]
+        response_started = [False]
+
+        async def send_with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                response_started[0] = True
+                status[0] = message["status"]
+                headers = MutableHeaders(scope=message)
+                headers["X-Request-ID"] = rid
+                headers["X-Process-Time"] = f"{(time.perf_counter() - started) * 1e3:.3f}"
+                if "queue_ms" in ctx:
+                    headers["X-Queue-Time"] = f"{ctx['queue_ms']:.3f}"
+                    headers["X-Inference-Time"] = f"{ctx['inference_ms']:.3f}"
+                if "version" in ctx:
+                    headers["X-Model-Version"] = str(ctx["version"])
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_with_headers)
+        except Exception:
+            log.exception("unhandled error")
+            if not response_started[0]:
+                body = error_body(500, "internal server error; quote the request id when reporting it",
+                                  "internal_error")
+                await send_with_headers({"type": "http.response.start", "status": 500,
+                                         "headers": [(b"content-type", b"application/json"),
+                                                     (b"content-length", str(len(body)).encode())]})
+                await send_with_headers({"type": "http.response.body", "body": body})
+        finally:
+            elapsed = time.perf_counter() - started
+            path = scope.get("path", "")
+            endpoint = path if path in KNOWN_PATHS else "other"
+            self.metrics.requests.labels(endpoint, str(status[0])).inc()
+            self.metrics.request_duration.labels(endpoint).observe(elapsed)
+            if self.access:
+                access_log.info(
+                    "%s %s %d", scope.get("method"), path, status[0],
+                    extra={"endpoint": endpoint, "status": status[0], "duration_ms": round(elapsed * 1e3, 3),
+                           **{k: (round(v, 3) if isinstance(v, float) else v) for k, v in ctx.items()}})
+            request_id_var.reset(token)
+
+
+class BodyTooLarge(APIError):
+    def __init__(self, limit: int) -> None:
+        super().__init__(413, f"request body is larger than the limit of {limit} bytes", "body_too_large")
+
+
+class BodyLimitMiddleware:
+    """Refuse bodies over the limit: by Content-Length up front, and by counting (chunked bodies)."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = _header(scope, b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
+            exc = BodyTooLarge(self.max_bytes)
+            await _send_error(send, exc)
+            return
+        received = 0
+
+        async def counting_receive() -> Message:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.max_bytes:
+                    raise BodyTooLarge(self.max_bytes)
+            return message
+
+        await self.app(scope, counting_receive, send)
+
+
+async def _send_error(send: Send, exc: APIError) -> None:
+    body = error_body(exc.status, exc.message, exc.code, exc.param, exc.type)
+    await send({"type": "http.response.start", "status": exc.status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                            (b"connection", b"close")]})
+    await send({"type": "http.response.body", "body": body})
+
+
+def _header(scope: Scope, name: bytes) -> str | None:
+    for key, value in scope.get("headers", ()):
+        if key == name:
+            return value.decode("latin-1")
+    return None

@@ -1,0 +1,99 @@
+"""``inferd serve | check-config | bench``: flags map onto Settings, then ``run(settings)``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from inferd.config import ConfigError, Settings, load_settings
+
+# flag name -> dotted settings key
+FLAGS = {
+    "host": "server.host",
+    "port": "server.port",
+    "admin_port": "server.admin_port",
+    "log_format": "server.log_format",
+    "log_level": "server.log_level",
+    "model_path": "model.path",
+    "model_version": "model.version",
+    "load_mode": "model.load_mode",
+    "device": "model.device",
+    "dtype": "model.dtype",
+    "max_batch_size": "batching.max_batch_size",
+    "max_wait_ms": "batching.max_wait_ms",
+    "torch_threads": "runtime.torch_threads",
+}
+
+_SECRETS = ("admin_key", "api_keys", "metrics_key")
+
+
+def _add_config_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--env", help="configuration overlay (default: $INFERD_ENV or dev)")
+    p.add_argument("--config-dir", type=Path, help="folder holding base.yaml and the overlays")
+    p.add_argument("--host")
+    p.add_argument("--port", type=int)
+    p.add_argument("--admin-port", type=int)
+    p.add_argument("--log-format", choices=["json", "text"])
+    p.add_argument("--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    p.add_argument("--model-path", help="a local Hugging Face model folder")
+    p.add_argument("--model-version")
+    p.add_argument("--load-mode", choices=["background", "eager", "lazy"])
+    p.add_argument("--device")
+    p.add_argument("--dtype", choices=["float32", "float16", "bfloat16"])
+    p.add_argument("--max-batch-size", type=int)
+    p.add_argument("--max-wait-ms", type=float)
+    p.add_argument("--torch-threads", type=int)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="inferd", description="inferd: a production inference service")
+    sub = parser.add_subparsers(dest="command", required=True)
+    _add_config_flags(sub.add_parser("serve", help="serve the configured model over HTTP"))
+    _add_config_flags(sub.add_parser("check-config", help="print the effective configuration and exit"))
+    sub.add_parser("bench", help="run the benchmark (see bench/README.md)", add_help=False)
+    return parser
+
+
+def settings_from_args(args: argparse.Namespace) -> Settings:
+    overrides = {key: getattr(args, flag) for flag, key in FLAGS.items()}
+    return load_settings(args.env, overrides, config_dir=args.config_dir)
+
+
+def redacted(settings: Settings) -> dict[str, Any]:
+    data = settings.model_dump(mode="json")
+    for key in _SECRETS:
+        if data["server"].get(key):
+            data["server"][key] = "***"
+    return data
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["bench"]:
+        from inferd.benchmark import main as bench_main
+
+        return bench_main(argv[1:])
+    args = build_parser().parse_args(argv)
+    try:
+        settings = settings_from_args(args)
+    except ConfigError as exc:
+        print(f"inferd: {exc}", file=sys.stderr)
+        return 2
+    if args.command == "check-config":
+        print(yaml.safe_dump(redacted(settings), sort_keys=False), end="")
+        return 0
+    return run(settings)
+
+
+def run(settings: Settings) -> int:
+    from inferd.server import serve
+
+    return serve(settings)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

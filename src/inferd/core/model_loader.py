@@ -1,0 +1,318 @@
+"""Loading models into slots, and the ModelManager that swaps them while traffic flows.
+
+A slot is one loaded model with a reference count. Requests and running batches hold a reference; a
+swap replaces the pointer under a lock (atomic for every new request) and retires the old slot, which is
+freed only when its last reference is released.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+import hashlib
+import importlib
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+import torch
+
+from inferd.config import Settings, resolve_model_path
+from inferd.core.handler import EmbeddingHandler, Handler, ModelLoadError, ModelSpec, resolve_device
+
+log = logging.getLogger(__name__)
+
+
+class ReloadInProgress(Exception):
+    pass
+
+
+class ModelNotReady(Exception):
+    def __init__(self, state: str, reason: str | None = None) -> None:
+        super().__init__(state)
+        self.state = state
+        self.reason = reason
+
+
+def spec_from_settings(settings: Settings, path: Path | None = None, version: str | None = None) -> ModelSpec:
+    m = settings.model
+    return ModelSpec(
+        path=path or resolve_model_path(m), name=m.name, version=version or m.version, task=m.task,
+        device=m.device, dtype=m.dtype, pooling=m.pooling, normalize=m.normalize,
+        max_seq_length=m.max_seq_length, truncate=m.truncate, allow_pickle=m.allow_pickle, warmup=m.warmup)
+
+
+def load_handler(spec: ModelSpec) -> Handler:
+    """Build the task's handler, load the weights on the device and warm it up."""
+    if spec.task == "embedding":
+        handler: Any = EmbeddingHandler()
+    elif ":" in spec.task:
+        module, _, cls = spec.task.partition(":")
+        try:
+            handler = getattr(importlib.import_module(module), cls)()
+        except (ImportError, AttributeError) as exc:
+            raise ModelLoadError(f"model.task {spec.task!r} cannot be imported: {exc}") from exc
+    else:
+        raise ModelLoadError(f"unknown model.task {spec.task!r}; use 'embedding' or 'module:Class'")
+    handler.load(spec, resolve_device(spec.device))
+    if spec.warmup and hasattr(handler, "warmup"):
+        handler.warmup()
+    return handler
+
+
+class ModelSlot:
+    def __init__(self, handler: Handler, spec: ModelSpec, load_seconds: float) -> None:
+        self.handler = handler
+        self.spec = spec
+        self.version = spec.version
+        self.load_seconds = load_seconds
+        self.freed = threading.Event()
+        self._refs = 0
+        self._retired = False
+        self._lock = threading.Lock()
+
+    @property
+    def refs(self) -> int:
+        return self._refs
+
+    def acquire(self) -> ModelSlot:
+        with self._lock:
+            self._refs += 1
+        return self
+
+    def release(self) -> None:
+        with self._lock:
+            self._refs -= 1
+            free = self._retired and self._refs == 0
+        if free:
+            self._free()
+
+    def retire(self) -> None:
+        with self._lock:
+            self._retired = True
+            free = self._refs == 0
+        if free:
+            self._free()
+
+    def _free(self) -> None:
+        if self.freed.is_set():
+            return
+        self.handler.close()
+        self.handler = None  # type: ignore[assignment]
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        self.freed.set()
+        log.info("model released", extra={"version": self.version})
+
+
+def check_model_path(raw: str, roots: list[Path]) -> Path:
+    """Accept only local folders under one of the allowed roots; no URLs, no '..' escapes."""
+    if not raw or not isinstance(raw, str):
+        raise ModelLoadError("path must be a non-empty string")
+    parsed = urlparse(raw)
+    if parsed.scheme and len(parsed.scheme) > 1:  # one letter would be a Windows drive
+        raise ModelLoadError(f"path {raw!r}: only local folders are allowed, not {parsed.scheme}:// URLs")
+    if ".." in Path(raw).parts:
+        raise ModelLoadError(f"path {raw!r}: '..' is not allowed")
+    path = Path(raw).expanduser().resolve()
+    for root in roots:
+        if path == root or root in path.parents:
+            return path
+    allowed = ", ".join(str(r) for r in roots) or "(none)"
+    raise ModelLoadError(f"path {raw!r} is not under an allowed model.root ({allowed})")
+
+
+class ModelManager:
+    """Holds the active slot (and an optional canary), loads new models beside them, swaps atomically."""
+
+    def __init__(self, settings: Settings, loader: Callable[[ModelSpec], Handler] = load_handler,
+                 on_change: Callable[[], None] | None = None) -> None:
+        self.settings = settings
+        self.loader = loader
+        self.on_change = on_change or (lambda: None)
+        self.state = "not_loaded"
+        self.reason: str | None = None
+        self.active: ModelSlot | None = None
+        self.canary: ModelSlot | None = None
+        self.canary_weight = 0.0
+        self.switches = 0
+        self._lock = threading.Lock()
+        self._reload_lock = threading.Lock()
+        self._lazy_lock = asyncio.Lock()
+        self._initial = spec_from_settings(settings)
+        roots = [Path(r).expanduser().resolve() for r in settings.model.root]
+        self.roots = roots or [self._initial.path.expanduser().resolve().parent]
+
+    # -- loading ---------------------------------------------------------------------------------------
+
+    def _load(self, spec: ModelSpec) -> ModelSlot:
+        started = time.perf_counter()
+        try:
+            handler = self.loader(spec)
+        except ModelLoadError:
+            raise
+        except Exception as exc:  # a broken model folder can raise nearly anything from transformers
+            raise ModelLoadError(f"cannot load {spec.path}: {type(exc).__name__}: {exc}") from exc
+        return ModelSlot(handler, spec, time.perf_counter() - started)
+
+    def load_initial(self) -> None:
+        """Load the configured model (and canary); record failure instead of raising."""
+        self.state = "loading"
+        try:
+            if self.settings.model.load_delay_s:
+                time.sleep(self.settings.model.load_delay_s)
+            slot = self._load(self._initial)
+            canary = None
+            c = self.settings.canary
+            if c.path and c.weight > 0:
+                canary = self._load(spec_from_settings(self.settings, Path(c.path), c.version or "canary"))
+        except ModelLoadError as exc:
+            self.state, self.reason = "failed", str(exc)
+            log.error("model load failed: %s", exc)
+            raise
+        with self._lock:
+            self.active = slot
+            if canary is not None:
+                self.canary, self.canary_weight = canary, self.settings.canary.weight
+        self.state = "ready"
+        log.info("model ready", extra={"model": slot.spec.name, "version": slot.version,
+                                        "load_seconds": round(slot.load_seconds, 3)})
+        self.on_change()
+
+    async def ensure_loaded(self) -> None:
+        """Lazy mode: the first request loads the model, exactly once however many arrive together."""
+        if self.state == "ready":
+            return
+        async with self._lazy_lock:
+            if self.state in ("not_loaded",):
+                with contextlib.suppress(ModelLoadError):
+                    await asyncio.to_thread(self.load_initial)
+        if self.state != "ready":
+            raise ModelNotReady(self.state, self.reason)
+
+    # -- routing ---------------------------------------------------------------------------------------
+
+    def pick(self, routing_key: str | None = None, model: str | None = None) -> ModelSlot:
+        """The slot this request runs on, with a reference taken (release it when the request ends)."""
+        with self._lock:
+            active, canary = self.active, self.canary
+            if active is None:
+                raise ModelNotReady(self.state, self.reason)
+            slot = active
+            if canary is not None:
+                if model and model in (canary.version, f"{canary.spec.name}@{canary.version}"):
+                    slot = canary
+                elif model and model in (active.version, f"{active.spec.name}@{active.version}"):
+                    slot = active
+                elif routing_key is not None:
+                    slot = canary if _bucket(routing_key) < self.canary_weight else active
+                else:
+                    slot = canary if random.random() < self.canary_weight else active
+            return slot.acquire()
+
+    def slots(self) -> list[tuple[str, ModelSlot]]:
+        with self._lock:
+            out = [("active", self.active)] if self.active else []
+            if self.canary:
+                out.append(("canary", self.canary))
+            return out  # type: ignore[return-value]
+
+    # -- lifecycle -------------------------------------------------------------------------------------
+
+    def _load_standby(self, path: str, version: str) -> ModelSlot:
+        if self.active is None:
+            raise ModelNotReady(self.state, self.reason)
+        spec = spec_from_settings(self.settings, check_model_path(path, self.roots), version)
+        slot = self._load(spec)
+        old_dim = self.active.handler.dimension
+        new_dim = slot.handler.dimension
+        if new_dim != old_dim and not self.settings.model.allow_dimension_change:
+            slot.retire()
+            raise ModelLoadError(f"the new model's embedding dimension is {new_dim}, the serving model's is "
+                                 f"{old_dim}; set model.allow_dimension_change: true to allow it")
+        return slot
+
+    def _exclusive(self) -> None:
+        if not self._reload_lock.acquire(blocking=False):
+            raise ReloadInProgress("another model change is in progress")
+
+    def reload(self, path: str, version: str) -> ModelSlot:
+        """Load into standby, then switch atomically; the old slot is freed when its requests finish."""
+        self._exclusive()
+        try:
+            slot = self._load_standby(path, version)
+            with self._lock:
+                old, self.active = self.active, slot
+                self.switches += 1
+            log.info("model switched", extra={"version": version, "previous": old.version if old else None})
+            if old is not None:
+                old.retire()
+            self.on_change()
+            return slot
+        finally:
+            self._reload_lock.release()
+
+    def set_canary(self, path: str, version: str, weight: float) -> ModelSlot:
+        self._exclusive()
+        try:
+            slot = self._load_standby(path, version)
+            with self._lock:
+                old, self.canary, self.canary_weight = self.canary, slot, weight
+            if old is not None:
+                old.retire()
+            self.on_change()
+            return slot
+        finally:
+            self._reload_lock.release()
+
+    def promote(self) -> ModelSlot:
+        """The canary becomes the active model; the old active is retired."""
+        self._exclusive()
+        try:
+            with self._lock:
+                if self.canary is None:
+                    raise ModelLoadError("there is no canary to promote")
+                old, self.active, self.canary, self.canary_weight = self.active, self.canary, None, 0.0
+                self.switches += 1
+                new = self.active
+            if old is not None:
+                old.retire()
+            self.on_change()
+            return new
+        finally:
+            self._reload_lock.release()
+
+    def rollback(self) -> ModelSlot:
+        """Drop the canary; all traffic returns to the active model."""
+        self._exclusive()
+        try:
+            with self._lock:
+                if self.canary is None:
+                    raise ModelLoadError("there is no canary to roll back")
+                old, self.canary, self.canary_weight = self.canary, None, 0.0
+                active = self.active
+            old.retire()
+            self.on_change()
+            return active  # type: ignore[return-value]
+        finally:
+            self._reload_lock.release()
+
+    def close(self) -> None:
+        with self._lock:
+            slots = [s for s in (self.active, self.canary) if s is not None]
+            self.active = self.canary = None
+        for slot in slots:
+            slot.retire()
+
+
+def _bucket(key: str) -> float:
+    """A stable number in [0, 1) for a routing key: the same key always lands on the same version."""
+    digest = hashlib.blake2b(key.encode("utf-8", "surrogatepass"), digest_size=8).digest()
+    return int.from_bytes(digest, "big") / 2**64

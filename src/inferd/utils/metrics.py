@@ -1,0 +1,87 @@
+"""Prometheus metrics, named ``inferd_<noun>_<unit>``; one registry per app so tests can run many apps.
+
+Queue, preprocess, inference and postprocess durations are kept apart so a dashboard shows where the
+time goes; rejections carry a reason label.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.process_collector import ProcessCollector
+
+# Milliseconds to tens of seconds.
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+TOKEN_BUCKETS = (16, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
+
+REJECT_REASONS = ("overloaded", "deadline", "disconnected", "too_long", "invalid", "not_ready", "draining",
+                  "oom", "unauthorized")
+
+
+def batch_size_buckets(max_batch_size: int) -> tuple[float, ...]:
+    edges = {1, 2, 4, 8, 16, 32, 64, 128, 256, 512, max_batch_size}
+    return tuple(sorted(e for e in edges if e <= max_batch_size))
+
+
+class Metrics:
+    def __init__(self, max_batch_size: int = 32, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        ProcessCollector(registry=r)
+        self.requests = Counter("inferd_requests_total", "HTTP requests by endpoint and status",
+                                ["endpoint", "status"], registry=r)
+        self.request_duration = Histogram("inferd_request_duration_seconds", "Request duration",
+                                          ["endpoint"], buckets=LATENCY_BUCKETS, registry=r)
+        self.queue_duration = Histogram("inferd_queue_duration_seconds", "Time a text waited in the queue",
+                                        ["version"], buckets=LATENCY_BUCKETS, registry=r)
+        self.preprocess_duration = Histogram("inferd_preprocess_duration_seconds",
+                                             "Tokenisation time per request", ["version"],
+                                             buckets=LATENCY_BUCKETS, registry=r)
+        self.inference_duration = Histogram("inferd_inference_duration_seconds", "Forward pass per batch",
+                                            ["version"], buckets=LATENCY_BUCKETS, registry=r)
+        self.postprocess_duration = Histogram("inferd_postprocess_duration_seconds",
+                                              "Pooling/serialisation time per batch", ["version"],
+                                              buckets=LATENCY_BUCKETS, registry=r)
+        self.batch_size = Histogram("inferd_batch_size", "Texts per batch", ["version"],
+                                    buckets=batch_size_buckets(max_batch_size), registry=r)
+        self.batch_tokens = Histogram("inferd_batch_tokens", "Padded tokens per batch", ["version"],
+                                      buckets=TOKEN_BUCKETS, registry=r)
+        self.queue_depth = Gauge("inferd_queue_depth", "Texts waiting in the batch queue", registry=r)
+        self.in_flight = Gauge("inferd_requests_in_flight", "Inference requests accepted, not answered",
+                               registry=r)
+        self.rejected = Counter("inferd_requests_rejected_total", "Requests refused or dropped",
+                                ["reason"], registry=r)
+        for reason in REJECT_REASONS:
+            self.rejected.labels(reason)
+        self.model_info = Gauge("inferd_model_info", "The model being served (value 1)",
+                                ["slot", "name", "version", "device", "dtype", "backend"], registry=r)
+        self.model_load = Gauge("inferd_model_load_seconds", "Duration of the last model load",
+                                ["version"], registry=r)
+        self.model_reloads = Counter("inferd_model_reloads_total", "Model reloads by outcome",
+                                     ["outcome"], registry=r)
+        self.version_requests = Counter("inferd_version_requests_total", "Inference requests per model version",
+                                        ["version"], registry=r)
+        self.gpu_allocated = Gauge("inferd_gpu_memory_allocated_bytes", "Allocated device memory", registry=r)
+        self.gpu_reserved = Gauge("inferd_gpu_memory_reserved_bytes", "Reserved device memory", registry=r)
+        self.gpu_peak = Gauge("inferd_gpu_memory_peak_bytes", "Peak allocated device memory", registry=r)
+        self.gpu_fragmentation = Gauge("inferd_gpu_memory_fragmentation_ratio",
+                                       "(reserved - allocated) / reserved", registry=r)
+        self.gpu_utilization = Gauge("inferd_gpu_utilization_ratio", "GPU utilisation (NVML), 0-1",
+                                     registry=r)
+        self.empty_cache = Counter("inferd_empty_cache_total", "empty_cache calls made by the memory guard",
+                                   registry=r)
+        self.oom = Counter("inferd_oom_total", "Out-of-memory errors caught in batches", registry=r)
+        self.cache_entries = Gauge("inferd_cache_entries", "Entries held by bounded caches", ["cache"],
+                                   registry=r)
+        self.worker_alive = Gauge("inferd_worker_alive", "1 while the inference worker thread runs",
+                                  registry=r)
+
+
+class CallbackCollector:
+    """Reads a value at scrape time (for figures that are cheaper to read than to keep updated)."""
+
+    def __init__(self, name: str, doc: str, read) -> None:
+        self.name, self.doc, self.read = name, doc, read
+
+    def collect(self):
+        yield GaugeMetricFamily(self.name, self.doc, value=float(self.read()))

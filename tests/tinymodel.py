@@ -1,0 +1,65 @@
+"""A tiny random BERT, written as a real Hugging Face folder (safetensors + tokenizer.json), in seconds."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+WORDS = (
+    "the a an is are was be to of and in on for with that this it as at by from or not but all any can "
+    "hello world model service batch queue request response text long short sentence token vector "
+    "embedding fast slow cat dog house tree river mountain city car run walk read write test data "
+    "inference server client network memory error ok yes no one two three four five six seven eight"
+).split()
+CJK = "我你他她们的是不了在有人这中大为上个国和地到以说时要就出会可也子对生能而那得于着下自之年过发后作里用道行所然家种事成方多经么去法学如都同现当没动面起看定天分还进好小部其些主样理心本前开但因只从想实日者意无力它与长把机十民第公此已工使情明性知全三又关点正业外将两高间由问很最重并物手应向头文体"
+
+
+def write_tiny_bert(folder: Path, seed: int = 0, hidden: int = 32, layers: int = 2, max_positions: int = 128,
+                    pooling: str = "mean", normalize: bool = True, pickle_weights: bool = False) -> Path:
+    """A random BertModel + fast tokenizer + sentence-transformers files; outputs differ per seed."""
+    import torch
+    from tokenizers import Tokenizer, normalizers, pre_tokenizers, processors
+    from tokenizers.models import WordPiece
+    from transformers import BertConfig, BertModel, PreTrainedTokenizerFast
+
+    folder.mkdir(parents=True, exist_ok=True)
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS, *dict.fromkeys(CJK)]
+    vocab += [f"##{c}" for c in "abcdefghijklmnopqrstuvwxyz"] + list("abcdefghijklmnopqrstuvwxyz0123456789.,!?'")
+    vocab = list(dict.fromkeys(vocab))
+    (folder / "vocab.txt").write_text("\n".join(vocab) + "\n", encoding="utf-8")
+    ids = {tok: i for i, tok in enumerate(vocab)}
+    backend = Tokenizer(WordPiece(ids, unk_token="[UNK]"))
+    backend.normalizer = normalizers.BertNormalizer(lowercase=True, handle_chinese_chars=True)
+    backend.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    backend.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+        special_tokens=[("[CLS]", ids["[CLS]"]), ("[SEP]", ids["[SEP]"])])
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend, unk_token="[UNK]", pad_token="[PAD]", cls_token="[CLS]", sep_token="[SEP]",
+        mask_token="[MASK]", model_max_length=max_positions)
+    tokenizer.save_pretrained(folder)
+    torch.manual_seed(seed)
+    config = BertConfig(vocab_size=len(vocab), hidden_size=hidden, num_hidden_layers=layers,
+                        num_attention_heads=4, intermediate_size=hidden * 2,
+                        max_position_embeddings=max_positions)
+    model = BertModel(config).eval()
+    model.save_pretrained(folder, safe_serialization=not pickle_weights)
+    if pickle_weights:
+        for f in folder.glob("*.safetensors"):
+            f.unlink()
+        if not (folder / "pytorch_model.bin").exists():
+            torch.save(model.state_dict(), folder / "pytorch_model.bin")
+    modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+               {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]
+    if normalize:
+        modules.append({"idx": 2, "name": "2", "path": "2_Normalize",
+                        "type": "sentence_transformers.models.Normalize"})
+    (folder / "modules.json").write_text(json.dumps(modules))
+    (folder / "1_Pooling").mkdir(exist_ok=True)
+    (folder / "1_Pooling" / "config.json").write_text(json.dumps({
+        "word_embedding_dimension": hidden, "pooling_mode_cls_token": pooling == "cls",
+        "pooling_mode_mean_tokens": pooling == "mean", "pooling_mode_max_tokens": False,
+        "pooling_mode_mean_sqrt_len_tokens": False}))
+    (folder / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": max_positions,
+                                                                  "do_lower_case": False}))
+    return folder
