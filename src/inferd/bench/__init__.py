@@ -1,0 +1,1 @@
+"""The benchmark: in-process ceiling, naive baseline, inferd closed and open loop (`inferd bench`)."""

@@ -1,0 +1,116 @@
+"""Starting the servers under test as real processes (uvicorn), and stopping them whatever happens."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class ServerFailed(RuntimeError):
+    """A server under test exited or never became ready; the message carries its log's tail."""
+
+
+@dataclass
+class ServerProc:
+    name: str
+    proc: subprocess.Popen[bytes]
+    url: str
+    log_path: Path
+
+    def log_tail(self, chars: int = 3000) -> str:
+        return self.log_path.read_text(errors="replace")[-chars:] if self.log_path.exists() else ""
+
+    def wait_ready(self, path: str, timeout: float) -> float:
+        """Poll ``path`` until it answers 200; return the seconds it took."""
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < timeout:
+            if self.proc.poll() is not None:
+                raise ServerFailed(f"{self.name} exited with {self.proc.returncode}:\n{self.log_tail()}")
+            try:
+                if httpx.get(self.url + path, timeout=2.0).status_code == 200:
+                    return time.monotonic() - t0
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        self.stop()
+        raise ServerFailed(f"{self.name} not ready after {timeout:.0f}s:\n{self.log_tail()}")
+
+    def stop(self, timeout: float = 20.0) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+
+
+def _base_env(torch_threads: int | None) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("INFERD")}
+    env.update({"PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+                "TOKENIZERS_PARALLELISM": "false"})
+    if torch_threads:
+        env["OMP_NUM_THREADS"] = str(torch_threads)
+    return env
+
+
+def _spawn(name: str, cmd: list[str], env: dict[str, str], port: int, log_dir: Path) -> ServerProc:
+    log_dir.mkdir(parents=True, exist_ok=True)
+    log_path = log_dir / f"{name}-{port}.log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=log_dir,
+                                start_new_session=True)
+    return ServerProc(name, proc, f"http://127.0.0.1:{port}", log_path)
+
+
+def start_inferd(log_dir: Path, model_path: Path | None, torch_threads: int | None,
+                 extra_env: dict[str, str], config_dir: Path | None = None,
+                 timeout: float = 180.0) -> ServerProc:
+    """``inferd serve`` with the prod overlay, quiet logs, on a free port; returns once it is ready."""
+    port = free_port()
+    env = _base_env(torch_threads)
+    env.update({"INFERD_ENV": "prod", "INFERD__SERVER__HOST": "127.0.0.1", "INFERD__SERVER__PORT": str(port),
+                "INFERD__SERVER__LOG_LEVEL": "WARNING"})
+    cfg = config_dir or (ROOT / "configs")
+    if (cfg / "base.yaml").is_file():
+        env["INFERD_CONFIG_DIR"] = str(cfg)
+    if model_path is not None:
+        env["INFERD__MODEL__PATH"] = str(model_path)
+    if torch_threads:
+        env["INFERD__RUNTIME__TORCH_THREADS"] = str(torch_threads)
+    env.update(extra_env)
+    server = _spawn("inferd", [sys.executable, "-m", "inferd.cli", "serve"], env, port, log_dir)
+    server.wait_ready("/health/ready", timeout)
+    return server
+
+
+def start_naive(log_dir: Path, app_file: Path, model_path: Path, torch_threads: int | None,
+                timeout: float = 180.0) -> ServerProc:
+    """The seed's stage-1 server (bench/naive_server.py) under uvicorn, on a free port."""
+    port = free_port()
+    app_file = app_file.resolve()  # the server runs in the log folder
+    env = _base_env(torch_threads)
+    env["NAIVE_MODEL_PATH"] = str(model_path)
+    if torch_threads:
+        env["NAIVE_TORCH_THREADS"] = str(torch_threads)
+    cmd = [sys.executable, "-m", "uvicorn", f"{app_file.stem}:app", "--app-dir", str(app_file.parent),
+           "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning", "--no-access-log"]
+    server = _spawn("naive", cmd, env, port, log_dir)
+    server.wait_ready("/health", timeout)
+    return server
