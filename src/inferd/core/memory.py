@@ -3,6 +3,7 @@
 The guard runs on the inference worker thread between batches (never during one): every
 ``check_every_n`` requests it reads allocated/reserved memory and, when
 (reserved - allocated) / reserved passes the threshold, returns cached blocks with ``empty_cache``.
+The same source feeds ``/metrics`` (read at scrape time) and ``GET /admin/memory``.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ import torch
 from inferd.config import MemorySettings, Settings
 
 log = logging.getLogger(__name__)
+
+ALLOC_CONF = "PYTORCH_CUDA_ALLOC_CONF"
 
 
 @dataclass(frozen=True)
@@ -42,19 +45,46 @@ class StatsSource(Protocol):
 
 
 class CudaStats:
-    def __init__(self, device: int | None = None) -> None:
-        self.index = torch.cuda.current_device() if device is None else device
-        self.device = f"cuda:{self.index}"
+    """torch.cuda's allocator figures for one device; utilisation from NVML (nvidia-ml-py)."""
+
+    def __init__(self, device: int | str | None = None) -> None:
+        # The index is resolved on first use: asking torch for the current device initialises CUDA, which
+        # must not happen before configure_process has set the allocator's options.
+        self._index = _cuda_index(device)
+        self._nvml_ok = True
+
+    @property
+    def index(self) -> int:
+        if self._index is None:
+            self._index = torch.cuda.current_device()
+        return self._index
+
+    @property
+    def device(self) -> str:
+        return f"cuda:{self.index}"
 
     def read(self) -> MemoryStats:
-        return MemoryStats(torch.cuda.memory_allocated(self.index), torch.cuda.memory_reserved(self.index),
-                           torch.cuda.max_memory_allocated(self.index), self.device)
+        i = self.index
+        return MemoryStats(torch.cuda.memory_allocated(i), torch.cuda.memory_reserved(i),
+                           torch.cuda.max_memory_allocated(i), self.device)
 
     def empty_cache(self) -> None:
         torch.cuda.empty_cache()
 
     def summary(self) -> str | None:
         return torch.cuda.memory_summary(self.index, abbreviated=True)
+
+    def utilization(self) -> float | None:
+        """Fraction of the last sample period a kernel ran (NVML); None when NVML cannot say."""
+        if not self._nvml_ok:
+            return None
+        try:
+            # torch maps its index onto NVML's (CUDA_VISIBLE_DEVICES) and calls pynvml.
+            return torch.cuda.utilization(self.index) / 100.0
+        except Exception as exc:  # no pynvml, no driver library, a MIG slice NVML will not report on
+            self._nvml_ok = False
+            log.warning("GPU utilisation unavailable (NVML): %s", exc)
+            return None
 
 
 class ProcessStats:
@@ -77,16 +107,31 @@ class ProcessStats:
     def summary(self) -> str | None:
         return None
 
+    def utilization(self) -> float | None:
+        return None
+
 
 class MemoryGuard:
+    """Reads the figures, empties the allocator's cache when fragmented, and counts what it did.
+
+    ``tick`` and ``after_oom`` are called by the inference worker only, so ``empty_cache`` can never
+    overlap a forward pass; ``read`` and ``report`` only read and may be called from any thread.
+    """
+
     def __init__(self, settings: MemorySettings, source: StatsSource, metrics: Any = None) -> None:
         self.settings = settings
         self.source = source
         self.metrics = metrics
         self.empty_cache_calls = 0
         self.checks = 0
+        self.last_check: dict[str, Any] | None = None
         self._since_check = 0
         self._lock = threading.Lock()
+
+    def bind(self, metrics: Any) -> None:
+        """Count into these metrics, and let their scrape read this guard's figures."""
+        self.metrics = metrics
+        metrics.device.source = self
 
     def tick(self, requests: int) -> bool:
         """Count finished requests; every check_every_n, check fragmentation. True if it emptied the cache."""
@@ -97,15 +142,14 @@ class MemoryGuard:
         return self.check()
 
     def check(self) -> bool:
+        """One look at the figures; at most one empty_cache, and only above the threshold."""
         with self._lock:
             stats = self.read()
             self.checks += 1
+            self.last_check = {"fragmentation_ratio": round(stats.fragmentation, 6), "reserved_bytes": stats.reserved}
             if stats.reserved == 0 or stats.fragmentation <= self.settings.fragmentation_threshold:
                 return False
-            self.source.empty_cache()
-            self.empty_cache_calls += 1
-            if self.metrics is not None:
-                self.metrics.empty_cache.inc()
+            self._empty("fragmentation")
             after = self.read()
             log.info("memory fragmented: empty_cache called", extra={
                 "fragmentation": round(stats.fragmentation, 4), "reserved_before": stats.reserved,
@@ -114,38 +158,66 @@ class MemoryGuard:
 
     def after_oom(self) -> None:
         """After an out-of-memory error, give cached blocks back before the split halves run."""
+        with self._lock:
+            self._empty("oom")
+
+    def _empty(self, reason: str) -> None:
         self.source.empty_cache()
+        self.empty_cache_calls += 1
+        if self.metrics is not None:
+            self.metrics.empty_cache.labels(reason).inc()
 
     def read(self) -> MemoryStats:
-        stats = self.source.read()
-        if self.metrics is not None:
-            self.metrics.gpu_allocated.set(stats.allocated)
-            self.metrics.gpu_reserved.set(stats.reserved)
-            self.metrics.gpu_peak.set(stats.peak)
-            self.metrics.gpu_fragmentation.set(stats.fragmentation)
-        return stats
+        return self.source.read()
+
+    def utilization(self) -> float | None:
+        read = getattr(self.source, "utilization", None)
+        return read() if read is not None else None
 
     def report(self) -> dict[str, Any]:
         stats = self.read()
         return {"device": stats.device, "allocated_bytes": stats.allocated, "reserved_bytes": stats.reserved,
                 "peak_bytes": stats.peak, "fragmentation_ratio": round(stats.fragmentation, 6),
+                "utilization_ratio": self.utilization(),
                 "fragmentation_threshold": self.settings.fragmentation_threshold,
                 "check_every_n": self.settings.check_every_n, "checks": self.checks,
-                "empty_cache_calls": self.empty_cache_calls, "summary": self.source.summary()}
+                "last_check": self.last_check, "empty_cache_calls": self.empty_cache_calls,
+                "alloc_conf": os.environ.get(ALLOC_CONF), "summary": self.source.summary()}
+
+
+def _cuda_index(device: int | str | None) -> int | None:
+    if isinstance(device, int) or device is None:
+        return device
+    _, _, index = device.partition(":")
+    return int(index) if index else None
+
+
+def _wants_cuda(settings: Settings) -> bool:
+    device = settings.model.device
+    return device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
+
+
+def build_guard(settings: Settings) -> MemoryGuard:
+    """The guard for the configured device, with no process-wide side effects (create_app's default)."""
+    if _wants_cuda(settings) and torch.cuda.is_available():
+        return MemoryGuard(settings.memory, CudaStats(settings.model.device))
+    return MemoryGuard(settings.memory, ProcessStats())
 
 
 def configure_process(settings: Settings) -> MemoryGuard:
     """Process-wide settings that must precede CUDA's initialisation; returns the guard for the device."""
     mem = settings.memory
-    if mem.expandable_segments and "PYTORCH_CUDA_ALLOC_CONF" not in os.environ:
-        os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
+    if mem.expandable_segments:
+        conf = os.environ.get(ALLOC_CONF, "")
+        if "expandable_segments" not in conf:
+            # Keep whatever else the operator set; only add ours.
+            os.environ[ALLOC_CONF] = ",".join(p for p in (conf, "expandable_segments:True") if p)
+        if torch.cuda.is_initialized():
+            log.warning("CUDA was initialised before configure_process; expandable_segments may not apply")
     if settings.runtime.torch_threads:
         torch.set_num_threads(settings.runtime.torch_threads)
     torch.manual_seed(settings.runtime.seed)
-    wants_cuda = settings.model.device.startswith("cuda") or (
-        settings.model.device == "auto" and torch.cuda.is_available())
-    if wants_cuda:
-        if mem.per_process_fraction is not None:
-            torch.cuda.set_per_process_memory_fraction(mem.per_process_fraction)
-        return MemoryGuard(mem, CudaStats())
-    return MemoryGuard(mem, ProcessStats())
+    guard = build_guard(settings)
+    if isinstance(guard.source, CudaStats) and mem.per_process_fraction is not None:
+        torch.cuda.set_per_process_memory_fraction(mem.per_process_fraction, guard.source.index)
+    return guard

@@ -6,16 +6,31 @@ time goes; rejections carry a reason label.
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Iterator
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.process_collector import ProcessCollector
 
-# Milliseconds to tens of seconds.
-LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+# Half a millisecond (a queue wait on an idle server) to tens of seconds.
+LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 TOKEN_BUCKETS = (16, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
 
+log = logging.getLogger(__name__)
+
+EMPTY_CACHE_REASONS = ("fragmentation", "oom")
+GPU_METRICS = {
+    "allocated": ("inferd_gpu_memory_allocated_bytes", "Device memory held by tensors"),
+    "reserved": ("inferd_gpu_memory_reserved_bytes", "Device memory reserved by the caching allocator"),
+    "peak": ("inferd_gpu_memory_peak_bytes", "Peak device memory held by tensors since start"),
+    "fragmentation": ("inferd_gpu_memory_fragmentation_ratio", "(reserved - allocated) / reserved"),
+    "utilization": ("inferd_gpu_utilization_ratio", "Fraction of time a kernel ran (NVML), 0-1"),
+}
+
 REJECT_REASONS = ("overloaded", "deadline", "disconnected", "too_long", "invalid", "not_ready", "draining",
-                  "oom", "unauthorized")
+                  "oom")
 
 
 def batch_size_buckets(max_batch_size: int) -> tuple[float, ...]:
@@ -40,7 +55,7 @@ class Metrics:
         self.inference_duration = Histogram("inferd_inference_duration_seconds", "Forward pass per batch",
                                             ["version"], buckets=LATENCY_BUCKETS, registry=r)
         self.postprocess_duration = Histogram("inferd_postprocess_duration_seconds",
-                                              "Pooling/serialisation time per batch", ["version"],
+                                              "handler.postprocess time per batch", ["version"],
                                               buckets=LATENCY_BUCKETS, registry=r)
         self.batch_size = Histogram("inferd_batch_size", "Texts per batch", ["version"],
                                     buckets=batch_size_buckets(max_batch_size), registry=r)
@@ -61,27 +76,58 @@ class Metrics:
                                      ["outcome"], registry=r)
         self.version_requests = Counter("inferd_version_requests_total", "Inference requests per model version",
                                         ["version"], registry=r)
-        self.gpu_allocated = Gauge("inferd_gpu_memory_allocated_bytes", "Allocated device memory", registry=r)
-        self.gpu_reserved = Gauge("inferd_gpu_memory_reserved_bytes", "Reserved device memory", registry=r)
-        self.gpu_peak = Gauge("inferd_gpu_memory_peak_bytes", "Peak allocated device memory", registry=r)
-        self.gpu_fragmentation = Gauge("inferd_gpu_memory_fragmentation_ratio",
-                                       "(reserved - allocated) / reserved", registry=r)
-        self.gpu_utilization = Gauge("inferd_gpu_utilization_ratio", "GPU utilisation (NVML), 0-1",
-                                     registry=r)
+        # GPU figures are read when Prometheus scrapes (the memory guard's source), not kept by the hot path.
+        self.device = DeviceCollector()
+        r.register(self.device)
         self.empty_cache = Counter("inferd_empty_cache_total", "empty_cache calls made by the memory guard",
-                                   registry=r)
+                                   ["reason"], registry=r)
+        for reason in EMPTY_CACHE_REASONS:
+            self.empty_cache.labels(reason)
         self.oom = Counter("inferd_oom_total", "Out-of-memory errors caught in batches", registry=r)
+        # No cache exists in the process today (the WordPiece tokenizer keeps none); any bounded (LRU) cache
+        # added later reports its size here, one ``cache`` label each.
         self.cache_entries = Gauge("inferd_cache_entries", "Entries held by bounded caches", ["cache"],
                                    registry=r)
         self.worker_alive = Gauge("inferd_worker_alive", "1 while the inference worker thread runs",
                                   registry=r)
 
 
-class CallbackCollector:
-    """Reads a value at scrape time (for figures that are cheaper to read than to keep updated)."""
+class DeviceCollector:
+    """GPU memory and utilisation, read from ``source`` (the memory guard) each time Prometheus scrapes.
 
-    def __init__(self, name: str, doc: str, read) -> None:
-        self.name, self.doc, self.read = name, doc, read
+    The families are always declared, so dashboards and alerts see the names; on a machine without a GPU
+    (source device "cpu", or no source) they carry no samples rather than a misleading zero.
+    """
 
-    def collect(self):
-        yield GaugeMetricFamily(self.name, self.doc, value=float(self.read()))
+    def __init__(self, source: Any = None) -> None:
+        self.source = source
+        self._failed = False
+
+    @staticmethod
+    def _families() -> dict[str, GaugeMetricFamily]:
+        return {key: GaugeMetricFamily(name, doc, labels=["device"]) for key, (name, doc) in GPU_METRICS.items()}
+
+    def describe(self) -> Iterator[GaugeMetricFamily]:
+        yield from self._families().values()
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        families = self._families()
+        source = self.source
+        if source is not None:
+            try:
+                stats = source.read()
+                if stats.device != "cpu":
+                    label = [stats.device]
+                    families["allocated"].add_metric(label, stats.allocated)
+                    families["reserved"].add_metric(label, stats.reserved)
+                    families["peak"].add_metric(label, stats.peak)
+                    families["fragmentation"].add_metric(label, stats.fragmentation)
+                    utilization = source.utilization()
+                    if utilization is not None:
+                        families["utilization"].add_metric(label, utilization)
+                self._failed = False
+            except Exception:  # a scrape must never fail because a device figure could not be read
+                if not self._failed:
+                    log.warning("reading device memory figures failed", exc_info=True)
+                self._failed = True
+        yield from families.values()

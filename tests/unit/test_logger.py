@@ -1,0 +1,123 @@
+"""JSON and text log lines, the request id in every line, and request text kept out of logs by default."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from inferd.api.app import create_app
+from inferd.config import load_settings
+from inferd.utils.logger import JsonFormatter, RequestIdFilter, TextFormatter, configure_logging, request_id_var
+
+SECRET_TEXT = "the confidential river sentence"
+
+
+def make_record(msg: str = "hello %s", args: tuple = ("world",), exc_info=None, **extra) -> logging.LogRecord:
+    record = logging.LogRecord("inferd.test", logging.INFO, __file__, 10, msg, args, exc_info)
+    record.__dict__.update(extra)
+    RequestIdFilter().filter(record)
+    return record
+
+
+def test_json_line_carries_the_request_id_and_extras() -> None:
+    token = request_id_var.set("req-123")
+    try:
+        record = make_record(endpoint="/predict", status=200, duration_ms=1.5, path=Path("/x"))
+    finally:
+        request_id_var.reset(token)
+    line = json.loads(JsonFormatter().format(record))
+    assert line["message"] == "hello world"
+    assert (line["level"], line["logger"]) == ("INFO", "inferd.test")
+    assert line["request_id"] == "req-123"
+    assert (line["endpoint"], line["status"], line["duration_ms"]) == ("/predict", 200, 1.5)
+    assert line["path"] == "/x"  # what JSON cannot hold is written as text, never an error
+    assert line["time"].endswith("Z") and "T" in line["time"]
+
+
+def test_json_line_outside_a_request_has_a_null_request_id() -> None:
+    line = json.loads(JsonFormatter().format(make_record()))
+    assert line["request_id"] is None
+
+
+def test_exceptions_are_one_json_field() -> None:
+    try:
+        raise ValueError("broken")
+    except ValueError:
+        record = make_record("failed", (), exc_info=sys.exc_info())
+    text = JsonFormatter().format(record)
+    assert "\n" not in text  # one line per event, whatever the traceback
+    line = json.loads(text)
+    assert "ValueError: broken" in line["exception"]
+
+
+def test_text_line_appends_extras_and_skips_empty_ones() -> None:
+    text = TextFormatter().format(make_record(status=200, version=None))
+    assert text.endswith("hello world status=200")
+
+
+@pytest.fixture
+def restore_logging() -> Iterator[None]:
+    names = ("inferd", "uvicorn", "uvicorn.error", "uvicorn.access")
+    saved = {n: (lg.handlers[:], lg.level, lg.propagate) for n in names for lg in [logging.getLogger(n)]}
+    yield
+    for name, (handlers, level, propagate) in saved.items():
+        lg = logging.getLogger(name)
+        lg.handlers[:] = handlers
+        lg.setLevel(level)
+        lg.propagate = propagate
+
+
+@pytest.mark.parametrize(("fmt", "formatter"), [("json", JsonFormatter), ("text", TextFormatter)])
+def test_configure_logging_picks_the_format(restore_logging: None, fmt: str, formatter: type) -> None:
+    configure_logging("WARNING", fmt)
+    inferd = logging.getLogger("inferd")
+    assert [type(h.formatter) for h in inferd.handlers] == [formatter]
+    assert inferd.level == logging.WARNING
+    assert logging.getLogger("uvicorn.access").handlers == []  # replaced by inferd's own access log
+
+
+# -- the access log and the batch line, through the app (tiny model, in-process) ---------------------------
+
+
+def run_requests(tiny_model: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture,
+                 log_inputs: bool) -> list[logging.LogRecord]:
+    settings = load_settings("dev", {"model.path": str(tiny_model), "model.device": "cpu",
+                                     "model.load_mode": "eager", "server.log_inputs": log_inputs}, environ={})
+    caplog.handler.addFilter(RequestIdFilter())  # as configure_logging's handler does
+    with caplog.at_level(logging.INFO, logger="inferd"), TestClient(create_app(settings)) as client:
+        r = client.post("/predict", json={"texts": [SECRET_TEXT, "the cat"]}, headers={"X-Request-ID": "rid-1"})
+        assert r.status_code == 200, r.text
+        r = client.post("/predict", json={"texts": [SECRET_TEXT, ""]})
+        assert r.status_code == 422
+    return list(caplog.records)
+
+
+def test_access_and_batch_lines_have_their_fields_and_no_input_text(
+        tiny_model: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    records = run_requests(tiny_model, tmp_path, caplog, log_inputs=False)
+    access = [r for r in records if r.name == "inferd.access" and getattr(r, "endpoint", None) == "/predict"]
+    assert [r.status for r in access] == [200, 422]
+    line = json.loads(JsonFormatter().format(access[0]))
+    assert line["request_id"] == "rid-1"
+    for key in ("endpoint", "status", "duration_ms", "items", "batch_size", "queue_ms", "preprocess_ms",
+                "inference_ms", "postprocess_ms"):
+        assert key in line, key
+    assert (line["items"], line["batch_size"]) == (2, 2)
+    batches = [r for r in records if r.name == "inferd.batch"]
+    assert batches and all(r.batch_size >= 1 and r.batch_tokens > 0 and r.duration_ms >= 0 for r in batches)
+    formatted = "\n".join(JsonFormatter().format(r) for r in records)
+    assert SECRET_TEXT not in formatted and "confidential" not in formatted
+    assert "inputs" not in line
+
+
+def test_log_inputs_puts_the_texts_in_the_access_line(
+        tiny_model: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    records = run_requests(tiny_model, tmp_path, caplog, log_inputs=True)
+    access = [r for r in records if r.name == "inferd.access" and getattr(r, "endpoint", None) == "/predict"]
+    assert [r.inputs for r in access] == [[SECRET_TEXT, "the cat"], [SECRET_TEXT, ""]]

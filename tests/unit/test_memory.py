@@ -1,0 +1,346 @@
+"""The memory guard (fake stats source), allocator settings, and out-of-memory handling in the engine."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from fastapi.testclient import TestClient
+
+from inferd.api.app import create_app
+from inferd.config import Settings, load_settings
+from inferd.core import memory
+from inferd.core.inference import EngineError, InferenceEngine
+from inferd.core.memory import CudaStats, MemoryGuard, MemoryStats, ProcessStats, build_guard, configure_process
+from inferd.core.model_loader import ModelManager
+from inferd.core.preprocess import Encoded
+from inferd.utils.metrics import Metrics
+
+MARKER = "BOOM"
+
+
+def make_settings(tmp_path: Path, **overrides: Any) -> Settings:
+    base = {"model.path": str(tmp_path), "model.device": "cpu", "model.load_mode": "eager"}
+    return load_settings("dev", {**base, **overrides}, environ={})
+
+
+class FakeStats:
+    """A stats source whose figures the test sets; empty_cache records when, and on which thread, it ran."""
+
+    device = "cuda:0"
+
+    def __init__(self, allocated: int, reserved: int, shrink: bool = True, events: list | None = None,
+                 busy: Any = None) -> None:
+        self.allocated, self.reserved, self.shrink = allocated, reserved, shrink
+        self.events = events if events is not None else []
+        self.busy = busy
+        self.calls: list[str] = []
+
+    def read(self) -> MemoryStats:
+        return MemoryStats(self.allocated, self.reserved, self.allocated + 10, self.device)
+
+    def empty_cache(self) -> None:
+        self.calls.append(threading.current_thread().name)
+        self.events.append(("empty_cache", self.busy.in_infer if self.busy else None))
+        if self.shrink:
+            self.reserved = self.allocated
+
+    def summary(self) -> str:
+        return "fake allocator summary"
+
+    def utilization(self) -> float:
+        return 0.25
+
+
+class FakeHandler:
+    """Embeds a text as [sum of its codes, its length]; runs out of memory on big batches or the marker."""
+
+    name = "fake"
+    version = "1"
+    dimension = 2
+    max_seq_length = 64
+    device = torch.device("cpu")
+    dtype = "float32"
+
+    def __init__(self, oom_over: int | None = None, events: list | None = None) -> None:
+        self.oom_over = oom_over
+        self.events = events if events is not None else []
+        self.in_infer = False
+        self.sizes: list[int] = []  # every batch tried
+        self.served: list[int] = []  # the batches that fitted
+
+    def load(self, spec: Any, device: torch.device) -> None:
+        pass
+
+    def preprocess(self, texts: list[str]) -> list[Encoded]:
+        return [Encoded([ord(c) for c in t], False) for t in texts]
+
+    def infer(self, batch: list[Encoded]) -> np.ndarray:
+        self.in_infer = True
+        self.events.append(("infer", len(batch)))
+        self.sizes.append(len(batch))
+        try:
+            marked = any(bytes(e.ids) == MARKER.encode() for e in batch)
+            if marked or (self.oom_over is not None and len(batch) > self.oom_over):
+                raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (injected)")
+            self.served.append(len(batch))
+            return np.array([[sum(e.ids), len(e.ids)] for e in batch], dtype=np.float32)
+        finally:
+            self.in_infer = False
+
+    def postprocess(self, outputs: np.ndarray) -> list[list[float]]:
+        return [row.tolist() for row in outputs]
+
+    def close(self) -> None:
+        pass
+
+
+def expected(text: str) -> list[float]:
+    return [float(sum(map(ord, text))), float(len(text))]
+
+
+# -- the guard -------------------------------------------------------------------------------------------
+
+
+def guard_with(tmp_path: Path, source: Any, every: int = 1, threshold: float = 0.3) -> tuple[MemoryGuard, Metrics]:
+    settings = make_settings(tmp_path, **{"memory.check_every_n": every,
+                                          "memory.fragmentation_threshold": threshold})
+    guard = MemoryGuard(settings.memory, source)
+    metrics = Metrics()
+    guard.bind(metrics)
+    return guard, metrics
+
+
+def empties(metrics: Metrics, reason: str) -> float:
+    return metrics.registry.get_sample_value("inferd_empty_cache_total", {"reason": reason})
+
+
+def test_guard_crosses_the_threshold_exactly_once_per_check(tmp_path: Path) -> None:
+    source = FakeStats(allocated=600, reserved=1000)  # fragmentation 0.4 > 0.3
+    guard, metrics = guard_with(tmp_path, source)
+    assert guard.check() is True
+    assert len(source.calls) == 1 and source.reserved == 600
+    assert guard.check() is False  # the cache was returned: fragmentation 0 now
+    assert len(source.calls) == 1
+    source.reserved = 1000  # fragmented again
+    assert guard.check() is True
+    assert len(source.calls) == 2
+    assert empties(metrics, "fragmentation") == 2 and guard.checks == 3
+
+
+def test_a_check_empties_at_most_once_even_if_it_stays_fragmented(tmp_path: Path) -> None:
+    source = FakeStats(allocated=100, reserved=1000, shrink=False)
+    guard, metrics = guard_with(tmp_path, source)
+    for n in range(1, 4):
+        assert guard.check() is True
+        assert len(source.calls) == n
+    assert empties(metrics, "fragmentation") == 3
+
+
+@pytest.mark.parametrize(("allocated", "reserved", "empties_cache"), [
+    (700, 1000, False),  # exactly at the threshold: not above it
+    (699, 1000, True),
+    (0, 0, False),  # nothing reserved: no ratio to act on
+])
+def test_threshold_is_strict(tmp_path: Path, allocated: int, reserved: int, empties_cache: bool) -> None:
+    source = FakeStats(allocated, reserved)
+    guard, _ = guard_with(tmp_path, source)
+    assert guard.check() is empties_cache
+    assert len(source.calls) == int(empties_cache)
+
+
+def test_tick_checks_every_n_requests(tmp_path: Path) -> None:
+    source = FakeStats(allocated=100, reserved=1000, shrink=False)
+    guard, _ = guard_with(tmp_path, source, every=5)
+    assert [guard.tick(2), guard.tick(2)] == [False, False]
+    assert guard.checks == 0
+    assert guard.tick(1) is True  # 5 requests: one check
+    assert guard.checks == 1 and len(source.calls) == 1
+    assert guard.tick(12) is True  # a burst past n still makes one check, and the count restarts
+    assert guard.checks == 2
+    assert guard.tick(4) is False and guard.checks == 2
+
+
+def test_report_has_the_figures_and_the_summary(tmp_path: Path) -> None:
+    source = FakeStats(allocated=250, reserved=1000)
+    guard, _ = guard_with(tmp_path, source, every=7, threshold=0.5)
+    report = guard.report()
+    assert report["device"] == "cuda:0"
+    assert (report["allocated_bytes"], report["reserved_bytes"], report["peak_bytes"]) == (250, 1000, 260)
+    assert report["fragmentation_ratio"] == 0.75
+    assert report["utilization_ratio"] == 0.25
+    assert report["summary"] == "fake allocator summary"
+    assert (report["check_every_n"], report["fragmentation_threshold"]) == (7, 0.5)
+    assert source.calls == []  # reporting never empties the cache
+
+
+def test_process_stats_on_cpu_never_empty(tmp_path: Path) -> None:
+    source = ProcessStats()
+    stats = source.read()
+    assert stats.device == "cpu" and stats.allocated > 10_000_000 and stats.peak >= stats.allocated
+    assert stats.fragmentation == 0.0
+    guard, metrics = guard_with(tmp_path, source, threshold=0.01)
+    assert guard.check() is False
+    assert source.utilization() is None and source.summary() is None
+
+
+def test_utilization_failure_is_reported_once_then_skipped(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = []
+
+    def broken(index: int) -> int:
+        calls.append(index)
+        raise RuntimeError("NVML Shared Library Not Found")
+
+    monkeypatch.setattr(torch.cuda, "utilization", broken)
+    source = CudaStats("cuda:1")
+    assert source.index == 1 and source.device == "cuda:1"
+    assert source.utilization() is None
+    assert source.utilization() is None
+    assert calls == [1]  # not retried on every scrape
+
+
+# -- process settings ------------------------------------------------------------------------------------
+
+
+def test_configure_process_sets_expandable_segments(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(memory.ALLOC_CONF, raising=False)
+    guard = configure_process(make_settings(tmp_path))
+    assert os.environ.get(memory.ALLOC_CONF) == "expandable_segments:True"
+    assert isinstance(guard.source, ProcessStats)  # a CPU model: RSS stands in
+    monkeypatch.setenv(memory.ALLOC_CONF, "max_split_size_mb:128")
+    configure_process(make_settings(tmp_path))
+    assert os.environ.get(memory.ALLOC_CONF) == "max_split_size_mb:128,expandable_segments:True"
+
+
+def test_configure_process_leaves_the_allocator_alone_when_off(tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(memory.ALLOC_CONF, raising=False)
+    configure_process(make_settings(tmp_path, **{"memory.expandable_segments": False}))
+    assert os.environ.get(memory.ALLOC_CONF) is None
+
+
+def test_per_process_fraction_applies_to_the_models_device(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    applied = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", lambda f, d=None: applied.append((f, d)))
+    monkeypatch.setenv(memory.ALLOC_CONF, "expandable_segments:True")
+    guard = configure_process(make_settings(tmp_path, **{"model.device": "cuda:1",
+                                                         "memory.per_process_fraction": 0.25}))
+    assert isinstance(guard.source, CudaStats) and guard.source.device == "cuda:1"
+    assert applied == [(0.25, 1)]
+
+
+def test_build_guard_has_no_process_side_effects(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(memory.ALLOC_CONF, raising=False)
+    guard = build_guard(make_settings(tmp_path))
+    assert isinstance(guard.source, ProcessStats)
+    assert os.environ.get(memory.ALLOC_CONF) is None
+
+
+# -- the engine: empty_cache between batches, out of memory split ---------------------------------------
+
+
+def engine_with(tmp_path: Path, handler: FakeHandler, source: FakeStats, **overrides: Any) -> InferenceEngine:
+    settings = make_settings(tmp_path, **overrides)
+    metrics = Metrics(settings.batching.max_batch_size)
+    guard = MemoryGuard(settings.memory, source)
+    guard.bind(metrics)
+    manager = ModelManager(settings, lambda spec: handler)
+    manager.load_initial()
+    return InferenceEngine(manager, settings, metrics, guard)
+
+
+async def _all_in_one_batch(engine: InferenceEngine, texts: list[str]) -> list[Any]:
+    """Submit one request per text while the queue is held, so they all meet in one batch."""
+    engine.queue.pause(True)
+    tasks = [asyncio.create_task(engine.embed([t])) for t in texts]
+    while len(engine.queue) < len(texts):
+        await asyncio.sleep(0.001)
+    engine.queue.pause(False)
+    return await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def test_empty_cache_runs_on_the_worker_between_batches(tmp_path: Path) -> None:
+    events: list[tuple[str, Any]] = []
+    handler = FakeHandler(events=events)
+    # Always fragmented and checked after every request: every batch boundary empties the cache.
+    source = FakeStats(allocated=100, reserved=1000, shrink=False, events=events, busy=handler)
+    engine = engine_with(tmp_path, handler, source, **{"memory.check_every_n": 1, "batching.max_batch_size": 3})
+
+    async def scenario() -> None:
+        engine.start()
+        try:
+            for wave in range(3):
+                results = await _all_in_one_batch(engine, [f"text {wave} {i}" for i in range(5)])
+                assert all(not isinstance(r, BaseException) for r in results), results
+        finally:
+            engine.stop()
+
+    asyncio.run(scenario())
+    assert engine.batches_run >= 6  # 5 texts per wave, at most 3 per batch
+    assert source.calls and set(source.calls) == {"inferd-worker"}
+    assert all(busy is False for kind, busy in events if kind == "empty_cache")
+    # Each empty_cache follows a finished batch: never two batches' infer calls without one between them.
+    kinds = [kind for kind, _ in events]
+    assert kinds.count("infer") == engine.batches_run
+    assert "infer,infer" not in ",".join(kinds)
+    assert kinds.count("empty_cache") == engine.batches_run
+
+
+def test_injected_oom_splits_and_every_other_request_succeeds(tmp_path: Path) -> None:
+    handler = FakeHandler(oom_over=2)
+    source = FakeStats(allocated=100, reserved=200)
+    engine = engine_with(tmp_path, handler, source)
+    texts = ["alpha", "bravo", "charlie", MARKER, "delta", "echo", "foxtrot", "golf"]
+
+    async def scenario() -> tuple[list[Any], Any, bool]:
+        engine.start()
+        try:
+            results = await _all_in_one_batch(engine, texts)
+            alive = engine.alive
+            after = await engine.embed(["still serving"])
+            return results, after, alive
+        finally:
+            engine.stop()
+
+    results, after, alive = asyncio.run(scenario())
+    for text, result in zip(texts, results, strict=True):
+        if text == MARKER:
+            assert isinstance(result, EngineError)
+            assert (result.status, result.code) == (507, "out_of_memory")
+        else:
+            assert not isinstance(result, BaseException), result
+            assert result.vectors == [expected(text)]
+    assert handler.sizes[0] == 8  # one batch first, then halves: 8 -> 4,4 -> 2,2,2,2 -> the marker's pair 1,1
+    assert sorted(handler.sizes[:-1]) == sorted([8, 4, 4, 2, 2, 2, 2, 1, 1])  # the last: "still serving"
+    m = engine.metrics.registry
+    assert m.get_sample_value("inferd_oom_total") == 5
+    assert m.get_sample_value("inferd_requests_rejected_total", {"reason": "oom"}) == 1
+    assert m.get_sample_value("inferd_empty_cache_total", {"reason": "oom"}) == 5
+    assert alive and engine.worker_error is None and engine.manager.state == "ready"
+    assert after.vectors == [expected("still serving")]
+
+
+def test_oom_over_http_is_507_and_the_service_stays_ready(tmp_path: Path) -> None:
+    handler = FakeHandler(oom_over=4)
+    settings = make_settings(tmp_path)
+    guard = MemoryGuard(settings.memory, FakeStats(allocated=100, reserved=200))
+    app = create_app(settings, loader=lambda spec: handler, memory_guard=guard)
+    with TestClient(app) as client:
+        r = client.post("/predict", json={"texts": ["fine", MARKER]})
+        assert r.status_code == 507, r.text
+        assert set(r.json()["error"]) == {"message", "type", "code", "param"}
+        assert r.json()["error"]["code"] == "out_of_memory"
+        assert client.get("/health/ready").status_code == 200
+        texts = [f"text number {i}" for i in range(9)]  # more than fits: split, all answered
+        r = client.post("/predict", json={"texts": texts})
+        assert r.status_code == 200, r.text
+        assert r.json()["results"] == [expected(t) for t in texts]
+        assert handler.sizes[-5:] == [9, 4, 5, 2, 3]  # 9 does not fit: halves until each part does
+        assert handler.served[-3:] == [4, 2, 3]
