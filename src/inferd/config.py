@@ -92,6 +92,13 @@ class BatchingSettings(_Section):
     default_timeout_ms: float = Field(30_000.0, gt=0)
     oversize: Literal["run_alone", "reject"] = "run_alone"
 
+    # On the section, not Settings, so the error is reported at "batching" with the sources that set it.
+    @model_validator(mode="after")
+    def _consistent(self) -> BatchingSettings:
+        if self.max_queue < self.max_batch_size:
+            raise ValueError("batching.max_queue must be at least batching.max_batch_size")
+        return self
+
 
 class RuntimeSettings(_Section):
     # 0 = let torch decide (one per core).
@@ -115,12 +122,6 @@ class Settings(_Section):
     batching: BatchingSettings = BatchingSettings()
     runtime: RuntimeSettings = RuntimeSettings()
     memory: MemorySettings = MemorySettings()
-
-    @model_validator(mode="after")
-    def _consistent(self) -> Settings:
-        if self.batching.max_queue < self.batching.max_batch_size:
-            raise ValueError("batching.max_queue must be at least batching.max_batch_size")
-        return self
 
 
 def default_config_dir() -> Path:
@@ -159,9 +160,12 @@ def _merge(dst: dict[str, Any], src: Mapping[str, Any], sources: dict[str, str],
             sources[path] = origin
 
 
-def _env_value(raw: str, field_is_list: bool) -> Any:
-    if field_is_list and not raw.lstrip().startswith("["):
+def _env_value(raw: str, kind: str) -> Any:
+    if kind == "list" and not raw.lstrip().startswith("["):
         return [part.strip() for part in raw.split(",") if part.strip()]
+    if kind in ("str", "str?"):
+        # Text fields take the variable as written: YAML would turn VERSION=2 into an int, a key into a bool.
+        return None if kind == "str?" and raw.strip() in ("", "null", "~") else raw
     try:
         return yaml.safe_load(raw) if raw != "" else ""
     except yaml.YAMLError:
@@ -177,14 +181,19 @@ def _set_path(tree: dict[str, Any], path: list[str], value: Any) -> None:
     tree[path[-1]] = value
 
 
-def _is_list_field(path: list[str]) -> bool:
+def _field_kind(path: list[str]) -> str:
+    """How to read an env value for this key: "list", "str", "str?" (optional text) or "other"."""
     model: Any = Settings
     for part in path:
         fields = getattr(model, "model_fields", None)
         if not fields or part not in fields:
-            return False
+            return "other"
         model = fields[part].annotation
-    return getattr(model, "__origin__", None) in (tuple, list)
+    if getattr(model, "__origin__", None) in (tuple, list):
+        return "list"
+    if model is str:
+        return "str"
+    return "str?" if model == (str | None) else "other"
 
 
 def _env_layer(environ: Mapping[str, str]) -> list[tuple[list[str], Any, str]]:
@@ -197,18 +206,22 @@ def _env_layer(environ: Mapping[str, str]) -> list[tuple[list[str], Any, str]]:
         parts = [p.lower() for p in name[len(ENV_PREFIX):].split("__") if p]
         if not parts:
             raise ConfigError(f"environment variable {name} names no configuration key")
-        out.append((parts, _env_value(environ[name], _is_list_field(parts)), f"env {name}"))
+        out.append((parts, _env_value(environ[name], _field_kind(parts)), f"env {name}"))
     return out
 
 
 def _source_of(loc: tuple[Any, ...], sources: Mapping[str, str]) -> str:
     parts = [str(p) for p in loc]
+    # A key that holds others (a section, or an unknown key set with sub-keys) names every source beneath it
+    # too: a section-level error may come from any of them.
+    prefix = ".".join(parts) + "."
+    below = sorted({origin for key, origin in sources.items() if key.startswith(prefix)})
     while parts:
         key = ".".join(parts)
         if key in sources:
-            return sources[key]
+            return ", ".join(dict.fromkeys([sources[key], *below]))
         parts.pop()
-    return "defaults"
+    return ", ".join(below) or "defaults"
 
 
 def load_settings(

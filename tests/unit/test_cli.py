@@ -1,0 +1,146 @@
+"""The CLI maps flags onto Settings and calls ``run(settings)``; tested with run mocked, as uvicorn does."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import yaml
+
+from inferd import cli
+from inferd.config import Settings
+
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The CLI reads the real environment; start every test from the files alone.
+    for name in list(os.environ):
+        if name.startswith("INFERD") or name == "MODEL_PATH":
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("INFERD_CONFIG_DIR", str(CONFIGS))
+
+
+@pytest.fixture
+def ran(monkeypatch: pytest.MonkeyPatch) -> list[Settings]:
+    calls: list[Settings] = []
+
+    def fake_run(settings: Settings) -> int:
+        calls.append(settings)
+        return 7
+
+    monkeypatch.setattr(cli, "run", fake_run)
+    return calls
+
+
+def check_config(capsys: pytest.CaptureFixture[str], *args: str) -> dict:
+    assert cli.main(["check-config", *args]) == 0
+    return yaml.safe_load(capsys.readouterr().out)
+
+
+def test_serve_passes_the_effective_settings_to_run(ran: list[Settings]) -> None:
+    rc = cli.main(["serve", "--port", "9123", "--load-mode", "lazy", "--model-path", "/m", "--dtype", "bfloat16"])
+    assert rc == 7  # run's return value is the exit status
+    (settings,) = ran
+    assert settings.server.port == 9123
+    assert settings.model.load_mode == "lazy"
+    assert settings.model.path == "/m"
+    assert settings.model.dtype == "bfloat16"
+
+
+# One value per flag, and where it must land: a flag wired to the wrong key fails here.
+FLAG_VALUES = {
+    "host": ("0.0.0.0", "0.0.0.0"), "port": ("9001", 9001), "admin_port": ("9002", 9002),
+    "log_format": ("json", "json"), "log_level": ("ERROR", "ERROR"), "model_path": ("/some/model", "/some/model"),
+    "model_version": ("v9", "v9"), "load_mode": ("eager", "eager"), "device": ("cpu", "cpu"),
+    "dtype": ("float16", "float16"), "max_batch_size": ("7", 7), "max_wait_ms": ("0.25", 0.25),
+    "torch_threads": ("3", 3),
+}
+
+
+def test_every_flag_is_covered() -> None:
+    assert set(FLAG_VALUES) == set(cli.FLAGS)
+
+
+@pytest.mark.parametrize("flag", sorted(FLAG_VALUES))
+def test_each_flag_lands_on_its_key(ran: list[Settings], flag: str) -> None:
+    raw, expected = FLAG_VALUES[flag]
+    assert cli.main(["serve", f"--{flag.replace('_', '-')}", raw]) == 7
+    section, key = cli.FLAGS[flag].split(".")
+    assert getattr(getattr(ran[0], section), key) == expected
+
+
+def test_flags_beat_environment(ran: list[Settings], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("INFERD__SERVER__PORT", "1000")
+    monkeypatch.setenv("INFERD__BATCHING__MAX_BATCH_SIZE", "5")
+    cli.main(["serve", "--port", "2000"])
+    assert ran[0].server.port == 2000                # flag wins
+    assert ran[0].batching.max_batch_size == 5       # env still applies where no flag was given
+
+
+def test_env_flag_picks_the_overlay(ran: list[Settings]) -> None:
+    cli.main(["serve", "--env", "prod"])
+    assert ran[0].env == "prod" and ran[0].server.log_format == "json"
+
+
+def test_config_dir_flag(ran: list[Settings], tmp_path: Path) -> None:
+    (tmp_path / "base.yaml").write_text("server:\n  port: 4321\n")
+    (tmp_path / "dev.yaml").write_text("")
+    cli.main(["serve", "--config-dir", str(tmp_path)])
+    assert ran[0].server.port == 4321
+
+
+def test_invalid_configuration_exits_2_without_serving(ran: list[Settings], monkeypatch: pytest.MonkeyPatch,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("INFERD__MODEL__PATHH", "/x")
+    assert cli.main(["serve"]) == 2
+    assert ran == []
+    err = capsys.readouterr().err
+    assert "model.pathh: unknown key" in err and "env INFERD__MODEL__PATHH" in err
+
+
+def test_bad_flag_choice_is_an_argparse_error(ran: list[Settings]) -> None:
+    with pytest.raises(SystemExit) as info:
+        cli.main(["serve", "--load-mode", "later"])
+    assert info.value.code == 2 and ran == []
+
+
+def test_a_command_is_required() -> None:
+    with pytest.raises(SystemExit) as info:
+        cli.main([])
+    assert info.value.code == 2
+
+
+def test_check_config_prints_the_effective_configuration(capsys: pytest.CaptureFixture[str],
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("INFERD__LIMITS__MAX_ITEMS_PER_REQUEST", "12")
+    monkeypatch.setenv("MODEL_PATH", "/models/minilm")
+    data = check_config(capsys, "--port", "8111")
+    assert data["env"] == "dev"
+    assert data["server"]["port"] == 8111
+    assert data["server"]["log_level"] == "DEBUG"                 # from dev.yaml over base.yaml
+    assert data["limits"]["max_items_per_request"] == 12
+    assert data["model"]["path"] == "/models/minilm"
+    # Every section is there, in a form Settings accepts back.
+    Settings.model_validate(data)
+
+
+def test_check_config_redacts_secrets(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("INFERD__SERVER__API_KEYS", "sk-one,sk-two")
+    monkeypatch.setenv("INFERD__SERVER__ADMIN_KEY", "adm-secret")
+    assert cli.main(["check-config"]) == 0
+    out = capsys.readouterr().out
+    assert "sk-one" not in out and "adm-secret" not in out
+    data = yaml.safe_load(out)
+    assert data["server"]["api_keys"] == "***" and data["server"]["admin_key"] == "***"
+    assert data["server"]["metrics_key"] is None  # unset secrets stay visibly unset
+
+
+def test_check_config_reports_errors(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("INFERD__SERVER__PORT", "not-a-port")
+    assert cli.main(["check-config"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert "server.port" in captured.err and "env INFERD__SERVER__PORT" in captured.err
