@@ -139,6 +139,14 @@ class BatchQueue:
             self._pending.extend(items)
             self._cond.notify()
 
+    def remove(self, items: Sequence[Any]) -> int:
+        """Take items out if they are still pending; how many were (the worker has not taken those)."""
+        ids = {id(it) for it in items}
+        with self._cond:
+            before = len(self._pending)
+            self._pending = [it for it in self._pending if id(it) not in ids]
+            return before - len(self._pending)
+
     def wake(self) -> None:
         with self._cond:
             self._cond.notify()

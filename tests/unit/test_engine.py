@@ -1,0 +1,294 @@
+"""The inference engine in-process, with the fake HashHandler: no HTTP, no model weights.
+
+A batch is held by naming a gate in a text (``hold:NAME``) and opening ``handler.gates[NAME]`` later, so
+each test decides exactly what is queued while the worker is busy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from fakes import HashHandler, ShortHandler, vector_for
+from starlette.testclient import TestClient
+
+from inferd.api.app import create_app
+from inferd.config import BatchingSettings, ModelSettings, Settings
+from inferd.core.handler import ModelSpec
+from inferd.core.inference import ClientGone, EngineError, InferenceEngine
+from inferd.core.model_loader import ModelManager
+from inferd.utils.metrics import Metrics
+
+
+def make_settings(tmp_path: Path, **batching: Any) -> Settings:
+    batching = {"max_wait_ms": 0.0, **batching}
+    return Settings(model=ModelSettings(path=str(tmp_path), warmup=False, load_mode="eager"),
+                    batching=BatchingSettings(**batching))
+
+
+def loader_for(handler: HashHandler) -> Callable[[ModelSpec], HashHandler]:
+    def load(spec: ModelSpec) -> HashHandler:
+        handler.load(spec, torch.device("cpu"))
+        return handler
+
+    return load
+
+
+def make_engine(tmp_path: Path, handler: HashHandler, **batching: Any) -> InferenceEngine:
+    settings = make_settings(tmp_path, **batching)
+    manager = ModelManager(settings, loader_for(handler))
+    manager.load_initial()
+    return InferenceEngine(manager, settings, Metrics(settings.batching.max_batch_size))
+
+
+def run(engine: InferenceEngine, scenario: Callable[[InferenceEngine], Awaitable[None]]) -> None:
+    async def main() -> None:
+        engine.start()
+        try:
+            await asyncio.wait_for(scenario(engine), 20)
+        finally:
+            for event in engine.manager.active.handler.gates.values():  # type: ignore[union-attr]
+                event.set()
+            engine.stop()
+
+    asyncio.run(main())
+
+
+def rejected(engine: InferenceEngine, reason: str) -> float:
+    value = engine.metrics.registry.get_sample_value("inferd_requests_rejected_total", {"reason": reason})
+    return value or 0.0
+
+
+async def until(condition: Callable[[], bool]) -> None:
+    while not condition():
+        await asyncio.sleep(0.002)
+
+
+async def hold(engine: InferenceEngine, handler: HashHandler, name: str) -> asyncio.Task:
+    """Occupy the worker with a batch that blocks until ``handler.gates[name]`` is set."""
+    handler.gates[name] = threading.Event()
+    task = asyncio.ensure_future(engine.embed([f"hold:{name}"]))
+    await until(lambda: any(f"hold:{name}" in b for b in handler.batches))
+    return task
+
+
+def computed(handler: HashHandler) -> set[str]:
+    return {t for batch in handler.batches for t in batch}
+
+
+def test_multi_text_requests_are_split_batched_with_others_and_reassembled_in_order(tmp_path: Path):
+    handler = HashHandler()
+    engine = make_engine(tmp_path, handler, max_batch_size=4)
+    a = [f"a{i} " + "x" * n for i, n in enumerate([30, 2, 17, 9, 25, 4])]
+    b = [f"b{i} " + "y" * n for i, n in enumerate([3, 28, 10])]
+
+    async def scenario(engine: InferenceEngine) -> None:
+        held = await hold(engine, handler, "g")
+        ta, tb = asyncio.ensure_future(engine.embed(a)), asyncio.ensure_future(engine.embed(b))
+        await until(lambda: len(engine.queue) == len(a) + len(b))
+        handler.gates["g"].set()
+        ra, rb, _ = await asyncio.gather(ta, tb, held)
+        assert ra.vectors == [vector_for(t) for t in a]
+        assert rb.vectors == [vector_for(t) for t in b]
+        batches = handler.batches[1:]
+        assert all(len(x) <= 4 for x in batches) and len(batches) >= 3
+        # Items of both requests shared a batch, and length grouping reordered them inside it.
+        assert any({t[0] for t in x} == {"a", "b"} for x in batches)
+
+    run(engine, scenario)
+
+
+def test_a_failing_batch_fails_only_its_own_requests_and_the_worker_survives(tmp_path: Path):
+    handler = HashHandler()
+    engine = make_engine(tmp_path, handler, max_batch_size=1)
+
+    async def scenario(engine: InferenceEngine) -> None:
+        held = await hold(engine, handler, "g")
+        tasks = [asyncio.ensure_future(engine.embed([t])) for t in ("before", "fail:boom", "after")]
+        await until(lambda: len(engine.queue) == 3)
+        handler.gates["g"].set()
+        before, failed, after = await asyncio.gather(*tasks, return_exceptions=True)
+        await held
+        assert isinstance(failed, EngineError) and (failed.status, failed.code) == (500, "inference_error")
+        assert before.vectors == [vector_for("before")] and after.vectors == [vector_for("after")]
+        assert engine.alive
+        assert (await engine.embed(["later"])).vectors == [vector_for("later")]
+
+    run(engine, scenario)
+
+
+def test_a_batch_with_the_wrong_number_of_results_fails_alone(tmp_path: Path):
+    handler = ShortHandler()
+    engine = make_engine(tmp_path, handler, max_batch_size=4)
+
+    async def scenario(engine: InferenceEngine) -> None:
+        held = await hold(engine, handler, "g")
+        pair = [asyncio.ensure_future(engine.embed([t])) for t in ("one", "two")]
+        await until(lambda: len(engine.queue) == 2)
+        handler.gates["g"].set()
+        outcomes = await asyncio.gather(*pair, return_exceptions=True)
+        assert [getattr(o, "status", None) for o in outcomes] == [500, 500]
+        assert (await held).vectors == [vector_for("hold:g")]
+        assert (await engine.embed(["alone"])).vectors == [vector_for("alone")]
+
+    run(engine, scenario)
+
+
+def test_a_deadline_passing_while_queued_answers_504_at_once_and_never_computes(tmp_path: Path):
+    handler = HashHandler()
+    engine = make_engine(tmp_path, handler)
+
+    async def scenario(engine: InferenceEngine) -> None:
+        held = await hold(engine, handler, "g")
+        # The worker stays busy: the answer must come from the deadline, not from the worker coming back.
+        with pytest.raises(EngineError) as info:
+            await engine.embed(["too late"], timeout_ms=30)
+        assert (info.value.status, info.value.code) == (504, "deadline_exceeded")
+        assert rejected(engine, "deadline") == 1
+        assert len(engine.queue) == 0  # its item left the queue with it
+        handler.gates["g"].set()
+        await held
+        assert (await engine.embed(["in time"], timeout_ms=5000)).vectors == [vector_for("in time")]
+        assert "too late" not in computed(handler)
+
+    run(engine, scenario)
+
+
+def test_a_client_gone_while_queued_is_dropped_counted_and_never_computed(tmp_path: Path):
+    handler = HashHandler()
+    engine = make_engine(tmp_path, handler)
+
+    async def scenario(engine: InferenceEngine) -> None:
+        held = await hold(engine, handler, "g")
+        gone = asyncio.Event()
+        victim = asyncio.ensure_future(engine.embed(["victim"], disconnected=gone.wait))
+        await until(lambda: len(engine.queue) == 1)
+        gone.set()
+        with pytest.raises(ClientGone):
+            await victim
+        handler.gates["g"].set()
+        await held
+        await until(lambda: rejected(engine, "disconnected") == 1)
+        assert len(engine.queue) == 0 and "victim" not in computed(handler)
+
+    run(engine, scenario)
+
+
+def test_a_full_queue_refuses_with_retry_after_and_accepted_work_completes(tmp_path: Path):
+    handler = HashHandler()
+    engine = make_engine(tmp_path, handler, max_batch_size=2, max_queue=4)
+
+    async def scenario(engine: InferenceEngine) -> None:
+        held = await hold(engine, handler, "g")
+        accepted = [asyncio.ensure_future(engine.embed([f"q{i}"])) for i in range(4)]
+        await until(lambda: len(engine.queue) == 4)
+        with pytest.raises(EngineError) as info:
+            await engine.embed(["one too many"])
+        assert (info.value.status, info.value.code) == (503, "queue_full") and info.value.retry_after
+        assert rejected(engine, "overloaded") == 1
+        handler.gates["g"].set()
+        results = await asyncio.gather(held, *accepted)
+        assert [r.vectors for r in results[1:]] == [[vector_for(f"q{i}")] for i in range(4)]
+
+    run(engine, scenario)
+
+
+def test_a_request_larger_than_the_whole_queue_is_refused_as_invalid(tmp_path: Path):
+    # Retry-After would promise a retry that can never succeed.
+    engine = make_engine(tmp_path, HashHandler(), max_batch_size=2, max_queue=4)
+
+    async def scenario(engine: InferenceEngine) -> None:
+        with pytest.raises(EngineError) as info:
+            await engine.embed([f"t{i}" for i in range(5)])
+        assert info.value.status == 422 and info.value.retry_after is None
+        assert len((await engine.embed([f"t{i}" for i in range(4)])).vectors) == 4
+
+    run(engine, scenario)
+
+
+def test_an_oversize_text_runs_alone_or_is_refused_when_configured(tmp_path: Path):
+    handler = HashHandler()
+    engine = make_engine(tmp_path, handler, max_batch_tokens=64)
+    long_text = "L" * 100
+
+    async def scenario(engine: InferenceEngine) -> None:
+        held = await hold(engine, handler, "g")
+        tasks = [asyncio.ensure_future(engine.embed([t])) for t in ("s1", long_text, "s2", "s3")]
+        await until(lambda: len(engine.queue) == 4)
+        handler.gates["g"].set()
+        await asyncio.gather(held, *tasks)
+        assert [long_text] in handler.batches
+        assert ["s1", "s2", "s3"] in handler.batches  # the long one did not hold the others back
+
+    run(engine, scenario)
+
+    strict = make_engine(tmp_path, HashHandler(), max_batch_tokens=64, oversize="reject")
+
+    async def refused(engine: InferenceEngine) -> None:
+        with pytest.raises(EngineError) as info:
+            await engine.embed(["ok", long_text])
+        assert (info.value.status, info.value.code, info.value.param) == (422, "too_many_tokens", "1")
+
+    run(strict, refused)
+
+
+class _FailingGuard:
+    """A memory guard whose bookkeeping breaks: an error outside the handler must not kill the worker."""
+
+    metrics = None
+
+    def tick(self, n: int) -> None:
+        raise RuntimeError("guard bookkeeping failed")
+
+    def after_oom(self) -> None:
+        pass
+
+
+def test_the_worker_survives_an_error_outside_the_handler(tmp_path: Path):
+    handler = HashHandler()
+    settings = make_settings(tmp_path)
+    manager = ModelManager(settings, loader_for(handler))
+    manager.load_initial()
+    engine = InferenceEngine(manager, settings, Metrics(), memory_guard=_FailingGuard())
+
+    async def scenario(engine: InferenceEngine) -> None:
+        for text in ("first", "second"):
+            assert (await engine.embed([text])).vectors == [vector_for(text)]
+        assert engine.alive
+
+    run(engine, scenario)
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # the worker dies on purpose
+def test_a_dead_worker_answers_every_waiting_request_and_health_says_so(tmp_path: Path):
+    handler = HashHandler()
+    settings = make_settings(tmp_path, max_batch_size=1)
+    app = create_app(settings, loader=loader_for(handler))
+    engine: InferenceEngine = app.state.engine
+
+    async def doomed(engine: InferenceEngine) -> None:
+        held = await hold(engine, handler, "g")
+        dying = asyncio.ensure_future(engine.embed(["die:now"]))
+        behind = asyncio.ensure_future(engine.embed(["behind"]))
+        await until(lambda: len(engine.queue) == 2)
+        handler.gates["g"].set()
+        assert (await held).vectors == [vector_for("hold:g")]
+        # Neither the request in the fatal batch nor the one queued behind it may wait for ever.
+        for outcome in await asyncio.gather(dying, behind, return_exceptions=True):
+            assert isinstance(outcome, EngineError) and outcome.status == 503, outcome
+        assert "behind" not in computed(handler)
+
+    with TestClient(app) as client:
+        assert client.get("/health/ready").status_code == 200
+        client.portal.call(asyncio.wait_for, doomed(engine), 20)  # type: ignore[union-attr]
+        live, ready = client.get("/health/live"), client.get("/health/ready")
+        assert live.status_code == 503 and live.json()["status"] == "dead"
+        assert ready.status_code == 503 and "SystemExit" in ready.json()["reason"]
+        r = client.post("/predict", json={"texts": ["anyone?"]})
+        assert r.status_code == 503 and r.json()["error"]["code"] == "worker_dead" and r.headers["Retry-After"]
+        assert "inferd_worker_alive 0.0" in client.get("/metrics").text

@@ -1,0 +1,286 @@
+"""The scheduling policy ``next_batch`` as a pure function, and the bounded BatchQueue around it."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass, field
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from inferd.core.batcher import BatchQueue, Decision, Policy, QueueFull, next_batch
+
+MAIN, OTHER = object(), object()
+_seq = itertools.count()
+
+
+@dataclass(eq=False)
+class Item:
+    tokens: int
+    priority: int = 0
+    enqueued: float = 0.0
+    deadline: float = math.inf
+    group: object = MAIN
+    gone: bool = False
+    seq: int = field(default_factory=lambda: next(_seq))
+
+
+def policy(**kw: float) -> Policy:
+    base = {"max_batch_size": 32, "max_batch_tokens": 8192, "max_wait_ms": 0.0, "sort_window": 128,
+            "ageing_ms": 1000.0}
+    base.update(kw)
+    return Policy(**base)  # type: ignore[arg-type]
+
+
+def cost(batch: list[Item]) -> int:
+    return max(it.tokens for it in batch) * len(batch)
+
+
+def test_empty_queue_decides_nothing_and_waits_for_input():
+    d = next_batch([], 5.0, policy(max_wait_ms=2))
+    assert d.empty and d.wait is None
+
+
+def test_batch_size_is_capped():
+    items = [Item(10) for _ in range(10)]
+    d = next_batch(items, 1.0, policy(max_batch_size=4))
+    assert len(d.batch) == 4
+
+
+def test_padded_token_budget_is_longest_times_count():
+    # 100 x 3 = 300 fits 350; a fourth would make 400.
+    items = [Item(100) for _ in range(6)]
+    d = next_batch(items, 1.0, policy(max_batch_tokens=350))
+    assert len(d.batch) == 3
+    # A short head with long companions: each long one raises the padded cost of the whole batch.
+    mixed = [Item(10), Item(100), Item(100), Item(100)]
+    d = next_batch(mixed, 1.0, policy(max_batch_tokens=250))
+    assert cost(d.batch) <= 250 and len(d.batch) == 2
+
+
+def test_length_grouping_takes_the_nearest_lengths_to_the_head():
+    head = Item(10)
+    others = [Item(200), Item(12), Item(300), Item(9), Item(11), Item(250)]
+    d = next_batch([head, *others], 1.0, policy(max_batch_size=4))
+    assert d.batch[0] is head
+    assert sorted(it.tokens for it in d.batch) == [9, 10, 11, 12]
+
+
+def test_a_long_head_is_not_starved_by_short_companions():
+    # The oldest item leads its batch whatever its length; short items group around it later.
+    long_head = Item(400, enqueued=0.0)
+    shorts = [Item(5, enqueued=0.1) for _ in range(8)]
+    d = next_batch([*shorts, long_head], 1.0, policy(max_batch_size=4, max_batch_tokens=1000))
+    assert d.batch[0] is long_head and cost(d.batch) <= 1000
+
+
+def test_grouping_only_looks_inside_the_sort_window():
+    head, far, near_but_late = Item(10), Item(100), Item(10)
+    d = next_batch([head, far, near_but_late], 1.0, policy(sort_window=2, max_batch_size=2))
+    assert d.batch == [head, far]
+
+
+def test_higher_priority_runs_first():
+    low, high = Item(10, priority=0), Item(10, priority=5)
+    d = next_batch([low, high], 1.0, policy(max_batch_size=1))
+    assert d.batch == [high]
+
+
+def test_fifo_within_a_priority_level():
+    items = [Item(10, enqueued=0.0) for _ in range(5)]
+    order = []
+    pending = list(reversed(items))  # the order in the list must not matter, only seq
+    while pending:
+        d = next_batch(pending, 1.0, policy(max_batch_size=1))
+        order += d.batch
+        pending = [it for it in pending if it not in d.batch]
+    assert order == items
+    late, early = Item(10, enqueued=0.5), Item(10, enqueued=0.2)
+    assert late.seq < early.seq  # the time waited, not the seq, decides between different ages
+    assert next_batch([late, early], 1.0, policy(max_batch_size=1)).batch == [early]
+
+
+def test_ageing_lets_old_low_priority_work_overtake_fresh_high_priority():
+    low = Item(10, priority=0, enqueued=0.0)
+    high = Item(10, priority=2, enqueued=1.0)
+    p = policy(max_batch_size=1, ageing_ms=1000)
+    assert next_batch([low, high], 1.0, p).batch == [high]  # aged 1 < 2
+    high.enqueued = 3.0
+    assert next_batch([low, high], 3.0, p).batch == [low]  # aged 3 > 2
+
+
+def test_low_priority_completes_under_a_stream_of_high_priority_work():
+    low = Item(10, priority=-3, enqueued=0.0)
+    p = policy(max_batch_size=1, ageing_ms=100)
+    pending: list[Item] = [low]
+    now = 0.0
+    for step in range(200):
+        now = step * 0.01
+        pending.append(Item(10, priority=5, enqueued=now))  # new urgent work every step
+        d = next_batch(pending, now, p)
+        if low in d.batch:
+            break
+        pending = [it for it in pending if it not in d.batch]
+    else:
+        pytest.fail("the low-priority item never ran")
+    # 8 levels at one level per 100 ms: it wins once it has waited about 0.8 s.
+    assert 0.7 <= now <= 1.0
+
+
+def test_passed_deadlines_expire_and_never_join_a_batch():
+    late, due_now, fine = Item(10, deadline=0.5), Item(10, deadline=1.0), Item(10, deadline=2.0)
+    d = next_batch([late, due_now, fine], 1.0, policy())
+    assert d.expired == [late, due_now]
+    assert d.batch == [fine]
+
+
+def test_gone_items_are_dropped_before_they_run():
+    gone, here = Item(10, gone=True, deadline=0.0), Item(10)
+    d = next_batch([gone, here], 1.0, policy())
+    assert d.dropped == [gone] and d.expired == [] and d.batch == [here]
+
+
+def test_an_oversize_head_runs_alone_at_once():
+    big = Item(5000, enqueued=0.0)
+    small = [Item(10, enqueued=0.1) for _ in range(3)]
+    d = next_batch([big, *small], 0.2, policy(max_batch_tokens=4096, max_wait_ms=50))
+    assert d.batch == [big] and d.wait is None
+
+
+def test_an_oversize_item_does_not_hold_others_back():
+    small = [Item(10, enqueued=0.0) for _ in range(3)]
+    big = Item(5000, enqueued=0.01)
+    p = policy(max_batch_tokens=4096, max_wait_ms=50)
+    # With max_wait, the small ones wait for companions; the oversize one cannot be one, so it is not
+    # counted: they run when the oldest has waited max_wait, not later.
+    d = next_batch([*small, big], 0.02, p)
+    assert d.batch == [] and d.wait == pytest.approx(0.03)
+    d = next_batch([*small, big], 0.05, p)
+    assert d.batch == small
+    assert next_batch([big], 0.05, p).batch == [big]
+
+
+def test_max_wait_holds_a_partial_batch_for_companions():
+    first = Item(10, enqueued=1.0)
+    p = policy(max_wait_ms=2)
+    d = next_batch([first], 1.0005, p)
+    assert d.batch == [] and d.wait == pytest.approx(0.0015)
+    assert next_batch([first], 1.002, p).batch == [first]
+
+
+def test_no_waiting_when_max_wait_is_zero():
+    assert next_batch([Item(10, enqueued=1.0)], 1.0, policy(max_wait_ms=0)).batch
+
+
+def test_no_waiting_when_the_batch_is_full():
+    items = [Item(10, enqueued=1.0) for _ in range(4)]
+    d = next_batch(items, 1.0, policy(max_batch_size=4, max_wait_ms=100))
+    assert len(d.batch) == 4 and d.wait is None
+
+
+def test_no_waiting_when_the_token_budget_is_full():
+    items = [Item(100, enqueued=1.0) for _ in range(3)]
+    d = next_batch(items, 1.0, policy(max_batch_tokens=200, max_wait_ms=100))
+    assert len(d.batch) == 2 and d.wait is None
+
+
+def test_waiting_never_outlasts_a_deadline():
+    item = Item(10, enqueued=1.0, deadline=1.001)
+    d = next_batch([item], 1.0, policy(max_wait_ms=50))
+    assert d.batch == [] and d.wait == pytest.approx(0.001)
+    assert next_batch([item], 1.001, policy(max_wait_ms=50)).expired == [item]
+
+
+def test_a_batch_holds_one_group_only():
+    a1, b1, a2, b2 = Item(10, group=MAIN), Item(10, group=OTHER), Item(10, group=MAIN), Item(10, group=OTHER)
+    d = next_batch([a1, b1, a2, b2], 1.0, policy())
+    assert d.batch == [a1, a2]
+    assert next_batch([b1, b2], 1.0, policy()).batch == [b1, b2]
+
+
+# -- properties ----------------------------------------------------------------------------------------
+
+policies = st.builds(
+    Policy,
+    max_batch_size=st.integers(1, 16),
+    max_batch_tokens=st.integers(16, 2048),
+    max_wait_ms=st.sampled_from([0.0, 0.5, 2.0, 10.0]),
+    sort_window=st.integers(1, 64),
+    ageing_ms=st.sampled_from([1.0, 100.0, 1000.0]),
+)
+
+
+@st.composite
+def workloads(draw: st.DrawFn) -> list[Item]:
+    n = draw(st.integers(0, 60))
+    out = []
+    for _ in range(n):
+        enqueued = draw(st.floats(0.0, 0.05))
+        timeout = draw(st.one_of(st.just(math.inf), st.floats(0.0001, 0.05)))
+        out.append(Item(
+            tokens=draw(st.integers(1, 3000)), priority=draw(st.integers(-3, 3)), enqueued=enqueued,
+            deadline=enqueued + timeout, group=draw(st.sampled_from([MAIN, OTHER])),
+            gone=draw(st.integers(0, 9)) == 0))
+    return out
+
+
+def check_decision(d: Decision, p: Policy, now: float) -> None:
+    if d.batch:
+        assert len(d.batch) <= p.max_batch_size
+        if len(d.batch) > 1:  # only a lone item may exceed the budget (the over-long one)
+            assert cost(d.batch) <= p.max_batch_tokens
+        assert len({id(it.group) for it in d.batch}) == 1
+        assert all(not it.gone and it.deadline > now for it in d.batch)
+    assert all(it.deadline <= now for it in d.expired)
+    assert all(it.gone for it in d.dropped)
+
+
+@settings(max_examples=300, deadline=None)
+@given(items=workloads(), p=policies)
+def test_every_item_ends_in_exactly_one_outcome_and_no_batch_breaks_a_limit(items: list[Item], p: Policy):
+    outcomes: dict[int, str] = {}
+    pending = list(items)
+    now = 0.05
+    for _ in range(10 * len(items) + 50):
+        if not pending:
+            break
+        d = next_batch(pending, now, p)
+        check_decision(d, p, now)
+        for kind, chosen in (("batch", d.batch), ("expired", d.expired), ("dropped", d.dropped)):
+            for it in chosen:
+                assert id(it) not in outcomes, "an item was decided twice"
+                outcomes[id(it)] = kind
+        if d.empty:
+            # Nothing ran, so the policy must say when to look again: the model never idles for ever.
+            assert d.wait is not None and d.wait > 0
+            now += d.wait
+        taken = {id(it) for it in (*d.batch, *d.expired, *d.dropped)}
+        pending = [it for it in pending if id(it) not in taken]
+    assert not pending, "the scheduler stopped making progress"
+    assert set(outcomes) == {id(it) for it in items}
+
+
+@settings(max_examples=100, deadline=None)
+@given(sizes=st.lists(st.integers(1, 8), max_size=20), max_queue=st.integers(8, 24),
+       p=policies.map(lambda p: Policy(p.max_batch_size, p.max_batch_tokens, 0.0, p.sort_window, p.ageing_ms)))
+def test_queue_accepts_or_refuses_whole_requests_and_loses_nothing(sizes: list[int], max_queue: int, p: Policy):
+    queue = BatchQueue(p, max_queue)
+    accepted: list[Item] = []
+    refused = 0
+    for n in sizes:
+        request = [Item(10, seq=queue.next_seq()) for _ in range(n)]
+        try:
+            queue.put(request)
+            accepted += request
+        except QueueFull:
+            refused += n
+            assert len(queue) + n > max_queue  # refused only when it really does not fit
+        assert len(queue) <= max_queue
+    ran: list[Item] = []
+    while (d := queue.take(timeout=0)) is not None:
+        check_decision(d, p, 0.0)
+        ran += d.batch
+    assert sorted(map(id, ran)) == sorted(map(id, accepted))
+    assert len(ran) + refused == sum(sizes)
