@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +31,9 @@ FLAGS = {
 }
 
 _SECRETS = ("admin_key", "api_keys", "metrics_key")
+
+# How the serving settings were built (files, env and these flags), so SIGHUP can build them again alike.
+_reread: Callable[[], Settings] | None = None
 
 
 def _add_config_flags(p: argparse.ArgumentParser) -> None:
@@ -74,7 +79,7 @@ def redacted(settings: Settings) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["bench"]:
-        from inferd.benchmark import main as bench_main
+        from inferd.bench.run import main as bench_main
 
         return bench_main(argv[1:])
     args = build_parser().parse_args(argv)
@@ -86,13 +91,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "check-config":
         print(yaml.safe_dump(redacted(settings), sort_keys=False), end="")
         return 0
+    global _reread
+    _reread = functools.partial(settings_from_args, args)
     return run(settings)
 
 
 def run(settings: Settings) -> int:
     from inferd.server import serve
 
-    return serve(settings)
+    return serve(settings, reread=_reread)
 
 
 if __name__ == "__main__":

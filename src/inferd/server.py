@@ -3,11 +3,15 @@
 uvicorn's own handling stops accepting connections at once; a load balancer still sending traffic would
 see refused connections. Here the first signal turns readiness to 503 ("draining"), refuses new inference
 with 503 + Retry-After, waits for accepted work (up to ``server.drain_timeout_s``), then stops.
+
+SIGHUP re-reads the configuration and hot-reloads its model section (path, version, ...), exactly as
+``POST /admin/models/reload`` would; the outcome is logged and counted.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
 from collections.abc import Awaitable, Callable
@@ -16,7 +20,9 @@ from typing import Any
 
 import uvicorn
 
-from inferd.config import Settings
+from inferd.config import ConfigError, Settings, load_settings
+from inferd.core.handler import ModelLoadError
+from inferd.core.model_loader import ModelNotReady, ReloadInProgress
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +74,44 @@ class FollowerServer(uvicorn.Server):
         self.leader.handle_exit(sig, frame)
 
 
-def serve(settings: Settings) -> int:
+async def reload_from_config(app: Any, reread: Callable[[], Settings]) -> str:
+    """SIGHUP: read the configuration again and serve its model; returns the outcome label."""
+    manager, metrics = app.state.manager, app.state.metrics
+    try:
+        fresh = reread()
+        slot = await asyncio.to_thread(manager.reload_from_settings, fresh)
+    except ReloadInProgress:
+        log.warning("SIGHUP: another model change is in progress; nothing reloaded")
+        outcome = "conflict"
+    except ModelNotReady as exc:
+        log.warning("SIGHUP: no model is serving yet (%s); nothing reloaded", exc.state)
+        return "not_ready"
+    except (ConfigError, ModelLoadError) as exc:
+        log.error("SIGHUP reload failed; the serving model is unchanged: %s", exc)
+        outcome = "failed"
+    else:
+        log.info("SIGHUP: now serving %s@%s", slot.spec.name, slot.version,
+                 extra={"version": slot.version, "path": str(slot.spec.path)})
+        outcome = "ok"
+    metrics.model_reloads.labels(outcome).inc()
+    return outcome
+
+
+def _install_sighup(loop: asyncio.AbstractEventLoop, app: Any, reread: Callable[[], Settings]) -> None:
+    tasks: set[asyncio.Task[str]] = set()
+
+    def on_sighup() -> None:
+        log.info("SIGHUP received: re-reading the configuration's model section")
+        task = loop.create_task(reload_from_config(app, reread))
+        tasks.add(task)  # a reference, or the task could be collected mid-reload
+        task.add_done_callback(tasks.discard)
+
+    with contextlib.suppress(NotImplementedError, AttributeError):  # no SIGHUP on Windows
+        loop.add_signal_handler(signal.SIGHUP, on_sighup)
+
+
+def serve(settings: Settings, reread: Callable[[], Settings] | None = None) -> int:
+    """Serve until SIGTERM/SIGINT; ``reread`` rebuilds the settings on SIGHUP (the CLI passes its flags)."""
     from inferd.api.app import create_admin_app, create_app
     from inferd.core.memory import configure_process
     from inferd.utils.logger import configure_logging
@@ -89,6 +132,7 @@ def serve(settings: Settings) -> int:
         servers += leader.followers
 
     async def serve_all() -> None:
+        _install_sighup(asyncio.get_running_loop(), app, reread or (lambda: load_settings(settings.env)))
         await asyncio.gather(*(s.serve() for s in servers))
 
     asyncio.run(serve_all())

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from fastapi import APIRouter, Depends, Request
@@ -14,7 +15,7 @@ from inferd.api.errors import APIError
 from inferd.api.routes import _JSON_BODY, json_response, read_body
 from inferd.api.security import require_admin
 from inferd.core.handler import ModelLoadError
-from inferd.core.model_loader import ModelNotReady, ModelSlot, ReloadInProgress
+from inferd.core.model_loader import ModelNotReady, ModelSlot, NoCanary, ReloadInProgress
 
 log = logging.getLogger(__name__)
 
@@ -37,26 +38,29 @@ class CanaryRequest(ReloadRequest):
 
 
 def _describe(slot: ModelSlot) -> dict[str, Any]:
-    return {"name": slot.spec.name, "version": slot.version, "path": str(slot.spec.path),
-            "dimension": slot.handler.dimension, "load_seconds": round(slot.load_seconds, 3)}
+    return {k: slot.info[k] for k in ("name", "version", "path", "dimension", "load_seconds")}
 
 
-async def _change(request: Request, outcome_label: str, fn, *args) -> dict[str, Any]:
+async def _change(request: Request, action: str, fn: Callable[..., ModelSlot], *args: Any) -> dict[str, Any]:
+    """Run one model change in a thread (loading blocks); map each way it can fail onto the error shape."""
     metrics = request.app.state.metrics
     try:
         slot = await asyncio.to_thread(fn, *args)
     except ReloadInProgress as exc:
         metrics.model_reloads.labels("conflict").inc()
         raise APIError(409, f"{exc}; try again when it has finished", "reload_in_progress") from None
+    except NoCanary as exc:
+        raise APIError(409, str(exc), "no_canary") from None
     except ModelNotReady as exc:
         raise APIError(503, f"no model is serving yet ({exc.state})", "model_not_ready",
                        headers={"Retry-After": "1"}) from None
     except ModelLoadError as exc:
         metrics.model_reloads.labels("failed").inc()
-        log.error("%s failed: %s", outcome_label, exc)
-        raise APIError(422, f"{outcome_label} failed; the serving model is unchanged: {exc}",
+        log.error("%s failed: %s", action, exc, extra={"action": action})
+        raise APIError(422, f"{action} failed; the serving model is unchanged: {exc}",
                        "model_load_failed", "path") from None
     metrics.model_reloads.labels("ok").inc()
+    log.info("%s done", action, extra={"action": action, "version": slot.version})
     return _describe(slot)
 
 
@@ -95,3 +99,10 @@ async def list_models(request: Request) -> Response:
                           "canary_weight": manager.canary_weight,
                           "slots": [{"role": role, **_describe(s), "in_use": s.refs}
                                     for role, s in manager.slots()]})
+
+
+@admin_router.get("/memory")
+async def memory(request: Request) -> Response:
+    """The memory guard's figures; on a GPU also ``torch.cuda.memory_summary()`` (in a thread: it locks)."""
+    report = await asyncio.to_thread(request.app.state.memory_guard.report)
+    return json_response(report)

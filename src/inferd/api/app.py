@@ -23,6 +23,7 @@ from inferd.api.security import require_keys
 from inferd.config import Settings
 from inferd.core.handler import Handler, ModelLoadError, ModelSpec
 from inferd.core.inference import InferenceEngine
+from inferd.core.memory import build_guard
 from inferd.core.model_loader import ModelManager, load_handler
 from inferd.utils.metrics import Metrics
 
@@ -48,8 +49,10 @@ def create_app(settings: Settings, loader: Callable[[ModelSpec], Handler] = load
     metrics = Metrics(settings.batching.max_batch_size)
     manager = ModelManager(settings, loader)
     manager.on_change = lambda: _publish_models(manager, metrics)
-    if memory_guard is not None:
-        memory_guard.metrics = metrics
+    if memory_guard is None:
+        # Tests and embedders that pass no guard still get one (and /admin/memory); no process-wide settings.
+        memory_guard = build_guard(settings)
+    memory_guard.bind(metrics)
     engine = InferenceEngine(manager, settings, metrics, memory_guard)
 
     @asynccontextmanager
@@ -96,7 +99,8 @@ def create_app(settings: Settings, loader: Callable[[ModelSpec], Handler] = load
 def create_admin_app(main: FastAPI) -> FastAPI:
     """The admin routes on their own app (for ``server.admin_port``), sharing the main app's state."""
     app = FastAPI(title="inferd admin", version=__version__)
-    app.state._state = main.state._state
+    # The same State object: assigning to app.state._state would only store a key named "_state".
+    app.state = main.state
     install_error_handlers(app)
     app.include_router(admin_router)
     app.add_middleware(RequestContextMiddleware, metrics=main.state.metrics, access=True)

@@ -13,7 +13,7 @@ from pydantic import BaseModel, ValidationError
 from starlette.responses import Response
 
 from inferd import __version__
-from inferd.api.errors import APIError
+from inferd.api.errors import APIError, excerpt
 from inferd.api.middleware import context
 from inferd.api.schemas import EmbeddingsRequest, PredictRequest
 from inferd.api.security import require_keys
@@ -44,7 +44,8 @@ async def read_body(request: Request, model: type[B]) -> B:
         return model.model_validate(data)
     except ValidationError as exc:
         err = exc.errors()[0]
-        param = ".".join(str(p) for p in err["loc"]) or None
+        # An unknown field's name is client input: echo only an excerpt of it.
+        param = excerpt(".".join(str(p) for p in err["loc"])) or None
         what = "unknown field" if err["type"] == "extra_forbidden" else err["msg"]
         raise APIError(422, f"{param}: {what}", "invalid_value", param) from None
 
@@ -58,6 +59,9 @@ async def _disconnected(request: Request) -> None:
 async def _embed(request: Request, texts: list[Any], body: PredictRequest | EmbeddingsRequest,
                  field: str, listed: bool) -> EmbedResult | Response:
     engine = request.app.state.engine
+    if request.app.state.settings.server.log_inputs:
+        # Only when the operator asked for it: request text is user data and stays out of logs by default.
+        context(request.scope)["inputs"] = texts
     try:
         result = await engine.embed(
             texts, priority=body.priority, timeout_ms=body.timeout_ms, model=body.model,

@@ -1,7 +1,12 @@
-"""Bearer-key checks, in constant time. Health stays public; the rest is as configured."""
+"""Bearer-key checks, in constant time. Health stays public; the rest is as configured.
+
+Missing, malformed and wrong keys get the same 401 (body and ``WWW-Authenticate: Bearer``), so a caller
+learns nothing about which keys exist.
+"""
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 from collections.abc import Iterable
 
@@ -10,36 +15,48 @@ from starlette.requests import Request
 from inferd.api.errors import APIError
 
 
-def _bearer(request: Request) -> str | None:
+def bearer_token(request: Request) -> str | None:
+    """The token of ``Authorization: Bearer <token>``; None when the header is absent or malformed."""
     header = request.headers.get("authorization", "")
     scheme, _, token = header.partition(" ")
-    if scheme.lower() != "bearer" or not token.strip():
+    token = token.strip()
+    if scheme.lower() != "bearer" or not token or " " in token:
         return None
-    return token.strip()
+    return token
 
 
-def _matches(token: str | None, keys: Iterable[str]) -> bool:
+def _digest(value: str) -> bytes:
+    # Hashing first gives equal-length inputs to compare_digest, so the time spent does not reveal a key's
+    # length either; surrogates (odd header bytes) must not raise.
+    return hashlib.sha256(value.encode("utf-8", "surrogatepass")).digest()
+
+
+def key_matches(token: str | None, keys: Iterable[str]) -> bool:
+    supplied = _digest(token or "")
     ok = False
-    supplied = (token or "").encode()
     for key in keys:
         # Compare with every key (no early exit), so timing does not reveal which key or prefix matched.
-        ok |= hmac.compare_digest(supplied, key.encode())
+        ok |= hmac.compare_digest(supplied, _digest(key))
     return ok and token is not None
 
 
-def _unauthorized(what: str) -> APIError:
+def _unauthorized(request: Request, what: str) -> APIError:
+    metrics = getattr(request.app.state, "metrics", None)
+    if metrics is not None:
+        metrics.rejected.labels("unauthorized").inc()
     return APIError(401, f"a valid API key is required for {what}: send 'Authorization: Bearer <key>'",
                     "invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
 
 
 def require_keys(request: Request, keys: tuple[str, ...], what: str) -> None:
-    if keys and not _matches(_bearer(request), keys):
-        raise _unauthorized(what)
+    """Open when no keys are configured; otherwise one of them, as a Bearer token."""
+    if keys and not key_matches(bearer_token(request), keys):
+        raise _unauthorized(request, what)
 
 
 def require_admin(request: Request, admin_key: str | None) -> None:
     if not admin_key:
-        # No key configured: the admin surface does not exist.
+        # No key configured: the admin surface does not exist (404, as for any unknown path).
         raise APIError(404, "not found", "not_found")
-    if not _matches(_bearer(request), (admin_key,)):
-        raise _unauthorized("admin routes")
+    if not key_matches(bearer_token(request), (admin_key,)):
+        raise _unauthorized(request, "admin routes")

@@ -20,6 +20,9 @@ from inferd.core.preprocess import Encoded, TextEncoder
 log = logging.getLogger(__name__)
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+# Any one of these lets a fast tokenizer be built; a folder with none has no tokenizer at all.
+_TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "vocab.json", "tokenizer.model", "spiece.model",
+                    "sentencepiece.bpe.model")
 
 
 class ModelLoadError(Exception):
@@ -124,14 +127,26 @@ class EmbeddingHandler:
         from transformers import AutoConfig, AutoModel, AutoTokenizer
 
         safetensors = check_weights(spec.path, spec.allow_pickle)
+        if not any((spec.path / f).is_file() for f in _TOKENIZER_FILES):
+            # transformers would build an empty tokenizer that maps every word to [UNK], silently.
+            raise ModelLoadError(f"{spec.path} has no tokenizer (tokenizer.json or a vocabulary file)")
         st_pooling, st_normalize, st_max = read_st_config(spec.path)
         try:
             config = AutoConfig.from_pretrained(spec.path, local_files_only=True)
             tokenizer = AutoTokenizer.from_pretrained(spec.path, local_files_only=True)
-            model = AutoModel.from_pretrained(
-                spec.path, local_files_only=True, use_safetensors=safetensors, dtype=_DTYPES[spec.dtype])
+            model, loading = AutoModel.from_pretrained(
+                spec.path, local_files_only=True, use_safetensors=safetensors, dtype=_DTYPES[spec.dtype],
+                output_loading_info=True)
         except (OSError, ValueError, KeyError, RuntimeError) as exc:
             raise ModelLoadError(f"cannot load {spec.path}: {exc}") from exc
+        # Weights that do not fit the architecture config.json names are left random, with only a warning:
+        # a model that would serve noise. The pooler is unused by embedding pooling and often absent.
+        missing = sorted(k for k in loading["missing_keys"] if not k.startswith("pooler."))
+        if missing or loading["mismatched_keys"]:
+            raise ModelLoadError(
+                f"{spec.path}: the weights do not fit the {config.model_type!r} architecture config.json names "
+                f"({len(missing)} missing, e.g. {missing[:2]}; {len(loading['mismatched_keys'])} of the wrong "
+                "shape): wrong architecture or a damaged checkpoint")
         if not getattr(tokenizer, "is_fast", False):
             raise ModelLoadError(f"{spec.path}: a fast (tokenizer.json) tokenizer is required")
         self.model = model.to(device).eval()

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from inferd.config import Settings
-from inferd.core.batcher import BatchQueue, Policy, QueueClosed, QueueFull
+from inferd.core.batcher import BatchQueue, Decision, Policy, QueueClosed, QueueFull
 from inferd.core.model_loader import ModelManager, ModelNotReady, ModelSlot
 from inferd.core.preprocess import Encoded, InputError, check_texts
 from inferd.utils.metrics import Metrics
@@ -109,6 +109,9 @@ class InferenceEngine:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._idle = asyncio.Event()
+        # Accepted requests not yet answered (queued or running): a drain that times out answers them all.
+        self._open: set[Ticket] = set()
+        self._abandoned = False
 
     # -- lifecycle -------------------------------------------------------------------------------------
 
@@ -126,7 +129,8 @@ class InferenceEngine:
     def stop(self, timeout: float = 5.0) -> None:
         self.queue.close()
         if self._thread is not None:
-            self._thread.join(timeout)
+            # After a timed-out drain the worker is stuck in a batch; waiting longer would only delay exit.
+            self._thread.join(0.1 if self._abandoned else timeout)
 
     async def drain(self, timeout: float) -> bool:
         """Refuse new work, wait for what was accepted; past the timeout answer the rest with 503."""
@@ -135,10 +139,13 @@ class InferenceEngine:
             await asyncio.wait_for(self._idle.wait(), timeout)
             return True
         except TimeoutError:
-            stuck = self.queue.drain_all()
+            # Queued and running alike: a request still unanswered now gets 503 rather than hang.
+            stuck = {id(i.ticket): i.ticket for i in self.queue.drain_all()}
+            stuck.update((id(t), t) for t in self._open)
             err = EngineError(503, "the server is shutting down; retry on another instance",
                               "draining", "draining", retry_after=1)
-            self._resolve([t for t in {id(i.ticket): i.ticket for i in stuck}.values()], err)
+            self._abandoned = any(not t.closed for t in stuck.values())
+            self._resolve(list(stuck.values()), err)
             return False
 
     # -- the request side (event loop) -----------------------------------------------------------------
@@ -147,6 +154,7 @@ class InferenceEngine:
                     routing_key: str | None = None, model: str | None = None,
                     disconnected: Callable[[], Awaitable[Any]] | None = None) -> EmbedResult:
         if self.draining:
+            self.metrics.rejected.labels("draining").inc()
             raise EngineError(503, "the server is draining; retry on another instance", "draining",
                               "draining", retry_after=1)
         if not self.alive:
@@ -155,6 +163,10 @@ class InferenceEngine:
         limits = self.settings.limits
         try:
             texts = check_texts(texts, limits.max_items_per_request, limits.max_chars_per_text)
+            if len(texts) > self.queue.max_queue:
+                # 503 + Retry-After would promise a retry that can never fit in the queue.
+                raise InputError(None, f"{len(texts)} texts given; at most {self.queue.max_queue} "
+                                 "(batching.max_queue) per request", "too_many_items")
         except InputError as exc:
             raise self._input_error(exc) from None
         if self.settings.model.load_mode == "lazy":
@@ -208,7 +220,11 @@ class InferenceEngine:
             raise EngineError(503, "the server is shutting down", "draining", "draining",
                               retry_after=1) from None
         self.metrics.queue_depth.set(len(self.queue))
-        await self._wait(ticket, disconnected)
+        self._open.add(ticket)
+        try:
+            await self._wait(ticket, items, deadline, disconnected)
+        finally:
+            self._open.discard(ticket)
         if ticket.error is not None:
             raise ticket.error
         return EmbedResult(
@@ -218,20 +234,34 @@ class InferenceEngine:
                      "inference_ms": ticket.infer_s * 1e3, "postprocess_ms": ticket.post_s * 1e3,
                      "batch_size": ticket.batch_size, "items": len(encoded)})
 
-    async def _wait(self, ticket: Ticket, disconnected: Callable[[], Awaitable[Any]] | None) -> None:
-        if disconnected is None:
-            await ticket.future
-            return
-        watcher = asyncio.ensure_future(disconnected())
+    async def _wait(self, ticket: Ticket, items: list[WorkItem], deadline: float,
+                    disconnected: Callable[[], Awaitable[Any]] | None) -> None:
+        watcher = asyncio.ensure_future(disconnected()) if disconnected is not None else None
+        waiting = {ticket.future} if watcher is None else {ticket.future, watcher}
+        timeout: float | None = max(0.0, deadline - time.monotonic())
         try:
-            await asyncio.wait((ticket.future, watcher), return_when=asyncio.FIRST_COMPLETED)
+            while not ticket.future.done():
+                done, _ = await asyncio.wait(waiting, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+                if ticket.future.done():
+                    return
+                if watcher is not None and watcher in done:
+                    # The client went away: its queued items are dropped (and counted) before they run.
+                    ticket.cancelled = ticket.closed = True
+                    self.queue.wake()
+                    raise ClientGone
+                # The deadline passed. A busy worker would notice only after its batch; answer now, and take
+                # the items still queued out (under the queue's lock) so they are never computed.
+                if self.queue.remove(items) and not ticket.closed:
+                    ticket.closed = True
+                    self.metrics.queue_depth.set(len(self.queue))
+                    self.metrics.rejected.labels("deadline").inc()
+                    ticket.error = EngineError(504, "the request's deadline passed while it was queued",
+                                               "deadline_exceeded", "deadline")
+                    return
+                timeout = None  # nothing of it is queued any more: it is running, its answer is coming
         finally:
-            watcher.cancel()
-        if not ticket.future.done():
-            # The client went away: its queued items are dropped (and counted) before they run.
-            ticket.cancelled = ticket.closed = True
-            self.queue.wake()
-            raise ClientGone
+            if watcher is not None:
+                watcher.cancel()
 
     def _enter(self) -> None:
         self.in_flight += 1
@@ -260,39 +290,51 @@ class InferenceEngine:
     # -- the worker side (its own thread) --------------------------------------------------------------
 
     def _run(self) -> None:
+        decision: Decision | None = None
         try:
             while True:
                 decision = self.queue.take()
                 if decision is None:
                     break
-                done: list[Ticket] = []
-                for item in decision.expired:
-                    t = item.ticket
-                    if not t.closed:
-                        self.metrics.rejected.labels("deadline").inc()
-                        t.error = EngineError(504, "the request's deadline passed while it was queued",
-                                              "deadline_exceeded", "deadline")
-                        t.closed = True
-                        done.append(t)
-                for item in decision.dropped:
-                    t = item.ticket
-                    if t.cancelled and t.remaining > 0:
-                        self.metrics.rejected.labels("disconnected").inc()
-                        t.remaining = 0
-                if decision.batch:
-                    done.extend(self._run_batch(decision.batch))
-                self.metrics.queue_depth.set(len(self.queue))
-                self._finish(done)
-                if self.memory_guard is not None and decision.batch:
-                    self.memory_guard.tick(len({id(i.ticket) for i in decision.batch}))
+                try:
+                    self._handle(decision)
+                except Exception:
+                    # A fault outside the handler (metrics, memory guard): fail this decision, keep serving.
+                    log.exception("handling a batch failed; its requests fail, the worker carries on")
+                    self._resolve(_tickets([*decision.batch, *decision.expired]),
+                                  EngineError(500, "inference failed for this batch", "inference_error"))
+                decision = None
         except BaseException as exc:  # the loop must never die silently: readiness reports it
             self.worker_error = f"{type(exc).__name__}: {exc}"
             self.metrics.worker_alive.set(0)
             log.critical("inference worker died", exc_info=True)
             err = EngineError(503, "the inference worker stopped", "worker_dead", "not_ready", retry_after=5)
-            stuck = self.queue.drain_all()
-            self._resolve(list({id(i.ticket): i.ticket for i in stuck}.values()), err)
+            # The batch in hand as well as the queue: none of their requests may wait for ever.
+            in_hand = [] if decision is None else [*decision.batch, *decision.expired]
+            self._resolve(_tickets([*in_hand, *self.queue.drain_all()]), err)
             raise
+
+    def _handle(self, decision: Decision) -> None:
+        done: list[Ticket] = []
+        for item in decision.expired:
+            t = item.ticket
+            if not t.closed:
+                self.metrics.rejected.labels("deadline").inc()
+                t.error = EngineError(504, "the request's deadline passed while it was queued",
+                                      "deadline_exceeded", "deadline")
+                t.closed = True
+                done.append(t)
+        for item in decision.dropped:
+            t = item.ticket
+            if t.cancelled and t.remaining > 0:
+                self.metrics.rejected.labels("disconnected").inc()
+                t.remaining = 0
+        if decision.batch:
+            done.extend(self._run_batch(decision.batch))
+        self.metrics.queue_depth.set(len(self.queue))
+        self._finish(done)
+        if self.memory_guard is not None and decision.batch:
+            self.memory_guard.tick(len({id(i.ticket) for i in decision.batch}))
 
     def _run_batch(self, batch: list[WorkItem]) -> list[Ticket]:
         slot: ModelSlot = batch[0].group  # type: ignore[assignment]
@@ -315,7 +357,10 @@ class InferenceEngine:
         self.batches_run += 1
         batch_log.info("batch", extra={"batch_size": n, "batch_tokens": longest * n,
                                        "real_tokens": sum(it.tokens for it in batch),
-                                       "inference_ms": round(infer_s * 1e3, 3), "version": version})
+                                       "inference_ms": round(infer_s * 1e3, 3),
+                                       "postprocess_ms": round(post_s * 1e3, 3),
+                                       "duration_ms": round((time.monotonic() - started) * 1e3, 3),
+                                       "version": version})
         done = []
         key = self.batches_run
         for item, result in zip(batch, results, strict=True):
@@ -379,6 +424,10 @@ class InferenceEngine:
             if not t.closed:
                 t.error, t.closed = err, True
         self._finish(tickets)
+
+
+def _tickets(items: list[WorkItem]) -> list[Ticket]:
+    return list({id(i.ticket): i.ticket for i in items}.values())
 
 
 def _settle(tickets: list[Ticket]) -> None:

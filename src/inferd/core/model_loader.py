@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import hashlib
 import importlib
 import logging
@@ -31,6 +30,10 @@ log = logging.getLogger(__name__)
 
 class ReloadInProgress(Exception):
     pass
+
+
+class NoCanary(Exception):
+    """promote/rollback with no canary slot: a state conflict, not a failed load."""
 
 
 class ModelNotReady(Exception):
@@ -72,6 +75,13 @@ class ModelSlot:
         self.spec = spec
         self.version = spec.version
         self.load_seconds = load_seconds
+        # Read once: describing a slot must not touch a handler that a concurrent swap may be freeing.
+        self.info: dict[str, Any] = {
+            "name": spec.name, "version": spec.version, "path": str(spec.path),
+            "dimension": getattr(handler, "dimension", None),
+            "max_seq_length": getattr(handler, "max_seq_length", None),
+            "device": str(getattr(handler, "device", "")), "dtype": getattr(handler, "dtype", None),
+            "load_seconds": round(load_seconds, 3)}
         self.freed = threading.Event()
         self._refs = 0
         self._retired = False
@@ -103,9 +113,11 @@ class ModelSlot:
     def _free(self) -> None:
         if self.freed.is_set():
             return
+        # close() drops the weights; the handler object itself (a few attributes) goes with the slot, so a
+        # reader that snapshotted the slot a moment before the swap still finds plain attributes on it.
+        # Reference counting frees the tensors here; no gc.collect(): with torch loaded a full collection
+        # holds the GIL for ~0.3 s, and this may run on the event loop or the inference worker.
         self.handler.close()
-        self.handler = None  # type: ignore[assignment]
-        gc.collect()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
         self.freed.set()
@@ -153,6 +165,9 @@ class ModelManager:
     # -- loading ---------------------------------------------------------------------------------------
 
     def _load(self, spec: ModelSpec) -> ModelSlot:
+        if self.settings.model.load_delay_s:
+            # Every load, reloads included: makes "loading" and "reload in progress" observable in tests.
+            time.sleep(self.settings.model.load_delay_s)
         started = time.perf_counter()
         try:
             handler = self.loader(spec)
@@ -166,13 +181,18 @@ class ModelManager:
         """Load the configured model (and canary); record failure instead of raising."""
         self.state = "loading"
         try:
-            if self.settings.model.load_delay_s:
-                time.sleep(self.settings.model.load_delay_s)
             slot = self._load(self._initial)
             canary = None
             c = self.settings.canary
             if c.path and c.weight > 0:
                 canary = self._load(spec_from_settings(self.settings, Path(c.path), c.version or "canary"))
+                dims = (slot.info["dimension"], canary.info["dimension"])
+                if dims[0] != dims[1] and not self.settings.model.allow_dimension_change:
+                    raise ModelLoadError(f"canary.path {c.path}: embedding dimension {dims[1]}, the model's is "
+                                         f"{dims[0]}; set model.allow_dimension_change: true to allow it")
+                if canary.version == slot.version:
+                    raise ModelLoadError(f"canary.version {canary.version!r} is the model's own version; "
+                                         "give the canary its own")
         except ModelLoadError as exc:
             self.state, self.reason = "failed", str(exc)
             log.error("model load failed: %s", exc)
@@ -226,14 +246,18 @@ class ModelManager:
 
     # -- lifecycle -------------------------------------------------------------------------------------
 
-    def _load_standby(self, path: str, version: str) -> ModelSlot:
-        if self.active is None:
+    def _load_standby(self, spec: ModelSpec, allow_dimension_change: bool | None = None) -> ModelSlot:
+        """Load beside the serving model; refuse a model whose vectors would not be comparable."""
+        active = self.active
+        if active is None and self.state != "failed":
+            # Still loading (or lazy and not yet loaded): the first model is load_initial's to install.
             raise ModelNotReady(self.state, self.reason)
-        spec = spec_from_settings(self.settings, check_model_path(path, self.roots), version)
         slot = self._load(spec)
-        old_dim = self.active.handler.dimension
-        new_dim = slot.handler.dimension
-        if new_dim != old_dim and not self.settings.model.allow_dimension_change:
+        if allow_dimension_change is None:
+            allow_dimension_change = self.settings.model.allow_dimension_change
+        old_dim = active.info["dimension"] if active is not None else None
+        new_dim = slot.info["dimension"]
+        if old_dim is not None and new_dim != old_dim and not allow_dimension_change:
             slot.retire()
             raise ModelLoadError(f"the new model's embedding dimension is {new_dim}, the serving model's is "
                                  f"{old_dim}; set model.allow_dimension_change: true to allow it")
@@ -243,28 +267,64 @@ class ModelManager:
         if not self._reload_lock.acquire(blocking=False):
             raise ReloadInProgress("another model change is in progress")
 
+    def _switch(self, slot: ModelSlot) -> None:
+        with self._lock:
+            old, self.active = self.active, slot
+            self.switches += 1
+            # A reload after a failed start is how an operator recovers without a restart.
+            self.state, self.reason = "ready", None
+        log.info("model switched", extra={"model": slot.spec.name, "version": slot.version,
+                                           "previous": old.version if old else None,
+                                           "load_seconds": round(slot.load_seconds, 3)})
+        if old is not None:
+            old.retire()
+        self.on_change()
+
     def reload(self, path: str, version: str) -> ModelSlot:
-        """Load into standby, then switch atomically; the old slot is freed when its requests finish."""
+        """Load into standby, then switch atomically; the old slot is freed when its requests finish.
+
+        ``path`` comes from a client, so it must lie under an allowed ``model.root``.
+        """
         self._exclusive()
         try:
-            slot = self._load_standby(path, version)
-            with self._lock:
-                old, self.active = self.active, slot
-                self.switches += 1
-            log.info("model switched", extra={"version": version, "previous": old.version if old else None})
-            if old is not None:
-                old.retire()
-            self.on_change()
+            spec = spec_from_settings(self.settings, check_model_path(path, self.roots), version)
+            slot = self._load_standby(spec)
+            self._switch(slot)
+            return slot
+        finally:
+            self._reload_lock.release()
+
+    def reload_from_settings(self, settings: Settings) -> ModelSlot:
+        """SIGHUP: serve the model section of freshly read settings (path, version, pooling, task...).
+
+        The configuration is the operator's own, like the path the server started with, so it is not held
+        to ``model.root``; the dimension check still applies, by the new configuration's rule.
+        """
+        self._exclusive()
+        try:
+            slot = self._load_standby(spec_from_settings(settings),
+                                      settings.model.allow_dimension_change)
+            self._switch(slot)
             return slot
         finally:
             self._reload_lock.release()
 
     def set_canary(self, path: str, version: str, weight: float) -> ModelSlot:
+        if not 0.0 <= weight <= 1.0:
+            raise ValueError(f"canary weight must lie in [0, 1], not {weight}")
         self._exclusive()
         try:
-            slot = self._load_standby(path, version)
+            active = self.active
+            if active is None:
+                raise ModelNotReady(self.state, self.reason)
+            if version == active.version:
+                # Pinning and the X-Model-Version header could not tell the two apart.
+                raise ModelLoadError(f"version {version!r} is the active model's; give the canary its own")
+            spec = spec_from_settings(self.settings, check_model_path(path, self.roots), version)
+            slot = self._load_standby(spec)
             with self._lock:
                 old, self.canary, self.canary_weight = self.canary, slot, weight
+            log.info("canary set", extra={"version": slot.version, "weight": weight})
             if old is not None:
                 old.retire()
             self.on_change()
@@ -278,10 +338,11 @@ class ModelManager:
         try:
             with self._lock:
                 if self.canary is None:
-                    raise ModelLoadError("there is no canary to promote")
+                    raise NoCanary("there is no canary to promote")
                 old, self.active, self.canary, self.canary_weight = self.active, self.canary, None, 0.0
                 self.switches += 1
                 new = self.active
+            log.info("canary promoted", extra={"version": new.version, "previous": old.version if old else None})
             if old is not None:
                 old.retire()
             self.on_change()
@@ -295,9 +356,10 @@ class ModelManager:
         try:
             with self._lock:
                 if self.canary is None:
-                    raise ModelLoadError("there is no canary to roll back")
+                    raise NoCanary("there is no canary to roll back")
                 old, self.canary, self.canary_weight = self.canary, None, 0.0
                 active = self.active
+            log.info("canary rolled back", extra={"version": old.version})
             old.retire()
             self.on_change()
             return active  # type: ignore[return-value]

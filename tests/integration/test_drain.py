@@ -1,0 +1,122 @@
+"""Graceful shutdown with a real server process: SIGTERM/SIGINT drain accepted work, refuse new work, exit 0.
+
+The model is ``lifecycle_fakes:SlowHandler``: every batch takes a known time, so requests are reliably in
+flight (running or queued) when the signal arrives, and a "stall" text is a request that never finishes.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+from conftest import Server, start_server
+from lifecycle_fakes import vector_for
+
+
+def slow_server(tmp_path: Path, drain_timeout_s: float, **env: str) -> Server:
+    return start_server(tmp_path, {
+        "INFERD__MODEL__TASK": "lifecycle_fakes:SlowHandler", "INFERD__MODEL__PATH": str(tmp_path),
+        "INFERD__MODEL__VERSION": "slow-1",
+        "INFERD__BATCHING__MAX_BATCH_SIZE": "1",  # one request per batch: the rest wait in the queue
+        "INFERD__SERVER__DRAIN_TIMEOUT_S": str(drain_timeout_s), **env}, wait="/health/ready")
+
+
+def in_flight(server: Server) -> float:
+    for line in httpx.get(server.url + "/metrics", timeout=10).text.splitlines():
+        if line.startswith("inferd_requests_in_flight "):
+            return float(line.split()[1])
+    return 0.0
+
+
+def wait_for(condition: Callable[[], Any], timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.02)
+    raise AssertionError(f"{what} not reached within {timeout}s")
+
+
+def send_all(server: Server, texts: list[str], already: int = 0,
+             ) -> tuple[list[threading.Thread], dict[str, httpx.Response]]:
+    """Send each text in its own request, concurrently; return once all are accepted (in flight)."""
+    answers: dict[str, httpx.Response] = {}
+
+    def one(text: str) -> None:
+        with server.client(timeout=60) as c:
+            answers[text] = c.post("/predict", json={"texts": [text]})
+
+    threads = [threading.Thread(target=one, args=(t,)) for t in texts]
+    for t in threads:
+        t.start()
+    total = already + len(texts)
+    wait_for(lambda: in_flight(server) == total, 30, f"{total} requests in flight")
+    return threads, answers
+
+
+def exit_within(server: Server, seconds: float) -> int:
+    try:
+        return server.proc.wait(seconds)
+    except subprocess.TimeoutExpired:
+        raise AssertionError(f"still running {seconds}s after the signal:\n{server.log()[-3000:]}") from None
+
+
+def test_sigterm_completes_accepted_work_refuses_new_and_exits_0(tmp_path: Path) -> None:
+    drain_timeout = 20.0
+    server = slow_server(tmp_path, drain_timeout, LIFECYCLE_DELAY_S="0.4")
+    try:
+        texts = [f"accepted {i}" for i in range(6)]  # ~2.4 s of work: one running, five queued
+        threads, answers = send_all(server, texts)
+        server.proc.send_signal(signal.SIGTERM)
+
+        with server.client() as c:
+            ready = wait_for(lambda: (r := c.get("/health/ready")).status_code == 503 and r, 5, "draining")
+            assert ready.json() == {"status": "draining"} and ready.headers["Retry-After"]
+            assert c.get("/health/live").status_code == 200  # draining is not dead: no restart
+            refused = c.post("/predict", json={"texts": ["too late"]})
+            assert refused.status_code == 503 and refused.headers["Retry-After"]
+            assert refused.json()["error"]["code"] == "draining"
+            assert in_flight(server) > 0  # the refusal came while accepted work was still running
+
+        for t in threads:
+            t.join(60)
+        assert {text: r.status_code for text, r in answers.items()} == dict.fromkeys(texts, 200)
+        for text, r in answers.items():
+            assert r.json()["results"] == [vector_for(text)]
+        assert exit_within(server, drain_timeout) == 0
+        assert "drained" in server.log()
+    finally:
+        server.stop(signal.SIGKILL)
+
+
+def test_a_request_stuck_at_the_drain_timeout_gets_503_and_the_process_still_exits_0(tmp_path: Path) -> None:
+    drain_timeout = 2.0
+    server = slow_server(tmp_path, drain_timeout, LIFECYCLE_STALL_S="120")
+    try:
+        # One running forever, then one queued behind it: neither can finish within the drain timeout.
+        threads, answers = send_all(server, ["stall forever"])
+        more, queued = send_all(server, ["queued behind it"], already=1)
+        threads += more
+        answers.update(queued)
+        signalled = time.monotonic()
+        server.proc.send_signal(signal.SIGINT)
+        for t in threads:
+            t.join(60)
+        answered_after = time.monotonic() - signalled
+        for r in answers.values():
+            assert r.status_code == 503 and r.headers["Retry-After"]
+            assert r.json()["error"]["code"] == "draining"
+        # Answered when the drain gave up, not before (nothing was dropped early) and not left hanging.
+        assert answered_after >= drain_timeout
+        # The stuck worker thread must not hold the exit up: the drain's timeout plus shutdown bookkeeping.
+        assert exit_within(server, drain_timeout + 5) == 0
+        assert "drain timed out" in server.log()
+    finally:
+        server.stop(signal.SIGKILL)

@@ -1,0 +1,56 @@
+"""A slow fake task handler for drain tests, loaded by a real server as ``lifecycle_fakes:SlowHandler``.
+
+No weights: each text's vector is a function of the text (``vector_for``), so a test can check every
+answer. Each batch takes ``$LIFECYCLE_DELAY_S`` seconds (default 0.3), which keeps requests in flight
+long enough to send a signal among them; a batch holding a text that starts with ``stall`` takes
+``$LIFECYCLE_STALL_S`` (default 120) instead: a request still stuck when the drain times out.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from typing import Any
+
+import torch
+
+from inferd.core.handler import ModelSpec
+from inferd.core.preprocess import Encoded
+
+DIM = 4
+
+
+def vector_for(text: str) -> list[float]:
+    """Multiples of 1/64: exact through float32 and JSON."""
+    digest = hashlib.sha256(text.encode("utf-8")).digest()
+    return [(b - 128) / 64 for b in digest[:DIM]]
+
+
+class SlowHandler:
+    name = "slow"
+    version = "0"
+    dimension = DIM
+    max_seq_length = 512
+    device = torch.device("cpu")
+    dtype = "float32"
+
+    def load(self, spec: ModelSpec, device: torch.device) -> None:
+        self.name, self.version = spec.name, spec.version
+        self.delay = float(os.environ.get("LIFECYCLE_DELAY_S", "0.3"))
+        self.stall = float(os.environ.get("LIFECYCLE_STALL_S", "120"))
+
+    def preprocess(self, texts: list[str]) -> list[Encoded]:
+        # One "token" per character, so infer can recover the text.
+        return [Encoded([ord(c) for c in text], False) for text in texts]
+
+    def infer(self, batch: list[Encoded]) -> list[str]:
+        texts = ["".join(map(chr, enc.ids)) for enc in batch]
+        time.sleep(self.stall if any(t.startswith("stall") for t in texts) else self.delay)
+        return texts
+
+    def postprocess(self, outputs: list[str]) -> list[Any]:
+        return [vector_for(t) for t in outputs]
+
+    def close(self) -> None:
+        pass

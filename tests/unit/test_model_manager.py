@@ -1,0 +1,339 @@
+"""ModelManager alone, with a fake loader: slots and references, swaps, failures, the path allow-list, routing."""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from inferd.config import Settings, load_settings
+from inferd.core.handler import ModelLoadError, ModelSpec
+from inferd.core.model_loader import (
+    ModelManager,
+    ModelNotReady,
+    NoCanary,
+    ReloadInProgress,
+    check_model_path,
+)
+
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+
+
+class FakeHandler:
+    """What the manager needs of a handler; the dimension is read from the folder's name ("dim48-...")."""
+
+    def __init__(self, spec: ModelSpec) -> None:
+        self.spec = spec
+        self.version = spec.version
+        name = spec.path.name
+        self.dimension = int(name[3:name.index("-")]) if name.startswith("dim") else 32
+        self.max_seq_length = 128
+        self.device = "cpu"
+        self.dtype = "float32"
+        self.closed = False
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class Loader:
+    """Records every spec; raises for folders named "broken*"; can be held open by a test."""
+
+    def __init__(self) -> None:
+        self.specs: list[ModelSpec] = []
+        self.gate: threading.Event | None = None
+        self.entered = threading.Event()
+
+    def __call__(self, spec: ModelSpec) -> Any:
+        self.specs.append(spec)
+        self.entered.set()
+        if self.gate is not None:
+            assert self.gate.wait(10), "the test never opened the gate"
+        if spec.path.name.startswith("broken-load"):
+            raise ModelLoadError(f"{spec.path} has no config.json: not a Hugging Face model folder")
+        if spec.path.name.startswith("broken"):
+            raise KeyError("something deep inside transformers")
+        return FakeHandler(spec)
+
+
+def settings_for(root: Path, **overrides: Any) -> Settings:
+    base = {"model.path": str(root / "m1"), "model.version": "v1", "model.name": "tiny",
+            "model.root": [str(root)], **overrides}
+    return load_settings("dev", base, environ={}, config_dir=CONFIGS)
+
+
+@pytest.fixture
+def loader() -> Loader:
+    return Loader()
+
+
+@pytest.fixture
+def manager(tmp_path: Path, loader: Loader) -> ModelManager:
+    m = ModelManager(settings_for(tmp_path), loader)
+    m.load_initial()
+    return m
+
+
+def use(manager: ModelManager, **kw: Any) -> str:
+    slot = manager.pick(**kw)
+    try:
+        return slot.version
+    finally:
+        slot.release()
+
+
+# -- reload ---------------------------------------------------------------------------------------------
+
+
+def test_reload_switches_new_requests_and_frees_the_old_model_after_its_last_request(
+        manager: ModelManager, tmp_path: Path) -> None:
+    held = manager.pick()  # a request running on v1 during the swap
+    old_handler = held.handler
+    changes: list[str] = []
+    manager.on_change = lambda: changes.append(manager.active.version)  # type: ignore[union-attr]
+
+    manager.reload(str(tmp_path / "m2"), "v2")
+
+    assert use(manager) == "v2" and manager.switches == 1 and changes == ["v2"]
+    assert held.version == "v1" and not held.freed.is_set() and not old_handler.closed
+    held.release()
+    assert held.freed.is_set() and old_handler.closed
+    # Describing the retired slot stays safe for a reader that snapshotted it before the swap.
+    assert held.info["dimension"] == 32
+
+
+@pytest.mark.parametrize(("folder", "cause"), [
+    ("broken-load", "has no config.json"),
+    ("broken-other", "KeyError"),
+])
+def test_a_failed_reload_leaves_the_active_model_serving(manager: ModelManager, tmp_path: Path, folder: str,
+                                                         cause: str) -> None:
+    with pytest.raises(ModelLoadError, match=cause):
+        manager.reload(str(tmp_path / folder), "v2")
+    assert use(manager) == "v1" and manager.switches == 0 and manager.state == "ready"
+    # The lock is released after a failure: the next reload goes ahead.
+    manager.reload(str(tmp_path / "m2"), "v2")
+    assert use(manager) == "v2"
+
+
+def test_a_different_dimension_is_refused_and_the_loaded_standby_released(
+        tmp_path: Path, loader: Loader) -> None:
+    manager = ModelManager(settings_for(tmp_path), loader)
+    manager.load_initial()
+    with pytest.raises(ModelLoadError, match="dimension is 48.*serving model's is 32.*allow_dimension_change"):
+        manager.reload(str(tmp_path / "dim48-x"), "v2")
+    assert use(manager) == "v1"
+
+    allowing = ModelManager(settings_for(tmp_path, **{"model.allow_dimension_change": True}), loader)
+    allowing.load_initial()
+    allowing.reload(str(tmp_path / "dim48-x"), "v2")
+    assert allowing.active is not None and allowing.active.info["dimension"] == 48
+
+
+def test_a_change_while_another_is_loading_is_refused(manager: ModelManager, loader: Loader,
+                                                      tmp_path: Path) -> None:
+    loader.gate, loader.entered = threading.Event(), threading.Event()
+    first = threading.Thread(target=manager.reload, args=(str(tmp_path / "m2"), "v2"))
+    first.start()
+    assert loader.entered.wait(10)
+    try:
+        for change in (lambda: manager.reload(str(tmp_path / "m3"), "v3"),
+                       lambda: manager.set_canary(str(tmp_path / "m3"), "v3", 0.5),
+                       manager.promote, manager.rollback):
+            with pytest.raises(ReloadInProgress):
+                change()
+        assert use(manager) == "v1"  # still serving the old model while the new one loads
+    finally:
+        loader.gate.set()
+        first.join(10)
+    assert use(manager) == "v2" and manager.switches == 1
+
+
+def test_reload_before_any_model_is_loaded_is_not_ready(tmp_path: Path, loader: Loader) -> None:
+    manager = ModelManager(settings_for(tmp_path), loader)
+    with pytest.raises(ModelNotReady):
+        manager.reload(str(tmp_path / "m2"), "v2")
+
+
+def test_a_reload_recovers_a_failed_start(tmp_path: Path, loader: Loader) -> None:
+    manager = ModelManager(settings_for(tmp_path, **{"model.path": str(tmp_path / "broken-load")}), loader)
+    with pytest.raises(ModelLoadError):
+        manager.load_initial()
+    assert manager.state == "failed"
+    manager.reload(str(tmp_path / "m2"), "v2")
+    assert manager.state == "ready" and use(manager) == "v2"
+
+
+def test_reload_from_settings_applies_the_new_model_section(manager: ModelManager, tmp_path: Path,
+                                                            loader: Loader) -> None:
+    elsewhere = tmp_path.parent / "elsewhere" / "m9"  # outside model.root: the operator's own config
+    fresh = settings_for(tmp_path, **{"model.path": str(elsewhere), "model.version": "v9",
+                                      "model.pooling": "cls"})
+    slot = manager.reload_from_settings(fresh)
+    assert slot.version == "v9" and use(manager) == "v9"
+    assert loader.specs[-1].path == elsewhere and loader.specs[-1].pooling == "cls"
+
+
+def test_twenty_reloads_free_every_retired_model(manager: ModelManager, tmp_path: Path) -> None:
+    retired = []
+    for i in range(20):
+        retired.append(manager.active)
+        manager.reload(str(tmp_path / f"m{i % 2}"), f"r{i}")
+    assert all(s is not None and s.freed.is_set() and s.handler.closed for s in retired)
+    assert manager.switches == 20 and manager.active is not None and manager.active.refs == 0
+
+
+# -- the path allow-list ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("raw", "cause"), [
+    ("https://example.com/model", "only local folders"),
+    ("s3://bucket/model", "only local folders"),
+    ("file:///etc", "only local folders"),
+    ("hf://org/model", "only local folders"),
+    ("{root}/../etc", "'..' is not allowed"),
+    ("{root}/a/../../x", "'..' is not allowed"),
+    ("/etc", "not under an allowed model.root"),
+    ("", "non-empty"),
+])
+def test_paths_outside_the_allow_list_are_refused(tmp_path: Path, raw: str, cause: str) -> None:
+    with pytest.raises(ModelLoadError, match=cause):
+        check_model_path(raw.format(root=tmp_path), [tmp_path.resolve()])
+
+
+def test_a_symlink_out_of_the_root_is_refused_and_folders_inside_are_accepted(tmp_path: Path) -> None:
+    root, outside = tmp_path / "root", tmp_path / "outside"
+    (root / "m").mkdir(parents=True)
+    outside.mkdir()
+    (root / "escape").symlink_to(outside)
+    assert check_model_path(str(root / "m"), [root.resolve()]) == (root / "m").resolve()
+    with pytest.raises(ModelLoadError, match="not under an allowed model.root"):
+        check_model_path(str(root / "escape"), [root.resolve()])
+
+
+def test_reload_applies_the_allow_list_before_loading(manager: ModelManager, loader: Loader) -> None:
+    before = len(loader.specs)
+    with pytest.raises(ModelLoadError, match="not under an allowed model.root"):
+        manager.reload("/etc", "v2")
+    assert len(loader.specs) == before
+
+
+def test_the_default_root_is_the_initial_models_parent(tmp_path: Path, loader: Loader) -> None:
+    settings = load_settings("dev", {"model.path": str(tmp_path / "models" / "m1")}, environ={},
+                             config_dir=CONFIGS)
+    assert ModelManager(settings, loader).roots == [(tmp_path / "models").resolve()]
+
+
+# -- canary routing --------------------------------------------------------------------------------------
+
+
+def within_binomial(hits: int, n: int, p: float, sigmas: float = 5.0) -> bool:
+    return abs(hits - n * p) <= sigmas * math.sqrt(n * p * (1 - p))
+
+
+@pytest.fixture
+def with_canary(manager: ModelManager, tmp_path: Path) -> ModelManager:
+    manager.set_canary(str(tmp_path / "m2"), "v2", 0.2)
+    return manager
+
+
+def test_random_routing_follows_the_weight(with_canary: ModelManager) -> None:
+    counts = Counter(use(with_canary) for _ in range(1000))
+    assert set(counts) == {"v1", "v2"}
+    # 5 sigma of Binomial(1000, 0.2): 200 ± 63; a wrong weight (0.5, or 0) lands far outside.
+    assert within_binomial(counts["v2"], 1000, 0.2), counts
+
+
+@pytest.mark.parametrize("weight", [0.0, 1.0])
+def test_weights_zero_and_one_are_absolute(manager: ModelManager, tmp_path: Path, weight: float) -> None:
+    manager.set_canary(str(tmp_path / "m2"), "v2", weight)
+    expected = "v2" if weight == 1.0 else "v1"
+    assert {use(manager) for _ in range(300)} == {expected}
+    assert {use(manager, routing_key=f"user-{i}") for i in range(300)} == {expected}
+
+
+def test_routing_keys_are_sticky_and_spread_by_the_weight(with_canary: ModelManager) -> None:
+    first = {f"user-{i}": use(with_canary, routing_key=f"user-{i}") for i in range(1000)}
+    for _ in range(3):
+        assert {k: use(with_canary, routing_key=k) for k in first} == first
+    assert within_binomial(sum(v == "v2" for v in first.values()), 1000, 0.2)
+
+
+def test_a_new_manager_routes_each_key_as_the_old_one_did(tmp_path: Path, loader: Loader) -> None:
+    # Sticky across restarts and replicas: the bucket is a hash of the key, not process state.
+    seen = []
+    for _ in range(2):
+        m = ModelManager(settings_for(tmp_path), loader)
+        m.load_initial()
+        m.set_canary(str(tmp_path / "m2"), "v2", 0.5)
+        seen.append([use(m, routing_key=f"k{i}") for i in range(200)])
+    assert seen[0] == seen[1] and set(seen[0]) == {"v1", "v2"}
+
+
+@pytest.mark.parametrize(("model", "version"), [
+    ("v2", "v2"), ("tiny@v2", "v2"), ("v1", "v1"), ("tiny@v1", "v1")])
+def test_the_model_field_pins_a_version_over_weight_and_key(with_canary: ModelManager, model: str,
+                                                            version: str) -> None:
+    assert {use(with_canary, model=model, routing_key=f"k{i}") for i in range(200)} == {version}
+    assert {use(with_canary, model=model) for _ in range(200)} == {version}
+
+
+def test_an_unknown_model_name_is_routed_as_usual(with_canary: ModelManager) -> None:
+    counts = Counter(use(with_canary, model="text-embedding-3-small") for _ in range(1000))
+    assert within_binomial(counts["v2"], 1000, 0.2), counts
+
+
+def test_promote_makes_the_canary_active_and_frees_the_old_active(with_canary: ModelManager) -> None:
+    old = with_canary.active
+    assert old is not None
+    switches = with_canary.switches
+    with_canary.promote()
+    assert with_canary.canary is None and with_canary.canary_weight == 0.0
+    assert {use(with_canary) for _ in range(100)} == {"v2"}
+    assert with_canary.switches == switches + 1 and old.freed.is_set()
+    with pytest.raises(NoCanary):
+        with_canary.promote()
+
+
+def test_rollback_drops_the_canary_and_keeps_the_active(with_canary: ModelManager) -> None:
+    canary = with_canary.canary
+    assert canary is not None
+    held = with_canary.pick(model="v2")  # a request on the canary when it is rolled back
+    with_canary.rollback()
+    assert {use(with_canary, routing_key=f"k{i}") for i in range(200)} == {"v1"}
+    assert use(with_canary, model="v2") == "v1"  # pinning a version no longer served falls back
+    assert not canary.freed.is_set()
+    held.release()
+    assert canary.freed.is_set()
+    with pytest.raises(NoCanary):
+        with_canary.rollback()
+
+
+def test_a_canary_needs_its_own_version_and_a_valid_weight(manager: ModelManager, tmp_path: Path) -> None:
+    with pytest.raises(ModelLoadError, match="active model's"):
+        manager.set_canary(str(tmp_path / "m2"), "v1", 0.2)
+    with pytest.raises(ValueError, match="weight"):
+        manager.set_canary(str(tmp_path / "m2"), "v2", 1.5)
+    assert manager.canary is None
+
+
+def test_a_configured_canary_is_loaded_with_the_model(tmp_path: Path, loader: Loader) -> None:
+    settings = settings_for(tmp_path, **{"canary.path": str(tmp_path / "m2"), "canary.version": "v2",
+                                         "canary.weight": 0.3})
+    manager = ModelManager(settings, loader)
+    manager.load_initial()
+    assert [(role, s.version) for role, s in manager.slots()] == [("active", "v1"), ("canary", "v2")]
+    assert manager.canary_weight == 0.3
+
+
+def test_a_configured_canary_of_another_dimension_fails_the_start(tmp_path: Path, loader: Loader) -> None:
+    settings = settings_for(tmp_path, **{"canary.path": str(tmp_path / "dim48-c"), "canary.version": "v2",
+                                         "canary.weight": 0.3})
+    manager = ModelManager(settings, loader)
+    with pytest.raises(ModelLoadError, match="canary.path"):
+        manager.load_initial()
+    assert manager.state == "failed" and "dimension 48" in (manager.reason or "")
