@@ -91,6 +91,7 @@ class BatchingSettings(_Section):
     ageing_ms: float = Field(1000.0, gt=0)
     default_timeout_ms: float = Field(30_000.0, gt=0)
     oversize: Literal["run_alone", "reject"] = "run_alone"
+    min_padding_efficiency: float = Field(0.8, ge=0.0, le=1.0)
 
     # On the section, not Settings, so the error is reported at "batching" with the sources that set it.
     @model_validator(mode="after")

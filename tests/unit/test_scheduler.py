@@ -76,6 +76,17 @@ def test_a_long_head_is_not_starved_by_short_companions():
     assert d.batch[0] is long_head and cost(d.batch) <= 1000
 
 
+def test_min_padding_efficiency_keeps_a_far_length_out_of_the_batch():
+    # 40 + 36 + 200 real tokens padded to 200 x 3 = 0.46: with a 0.8 floor the 200-token text waits.
+    head, near, far = Item(40), Item(36), Item(200)
+    d = next_batch([head, near, far], 1.0, policy(min_padding_efficiency=0.8))
+    assert d.batch == [head, near]
+    assert sum(it.tokens for it in d.batch) >= 0.8 * cost(d.batch)
+    # With no floor the same queue is one batch; the far item is not lost, it leads the next batch.
+    assert len(next_batch([head, near, far], 1.0, policy(min_padding_efficiency=0.0)).batch) == 3
+    assert next_batch([far], 1.0, policy(min_padding_efficiency=0.8)).batch == [far]
+
+
 def test_grouping_only_looks_inside_the_sort_window():
     head, far, near_but_late = Item(10), Item(100), Item(10)
     d = next_batch([head, far, near_but_late], 1.0, policy(sort_window=2, max_batch_size=2))
@@ -209,6 +220,7 @@ policies = st.builds(
     max_wait_ms=st.sampled_from([0.0, 0.5, 2.0, 10.0]),
     sort_window=st.integers(1, 64),
     ageing_ms=st.sampled_from([1.0, 100.0, 1000.0]),
+    min_padding_efficiency=st.sampled_from([0.0, 0.5, 0.8, 1.0]),
 )
 
 
@@ -231,6 +243,7 @@ def check_decision(d: Decision, p: Policy, now: float) -> None:
         assert len(d.batch) <= p.max_batch_size
         if len(d.batch) > 1:  # only a lone item may exceed the budget (the over-long one)
             assert cost(d.batch) <= p.max_batch_tokens
+            assert sum(it.tokens for it in d.batch) >= p.min_padding_efficiency * cost(d.batch)
         assert len({id(it.group) for it in d.batch}) == 1
         assert all(not it.gone and it.deadline > now for it in d.batch)
     assert all(it.deadline <= now for it in d.expired)

@@ -23,10 +23,14 @@ class Policy:
     max_wait_ms: float = 2.0
     sort_window: int = 128
     ageing_ms: float = 1000.0
+    # Real tokens / padded tokens a batch must keep: an item that would pad the batch below this waits for
+    # a batch of its own length. 0 = fill by count and token budget alone.
+    min_padding_efficiency: float = 0.0
 
     @classmethod
     def from_settings(cls, s: Any) -> Policy:
-        return cls(s.max_batch_size, s.max_batch_tokens, s.max_wait_ms, s.sort_window, s.ageing_ms)
+        return cls(s.max_batch_size, s.max_batch_tokens, s.max_wait_ms, s.sort_window, s.ageing_ms,
+                   s.min_padding_efficiency)
 
 
 class Schedulable(Protocol):
@@ -84,15 +88,17 @@ def next_batch(pending: Sequence[Schedulable], now: float, policy: Policy) -> De
     # priority item, so long texts cannot starve.
     window.sort(key=lambda it: abs(it.tokens - head.tokens))
     batch = [head]
-    longest = head.tokens
+    longest = real = head.tokens
     for item in window:
         if len(batch) >= policy.max_batch_size:
             break
         widest = max(longest, item.tokens)
-        if widest * (len(batch) + 1) > policy.max_batch_tokens:
+        padded = widest * (len(batch) + 1)
+        if padded > policy.max_batch_tokens or real + item.tokens < policy.min_padding_efficiency * padded:
             continue
         batch.append(item)
         longest = widest
+        real += item.tokens
     could_grow = len(batch) < policy.max_batch_size and len(batch) == len(same_group) + 1
     if could_grow and policy.max_wait_ms > 0:
         # Everything compatible fits: wait for companions, but never past the oldest item's max wait.
