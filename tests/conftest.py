@@ -14,12 +14,33 @@ from pathlib import Path
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 ROOT = Path(__file__).resolve().parents[1]
 TESTS = Path(__file__).resolve().parent
 sys.path.insert(0, str(TESTS))
 
 from tinymodel import write_tiny_bert  # noqa: E402
+
+
+def metric_value(exposition: str, name: str, **labels: str) -> float:
+    """One sample's value from a Prometheus text exposition (0.0 when absent, as an unset counter)."""
+    for family in text_string_to_metric_families(exposition):
+        for sample in family.samples:
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                return sample.value
+    return 0.0
+
+
+def wait_for(condition: Callable[[], object], timeout: float = 30.0, what: str = "condition") -> object:
+    """Poll until condition() is truthy and return its value; fail naming `what` after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.02)
+    raise AssertionError(f"{what} not reached within {timeout}s")
 
 
 @pytest.fixture(scope="session")

@@ -5,13 +5,18 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-WORDS = (
+WORDS = tuple(
     "the a an is are was be to of and in on for with that this it as at by from or not but all any can "
     "hello world model service batch queue request response text long short sentence token vector "
     "embedding fast slow cat dog house tree river mountain city car run walk read write test data "
     "inference server client network memory error ok yes no one two three four five six seven eight"
-).split()
-CJK = "我你他她们的是不了在有人这中大为上个国和地到以说时要就出会可也子对生能而那得于着下自之年过发后作里用道行所然家种事成方多经么去法学如都同现当没动面起看定天分还进好小部其些主样理心本前开但因只从想实日者意无力它与长把机十民第公此已工使情明性知全三又关点正业外将两高间由问很最重并物手应向头文体"
+    .split()
+)
+CJK = (
+    "我你他她们的是不了在有人这中大为上个国和地到以说时要就出会可也子对生能而那得于着下自之年过发后作里用"
+    "道行所然家种事成方多经么去法学如都同现当没动面起看定天分还进好小部其些主样理心本前开但因只从想实日者"
+    "意无力它与长把机十民第公此已工使情明性知全三又关点正业外将两高间由问很最重并物手应向头文体"
+)
 
 
 def write_tiny_bert(folder: Path, seed: int = 0, hidden: int = 32, layers: int = 2, max_positions: int = 128,

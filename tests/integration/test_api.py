@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
-from conftest import Server, start_server
+from conftest import Server, metric_value, start_server
 from prometheus_client.parser import text_string_to_metric_families
 from tokenizers import Tokenizer
 
@@ -90,11 +90,7 @@ def decode(b64: str) -> np.ndarray:
 
 
 def metric(client: httpx.Client, name: str, **labels: str) -> float:
-    for family in text_string_to_metric_families(client.get("/metrics").text):
-        for sample in family.samples:
-            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
-                return sample.value
-    return 0.0
+    return metric_value(client.get("/metrics").text, name, **labels)
 
 
 # -- eager mode -----------------------------------------------------------------------------------------------

@@ -48,6 +48,8 @@ def fake(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fake]:
         "INFERD__BATCHING__MAX_BATCH_SIZE": str(MAX_BATCH),
         "INFERD__BATCHING__MAX_QUEUE": str(MAX_QUEUE),
         "INFERD__BATCHING__MAX_WAIT_MS": "5",
+        # These tests are about sharing batches, whatever the lengths; padding has its own scheduler tests.
+        "INFERD__BATCHING__MIN_PADDING_EFFICIENCY": "0",
         "FAKE_RECORD": str(tmp / "record.jsonl"),
         "FAKE_GATE_DIR": str(tmp / "gates"),
     }, wait="/health/ready")

@@ -10,12 +10,10 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import httpx
-from conftest import Server, start_server
+from conftest import Server, start_server, wait_for
 from lifecycle_fakes import vector_for
 
 
@@ -32,16 +30,6 @@ def in_flight(server: Server) -> float:
         if line.startswith("inferd_requests_in_flight "):
             return float(line.split()[1])
     return 0.0
-
-
-def wait_for(condition: Callable[[], Any], timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.02)
-    raise AssertionError(f"{what} not reached within {timeout}s")
 
 
 def send_all(server: Server, texts: list[str], already: int = 0,

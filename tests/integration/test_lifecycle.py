@@ -22,8 +22,7 @@ import psutil
 import pytest
 import torch
 import yaml
-from conftest import ROOT, Server, start_server
-from prometheus_client.parser import text_string_to_metric_families
+from conftest import ROOT, Server, metric_value, start_server, wait_for
 from tinymodel import write_tiny_bert
 
 from inferd.config import load_settings
@@ -35,22 +34,7 @@ TEXT = "the cat and the dog run in the city"
 
 
 def metric(server: Server, name: str, **labels: str) -> float:
-    text = httpx.get(server.url + "/metrics", timeout=10).text
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
-                return sample.value
-    return 0.0
-
-
-def wait_for(condition: Callable[[], Any], timeout: float = 30.0, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"{what} not reached within {timeout}s")
+    return metric_value(httpx.get(server.url + "/metrics", timeout=10).text, name, **labels)
 
 
 def reference(path: Path) -> np.ndarray:

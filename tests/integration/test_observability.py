@@ -34,6 +34,8 @@ def server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
         "INFERD__MODEL__PATH": str(tiny_model),
         "INFERD__MODEL__VERSION": VERSION,
         "INFERD__SERVER__ADMIN_KEY": ADMIN_KEY,
+        # Two texts of different lengths must share one batch for the batch figures checked here.
+        "INFERD__BATCHING__MIN_PADDING_EFFICIENCY": "0",
     }, wait="/health/ready")
     yield s
     s.stop()

@@ -107,8 +107,8 @@ async def embeddings(request: Request) -> Response:
     body = await read_body(request, EmbeddingsRequest)
     listed = isinstance(body.input, list)
     texts = body.input if listed else [body.input]
-    if listed and body.input and all(isinstance(t, int) for t in body.input) or (
-            listed and body.input and isinstance(body.input[0], list)):
+    # OpenAI also accepts token ids (a list of ints, or a list of such lists); this service takes text only.
+    if listed and body.input and (all(isinstance(t, int) for t in body.input) or isinstance(body.input[0], list)):
         raise APIError(422, "input: token arrays are not supported; send text", "unsupported_input", "input")
     result = await _embed(request, texts, body, "input", listed)
     if isinstance(result, Response):

@@ -30,7 +30,7 @@ GPU_METRICS = {
 }
 
 REJECT_REASONS = ("overloaded", "deadline", "disconnected", "too_long", "invalid", "not_ready", "draining",
-                  "oom")
+                  "oom", "unauthorized")
 
 
 def batch_size_buckets(max_batch_size: int) -> tuple[float, ...]:
