@@ -114,6 +114,11 @@ class MemorySettings(_Section):
     per_process_fraction: float | None = Field(None, gt=0.0, le=1.0)
 
 
+class CacheSettings(_Section):
+    # 0 = no cache. Each entry holds one vector (384 floats for MiniLM: 1.5 KiB) and a 16-byte key.
+    max_entries: int = Field(0, ge=0)
+
+
 class Settings(_Section):
     env: str = "dev"
     server: ServerSettings = ServerSettings()
@@ -123,6 +128,7 @@ class Settings(_Section):
     batching: BatchingSettings = BatchingSettings()
     runtime: RuntimeSettings = RuntimeSettings()
     memory: MemorySettings = MemorySettings()
+    cache: CacheSettings = CacheSettings()
 
 
 def default_config_dir() -> Path:

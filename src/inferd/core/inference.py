@@ -19,6 +19,7 @@ import torch
 
 from inferd.config import Settings
 from inferd.core.batcher import BatchQueue, Decision, Policy, QueueClosed, QueueFull
+from inferd.core.cache import EmbeddingCache
 from inferd.core.model_loader import ModelManager, ModelNotReady, ModelSlot
 from inferd.core.preprocess import Encoded, InputError, check_texts
 from inferd.utils.metrics import Metrics
@@ -87,10 +88,14 @@ class WorkItem:
 @dataclass
 class EmbedResult:
     vectors: list[Any]
-    prompt_tokens: int
+    tokens: list[int]
     model: str
     version: str
     timings: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def prompt_tokens(self) -> int:
+        return sum(self.tokens)
 
 
 class InferenceEngine:
@@ -102,6 +107,8 @@ class InferenceEngine:
         self.memory_guard = memory_guard
         self.policy = Policy.from_settings(settings.batching)
         self.queue = BatchQueue(self.policy, settings.batching.max_queue)
+        self.cache = (EmbeddingCache(settings.cache.max_entries, metrics) if settings.cache.max_entries
+                      else None)
         self.in_flight = 0
         self.draining = False
         self.worker_error: str | None = None
@@ -180,7 +187,9 @@ class InferenceEngine:
             raise self._not_ready(exc) from None
         self._enter()
         try:
-            return await self._embed_on(slot, texts, priority, timeout_ms, disconnected)
+            if self.cache is None:
+                return await self._embed_on(slot, texts, priority, timeout_ms, disconnected)
+            return await self._embed_cached(slot, texts, priority, timeout_ms, disconnected)
         finally:
             slot.release()
             self._leave()
@@ -228,11 +237,34 @@ class InferenceEngine:
         if ticket.error is not None:
             raise ticket.error
         return EmbedResult(
-            vectors=ticket.results, prompt_tokens=sum(e.tokens for e in encoded), model=slot.spec.name,
-            version=version,
+            vectors=ticket.results, tokens=[e.tokens for e in encoded], model=slot.spec.name, version=version,
             timings={"preprocess_ms": pre_s * 1e3, "queue_ms": ticket.queue_s * 1e3,
                      "inference_ms": ticket.infer_s * 1e3, "postprocess_ms": ticket.post_s * 1e3,
                      "batch_size": ticket.batch_size, "items": len(encoded)})
+
+    async def _embed_cached(self, slot: ModelSlot, texts: list[str], priority: int, timeout_ms: float | None,
+                            disconnected: Callable[[], Awaitable[Any]] | None) -> EmbedResult:
+        """Answer what the cache holds; queue only the rest, then remember it."""
+        assert self.cache is not None
+        hits = self.cache.lookup(slot.version, texts)
+        todo = [i for i in range(len(texts)) if i not in hits]
+        fresh = EmbedResult([], [], slot.spec.name, slot.version, {"batch_size": 0, "items": 0})
+        if todo:
+            try:
+                fresh = await self._embed_on(slot, [texts[i] for i in todo], priority, timeout_ms, disconnected)
+            except EngineError as exc:
+                if exc.param is not None:  # an index into the texts sent on: map it back to the request's
+                    exc.param = str(todo[int(exc.param)])
+                raise
+            self.cache.store(slot.version, [texts[i] for i in todo], fresh.vectors, fresh.tokens)
+        vectors: list[Any] = [None] * len(texts)
+        tokens = [0] * len(texts)
+        for i, (vector, count) in hits.items():
+            vectors[i], tokens[i] = vector, count
+        for j, i in enumerate(todo):
+            vectors[i], tokens[i] = fresh.vectors[j], fresh.tokens[j]
+        timings = {**fresh.timings, "items": len(texts), "cache_hits": len(hits)}
+        return EmbedResult(vectors, tokens, fresh.model, fresh.version, timings)
 
     async def _wait(self, ticket: Ticket, items: list[WorkItem], deadline: float,
                     disconnected: Callable[[], Awaitable[Any]] | None) -> None:

@@ -84,10 +84,12 @@ class Metrics:
         for reason in EMPTY_CACHE_REASONS:
             self.empty_cache.labels(reason)
         self.oom = Counter("inferd_oom_total", "Out-of-memory errors caught in batches", registry=r)
-        # No cache exists in the process today (the WordPiece tokenizer keeps none); any bounded (LRU) cache
-        # added later reports its size here, one ``cache`` label each.
+        # The one cache in the process is the optional embedding LRU (core/cache.py, cache.max_entries).
         self.cache_entries = Gauge("inferd_cache_entries", "Entries held by bounded caches", ["cache"],
                                    registry=r)
+        self.cache_hits = Counter("inferd_cache_hits_total", "Texts answered from a cache", ["cache"], registry=r)
+        self.cache_misses = Counter("inferd_cache_misses_total", "Texts looked up and not found", ["cache"],
+                                    registry=r)
         self.worker_alive = Gauge("inferd_worker_alive", "1 while the inference worker thread runs",
                                   registry=r)
 

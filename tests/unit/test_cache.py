@@ -1,0 +1,107 @@
+"""The bounded embedding cache: LRU order, the bound, version separation, and the engine using it."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from fakes import HashHandler, vector_for
+
+from inferd.config import BatchingSettings, CacheSettings, ModelSettings, Settings
+from inferd.core.cache import EmbeddingCache
+from inferd.core.inference import EngineError, InferenceEngine
+from inferd.core.model_loader import ModelManager
+from inferd.utils.metrics import Metrics
+
+
+def vec(x: float) -> np.ndarray:
+    return np.full(4, x, dtype=np.float32)
+
+
+def test_lookup_returns_hits_by_position_with_their_token_counts() -> None:
+    cache = EmbeddingCache(10)
+    cache.store("1", ["a", "b"], [vec(1), vec(2)], [3, 4])
+    hits = cache.lookup("1", ["b", "x", "a"])
+    assert sorted(hits) == [0, 2]
+    assert hits[0][0][0] == 2 and hits[0][1] == 4
+    assert hits[2][0][0] == 1 and hits[2][1] == 3
+
+
+def test_the_bound_evicts_the_least_recently_used() -> None:
+    cache = EmbeddingCache(2)
+    cache.store("1", ["a", "b"], [vec(1), vec(2)], [1, 1])
+    cache.lookup("1", ["a"])  # a is now more recent than b
+    cache.store("1", ["c"], [vec(3)], [1])
+    assert len(cache) == 2
+    assert sorted(cache.lookup("1", ["a", "b", "c"])) == [0, 2]
+
+
+def test_versions_never_share_entries() -> None:
+    cache = EmbeddingCache(10)
+    cache.store("1", ["a"], [vec(1)], [1])
+    assert cache.lookup("2", ["a"]) == {}
+
+
+def test_stored_vectors_are_copies_not_views_of_the_batch() -> None:
+    batch = np.arange(8, dtype=np.float32).reshape(2, 4)
+    cache = EmbeddingCache(10)
+    cache.store("1", ["a", "b"], list(batch), [1, 1])
+    stored = cache.lookup("1", ["a"])[0][0]
+    assert stored.base is None  # owns its memory: the batch array can be freed
+    batch[0, 0] = 99
+    assert stored[0] == 0
+
+
+def test_size_and_hit_rate_are_exported() -> None:
+    metrics = Metrics()
+    cache = EmbeddingCache(3, metrics)
+    cache.store("1", ["a", "b", "c", "d"], [vec(i) for i in range(4)], [1] * 4)
+    cache.lookup("1", ["a", "d", "e"])
+    sample = metrics.registry.get_sample_value
+    assert sample("inferd_cache_entries", {"cache": "embeddings"}) == 3
+    assert sample("inferd_cache_hits_total", {"cache": "embeddings"}) == 1  # "a" was evicted by "d"
+    assert sample("inferd_cache_misses_total", {"cache": "embeddings"}) == 2
+
+
+def make_engine(tmp_path: Path, handler: HashHandler, max_entries: int) -> InferenceEngine:
+    # oversize=reject with a small budget gives an input error raised on the texts sent on to the queue.
+    batching = BatchingSettings(max_wait_ms=0.0, max_batch_tokens=64, oversize="reject")
+    settings = Settings(model=ModelSettings(path=str(tmp_path), warmup=False, load_mode="eager"),
+                        batching=batching, cache=CacheSettings(max_entries=max_entries))
+
+    def load(spec):
+        handler.load(spec, torch.device("cpu"))
+        return handler
+
+    manager = ModelManager(settings, load)
+    manager.load_initial()
+    return InferenceEngine(manager, settings, Metrics())
+
+
+def test_engine_answers_repeated_texts_from_the_cache_without_computing_them(tmp_path: Path) -> None:
+    handler = HashHandler()
+    engine = make_engine(tmp_path, handler, max_entries=100)
+
+    async def scenario() -> None:
+        engine.start()
+        try:
+            first = await engine.embed(["the cat", "a dog"])
+            again = await engine.embed(["a dog", "new text", "the cat"])
+            # Only the new text reached the model the second time; the answer is whole and in order.
+            assert [t for b in handler.batches for t in b].count("a dog") == 1
+            assert [t for b in handler.batches for t in b].count("new text") == 1
+            for text, got in zip(["a dog", "new text", "the cat"], again.vectors, strict=True):
+                assert np.allclose(got, vector_for(text))
+            assert again.tokens == [first.tokens[1], again.tokens[1], first.tokens[0]]
+            assert again.timings["cache_hits"] == 2
+            # An input error in the uncached part names the position in the request, not in what was sent on.
+            with pytest.raises(EngineError) as refused:
+                await engine.embed(["the cat", "a dog", "x" * 200])
+            assert refused.value.status == 422 and refused.value.param == "2"
+        finally:
+            engine.stop()
+
+    asyncio.run(scenario())
