@@ -24,8 +24,12 @@ from typing import Any
 
 import torch
 
+from inferd.config import Settings
 from inferd.core.handler import ModelSpec
+from inferd.core.inference import InferenceEngine
+from inferd.core.model_loader import ModelManager
 from inferd.core.preprocess import Encoded
+from inferd.utils.metrics import Metrics
 
 DIM = 8
 # A held batch gives up after this long, so a broken test cannot hang a server forever.
@@ -122,3 +126,24 @@ class ShortHandler(HashHandler):
     def postprocess(self, outputs: list[str]) -> list[Any]:
         results = super().postprocess(outputs)
         return results[:-1] if len(results) > 1 else results
+
+
+def loader_for(handler: Any) -> Any:
+    """A ModelManager loader that 'loads' this very handler instance on the CPU."""
+
+    def load(spec: ModelSpec) -> Any:
+        if hasattr(handler, "load"):
+            handler.load(spec, torch.device("cpu"))
+        return handler
+
+    return load
+
+
+def engine_for(handler: Any, settings: Settings, guard: Any = None) -> InferenceEngine:
+    """An in-process engine whose active model is ``handler`` (loaded on the CPU), with fresh metrics."""
+    manager = ModelManager(settings, loader_for(handler))
+    manager.load_initial()
+    metrics = Metrics(settings.batching.max_batch_size)
+    if guard is not None:
+        guard.bind(metrics)
+    return InferenceEngine(manager, settings, metrics, guard)

@@ -7,13 +7,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
-from fakes import HashHandler, vector_for
+from fakes import HashHandler, engine_for, vector_for
 
 from inferd.config import BatchingSettings, CacheSettings, ModelSettings, Settings
 from inferd.core.cache import EmbeddingCache
 from inferd.core.inference import EngineError, InferenceEngine
-from inferd.core.model_loader import ModelManager
 from inferd.utils.metrics import Metrics
 
 
@@ -71,14 +69,7 @@ def make_engine(tmp_path: Path, handler: HashHandler, max_entries: int) -> Infer
     batching = BatchingSettings(max_wait_ms=0.0, max_batch_tokens=64, oversize="reject")
     settings = Settings(model=ModelSettings(path=str(tmp_path), warmup=False, load_mode="eager"),
                         batching=batching, cache=CacheSettings(max_entries=max_entries))
-
-    def load(spec):
-        handler.load(spec, torch.device("cpu"))
-        return handler
-
-    manager = ModelManager(settings, load)
-    manager.load_initial()
-    return InferenceEngine(manager, settings, Metrics())
+    return engine_for(handler, settings)
 
 
 def test_engine_answers_repeated_texts_from_the_cache_without_computing_them(tmp_path: Path) -> None:

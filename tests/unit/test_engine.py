@@ -13,13 +13,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
-from fakes import HashHandler, ShortHandler, vector_for
+from fakes import HashHandler, ShortHandler, engine_for, loader_for, vector_for
 from starlette.testclient import TestClient
 
 from inferd.api.app import create_app
 from inferd.config import BatchingSettings, ModelSettings, Settings
-from inferd.core.handler import ModelSpec
 from inferd.core.inference import ClientGone, EngineError, InferenceEngine
 from inferd.core.model_loader import ModelManager
 from inferd.utils.metrics import Metrics
@@ -31,19 +29,8 @@ def make_settings(tmp_path: Path, **batching: Any) -> Settings:
                     batching=BatchingSettings(**batching))
 
 
-def loader_for(handler: HashHandler) -> Callable[[ModelSpec], HashHandler]:
-    def load(spec: ModelSpec) -> HashHandler:
-        handler.load(spec, torch.device("cpu"))
-        return handler
-
-    return load
-
-
 def make_engine(tmp_path: Path, handler: HashHandler, **batching: Any) -> InferenceEngine:
-    settings = make_settings(tmp_path, **batching)
-    manager = ModelManager(settings, loader_for(handler))
-    manager.load_initial()
-    return InferenceEngine(manager, settings, Metrics(settings.batching.max_batch_size))
+    return engine_for(handler, make_settings(tmp_path, **batching))
 
 
 def run(engine: InferenceEngine, scenario: Callable[[InferenceEngine], Awaitable[None]]) -> None:

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from fakes import engine_for
 from fastapi.testclient import TestClient
 
 from inferd.api.app import create_app
@@ -18,7 +19,6 @@ from inferd.config import Settings, load_settings
 from inferd.core import memory
 from inferd.core.inference import EngineError, InferenceEngine
 from inferd.core.memory import CudaStats, MemoryGuard, MemoryStats, ProcessStats, build_guard, configure_process
-from inferd.core.model_loader import ModelManager
 from inferd.core.preprocess import Encoded
 from inferd.utils.metrics import Metrics
 
@@ -250,12 +250,7 @@ def test_build_guard_has_no_process_side_effects(tmp_path: Path, monkeypatch: py
 
 def engine_with(tmp_path: Path, handler: FakeHandler, source: FakeStats, **overrides: Any) -> InferenceEngine:
     settings = make_settings(tmp_path, **overrides)
-    metrics = Metrics(settings.batching.max_batch_size)
-    guard = MemoryGuard(settings.memory, source)
-    guard.bind(metrics)
-    manager = ModelManager(settings, lambda spec: handler)
-    manager.load_initial()
-    return InferenceEngine(manager, settings, metrics, guard)
+    return engine_for(handler, settings, MemoryGuard(settings.memory, source))
 
 
 async def _all_in_one_batch(engine: InferenceEngine, texts: list[str]) -> list[Any]:

@@ -17,7 +17,7 @@ from inferd.api.errors import APIError, excerpt
 from inferd.api.middleware import context
 from inferd.api.schemas import EmbeddingsRequest, PredictRequest
 from inferd.api.security import require_keys
-from inferd.core.inference import ClientGone, EmbedResult, EngineError
+from inferd.core.work import ClientGone, EmbedResult, EngineError
 
 router = APIRouter()
 B = TypeVar("B", bound=BaseModel)

@@ -12,7 +12,6 @@ import logging
 import threading
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -21,8 +20,11 @@ from inferd.config import Settings
 from inferd.core.batcher import BatchQueue, Decision, Policy, QueueClosed, QueueFull
 from inferd.core.cache import EmbeddingCache
 from inferd.core.model_loader import ModelManager, ModelNotReady, ModelSlot
-from inferd.core.preprocess import Encoded, InputError, check_texts
+from inferd.core.preprocess import InputError, check_texts
+from inferd.core.work import ClientGone, EmbedResult, EngineError, Ticket, WorkItem, settle, tickets_of
 from inferd.utils.metrics import Metrics
+
+__all__ = ["ClientGone", "EmbedResult", "EngineError", "InferenceEngine"]
 
 log = logging.getLogger(__name__)
 batch_log = logging.getLogger("inferd.batch")
@@ -31,71 +33,8 @@ batch_log = logging.getLogger("inferd.batch")
 _INLINE_TOKENIZE_CHARS = 4096
 
 
-class EngineError(Exception):
-    """A refusal with an HTTP meaning; the API layer maps it onto the error shape."""
-
-    def __init__(self, status: int, message: str, code: str, reason: str | None = None,
-                 retry_after: int | None = None, param: str | None = None) -> None:
-        super().__init__(message)
-        self.status, self.message, self.code = status, message, code
-        self.reason, self.retry_after, self.param = reason, retry_after, param
-
-
-class ClientGone(Exception):
-    pass
-
-
 def _is_oom(exc: BaseException) -> bool:
     return isinstance(exc, torch.OutOfMemoryError)
-
-
-class Ticket:
-    """One request's share of the queue: its future, its results in order, and its stage timings."""
-
-    __slots__ = ("future", "results", "remaining", "closed", "cancelled", "error", "slot", "queue_s",
-                 "infer_s", "post_s", "batch_size", "_batches")
-
-    def __init__(self, future: asyncio.Future, n: int, slot: ModelSlot) -> None:
-        self.future = future
-        self.results: list[Any] = [None] * n
-        self.remaining = n
-        self.closed = False  # answered or abandoned: its queued items are dropped
-        self.cancelled = False
-        self.error: EngineError | None = None
-        self.slot = slot
-        self.queue_s = self.infer_s = self.post_s = 0.0
-        self.batch_size = 0
-        self._batches: set[int] = set()
-
-
-@dataclass(slots=True, eq=False)
-class WorkItem:
-    ticket: Ticket
-    index: int
-    encoded: Encoded
-    tokens: int
-    priority: int
-    enqueued: float
-    deadline: float
-    seq: int
-    group: object
-
-    @property
-    def gone(self) -> bool:
-        return self.ticket.closed
-
-
-@dataclass
-class EmbedResult:
-    vectors: list[Any]
-    tokens: list[int]
-    model: str
-    version: str
-    timings: dict[str, float] = field(default_factory=dict)
-
-    @property
-    def prompt_tokens(self) -> int:
-        return sum(self.tokens)
 
 
 class InferenceEngine:
@@ -333,7 +272,7 @@ class InferenceEngine:
                 except Exception:
                     # A fault outside the handler (metrics, memory guard): fail this decision, keep serving.
                     log.exception("handling a batch failed; its requests fail, the worker carries on")
-                    self._resolve(_tickets([*decision.batch, *decision.expired]),
+                    self._resolve(tickets_of([*decision.batch, *decision.expired]),
                                   EngineError(500, "inference failed for this batch", "inference_error"))
                 decision = None
         except BaseException as exc:  # the loop must never die silently: readiness reports it
@@ -343,7 +282,7 @@ class InferenceEngine:
             err = EngineError(503, "the inference worker stopped", "worker_dead", "not_ready", retry_after=5)
             # The batch in hand as well as the queue: none of their requests may wait for ever.
             in_hand = [] if decision is None else [*decision.batch, *decision.expired]
-            self._resolve(_tickets([*in_hand, *self.queue.drain_all()]), err)
+            self._resolve(tickets_of([*in_hand, *self.queue.drain_all()]), err)
             raise
 
     def _handle(self, decision: Decision) -> None:
@@ -449,20 +388,10 @@ class InferenceEngine:
 
     def _finish(self, tickets: list[Ticket]) -> None:
         if tickets and self._loop is not None:
-            self._loop.call_soon_threadsafe(_settle, tickets)
+            self._loop.call_soon_threadsafe(settle, tickets)
 
     def _resolve(self, tickets: list[Ticket], err: EngineError) -> None:
         for t in tickets:
             if not t.closed:
                 t.error, t.closed = err, True
         self._finish(tickets)
-
-
-def _tickets(items: list[WorkItem]) -> list[Ticket]:
-    return list({id(i.ticket): i.ticket for i in items}.values())
-
-
-def _settle(tickets: list[Ticket]) -> None:
-    for t in tickets:
-        if not t.future.done():
-            t.future.set_result(None)
