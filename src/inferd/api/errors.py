@@ -47,10 +47,6 @@ class APIError(Exception):
         self.type = type_ or _TYPES.get(status, "server_error")
 
 
-def overloaded(message: str, code: str = "overloaded", retry_after: int = 1) -> APIError:
-    return APIError(503, message, code, headers={"Retry-After": str(retry_after)})
-
-
 def excerpt(text: str, limit: int = 40) -> str:
     """A short, safe excerpt of user input for error messages (never the whole input)."""
     return text if len(text) <= limit else text[:limit] + "…"

@@ -223,11 +223,8 @@ class InferenceEngine:
                 # The deadline passed. A busy worker would notice only after its batch; answer now, and take
                 # the items still queued out (under the queue's lock) so they are never computed.
                 if self.queue.remove(items) and not ticket.closed:
-                    ticket.closed = True
                     self.metrics.queue_depth.set(len(self.queue))
-                    self.metrics.rejected.labels("deadline").inc()
-                    ticket.error = EngineError(504, "the request's deadline passed while it was queued",
-                                               "deadline_exceeded", "deadline")
+                    self._expire(ticket)
                     return
                 timeout = None  # nothing of it is queued any more: it is running, its answer is coming
         finally:
@@ -244,6 +241,13 @@ class InferenceEngine:
         self.metrics.in_flight.set(self.in_flight)
         if self.in_flight == 0:
             self._idle.set()
+
+    def _expire(self, ticket: Ticket) -> None:
+        """Answer 504: the deadline passed while queued (seen by the waiter or by the worker, whichever first)."""
+        self.metrics.rejected.labels("deadline").inc()
+        ticket.error = EngineError(504, "the request's deadline passed while it was queued",
+                                   "deadline_exceeded", "deadline")
+        ticket.closed = True
 
     def _input_error(self, exc: InputError) -> EngineError:
         reason = "too_long" if exc.code in ("context_length_exceeded", "too_many_tokens",
@@ -290,10 +294,7 @@ class InferenceEngine:
         for item in decision.expired:
             t = item.ticket
             if not t.closed:
-                self.metrics.rejected.labels("deadline").inc()
-                t.error = EngineError(504, "the request's deadline passed while it was queued",
-                                      "deadline_exceeded", "deadline")
-                t.closed = True
+                self._expire(t)
                 done.append(t)
         for item in decision.dropped:
             t = item.ticket
