@@ -37,6 +37,12 @@ class ServerSettings(_Section):
     log_format: Literal["json", "text"] = "text"
     access_log: bool = True
     log_inputs: bool = False
+    # Connection-level limits against slow or oversized clients (nginx, when in front, mirrors them).
+    max_header_bytes: int = Field(16_384, ge=1024)
+    header_timeout_s: float = Field(10.0, gt=0)
+    body_timeout_s: float = Field(30.0, gt=0)
+    keepalive_timeout_s: float = Field(5.0, gt=0)
+    limit_concurrency: int | None = Field(1024, gt=0)
 
 
 class ModelSettings(_Section):
