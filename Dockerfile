@@ -19,12 +19,19 @@ RUN pip install -r requirements.txt
 COPY pyproject.toml README.md ./
 COPY src ./src
 COPY configs ./configs
-RUN pip install --no-deps . && useradd --system --uid 10001 inferd
-USER inferd
+# A fixed numeric UID/GID: Kubernetes' runAsNonRoot can only verify a numeric USER (deploy/k8s uses 10001 too).
+RUN pip install --no-deps . \
+    && groupadd --system --gid 10001 inferd \
+    && useradd --system --uid 10001 --gid 10001 --no-create-home --shell /usr/sbin/nologin inferd
+USER 10001:10001
 
 EXPOSE 8000
 # Liveness: /health/live; readiness: /health/ready (503 while loading or draining).
 HEALTHCHECK --interval=10s --timeout=3s --start-period=120s \
     CMD python -c "import urllib.request,sys; sys.exit(0 if urllib.request.urlopen('http://127.0.0.1:8000/health/live').status == 200 else 1)"
+# On SIGTERM inferd drains: readiness turns 503, accepted work finishes within server.drain_timeout_s (30 s),
+# then the listener closes (about 5 s more). `docker stop` waits only 10 s before SIGKILL, which would cut that
+# short: give it longer than drain_timeout_s + 5 s, e.g. `docker run --stop-timeout 40`, `docker stop -t 40`, or
+# `stop_grace_period: 40s` in compose (Kubernetes: terminationGracePeriodSeconds, deploy/k8s).
 STOPSIGNAL SIGTERM
 CMD ["inferd", "serve", "--host", "0.0.0.0", "--port", "8000"]
