@@ -1,4 +1,4 @@
-"""``inferd serve | check-config | bench``: flags map onto Settings, then ``run(settings)``."""
+"""``inferd serve | check-config | bench | fleet``: flags map onto Settings, then ``run(settings)``."""
 
 from __future__ import annotations
 
@@ -39,9 +39,10 @@ _reread: Callable[[], Settings] | None = None
 def _add_config_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--env", help="configuration overlay (default: $INFERD_ENV or dev)")
     p.add_argument("--config-dir", type=Path, help="folder holding base.yaml and the overlays")
-    p.add_argument("--host")
-    p.add_argument("--port", type=int)
-    p.add_argument("--admin-port", type=int)
+    if server:  # `inferd fleet` gives every worker its own address; its --host/--port are nginx's
+        p.add_argument("--host")
+        p.add_argument("--port", type=int)
+        p.add_argument("--admin-port", type=int)
     p.add_argument("--log-format", choices=["json", "text"])
     p.add_argument("--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     p.add_argument("--model-path", help="a local Hugging Face model folder")
@@ -60,6 +61,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_flags(sub.add_parser("serve", help="serve the configured model over HTTP"))
     _add_config_flags(sub.add_parser("check-config", help="print the effective configuration and exit"))
     sub.add_parser("bench", help="run the benchmark (see bench/README.md)", add_help=False)
+    from inferd.fleet.command import add_parser as add_fleet_parser
+
+    add_fleet_parser(sub, _add_config_flags)
     return parser
 
 
@@ -83,6 +87,10 @@ def main(argv: list[str] | None = None) -> int:
 
         return bench_main(argv[1:])
     args = build_parser().parse_args(argv)
+    if args.command == "fleet":
+        from inferd.fleet.command import main as fleet_main
+
+        return fleet_main(args)
     try:
         settings = settings_from_args(args)
     except ConfigError as exc:

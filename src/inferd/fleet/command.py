@@ -1,0 +1,116 @@
+"""The argparse side of ``inferd fleet`` and its actions (reload, canary, promote, rollback, status).
+
+``inferd fleet`` takes the usual configuration flags (passed on to every worker through the rendered
+configuration), except that --host/--port are nginx's. The actions find a running fleet by --run-dir,
+$INFERD_FLEET_RUN_DIR, or the pointer the fleet on --port (default fleet.port) leaves in the temp folder.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from inferd.config import ConfigError, Settings, load_settings
+from inferd.fleet.control import FleetNotFound, RunDir, find_run_dir, format_status, status
+from inferd.fleet.render import RenderError
+from inferd.fleet.rollout import Change, ChangeFailed, Rollout, change_lock
+
+# Flags of `inferd serve` that mean something else here (nginx's address) or are per worker.
+WORKER_ONLY = ("host", "port", "admin_port")
+
+
+def add_parser(sub: Any, add_config_flags: Callable[..., None]) -> argparse.ArgumentParser:
+    p = sub.add_parser("fleet", help="run N workers behind nginx under supervisord (see README)",
+                       description="Run N `inferd serve` workers behind nginx, under supervisord, in the "
+                                   "foreground; Ctrl-C / SIGTERM stops everything, drained.")
+    add_config_flags(p, server=False)
+    p.add_argument("--port", type=int, help="nginx's port (fleet.port, default 8080)")
+    p.add_argument("--host", help="nginx's address (fleet.host, default 127.0.0.1)")
+    p.add_argument("--workers", type=int, help="number of workers (fleet.workers)")
+    p.add_argument("--run-dir", type=Path, help="run folder for the rendered files and logs (default: a new "
+                                                "temporary one; for the actions: the running fleet's)")
+    p.add_argument("--print-config", action="store_true",
+                   help="render into the run folder, print the layout and every file, and exit")
+    actions = p.add_subparsers(dest="action", metavar="ACTION")
+
+    def action(name: str, help_: str) -> argparse.ArgumentParser:
+        a = actions.add_parser(name, help=help_)
+        # SUPPRESS: given before the action (`inferd fleet --run-dir X status`) it must not be reset here.
+        a.add_argument("--run-dir", type=Path, default=argparse.SUPPRESS, help="the running fleet's run folder")
+        a.add_argument("--port", type=int, default=argparse.SUPPRESS, help="find the fleet running on this port")
+        return a
+
+    for name, help_ in (("reload", "switch every worker to another model (all or none)"),
+                        ("canary", "give every worker a canary model taking --weight of the traffic")):
+        a = action(name, help_)
+        a.add_argument("--path", required=True, help="model folder (under model.root)")
+        a.add_argument("--version", required=True)
+        if name == "canary":
+            a.add_argument("--weight", type=float, required=True)
+        a.add_argument("--timeout", type=float, default=600.0, help="seconds per worker (loading takes time)")
+    for name, help_ in (("promote", "the canary becomes every worker's model"),
+                        ("rollback", "drop every worker's canary")):
+        action(name, help_).add_argument("--timeout", type=float, default=600.0)
+    action("status", "each worker's state, readiness, versions, queue depth and restarts").add_argument(
+        "--json", action="store_true", help="print JSON")
+    return p
+
+
+def fleet_settings(args: argparse.Namespace) -> Settings:
+    from inferd.cli import FLAGS
+
+    overrides = {key: getattr(args, flag, None) for flag, key in FLAGS.items() if flag not in WORKER_ONLY}
+    overrides.update({"fleet.port": args.port, "fleet.host": args.host, "fleet.workers": args.workers})
+    return load_settings(args.env, overrides, config_dir=args.config_dir)
+
+
+def _run_dir(args: argparse.Namespace) -> RunDir:
+    port = args.port
+    if port is None and args.run_dir is None:
+        port = load_settings(args.env, config_dir=args.config_dir).fleet.port
+    return RunDir(find_run_dir(args.run_dir, port or 0))
+
+
+def main(args: argparse.Namespace) -> int:
+    try:
+        if args.action is None:
+            from inferd.fleet.runner import run_fleet
+
+            return run_fleet(fleet_settings(args), args.run_dir, args.print_config)
+        run = _run_dir(args)
+        if args.action == "status":
+            data = status(run)
+            print(json.dumps(data, indent=2) if args.json else format_status(data))
+            return 0 if data["status"] == "ok" else 1
+        return change(run, args)
+    except (ConfigError, RenderError, FleetNotFound) as exc:
+        print(f"inferd fleet: {exc}", file=sys.stderr)
+        return 2
+
+
+def change(run: RunDir, args: argparse.Namespace) -> int:
+    if args.action == "canary" and not 0.0 <= args.weight <= 1.0:
+        print("inferd fleet canary: --weight must lie in [0, 1]", file=sys.stderr)
+        return 2
+    path = str(Path(args.path).expanduser().resolve()) if getattr(args, "path", None) else None
+    ch = Change(args.action, path, getattr(args, "version", None), getattr(args, "weight", None))
+
+    def say(msg: str) -> None:
+        print(f"inferd fleet {args.action}: {msg}", flush=True)
+
+    with httpx.Client(timeout=httpx.Timeout(args.timeout, connect=5.0)) as client:
+        try:
+            with change_lock(run.path):
+                answers = Rollout(run, client, say).apply(ch)
+        except ChangeFailed as exc:
+            print(f"inferd fleet {args.action}: {exc}", file=sys.stderr)
+            return 3 if exc.mixed else 1
+    versions = sorted({str((a.get("active") or a.get("canary") or {}).get("version")) for a in answers})
+    say(f"every worker ({len(answers)}) done; serving {', '.join(versions)}")
+    return 0
