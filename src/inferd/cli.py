@@ -36,7 +36,7 @@ _SECRETS = ("admin_key", "api_keys", "metrics_key")
 _reread: Callable[[], Settings] | None = None
 
 
-def _add_config_flags(p: argparse.ArgumentParser) -> None:
+def _add_config_flags(p: argparse.ArgumentParser, server: bool = True) -> None:
     p.add_argument("--env", help="configuration overlay (default: $INFERD_ENV or dev)")
     p.add_argument("--config-dir", type=Path, help="folder holding base.yaml and the overlays")
     if server:  # `inferd fleet` gives every worker its own address; its --host/--port are nginx's
