@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -62,10 +63,11 @@ def container(docs: Docs, name: str = "inferd") -> dict[str, Any]:
 def quantity(value: str | int | float) -> float:
     """A Kubernetes quantity as a number ("700m" -> 0.7, "2" -> 2, "1Gi" -> 2**30)."""
     text = str(value)
-    suffixes = {"m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
+    suffixes = {"m": "1e-3", "k": "1e3", "M": "1e6", "G": "1e9", "Ki": "1024", "Mi": "1048576", "Gi": "1073741824"}
     for suffix in sorted(suffixes, key=len, reverse=True):
         if text.endswith(suffix):
-            return float(text[: -len(suffix)]) * suffixes[suffix]
+            # Decimal, so "700m" is exactly 0.7 and compares equal to a threshold written as 0.7.
+            return float(Decimal(text[: -len(suffix)]) * Decimal(suffixes[suffix]))
     return float(text)
 
 
