@@ -193,7 +193,8 @@ def test_weights_come_from_a_read_only_volume_never_the_image(built: dict[str, D
     model_path = config_for(docs).model.path
     assert model_path, "without model.path the image's packaged MiniLM would be served: weights in the image"
     volumes = {v["name"]: v for v in pod_spec(docs)["volumes"]}
-    mounts = [m for m in container(docs)["volumeMounts"] if f"{model_path}/".startswith(m["mountPath"].rstrip("/") + "/")]
+    mounts = [m for m in container(docs)["volumeMounts"]
+              if f"{model_path}/".startswith(m["mountPath"].rstrip("/") + "/")]
     assert len(mounts) == 1, f"{model_path} is under no volume mount: it would be read from the image"
     mount = mounts[0]
     assert mount.get("readOnly") is True
@@ -341,7 +342,8 @@ def test_hpa_metrics_are_served_by_the_adapter_from_series_inferd_exports(built:
         assert re.fullmatch(rules[name_]["name"]["matches"], series), (name_, series)
         if series.startswith("inferd_"):
             assert series in exported, f"{series} (behind {name_}) is not in inferd's /metrics"
-        assert metric["pods"]["target"]["type"] == "AverageValue" and quantity(metric["pods"]["target"]["averageValue"]) > 0
+        target = metric["pods"]["target"]
+        assert target["type"] == "AverageValue" and quantity(target["averageValue"]) > 0
 
 
 def test_keda_scales_like_the_cpu_hpa_on_series_inferd_exports(built: dict[str, Docs], exported: set[str]) -> None:
