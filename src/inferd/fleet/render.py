@@ -16,6 +16,7 @@ GPU, memory fraction) are on each worker's command line and environment in super
 
 from __future__ import annotations
 
+import grp
 import json
 import os
 import pwd
@@ -100,16 +101,39 @@ def supervisor_bin(name: str) -> str:
     return found
 
 
-def nginx_user(configured: str | None) -> str | None:
-    """The user nginx workers run as when the fleet runs as root (None otherwise: they stay the fleet's user)."""
+def _can_cross(path: Path, uid: int, gids: set[int]) -> bool:
+    """Whether that user may traverse ``path`` and every folder above it (the x bit that applies to it)."""
+    for folder in [path, *path.parents]:
+        st = folder.stat()
+        bit = 0o100 if st.st_uid == uid else (0o010 if st.st_gid in gids else 0o001)
+        if not st.st_mode & bit:
+            return False
+    return True
+
+
+def nginx_user(configured: str | None, run_dir: Path) -> tuple[str | None, str | None]:
+    """nginx's worker user when the fleet runs as root, and a warning when it must stay root.
+
+    As root, nginx's workers drop to an unprivileged user (www-data, else nobody), who must reach the run
+    folder (its temp folders, /health/fleet). Under a private folder (a 0700 home or test folder) they cannot:
+    then they stay root, and the warning says how to avoid it. Not root: None, they keep the fleet's user.
+    """
     if os.geteuid() != 0:
-        return None
+        return None, None
     for name in ([configured] if configured else ["www-data", "nobody"]):
         try:
-            pwd.getpwnam(name)
-            return name
+            entry = pwd.getpwnam(name)
         except KeyError:
             continue
+        gids = {entry.pw_gid, *(g.gr_gid for g in grp.getgrall() if name in g.gr_mem)}
+        existing = next(p for p in [run_dir, *run_dir.parents] if p.exists())
+        if _can_cross(existing, entry.pw_uid, gids):
+            return name, None
+        if configured:
+            raise RenderError(f"fleet.nginx_user {name!r} cannot reach {run_dir} (a folder above it is private); "
+                              "choose a run folder under one other users may cross, such as /tmp")
+        return "root", (f"nginx workers run as root: {name} cannot reach {run_dir} (a folder above it is "
+                        "private); give a run folder under one other users may cross, such as /tmp")
     raise RenderError(f"fleet.nginx_user {configured!r} does not exist on this host")
 
 
@@ -124,6 +148,7 @@ class Fleet:
     nginx: str
     admin_key: str
     user: str | None = None
+    warning: str | None = None  # said at start and written into nginx.conf (nginx workers left as root)
 
     @property
     def logs(self) -> Path:
@@ -170,8 +195,7 @@ def render_nginx(fleet: Fleet, template: str | None = None) -> str:
     connections = max(1024, 2 * limit * n + 64)
     host = s.fleet.host
     values = {
-        "user_directive": f"user {fleet.user};" if fleet.user else "# user: not set (not run as root: workers keep "
-                                                                  "the fleet's user)",
+        "user_directive": _user_directive(fleet),
         "worker_processes": "auto", "worker_connections": connections, "worker_rlimit_nofile": 2 * connections,
         "run_dir": fleet.run_dir, "log_dir": fleet.logs, "drain_timeout_s": int(fleet.drain_s),
         "max_body_bytes": s.limits.max_body_bytes, "body_buffer_bytes": min(s.limits.max_body_bytes, 1 << 20),
@@ -186,6 +210,12 @@ def render_nginx(fleet: Fleet, template: str | None = None) -> str:
     each = {"worker": [{"worker_name": w.name, "worker_address": f"127.0.0.1:{w.port}",
                         "worker_gpu": w.gpu or "cpu"} for w in layout.workers]}
     return fill(template, values, each)
+
+
+def _user_directive(fleet: Fleet) -> str:
+    if fleet.user is None:
+        return "# user: not set (not run as root: nginx's workers keep the fleet's user)"
+    return (f"# {fleet.warning}\n" if fleet.warning else "") + f"user {fleet.user};"
 
 
 def _secs(value: float) -> int:

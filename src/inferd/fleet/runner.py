@@ -60,8 +60,8 @@ def prepare(settings: Settings, run_dir: Path | None) -> Fleet:
             raise RenderError(f"a fleet (pid {pid}) is already running from {path}")
     layout = plan(settings, visible_gpus(), usable_cores())
     status_port = settings.fleet.status_port or free_port()
-    return Fleet(settings, layout, path, status_port, nginx, new_admin_key(settings), nginx_user(
-        settings.fleet.nginx_user))
+    user, warning = nginx_user(settings.fleet.nginx_user, path)
+    return Fleet(settings, layout, path, status_port, nginx, new_admin_key(settings), user, warning)
 
 
 def check_nginx(fleet: Fleet) -> None:
@@ -86,6 +86,8 @@ def print_config(fleet: Fleet, files: dict[str, Path], out: TextIO) -> None:
     out.write(f"# inferd fleet: {fleet.layout.summary()}; nginx on {s.host}:{s.port} (least_conn), "
               f"stub_status on 127.0.0.1:{fleet.status_port}\n\n{fleet.layout.table()}\n\n")
     out.write(f"# run folder: {fleet.run_dir} (every file below is written there; nginx -t passed)\n")
+    if fleet.warning:
+        out.write(f"# warning: {fleet.warning}\n")
     for name, text in (("nginx.conf", render_nginx(fleet)), ("supervisord.conf", render_supervisord(fleet)),
                        ("config/base.yaml (keys masked)", yaml.safe_dump(redact(worker_settings(fleet)),
                                                                           sort_keys=False)),
@@ -213,6 +215,8 @@ def run_fleet(settings: Settings, run_dir: Path | None, print_only: bool, out: T
         print_config(fleet, files, out)
         return 0
     runner = Runner(fleet, out)
+    if fleet.warning:
+        runner.say(f"warning: {fleet.warning}")
     s = settings.fleet
     runner.say(f"{fleet.layout.summary()}; nginx on http://{s.host}:{s.port} (least_conn); "
                f"run folder {fleet.run_dir}")
