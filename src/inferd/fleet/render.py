@@ -204,7 +204,8 @@ def render_nginx(fleet: Fleet, template: str | None = None) -> str:
         "max_conns": limit, "upstream_keepalive": 16 * n,
         "upstream_keepalive_timeout_s": max(1, _secs(s.server.keepalive_timeout_s) - 1),
         "listen": f"[{host}]:{s.fleet.port}" if ":" in host else f"{host}:{s.fleet.port}",
-        "proxy_read_timeout_s": fleet.proxy_read_timeout_s, "status_port": fleet.status_port,
+        "proxy_read_timeout_s": fleet.proxy_read_timeout_s, "next_upstream_timeout_s": 2 * fleet.proxy_read_timeout_s,
+        "status_port": fleet.status_port,
         "targets_file": fleet.run_dir / "prometheus" / "targets.json",
     }
     each = {"worker": [{"worker_name": w.name, "worker_address": f"127.0.0.1:{w.port}",

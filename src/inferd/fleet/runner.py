@@ -117,8 +117,8 @@ def supervisor_env() -> dict[str, str]:
 
 
 class Runner:
-    def __init__(self, fleet: Fleet, out: TextIO = sys.stdout) -> None:
-        self.fleet, self.out = fleet, out
+    def __init__(self, fleet: Fleet, out: TextIO | None = None) -> None:
+        self.fleet, self.out = fleet, out or sys.stdout
         self.proc: subprocess.Popen[bytes] | None = None
         self.stopping = False
         self.ready_once = False
@@ -208,7 +208,8 @@ def _tail(path: Path, chars: int = 3000) -> str:
         return "(no log)"
 
 
-def run_fleet(settings: Settings, run_dir: Path | None, print_only: bool, out: TextIO = sys.stdout) -> int:
+def run_fleet(settings: Settings, run_dir: Path | None, print_only: bool, out: TextIO | None = None) -> int:
+    out = out or sys.stdout  # looked up now, not at import: a test's captured stdout
     fleet = prepare(settings, run_dir)
     files = render(fleet)
     if print_only:
