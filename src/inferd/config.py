@@ -37,7 +37,8 @@ class ServerSettings(_Section):
     log_format: Literal["json", "text"] = "text"
     access_log: bool = True
     log_inputs: bool = False
-    # Connection-level limits against slow or oversized clients (nginx, when in front, mirrors them).
+    # Connection-level limits against slow or oversized clients, enforced by inferd.protocol whether or not
+    # nginx is in front (README: Security). Header/body timeouts bound a whole head/body, not a gap between reads.
     max_header_bytes: int = Field(16_384, ge=1024)
     header_timeout_s: float = Field(10.0, gt=0)
     body_timeout_s: float = Field(30.0, gt=0)
@@ -118,6 +119,8 @@ class MemorySettings(_Section):
     fragmentation_threshold: float = Field(0.3, gt=0.0, lt=1.0)
     expandable_segments: bool = True
     per_process_fraction: float | None = Field(None, gt=0.0, le=1.0)
+    # Requests between trims of the C heap (glibc malloc_trim) on the worker; 0 = never (bench/RESULTS.md).
+    malloc_trim_every_n: int = Field(100, ge=0)
 
 
 class CacheSettings(_Section):

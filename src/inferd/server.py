@@ -4,6 +4,11 @@ uvicorn's own handling stops accepting connections at once; a load balancer stil
 see refused connections. Here the first signal turns readiness to 503 ("draining"), refuses new inference
 with 503 + Retry-After, waits for accepted work (up to ``server.drain_timeout_s``), then stops.
 
+The whole shutdown fits in ``server.drain_timeout_s + SHUTDOWN_MARGIN_S``, the figure a Kubernetes grace
+period (or ``docker stop --time``) must allow: after the drain, connections get ``CLOSE_S`` to finish
+writing (every accepted request is answered by then; an upload still in progress is answered 503 by the
+protocol), and a watchdog ends the process at the margin should the rest of the clean-up hang.
+
 SIGHUP re-reads the configuration and hot-reloads its model section (path, version, ...), exactly as
 ``POST /admin/models/reload`` would; the outcome is logged and counted.
 """
@@ -13,7 +18,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import signal
+import sys
+import threading
 from collections.abc import Awaitable, Callable
 from types import FrameType
 from typing import Any
@@ -26,18 +34,27 @@ from inferd.core.model_loader import ModelNotReady, ReloadInProgress
 
 log = logging.getLogger(__name__)
 
+# Seconds the shutdown may take beyond server.drain_timeout_s (documented in README: the grace period).
+SHUTDOWN_MARGIN_S = 5.0
+# After the drain: how long open connections get to finish writing their (already computed) answers.
+CLOSE_S = 2.0
+
 
 class DrainingServer(uvicorn.Server):
-    def __init__(self, config: uvicorn.Config, drain: Callable[[], Awaitable[bool]]) -> None:
+    def __init__(self, config: uvicorn.Config, drain: Callable[[], Awaitable[bool]],
+                 drain_timeout_s: float = 30.0) -> None:
         super().__init__(config)
         self._drain = drain
         self._draining = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self.followers: list[uvicorn.Server] = []
+        self.drain_timeout_s = drain_timeout_s
+        self.watchdog: threading.Timer | None = None
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         # Not recorded in _captured_signals: uvicorn would re-raise it at exit and the process would die
         # by the signal instead of exiting 0 after a clean drain.
+        self._arm_watchdog()
         if self._draining or self._loop is None:
             # A second signal (or one before start-up finished) stops now; a second SIGINT hard.
             self.force_exit = self.should_exit and sig == signal.SIGINT
@@ -61,6 +78,25 @@ class DrainingServer(uvicorn.Server):
     async def serve(self, sockets: Any = None) -> None:
         self._loop = asyncio.get_running_loop()
         await super().serve(sockets)
+
+    def _arm_watchdog(self) -> None:
+        """From the first signal on, the process ends by drain_timeout_s + SHUTDOWN_MARGIN_S whatever hangs."""
+        if self.watchdog is None:
+            self.watchdog = threading.Timer(self.drain_timeout_s + SHUTDOWN_MARGIN_S - 0.5, _overran,
+                                            args=(self.drain_timeout_s,))
+            self.watchdog.daemon = True
+            self.watchdog.start()
+
+
+def _overran(drain_timeout_s: float) -> None:
+    # Every accepted request was answered by the drain (or 503 at its timeout); what hangs is clean-up.
+    log.error("shutdown overran server.drain_timeout_s (%g s) + %g s; exiting now", drain_timeout_s,
+              SHUTDOWN_MARGIN_S)
+    for handler in [*logging.getLogger("inferd").handlers, *logging.getLogger("uvicorn").handlers]:
+        handler.flush()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 class FollowerServer(uvicorn.Server):
@@ -86,8 +122,13 @@ async def reload_from_config(app: Any, reread: Callable[[], Settings]) -> str:
     except ModelNotReady as exc:
         log.warning("SIGHUP: no model is serving yet (%s); nothing reloaded", exc.state)
         return "not_ready"
-    except (ConfigError, ModelLoadError) as exc:
+    except (ConfigError, ModelLoadError, OSError) as exc:
+        # OSError: a configuration file that cannot be read (permissions, a half-written mount).
         log.error("SIGHUP reload failed; the serving model is unchanged: %s", exc)
+        outcome = "failed"
+    except Exception:
+        # Nothing may escape into an unobserved task: that would only show as "never retrieved" at exit.
+        log.exception("SIGHUP reload failed unexpectedly; the serving model is unchanged")
         outcome = "failed"
     else:
         log.info("SIGHUP: now serving %s@%s", slot.spec.name, slot.version,
@@ -113,21 +154,33 @@ def _install_sighup(loop: asyncio.AbstractEventLoop, app: Any, reread: Callable[
 def serve(settings: Settings, reread: Callable[[], Settings] | None = None) -> int:
     """Serve until SIGTERM/SIGINT; ``reread`` rebuilds the settings on SIGHUP (the CLI passes its flags)."""
     from inferd.api.app import create_admin_app, create_app
+    from inferd.api.middleware import RequestContextMiddleware, overloaded
     from inferd.core.memory import configure_process
+    from inferd.protocol import ConnectionLimits, protocol_class
     from inferd.utils.logger import configure_logging
 
     configure_logging(settings.server.log_level, settings.server.log_format)
     guard = configure_process(settings)
     app = create_app(settings, memory_guard=guard)
-    common: dict[str, Any] = {"log_config": None, "access_log": False,
-                              "timeout_graceful_shutdown": int(settings.server.drain_timeout_s) + 5}
-    leader = DrainingServer(
-        uvicorn.Config(app, host=settings.server.host, port=settings.server.port, lifespan="on", **common),
-        drain=lambda: app.state.engine.drain(settings.server.drain_timeout_s))
+    srv = settings.server
+    limits = ConnectionLimits(srv.max_header_bytes, srv.header_timeout_s, srv.body_timeout_s,
+                              srv.limit_concurrency)
+    metrics = app.state.metrics
+
+    def config(asgi: Any, host: str, port: int, lifespan: str) -> uvicorn.Config:
+        busy = RequestContextMiddleware(overloaded, metrics=metrics, access=srv.access_log)
+        return uvicorn.Config(
+            asgi, host=host, port=port, lifespan=lifespan, log_config=None, access_log=False,
+            http=protocol_class(limits, metrics, busy), ws="none", timeout_keep_alive=srv.keepalive_timeout_s,
+            # Float seconds work (asyncio.wait_for); the type hint says int.
+            timeout_graceful_shutdown=CLOSE_S)  # type: ignore[arg-type]
+
+    leader = DrainingServer(config(app, srv.host, srv.port, "on"),
+                            drain=lambda: app.state.engine.drain(srv.drain_timeout_s),
+                            drain_timeout_s=srv.drain_timeout_s)
     servers: list[uvicorn.Server] = [leader]
-    if settings.server.admin_port is not None:
-        admin = uvicorn.Config(create_admin_app(app), host="127.0.0.1", port=settings.server.admin_port,
-                               lifespan="off", **common)
+    if srv.admin_port is not None:
+        admin = config(create_admin_app(app), "127.0.0.1", srv.admin_port, "off")
         leader.followers.append(FollowerServer(admin, leader))
         servers += leader.followers
 

@@ -6,7 +6,9 @@ flight (running or queued) when the signal arrives, and a "stall" text is a requ
 
 from __future__ import annotations
 
+import json
 import signal
+import socket
 import subprocess
 import threading
 import time
@@ -106,5 +108,41 @@ def test_a_request_stuck_at_the_drain_timeout_gets_503_and_the_process_still_exi
         # The stuck worker thread must not hold the exit up: the drain's timeout plus shutdown bookkeeping.
         assert exit_within(server, drain_timeout + 5) == 0
         assert "drain timed out" in server.log()
+    finally:
+        server.stop(signal.SIGKILL)
+
+
+def test_shutdown_with_a_stuck_request_and_a_stalled_upload_fits_the_drain_timeout_plus_the_margin(
+        tmp_path: Path) -> None:
+    """Issue 8, item 5: on main uvicorn's graceful timeout ran after the drain (2 x drain + 5 s in all), and a
+    client stalled mid-upload then got a text/plain 500 and left a traceback."""
+    from inferd.server import SHUTDOWN_MARGIN_S
+
+    drain_timeout = 3.0
+    server = slow_server(tmp_path, drain_timeout, LIFECYCLE_STALL_S="120")
+    try:
+        threads, answers = send_all(server, ["stall forever"])  # the drain runs its full timeout
+        upload = socket.create_connection(("127.0.0.1", server.port), timeout=30)
+        upload.sendall(b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                       b"Content-Length: 1000\r\n\r\n" + b'{"texts":')  # ... and then nothing more
+        time.sleep(0.3)
+        signalled = time.monotonic()
+        server.proc.send_signal(signal.SIGTERM)
+        assert exit_within(server, drain_timeout + SHUTDOWN_MARGIN_S + 2) == 0
+        took = time.monotonic() - signalled
+        assert took <= drain_timeout + SHUTDOWN_MARGIN_S, f"shutdown took {took:.1f} s"
+
+        stalled = upload.recv(65536)
+        upload.close()
+        head, _, body = stalled.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 503"), stalled[:300]
+        assert b"content-type: application/json" in head.lower() and b"retry-after: 1" in head.lower()
+        assert json.loads(body)["error"]["code"] == "draining"
+        for t in threads:
+            t.join(30)
+        assert answers["stall forever"].status_code == 503
+        log = server.log()
+        assert "Traceback" not in log and "Exception in ASGI application" not in log, log[-3000:]
+        assert "POST /predict 503" in log  # the stalled upload logged as what it got
     finally:
         server.stop(signal.SIGKILL)

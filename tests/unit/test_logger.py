@@ -122,3 +122,80 @@ def test_log_inputs_puts_the_texts_in_the_access_line(
     records = run_requests(tiny_model, tmp_path, caplog, log_inputs=True)
     access = [r for r in records if r.name == "inferd.access" and getattr(r, "endpoint", None) == "/predict"]
     assert [r.inputs for r in access] == [[SECRET_TEXT, "the cat"], [SECRET_TEXT, ""]]
+
+
+# -- log injection: no client-supplied value can start a line or hide text (issue 8, item 4) ----------------
+
+FORGED = "2026-12-01 00:00:00,000 CRITICAL inferd.security: admin login ok"
+# Every character a line-oriented reader or a terminal acts on: CR, LF, the other C0 controls (ESC starts
+# terminal escapes), DEL, C1 (NEL is a line break to Unicode), the Unicode line and paragraph separators,
+# and the bidirectional overrides that reorder what a terminal shows.
+UNSAFE = ["\n", "\r", "\r\n", "\x00", "\x0b", "\x0c", "\x1b[2J", "\x1c", "\x1e", "\x7f", "\x85", "\x9b",
+          "\u2028", "\u2029", "\u202e", "\u2066"]
+FORMATTERS = [JsonFormatter, TextFormatter]
+
+
+def _unsafe_chars(text: str) -> list[str]:
+    return [c for c in text if ord(c) < 0x20 or 0x7f <= ord(c) <= 0x9f or c in "\u2028\u2029\u202e\u2066"]
+
+
+def rendered_value(fmt: type[logging.Formatter], out: str, key: str | None = None) -> str:
+    """The text a reader sees for the message (or the extra ``key``) in one formatted line."""
+    if fmt is JsonFormatter:
+        line = json.loads(out)
+        return str(line["message"] if key is None else line[key])
+    return out
+
+
+@pytest.mark.parametrize("fmt", FORMATTERS)
+@pytest.mark.parametrize("bad", UNSAFE)
+def test_a_client_value_in_the_message_cannot_break_or_hide_a_line(fmt: type[logging.Formatter], bad: str) -> None:
+    path = f"/x{bad}{FORGED}"
+    out = fmt().format(make_record("%s %s %d", ("GET", path, 404)))
+    assert len(out.splitlines()) == 1  # JSON's own escapes keep C0 out; C1 and U+2028 are the formatter's
+    seen = rendered_value(fmt, out)
+    assert _unsafe_chars(seen) == [], seen
+    assert FORGED in seen  # the value is escaped, not dropped: the operator sees what was sent
+    assert "\\x" in seen or "\\u" in seen
+
+
+@pytest.mark.parametrize("fmt", FORMATTERS)
+@pytest.mark.parametrize("bad", ["\n", "\x85", "\u2028", "\x1b"])
+def test_extras_are_escaped_whatever_their_type(fmt: type[logging.Formatter], bad: str) -> None:
+    record = make_record(path=f"/a{bad}b", model=[f"m{bad}", {"k": f"v{bad}"}], where=Path(f"/p{bad}q"),
+                         status=404)
+    out = fmt().format(record)
+    assert len(out.splitlines()) == 1
+    for key in ("path", "model", "where"):
+        assert _unsafe_chars(rendered_value(fmt, out, key) if fmt is JsonFormatter else out) == []
+    if fmt is JsonFormatter:
+        assert json.loads(out)["status"] == 404  # numbers stay numbers
+
+
+def test_the_request_id_is_escaped_too() -> None:
+    token = request_id_var.set(f"rid\n{FORGED}")
+    try:
+        record = make_record()
+    finally:
+        request_id_var.reset(token)
+    for fmt in FORMATTERS:
+        assert len(fmt().format(record).splitlines()) == 1
+
+
+@pytest.mark.parametrize("fmt", FORMATTERS)
+def test_a_traceback_quoting_a_client_cannot_forge_a_line(fmt: type[logging.Formatter]) -> None:
+    try:
+        raise ValueError(f"bad model name x\n{FORGED}\u2028{FORGED}")
+    except ValueError:
+        record = make_record("failed", (), exc_info=sys.exc_info())
+    out = fmt().format(record)
+    if fmt is JsonFormatter:
+        text = json.loads(out)["exception"]
+        assert len(out.splitlines()) == 1 and "\u2028" not in text
+        assert "Traceback" in text and "ValueError" in text  # one field: a readable traceback inside it
+    else:
+        first, *lines = out.split("\n")
+        assert first.endswith("failed")
+        assert "\u2028" not in out
+        assert lines and all(line.startswith("    ") for line in lines)  # continuation, never a line start
+        assert not any(line.startswith(FORGED) for line in lines)

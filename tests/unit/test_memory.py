@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import ctypes
+import ctypes.util
 import os
 import threading
 from pathlib import Path
@@ -341,3 +343,112 @@ def test_oom_over_http_is_507_and_the_service_stays_ready(tmp_path: Path) -> Non
         assert r.json()["results"] == [expected(t) for t in texts]
         assert handler.sizes[-5:] == [9, 4, 5, 2, 3]  # 9 does not fit: halves until each part does
         assert handler.served[-3:] == [4, 2, 3]
+
+
+# -- the C heap: trimmed on the worker, between batches (issue 8, item 10) ------------------------------------
+
+
+class FakeHeap:
+    """Records each trim: on which thread, and whether a forward pass was running at the time."""
+
+    available = True
+
+    def __init__(self, busy: Any = None, events: list | None = None) -> None:
+        self.busy = busy
+        self.events = events if events is not None else []
+        self.threads: list[str] = []
+
+    def trim(self) -> bool:
+        self.threads.append(threading.current_thread().name)
+        self.events.append(("trim", self.busy.in_infer if self.busy else None))
+        return True
+
+
+def test_tick_trims_the_heap_every_n_requests_and_never_when_off(tmp_path: Path) -> None:
+    for every, ticks, trims in ((3, [1, 1, 1, 2, 1, 5], 3), (0, [1] * 50, 0), (1, [1] * 4, 4)):
+        settings = make_settings(tmp_path, **{"memory.malloc_trim_every_n": every})
+        heap = FakeHeap()
+        guard = MemoryGuard(settings.memory, FakeStats(100, 100), heap=heap)  # type: ignore[arg-type]
+        for n in ticks:
+            guard.tick(n)
+        assert len(heap.threads) == trims == guard.trims, (every, ticks)
+        report = guard.report()
+        assert report["malloc_trims"] == trims and report["malloc_trim_every_n"] == every
+        assert report["malloc_trim_seconds"] >= 0
+
+
+def test_trims_run_on_the_worker_between_batches(tmp_path: Path) -> None:
+    events: list[tuple[str, Any]] = []
+    handler = FakeHandler(events=events)
+    settings = make_settings(tmp_path, **{"memory.malloc_trim_every_n": 1, "batching.max_batch_size": 2})
+    heap = FakeHeap(busy=handler, events=events)
+    engine = engine_for(handler, settings, MemoryGuard(settings.memory, FakeStats(100, 100), heap=heap))
+
+    async def scenario() -> None:
+        engine.start()
+        try:
+            results = await _all_in_one_batch(engine, [f"text {i}" for i in range(5)])
+            assert all(not isinstance(r, BaseException) for r in results), results
+        finally:
+            engine.stop()
+
+    asyncio.run(scenario())
+    assert heap.threads and set(heap.threads) == {"inferd-worker"}
+    assert all(busy is False for kind, busy in events if kind == "trim")  # never during a forward pass
+
+
+def _rss() -> int:
+    import psutil
+
+    return psutil.Process().memory_info().rss
+
+
+@pytest.mark.skipif(not memory.NativeHeap().available, reason="needs glibc's malloc_trim (not musl or macOS)")
+def test_native_heap_returns_freed_fragmented_memory_to_the_os() -> None:
+    # The soak's pattern in miniature: blocks below glibc's mmap threshold, freed with survivors between them,
+    # so the heap cannot shrink from its top. Without a trim the freed pages stay resident.
+    libc = ctypes.CDLL(ctypes.util.find_library("c"))
+    libc.malloc.restype = ctypes.c_void_p
+    libc.malloc.argtypes = [ctypes.c_size_t]
+    libc.free.argtypes = [ctypes.c_void_p]
+    size, count = 96 * 1024, 2000  # about 190 MB
+    blocks = [libc.malloc(size) for _ in range(count)]
+    try:
+        for b in blocks:
+            ctypes.memset(b, 1, size)  # touch every page: resident
+        for i, b in enumerate(blocks):
+            if i % 16:
+                libc.free(b)
+        before = _rss()
+        memory.NativeHeap().trim()
+        released = before - _rss()
+    finally:
+        for i, b in enumerate(blocks):
+            if not i % 16:
+                libc.free(b)
+    assert released > 100 * 2**20, f"malloc_trim released {released / 2**20:.1f} MiB of ~178 MiB freed"
+
+
+def test_a_heap_that_cannot_trim_is_left_alone(tmp_path: Path) -> None:
+    heap = memory.NativeHeap(find=False)  # as on musl or macOS: no malloc_trim
+    assert not heap.available and heap.trim() is False
+    settings = make_settings(tmp_path, **{"memory.malloc_trim_every_n": 1})
+    guard = MemoryGuard(settings.memory, FakeStats(100, 100), heap=heap)
+    guard.tick(5)
+    assert guard.trims == 0
+
+
+def test_the_heap_report_lists_allocation_sites_only_while_tracing() -> None:
+    import tracemalloc
+
+    assert not tracemalloc.is_tracing()
+    assert memory.heap_top() is None
+    tracemalloc.start()
+    try:
+        keep = [bytearray(1000) for _ in range(2000)]
+        top = memory.heap_top(5)
+    finally:
+        tracemalloc.stop()
+    assert top is not None and 1 <= len(top["top"]) <= 5 and top["traced_bytes"] >= 2_000_000
+    assert "test_memory.py" in top["top"][0]["site"] and top["top"][0]["count"] >= 2000
+    assert len(keep) == 2000

@@ -5,6 +5,7 @@ Pure ASGI rather than BaseHTTPMiddleware, which hides client disconnects and buf
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 import time
@@ -12,6 +13,7 @@ import uuid
 from typing import Any
 
 from starlette.datastructures import MutableHeaders
+from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from inferd.api.errors import APIError, error_body
@@ -28,6 +30,10 @@ KNOWN_PATHS = frozenset({
     "/metrics", "/admin/memory", "/admin/models/reload", "/admin/models/canary", "/admin/models/promote",
     "/admin/models/rollback", "/admin/models",
 })
+# Why the connection protocol ended a request the app was still reading, and the status it answered
+# (inferd.protocol writes the answer; the app only sees the client go). Anything else gone is 499.
+ABORT_STATUS = {"body_timeout": 408, "shutdown": 503}
+CLIENT_CLOSED = 499  # nginx's "client closed request": counted apart from the server's own errors
 
 
 def context(scope: Scope) -> dict[str, Any]:
@@ -50,6 +56,7 @@ class RequestContextMiddleware:
         token = request_id_var.set(rid)
         started = time.perf_counter()
         ctx = context(scope)
+        ctx["request_id"] = rid  # for an answer the connection protocol writes itself (ABORT_STATUS)
         status = [500]
         response_started = [False]
 
@@ -69,15 +76,25 @@ class RequestContextMiddleware:
 
         try:
             await self.app(scope, receive, send_with_headers)
+        except ClientDisconnect:
+            # The client went before its body arrived (or the protocol ended the request, see
+            # ABORT_STATUS): nothing is wrong with the server, so no traceback and no 5xx.
+            if not response_started[0]:
+                status[0] = ABORT_STATUS.get(ctx.get("abort", ""), CLIENT_CLOSED)
+        except asyncio.CancelledError:
+            # Only a shutdown cancels a request task (past its grace); answered here, not by uvicorn's
+            # text/plain 500 and traceback. Not re-raised: this is the task's outermost frame.
+            log.warning("request cancelled: the server is stopping")
+            if not response_started[0]:
+                await _send_error(send_with_headers, APIError(
+                    503, "the server is shutting down; retry on another instance", "draining",
+                    headers={"Retry-After": "1"}))
         except Exception:
             log.exception("unhandled error")
             if not response_started[0]:
-                body = error_body(500, "internal server error; quote the request id when reporting it",
-                                  "internal_error")
-                await send_with_headers({"type": "http.response.start", "status": 500,
-                                         "headers": [(b"content-type", b"application/json"),
-                                                     (b"content-length", str(len(body)).encode())]})
-                await send_with_headers({"type": "http.response.body", "body": body})
+                await _send_error(send_with_headers, APIError(
+                    500, "internal server error; quote the request id when reporting it", "internal_error"),
+                    close=False)
         finally:
             elapsed = time.perf_counter() - started
             path = scope.get("path", "")
@@ -127,12 +144,20 @@ class BodyLimitMiddleware:
         await self.app(scope, counting_receive, send)
 
 
-async def _send_error(send: Send, exc: APIError) -> None:
+async def _send_error(send: Send, exc: APIError, close: bool = True) -> None:
     body = error_body(exc.status, exc.message, exc.code, exc.param, exc.type)
-    await send({"type": "http.response.start", "status": exc.status,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                            (b"connection", b"close")]})
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+               *((k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in exc.headers.items())]
+    if close:
+        headers.append((b"connection", b"close"))
+    await send({"type": "http.response.start", "status": exc.status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
+
+
+async def overloaded(scope: Scope, receive: Receive, send: Send) -> None:
+    """The answer past ``server.limit_concurrency`` (inferd.protocol routes requests here)."""
+    await _send_error(send, APIError(503, "the server is at its connection limit (server.limit_concurrency); "
+                                     "retry shortly", "overloaded", headers={"Retry-After": "1"}))
 
 
 def _header(scope: Scope, name: bytes) -> str | None:

@@ -2,6 +2,11 @@
 
 Library modules only call ``logging.getLogger(__name__)``; the request id travels in a context variable
 so every line logged while serving a request carries it, whichever module logs.
+
+Both formatters escape control characters in the message and in every extra (``safe``): a path, a header
+or a model name from a client cannot start a line of its own, forge another logger's line, or hide text
+with terminal escapes or bidirectional overrides. It is done here, where every line is written, so no
+caller can forget it; tracebacks (written by the formatter, not by a client) keep their lines.
 """
 
 from __future__ import annotations
@@ -9,7 +14,9 @@ from __future__ import annotations
 import contextvars
 import logging
 import logging.config
+import re
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import orjson
@@ -21,8 +28,44 @@ _STANDARD = set(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {
     "message", "asctime", "taskName", "color_message"}
 
 
+# C0 (CR, LF, ESC ...), DEL and C1 (NEL ...), the Unicode line and paragraph separators, and the
+# bidirectional controls that reorder what a terminal shows.
+_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def _escape(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def safe(value: Any) -> Any:
+    """``value`` with every unsafe character of its text written as an escape (``\\x0a``, ``\\u2028``).
+
+    Strings, and strings inside lists, tuples and dicts, are escaped; numbers, booleans and None pass as
+    they are; anything else is escaped as its ``str()``.
+    """
+    if isinstance(value, str):
+        return _UNSAFE.sub(_escape, value)
+    if value is None or isinstance(value, bool | int | float):
+        return value
+    if isinstance(value, Mapping):
+        return {safe(k): safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple | set | frozenset):
+        return [safe(v) for v in value]
+    return _UNSAFE.sub(_escape, str(value))
+
+
+def safe_lines(text: str) -> str:
+    """Multi-line text of our own (a traceback, whose messages may quote a client): lines kept, each made safe."""
+    return "\n".join(safe(line) for line in text.split("\n"))
+
+
 def record_extras(record: logging.LogRecord) -> dict[str, Any]:
     return {k: v for k, v in record.__dict__.items() if k not in _STANDARD and not k.startswith("_")}
+
+
+def safe_extras(record: logging.LogRecord) -> dict[str, Any]:
+    return {safe(k): safe(v) for k, v in record_extras(record).items()}
 
 
 class RequestIdFilter(logging.Filter):
@@ -38,23 +81,37 @@ class JsonFormatter(logging.Formatter):
             "time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
             + f".{int(record.msecs):03d}Z",
             "level": record.levelname,
-            "message": record.getMessage(),
+            "message": safe(record.getMessage()),
             "module": record.module,
             "logger": record.name,
         }
-        line.update(record_extras(record))
+        line.update(safe_extras(record))
         if record.exc_info:
-            line["exception"] = self.formatException(record.exc_info)
-        return orjson.dumps(line, default=str).decode()
+            line["exception"] = safe_lines(self.formatException(record.exc_info))
+        return orjson.dumps(line, default=safe).decode()
 
 
 class TextFormatter(logging.Formatter):
     def __init__(self) -> None:
         super().__init__("%(asctime)s %(levelname)-7s %(name)s: %(message)s")
 
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        # record.message was just rendered from msg % args by format(); only the client's part can be unsafe,
+        # but which part that is is not known here, so all of it is escaped.
+        record.message = safe(record.message)
+        return super().formatMessage(record)
+
+    def formatException(self, ei: Any) -> str:
+        # Indented: no line of a traceback starts where a log line does, whatever an exception's message
+        # quotes (a line-oriented reader takes indented lines as the continuation of the one above).
+        return "\n".join("    " + safe(line) for line in super().formatException(ei).split("\n"))
+
+    def formatStack(self, stack_info: str) -> str:
+        return "\n".join("    " + safe(line) for line in stack_info.split("\n"))
+
     def format(self, record: logging.LogRecord) -> str:
         text = super().format(record)
-        extras = {k: v for k, v in record_extras(record).items() if v is not None}
+        extras = {k: v for k, v in safe_extras(record).items() if v is not None}
         if extras:
             text += " " + " ".join(f"{k}={v}" for k, v in extras.items())
         return text

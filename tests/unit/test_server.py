@@ -1,0 +1,72 @@
+"""server.py alone: a SIGHUP reload that cannot read its configuration, and the shutdown watchdog."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import uvicorn
+from conftest import metric_value
+from prometheus_client import generate_latest
+
+from inferd import server as server_mod
+from inferd.config import Settings
+from inferd.server import DrainingServer, reload_from_config
+from inferd.utils.metrics import Metrics
+
+
+class NeverCalled:
+    def reload_from_settings(self, fresh: Settings) -> Any:
+        raise AssertionError("nothing may be reloaded from a configuration that could not be read")
+
+
+def app_with(metrics: Metrics) -> Any:
+    return SimpleNamespace(state=SimpleNamespace(manager=NeverCalled(), metrics=metrics))
+
+
+def failed_reloads(metrics: Metrics) -> float:
+    return metric_value(generate_latest(metrics.registry).decode(), "inferd_model_reloads_total", outcome="failed")
+
+
+@pytest.mark.parametrize("error", [PermissionError(13, "Permission denied", "/etc/inferd/base.yaml"),
+                                   IsADirectoryError(21, "Is a directory", "/etc/inferd/dev.yaml"),
+                                   RuntimeError("something nobody foresaw")])
+def test_a_sighup_whose_configuration_cannot_be_read_is_a_failed_reload_not_an_unhandled_task(
+        error: Exception, caplog: pytest.LogCaptureFixture) -> None:
+    # Issue 8, item 9: on main a PermissionError escaped reload_from_config into a task nobody awaited.
+    metrics = Metrics(8)
+
+    def reread() -> Settings:
+        raise error
+
+    with caplog.at_level(logging.ERROR, logger="inferd.server"):
+        outcome = asyncio.run(reload_from_config(app_with(metrics), reread))
+    assert outcome == "failed"
+    assert failed_reloads(metrics) == 1
+    assert any("SIGHUP reload failed" in r.getMessage() for r in caplog.records)
+
+
+def test_the_watchdog_ends_a_shutdown_that_overruns_the_margin(monkeypatch: pytest.MonkeyPatch) -> None:
+    exited = threading.Event()
+    codes: list[int] = []
+
+    def fake_exit(code: int) -> None:
+        codes.append(code)
+        exited.set()
+
+    monkeypatch.setattr(server_mod.os, "_exit", fake_exit)
+    monkeypatch.setattr(server_mod, "SHUTDOWN_MARGIN_S", 0.6)  # fires at drain + margin - 0.5 s
+
+    async def drain() -> bool:
+        return True
+
+    srv = DrainingServer(uvicorn.Config(app=None), drain, drain_timeout_s=0.1)
+    srv.handle_exit(15, None)  # no loop yet: it stops at once, and the watchdog is armed all the same
+    assert srv.should_exit and srv.watchdog is not None
+    srv.handle_exit(15, None)
+    assert exited.wait(5)
+    assert codes == [0]
