@@ -87,6 +87,8 @@ class LimitSettings(_Section):
     max_items_per_request: int = Field(256, gt=0)
     # Pre-check before tokenising: no sane text for a 512-token model is this long.
     max_chars_per_text: int = Field(20_000, gt=0)
+    # Requests tokenised at once in the thread pool (small ones are tokenised on the event loop, unbounded).
+    preprocess_concurrency: int = Field(1, gt=0)
 
 
 class BatchingSettings(_Section):
@@ -99,6 +101,8 @@ class BatchingSettings(_Section):
     default_timeout_ms: float = Field(30_000.0, gt=0)
     oversize: Literal["run_alone", "reject"] = "run_alone"
     min_padding_efficiency: float = Field(0.8, ge=0.0, le=1.0)
+    # The highest priority a request may ask for (requests range -100..100); above it: 422. 0 = no queue-jumping.
+    max_priority: int = Field(0, ge=-100, le=100)
 
     # On the section, not Settings, so the error is reported at "batching" with the sources that set it.
     @model_validator(mode="after")
@@ -128,10 +132,6 @@ class CacheSettings(_Section):
     max_entries: int = Field(0, ge=0)
 
 
-class Settings(_Section):
-    env: str = "dev"
-    server: ServerSettings = ServerSettings()
-    model: ModelSettings = ModelSettings()
 class FleetSettings(_Section):
     """``inferd fleet``: nginx on host:port in front of ``workers`` copies of ``inferd serve`` under supervisord."""
 
@@ -168,17 +168,21 @@ class FleetSettings(_Section):
         return v
 
 
+class Settings(_Section):
+    env: str = "dev"
+    server: ServerSettings = ServerSettings()
+    model: ModelSettings = ModelSettings()
     canary: CanarySettings = CanarySettings()
     limits: LimitSettings = LimitSettings()
     batching: BatchingSettings = BatchingSettings()
     runtime: RuntimeSettings = RuntimeSettings()
     memory: MemorySettings = MemorySettings()
     cache: CacheSettings = CacheSettings()
+    fleet: FleetSettings = FleetSettings()
 
 
 def default_config_dir() -> Path:
     env = os.environ.get("INFERD_CONFIG_DIR")
-    fleet: FleetSettings = FleetSettings()
     if env:
         return Path(env)
     cwd = Path.cwd() / "configs"

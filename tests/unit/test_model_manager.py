@@ -17,6 +17,7 @@ from inferd.core.model_loader import (
     ModelNotReady,
     NoCanary,
     ReloadInProgress,
+    VersionInUse,
     check_model_path,
 )
 
@@ -314,7 +315,7 @@ def test_rollback_drops_the_canary_and_keeps_the_active(with_canary: ModelManage
 
 
 def test_a_canary_needs_its_own_version_and_a_valid_weight(manager: ModelManager, tmp_path: Path) -> None:
-    with pytest.raises(ModelLoadError, match="active model's"):
+    with pytest.raises(VersionInUse, match="'v1' is already being served by the active model"):
         manager.set_canary(str(tmp_path / "m2"), "v1", 0.2)
     with pytest.raises(ValueError, match="weight"):
         manager.set_canary(str(tmp_path / "m2"), "v2", 1.5)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import itertools
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -52,6 +52,8 @@ class Decision:
     dropped: list[Any] = field(default_factory=list)
     # Seconds until the decision could change without new input; None = only new input changes it.
     wait: float | None = None
+    # Not the scheduler's: callables the queue hands to the worker with the decision (BatchQueue.post).
+    chores: list[Any] = field(default_factory=list)
 
     @property
     def empty(self) -> bool:
@@ -119,9 +121,15 @@ class QueueClosed(Exception):
 
 
 class BatchQueue:
-    """A bounded, thread-safe pending list; ``take`` blocks the worker until next_batch has work."""
+    """A bounded, thread-safe pending list; ``take`` blocks the worker until next_batch has work.
 
-    def __init__(self, policy: Policy, max_queue: int) -> None:
+    ``claim`` runs under the queue's lock on every batch ``take`` hands out, so whatever the batch needs
+    (its model's reference) is held from the moment it is chosen: a ``remove`` that finds nothing left to
+    take out knows the batch has its claim. ``post`` hands a callable to the taker's thread (chores).
+    """
+
+    def __init__(self, policy: Policy, max_queue: int,
+                 claim: Callable[[list[Any]], None] | None = None) -> None:
         self.policy = policy
         self.max_queue = max_queue
         self._pending: list[Any] = []
@@ -129,6 +137,8 @@ class BatchQueue:
         self._closed = False
         self._seq = itertools.count()
         self._paused = False
+        self._claim = claim
+        self._chores: list[Callable[[], None]] = []
 
     def __len__(self) -> int:
         return len(self._pending)
@@ -157,6 +167,18 @@ class BatchQueue:
         with self._cond:
             self._cond.notify()
 
+    def post(self, chore: Callable[[], None]) -> None:
+        """Run ``chore`` on the thread that calls ``take`` (it comes back as ``Decision.chores``)."""
+        with self._cond:
+            self._chores.append(chore)
+            self._cond.notify()
+
+    def take_chores(self) -> list[Callable[[], None]]:
+        """The chores not yet handed out (for the taker's own shutdown: nothing may be left undone)."""
+        with self._cond:
+            chores, self._chores = self._chores, []
+            return chores
+
     def pause(self, paused: bool) -> None:
         """Hold batches back (items still expire and drop). For operators and for tests of backpressure."""
         with self._cond:
@@ -183,9 +205,13 @@ class BatchQueue:
                 if self._paused and decision.batch:
                     decision = Decision(expired=decision.expired, dropped=decision.dropped)
                     decision.wait = min((it.deadline for it in self._pending), default=now + 1.0) - now
-                if not decision.empty:
+                if self._chores:
+                    decision.chores, self._chores = self._chores, []
+                if not decision.empty or decision.chores:
                     taken = {id(it) for it in (*decision.batch, *decision.expired, *decision.dropped)}
                     self._pending = [it for it in self._pending if id(it) not in taken]
+                    if decision.batch and self._claim is not None:
+                        self._claim(decision.batch)
                     return decision
                 if self._closed and not self._pending:
                     return None

@@ -1,25 +1,27 @@
-"""A bounded LRU cache of embeddings, keyed by model version and a digest of the text.
+"""A bounded LRU cache of embeddings, keyed by the model's load and a digest of the text.
 
 The seed's cautionary tale is a global list of tokenizer outputs that grew until the process died; the
 only cache this service keeps has a maximum entry count, evicts the least recently used entry, and
 reports its size and hit rate. Keys hold a 16-byte digest, not the text, so a long text costs no more
-than a short one; the version in the key means a reload never serves the old model's vectors.
+than a short one. The owner in the key is the model slot's ``load_id``, not its version string: a version
+string is a label an operator can (by mistake) give two models, a load is one model, so the cache can
+only ever answer with vectors of the model that would compute the answer.
 """
 
 from __future__ import annotations
 
 import hashlib
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from typing import Any
 
 import numpy as np
 
-CacheKey = tuple[str, bytes]
+CacheKey = tuple[Hashable, bytes]
 
 
-def _key(version: str, text: str) -> CacheKey:
-    return version, hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
+def _key(owner: Hashable, text: str) -> CacheKey:
+    return owner, hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
 
 
 class EmbeddingCache:
@@ -34,11 +36,11 @@ class EmbeddingCache:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def lookup(self, version: str, texts: Sequence[str]) -> dict[int, tuple[np.ndarray, int]]:
+    def lookup(self, owner: Hashable, texts: Sequence[str]) -> dict[int, tuple[np.ndarray, int]]:
         """Cached (vector, tokens) by position in ``texts``; a hit becomes the most recently used."""
         hits = {}
         for i, text in enumerate(texts):
-            key = _key(version, text)
+            key = _key(owner, text)
             entry = self._entries.get(key)
             if entry is not None:
                 self._entries.move_to_end(key)
@@ -48,12 +50,22 @@ class EmbeddingCache:
             self.metrics.cache_misses.labels(self.name).inc(len(texts) - len(hits))
         return hits
 
-    def store(self, version: str, texts: Sequence[str], vectors: Sequence[Any], tokens: Sequence[int]) -> None:
+    def store(self, owner: Hashable, texts: Sequence[str], vectors: Sequence[Any], tokens: Sequence[int]) -> None:
         for text, vector, count in zip(texts, vectors, tokens, strict=True):
+            key = _key(owner, text)
             # A copy: a row of the batch's output array would keep the whole batch array alive.
-            self._entries[_key(version, text)] = (np.array(vector, copy=True), count)
-            self._entries.move_to_end(_key(version, text))
+            self._entries[key] = (np.array(vector, copy=True), count)
+            self._entries.move_to_end(key)
         while len(self._entries) > self.max_entries:
             self._entries.popitem(last=False)
         if self.metrics is not None:
             self.metrics.cache_entries.labels(self.name).set(len(self._entries))
+
+    def forget(self, owner: Hashable) -> int:
+        """Drop every entry of an owner (a model slot that was freed); how many there were."""
+        stale = [key for key in self._entries if key[0] == owner]
+        for key in stale:
+            del self._entries[key]
+        if stale and self.metrics is not None:
+            self.metrics.cache_entries.labels(self.name).set(len(self._entries))
+        return len(stale)

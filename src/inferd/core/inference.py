@@ -2,7 +2,13 @@
 
 The event loop only tokenises (cheap, and overlapping the running batch: the pipelining) and waits on one
 future per request. The worker thread takes batches from the queue, runs the handler under
-``torch.inference_mode``, and resolves all the batch's requests with one call into the loop.
+``torch.inference_mode``, and hands what it computed back to the loop with one call per batch; the loop
+is the only writer of a request's outcome (core/work.py).
+
+A batch holds its model slot from the moment the queue hands it out (the claim is taken under the queue's
+lock), and a request that leaves takes its items out of the queue before it lets go of its slot: so a
+slot can never be freed under a batch about to run. Slots are freed on the worker thread (``reaper``),
+never on the event loop: freeing closes the handler and empties the device cache.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ from inferd.core.batcher import BatchQueue, Decision, Policy, QueueClosed, Queue
 from inferd.core.cache import EmbeddingCache
 from inferd.core.model_loader import ModelManager, ModelNotReady, ModelSlot
 from inferd.core.preprocess import InputError, check_texts
-from inferd.core.work import ClientGone, EmbedResult, EngineError, Ticket, WorkItem, settle, tickets_of
+from inferd.core.work import BatchReport, ClientGone, EmbedResult, EngineError, Ticket, WorkItem, tickets_of
 from inferd.utils.metrics import Metrics
 
 __all__ = ["ClientGone", "EmbedResult", "EngineError", "InferenceEngine"]
@@ -37,6 +43,12 @@ def _is_oom(exc: BaseException) -> bool:
     return isinstance(exc, torch.OutOfMemoryError)
 
 
+def _claim(batch: list[WorkItem]) -> None:
+    # Under the queue's lock, as the batch is chosen: its slot cannot be freed between take and run.
+    slot: ModelSlot = batch[0].group  # type: ignore[assignment]
+    slot.acquire()
+
+
 class InferenceEngine:
     def __init__(self, manager: ModelManager, settings: Settings, metrics: Metrics,
                  memory_guard: Any = None) -> None:
@@ -45,7 +57,8 @@ class InferenceEngine:
         self.metrics = metrics
         self.memory_guard = memory_guard
         self.policy = Policy.from_settings(settings.batching)
-        self.queue = BatchQueue(self.policy, settings.batching.max_queue)
+        self.queue = BatchQueue(self.policy, settings.batching.max_queue, claim=_claim)
+        # Keyed by the slot's load, not its version string: the cache answers only for the model it serves.
         self.cache = (EmbeddingCache(settings.cache.max_entries, metrics) if settings.cache.max_entries
                       else None)
         self.in_flight = 0
@@ -55,9 +68,14 @@ class InferenceEngine:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._idle = asyncio.Event()
+        # Long texts are tokenised in the thread pool; this many requests at a time, the rest wait their turn
+        # (so a few senders of huge texts cannot keep every request in preprocessing at once).
+        self._preprocessing = asyncio.Semaphore(settings.limits.preprocess_concurrency)
         # Accepted requests not yet answered (queued or running): a drain that times out answers them all.
         self._open: set[Ticket] = set()
         self._abandoned = False
+        manager.reaper = self._on_worker
+        manager.on_freed = self._slot_freed
 
     # -- lifecycle -------------------------------------------------------------------------------------
 
@@ -77,6 +95,31 @@ class InferenceEngine:
         if self._thread is not None:
             # After a timed-out drain the worker is stuck in a batch; waiting longer would only delay exit.
             self._thread.join(0.1 if self._abandoned else timeout)
+        if self._thread is None or not self._thread.is_alive():
+            self._run_chores(self.queue.take_chores())  # frees posted as the worker stopped
+
+    def _on_worker(self, chore: Callable[[], None]) -> None:
+        """Run ``chore`` on the worker thread (a slot's free); here when this is the worker or there is none."""
+        thread = self._thread
+        if thread is None or not thread.is_alive() or threading.current_thread() is thread:
+            self._run_chores([chore])
+        else:
+            self.queue.post(chore)
+
+    def _slot_freed(self, slot: ModelSlot, last_of_version: bool) -> None:
+        if self.cache is not None:
+            self._to_loop(self.cache.forget, slot.load_id)  # the cache lives on the loop
+        if last_of_version:
+            # Retired versions' series would otherwise pile up with every reload.
+            self.metrics.forget_version(slot.version)
+
+    @staticmethod
+    def _run_chores(chores: list[Callable[[], None]]) -> None:
+        for chore in chores:
+            try:
+                chore()
+            except Exception:
+                log.exception("freeing a model failed")
 
     async def drain(self, timeout: float) -> bool:
         """Refuse new work, wait for what was accepted; past the timeout answer the rest with 503."""
@@ -91,30 +134,28 @@ class InferenceEngine:
             err = EngineError(503, "the server is shutting down; retry on another instance",
                               "draining", "draining", retry_after=1)
             self._abandoned = any(not t.closed for t in stuck.values())
-            self._resolve(list(stuck.values()), err)
+            self._fail(list(stuck.values()), err)
             return False
 
     # -- the request side (event loop) -----------------------------------------------------------------
 
     async def embed(self, texts: list[Any], *, priority: int = 0, timeout_ms: float | None = None,
-                    routing_key: str | None = None, model: str | None = None,
+                    routing_key: str | None = None, model: str | None = None, dimensions: int | None = None,
                     disconnected: Callable[[], Awaitable[Any]] | None = None) -> EmbedResult:
         if self.draining:
             self.metrics.rejected.labels("draining").inc()
             raise EngineError(503, "the server is draining; retry on another instance", "draining",
                               "draining", retry_after=1)
         if not self.alive:
-            raise EngineError(503, f"the inference worker is not running: {self.worker_error or 'stopped'}",
-                              "worker_dead", "not_ready", retry_after=5)
-        limits = self.settings.limits
-        try:
-            texts = check_texts(texts, limits.max_items_per_request, limits.max_chars_per_text)
-            if len(texts) > self.queue.max_queue:
-                # 503 + Retry-After would promise a retry that can never fit in the queue.
-                raise InputError(None, f"{len(texts)} texts given; at most {self.queue.max_queue} "
-                                 "(batching.max_queue) per request", "too_many_items")
-        except InputError as exc:
-            raise self._input_error(exc) from None
+            # The cause (an exception's text) is for the log and /admin/models, not for every client.
+            raise EngineError(503, "the inference worker is not running", "worker_dead", "not_ready",
+                              retry_after=5)
+        texts = self.precheck(texts)
+        ceiling = self.settings.batching.max_priority
+        if priority > ceiling:
+            self.metrics.rejected.labels("invalid").inc()
+            raise EngineError(422, f"priority {priority} is above the highest allowed here, {ceiling} "
+                              "(batching.max_priority)", "priority_not_allowed", "invalid", field="priority")
         if self.settings.model.load_mode == "lazy":
             try:
                 await self.manager.ensure_loaded()
@@ -126,21 +167,52 @@ class InferenceEngine:
             raise self._not_ready(exc) from None
         self._enter()
         try:
+            dimension = slot.info["dimension"]
+            if dimensions is not None and dimension is not None and dimensions != dimension:
+                # Known before any work: refuse now rather than compute vectors that would be thrown away.
+                self.metrics.rejected.labels("invalid").inc()
+                raise EngineError(422, f"this model produces {dimension}-dimensional embeddings; {dimensions} "
+                                  "was asked", "invalid_value", "invalid", field="dimensions")
             if self.cache is None:
-                return await self._embed_on(slot, texts, priority, timeout_ms, disconnected)
-            return await self._embed_cached(slot, texts, priority, timeout_ms, disconnected)
+                result = await self._embed_on(slot, texts, priority, timeout_ms, disconnected)
+            else:
+                result = await self._embed_cached(slot, texts, priority, timeout_ms, disconnected)
+            # While the slot is held: its version's series cannot have been removed (slot freed) under us.
+            self.metrics.version_requests.labels(slot.version).inc()
+            return result
         finally:
             slot.release()
             self._leave()
+
+    def precheck(self, texts: Any) -> list[str]:
+        """The checks that need no model: types, emptiness, counts, lengths (422 naming the text).
+
+        The HTTP layer runs them too, while it parses a body, so a huge refused body never outlives parsing.
+        """
+        limits = self.settings.limits
+        try:
+            if not isinstance(texts, list):
+                raise InputError(None, f"must be a list of strings, not {type(texts).__name__}", "invalid_type")
+            checked = check_texts(texts, limits.max_items_per_request, limits.max_chars_per_text)
+            if len(checked) > self.queue.max_queue:
+                # 503 + Retry-After would promise a retry that can never fit in the queue.
+                raise InputError(None, f"{len(checked)} texts given; at most {self.queue.max_queue} "
+                                 "(batching.max_queue) per request", "too_many_items")
+        except InputError as exc:
+            raise self._input_error(exc) from None
+        return checked
+
+    async def _preprocess(self, slot: ModelSlot, texts: list[str]) -> list[Any]:
+        if sum(map(len, texts)) <= _INLINE_TOKENIZE_CHARS:
+            return slot.handler.preprocess(texts)
+        async with self._preprocessing:
+            return await asyncio.to_thread(slot.handler.preprocess, texts)
 
     async def _embed_on(self, slot: ModelSlot, texts: list[str], priority: int, timeout_ms: float | None,
                         disconnected: Callable[[], Awaitable[Any]] | None) -> EmbedResult:
         t0 = time.perf_counter()
         try:
-            if sum(map(len, texts)) <= _INLINE_TOKENIZE_CHARS:
-                encoded = slot.handler.preprocess(texts)
-            else:
-                encoded = await asyncio.to_thread(slot.handler.preprocess, texts)
+            encoded = await self._preprocess(slot, texts)
         except InputError as exc:
             raise self._input_error(exc) from None
         pre_s = time.perf_counter() - t0
@@ -173,6 +245,12 @@ class InferenceEngine:
             await self._wait(ticket, items, deadline, disconnected)
         finally:
             self._open.discard(ticket)
+            if ticket.remaining:
+                # Answered early (an error, the deadline) or abandoned: the items still queued leave the queue
+                # before the caller lets go of the slot, so no batch can be handed out on a slot being freed.
+                ticket.close()
+                if self.queue.remove(items):
+                    self.metrics.queue_depth.set(len(self.queue))
         if ticket.error is not None:
             raise ticket.error
         return EmbedResult(
@@ -183,9 +261,9 @@ class InferenceEngine:
 
     async def _embed_cached(self, slot: ModelSlot, texts: list[str], priority: int, timeout_ms: float | None,
                             disconnected: Callable[[], Awaitable[Any]] | None) -> EmbedResult:
-        """Answer what the cache holds; queue only the rest, then remember it."""
+        """Answer what the cache holds for this very slot; queue only the rest, then remember it."""
         assert self.cache is not None
-        hits = self.cache.lookup(slot.version, texts)
+        hits = self.cache.lookup(slot.load_id, texts)
         todo = [i for i in range(len(texts)) if i not in hits]
         fresh = EmbedResult([], [], slot.spec.name, slot.version, {"batch_size": 0, "items": 0})
         if todo:
@@ -195,7 +273,7 @@ class InferenceEngine:
                 if exc.param is not None:  # an index into the texts sent on: map it back to the request's
                     exc.param = str(todo[int(exc.param)])
                 raise
-            self.cache.store(slot.version, [texts[i] for i in todo], fresh.vectors, fresh.tokens)
+            self.cache.store(slot.load_id, [texts[i] for i in todo], fresh.vectors, fresh.tokens)
         vectors: list[Any] = [None] * len(texts)
         tokens = [0] * len(texts)
         for i, (vector, count) in hits.items():
@@ -217,8 +295,11 @@ class InferenceEngine:
                     return
                 if watcher is not None and watcher in done:
                     # The client went away: its queued items are dropped (and counted) before they run.
-                    ticket.cancelled = ticket.closed = True
-                    self.queue.wake()
+                    ticket.cancelled = True
+                    ticket.close()
+                    if self.queue.remove(items):
+                        self.metrics.rejected.labels("disconnected").inc()
+                        self.metrics.queue_depth.set(len(self.queue))
                     raise ClientGone
                 # The deadline passed. A busy worker would notice only after its batch; answer now, and take
                 # the items still queued out (under the queue's lock) so they are never computed.
@@ -243,11 +324,19 @@ class InferenceEngine:
             self._idle.set()
 
     def _expire(self, ticket: Ticket) -> None:
-        """Answer 504: the deadline passed while queued (seen by the waiter or by the worker, whichever first)."""
-        self.metrics.rejected.labels("deadline").inc()
-        ticket.error = EngineError(504, "the request's deadline passed while it was queued",
-                                   "deadline_exceeded", "deadline")
-        ticket.closed = True
+        """On the loop: answer 504, the deadline passed while queued (seen by the waiter or by the worker)."""
+        if ticket.close(EngineError(504, "the request's deadline passed while it was queued",
+                                    "deadline_exceeded", "deadline")):
+            self.metrics.rejected.labels("deadline").inc()
+
+    def _expire_all(self, tickets: list[Ticket]) -> None:
+        for t in tickets:
+            self._expire(t)
+
+    def _fail(self, tickets: list[Ticket], err: EngineError) -> None:
+        """On the loop: answer every ticket not yet answered with ``err``."""
+        for t in tickets:
+            t.close(err)
 
     def _input_error(self, exc: InputError) -> EngineError:
         reason = "too_long" if exc.code in ("context_length_exceeded", "too_many_tokens",
@@ -258,11 +347,17 @@ class InferenceEngine:
 
     def _not_ready(self, exc: ModelNotReady) -> EngineError:
         self.metrics.rejected.labels("not_ready").inc()
-        detail = f": {exc.reason}" if exc.reason else ""
-        return EngineError(503, f"the model is not ready ({exc.state}{detail})", f"model_{exc.state}",
+        # The state only: a failed load's reason names filesystem paths (it is in the log and /admin/models).
+        return EngineError(503, f"the model is not ready ({exc.state})", f"model_{exc.state}",
                            "not_ready", retry_after=5 if exc.state == "failed" else 1)
 
     # -- the worker side (its own thread) --------------------------------------------------------------
+
+    def _to_loop(self, fn: Callable[..., None], *args: Any) -> None:
+        """Hand an outcome to the event loop, its only writer."""
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(fn, *args)
 
     def _run(self) -> None:
         decision: Decision | None = None
@@ -276,7 +371,7 @@ class InferenceEngine:
                 except Exception:
                     # A fault outside the handler (metrics, memory guard): fail this decision, keep serving.
                     log.exception("handling a batch failed; its requests fail, the worker carries on")
-                    self._resolve(tickets_of([*decision.batch, *decision.expired]),
+                    self._to_loop(self._fail, tickets_of([*decision.batch, *decision.expired]),
                                   EngineError(500, "inference failed for this batch", "inference_error"))
                 decision = None
         except BaseException as exc:  # the loop must never die silently: readiness reports it
@@ -286,37 +381,42 @@ class InferenceEngine:
             err = EngineError(503, "the inference worker stopped", "worker_dead", "not_ready", retry_after=5)
             # The batch in hand as well as the queue: none of their requests may wait for ever.
             in_hand = [] if decision is None else [*decision.batch, *decision.expired]
-            self._resolve(tickets_of([*in_hand, *self.queue.drain_all()]), err)
+            self._to_loop(self._fail, tickets_of([*in_hand, *self.queue.drain_all()]), err)
+            self._run_chores(self.queue.take_chores())
             raise
 
     def _handle(self, decision: Decision) -> None:
-        done: list[Ticket] = []
-        for item in decision.expired:
-            t = item.ticket
-            if not t.closed:
-                self._expire(t)
-                done.append(t)
-        for item in decision.dropped:
-            t = item.ticket
-            if t.cancelled and t.remaining > 0:
-                self.metrics.rejected.labels("disconnected").inc()
-                t.remaining = 0
+        expired = tickets_of(decision.expired)
+        if expired:
+            self._to_loop(self._expire_all, expired)
         if decision.batch:
-            done.extend(self._run_batch(decision.batch))
+            slot: ModelSlot = decision.batch[0].group  # type: ignore[assignment]
+            try:
+                report = self._run_batch(slot, decision.batch)
+            finally:
+                slot.release()  # the claim the queue took for this batch; a retired slot is freed here
+            if report is not None:
+                self._to_loop(report.apply)
         self.metrics.queue_depth.set(len(self.queue))
-        self._finish(done)
+        self._run_chores(decision.chores)
         if self.memory_guard is not None and decision.batch:
             self.memory_guard.tick(len({id(i.ticket) for i in decision.batch}))
 
-    def _run_batch(self, batch: list[WorkItem]) -> list[Ticket]:
-        slot: ModelSlot = batch[0].group  # type: ignore[assignment]
-        slot.acquire()
+    def _run_batch(self, slot: ModelSlot, batch: list[WorkItem]) -> BatchReport | None:
+        # Requests that left since the batch was chosen are not computed for.
+        batch = [it for it in batch if not it.ticket.closed]
+        if not batch:
+            return None
         started = time.monotonic()
+        if not slot.usable:
+            # Cannot happen while requests keep their items' slot (see the module docstring); if it ever
+            # does, refuse rather than run on a model that is being freed.
+            log.error("a batch was handed out on a released model", extra={"version": slot.version})
+            err = EngineError(503, "the model this request was routed to was unloaded; retry",
+                              "model_unloaded", "not_ready", retry_after=1)
+            return BatchReport(0, started, 0.0, 0.0, len(batch), [(it, err) for it in batch])
         timing = [0.0, 0.0]
-        try:
-            results = self._infer_split(slot, batch, timing)
-        finally:
-            slot.release()
+        results = self._infer_split(slot, batch, timing)
         infer_s, post_s = timing
         n = len(batch)
         longest = max(it.tokens for it in batch)
@@ -326,6 +426,8 @@ class InferenceEngine:
         m.batch_tokens.labels(version).observe(longest * n)
         m.inference_duration.labels(version).observe(infer_s)
         m.postprocess_duration.labels(version).observe(post_s)
+        for item in batch:
+            m.queue_duration.labels(version).observe(started - item.enqueued)
         self.batches_run += 1
         batch_log.info("batch", extra={"batch_size": n, "batch_tokens": longest * n,
                                        "real_tokens": sum(it.tokens for it in batch),
@@ -333,30 +435,8 @@ class InferenceEngine:
                                        "postprocess_ms": round(post_s * 1e3, 3),
                                        "duration_ms": round((time.monotonic() - started) * 1e3, 3),
                                        "version": version})
-        done = []
-        key = self.batches_run
-        for item, result in zip(batch, results, strict=True):
-            t = item.ticket
-            queued = started - item.enqueued
-            m.queue_duration.labels(version).observe(queued)
-            if t.closed:
-                continue
-            t.queue_s = max(t.queue_s, queued)
-            if key not in t._batches:
-                t._batches.add(key)
-                t.infer_s += infer_s
-                t.post_s += post_s
-                t.batch_size = max(t.batch_size, n)
-            if isinstance(result, EngineError):
-                t.error, t.closed = result, True
-                done.append(t)
-                continue
-            t.results[item.index] = result
-            t.remaining -= 1
-            if t.remaining == 0:
-                t.closed = True
-                done.append(t)
-        return done
+        return BatchReport(self.batches_run, started, infer_s, post_s, n,
+                           list(zip(batch, results, strict=True)))
 
     def _infer_split(self, slot: ModelSlot, items: list[WorkItem], timing: list[float]) -> list[Any]:
         """Run items as one batch; on out-of-memory split in halves so only what cannot fit fails."""
@@ -386,13 +466,3 @@ class InferenceEngine:
                                     "text or retry later", "out_of_memory", "oom")]
             log.exception("batch of %d failed", len(items))
             return [EngineError(500, "inference failed for this batch", "inference_error")] * len(items)
-
-    def _finish(self, tickets: list[Ticket]) -> None:
-        if tickets and self._loop is not None:
-            self._loop.call_soon_threadsafe(settle, tickets)
-
-    def _resolve(self, tickets: list[Ticket], err: EngineError) -> None:
-        for t in tickets:
-            if not t.closed:
-                t.error, t.closed = err, True
-        self._finish(tickets)

@@ -2,15 +2,19 @@
 
 A slot is one loaded model with a reference count. Requests and running batches hold a reference; a
 swap replaces the pointer under a lock (atomic for every new request) and retires the old slot, which is
-freed only when its last reference is released.
+freed only when its last reference is released, on the thread the manager's ``reaper`` names (the inference
+worker: a free runs ``handler.close`` and ``empty_cache``, which must not block the event loop).
+
+Every load gets its own ``load_id``: the version string is the operator's label, and two loads may carry the
+same one; whatever must never mix two models (the embedding cache) keys on the load, not on the label.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import importlib
+import itertools
 import logging
 import random
 import threading
@@ -32,8 +36,15 @@ class ReloadInProgress(Exception):
     pass
 
 
-class NoCanary(Exception):
-    """promote/rollback with no canary slot: a state conflict, not a failed load."""
+class VersionInUse(ModelLoadError):
+    """A model change under a version string that a served slot already carries (refused: 409)."""
+
+    def __init__(self, version: str, role: str) -> None:
+        super().__init__(
+            f"version {version!r} is already being served by the {role} model; a different model needs a "
+            "version of its own (responses, pinning, metrics and the cache tell models apart by it)")
+        self.version = version
+        self.role = role
 
 
 class ModelNotReady(Exception):
@@ -41,6 +52,17 @@ class ModelNotReady(Exception):
         super().__init__(state)
         self.state = state
         self.reason = reason
+
+
+class ManagerClosed(ModelNotReady):
+    """A model change during or after shutdown: refused, or its new slot retired; nothing switched."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__("closed", reason)
+
+
+class NoCanary(Exception):
+    """promote/rollback with no canary slot: a state conflict, not a failed load."""
 
 
 def spec_from_settings(settings: Settings, path: Path | None = None, version: str | None = None) -> ModelSpec:
@@ -69,12 +91,21 @@ def load_handler(spec: ModelSpec) -> Handler:
     return handler
 
 
+_load_ids = itertools.count(1)
+
+
 class ModelSlot:
-    def __init__(self, handler: Handler, spec: ModelSpec, load_seconds: float) -> None:
+    def __init__(self, handler: Handler, spec: ModelSpec, load_seconds: float,
+                 reaper: Callable[[Callable[[], None]], None] | None = None,
+                 on_freed: Callable[[ModelSlot], None] | None = None) -> None:
         self.handler = handler
         self.spec = spec
         self.version = spec.version
+        self.load_id = next(_load_ids)
         self.load_seconds = load_seconds
+        # Where the free runs (None: on the thread that drops the last reference) and who hears of it.
+        self._reaper = reaper
+        self._on_freed = on_freed
         # Read once: describing a slot must not touch a handler that a concurrent swap may be freeing.
         self.info: dict[str, Any] = {
             "name": spec.name, "version": spec.version, "path": str(spec.path),
@@ -85,11 +116,17 @@ class ModelSlot:
         self.freed = threading.Event()
         self._refs = 0
         self._retired = False
+        self._dead = False  # the free is decided (it may still be waiting for the reaper's thread)
         self._lock = threading.Lock()
 
     @property
     def refs(self) -> int:
         return self._refs
+
+    @property
+    def usable(self) -> bool:
+        """False once the free is decided: nothing may run on this slot any more."""
+        return not self._dead
 
     def acquire(self) -> ModelSlot:
         with self._lock:
@@ -99,16 +136,24 @@ class ModelSlot:
     def release(self) -> None:
         with self._lock:
             self._refs -= 1
-            free = self._retired and self._refs == 0
+            free = self._retired and self._refs == 0 and not self._dead
+            self._dead = self._dead or free
         if free:
-            self._free()
+            self._schedule_free()
 
     def retire(self) -> None:
         with self._lock:
             self._retired = True
-            free = self._refs == 0
+            free = self._refs == 0 and not self._dead
+            self._dead = self._dead or free
         if free:
+            self._schedule_free()
+
+    def _schedule_free(self) -> None:
+        if self._reaper is None:
             self._free()
+        else:
+            self._reaper(self._free)
 
     def _free(self) -> None:
         if self.freed.is_set():
@@ -116,24 +161,34 @@ class ModelSlot:
         # close() drops the weights; the handler object itself (a few attributes) goes with the slot, so a
         # reader that snapshotted the slot a moment before the swap still finds plain attributes on it.
         # Reference counting frees the tensors here; no gc.collect(): with torch loaded a full collection
-        # holds the GIL for ~0.3 s, and this may run on the event loop or the inference worker.
-        self.handler.close()
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
-        self.freed.set()
-        log.info("model released", extra={"version": self.version})
+        # holds the GIL for ~0.3 s.
+        try:
+            self.handler.close()
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+        finally:
+            self.freed.set()
+            log.info("model released", extra={"version": self.version})
+            if self._on_freed is not None:
+                self._on_freed(self)
 
 
 def check_model_path(raw: str, roots: list[Path]) -> Path:
     """Accept only local folders under one of the allowed roots; no URLs, no '..' escapes."""
     if not raw or not isinstance(raw, str):
         raise ModelLoadError("path must be a non-empty string")
+    if any(ord(c) < 32 or ord(c) == 127 for c in raw):
+        # A NUL would make the OS calls below raise ValueError; no folder name needs control characters.
+        raise ModelLoadError("path must not contain control characters")
     parsed = urlparse(raw)
     if parsed.scheme and len(parsed.scheme) > 1:  # one letter would be a Windows drive
         raise ModelLoadError(f"path {raw!r}: only local folders are allowed, not {parsed.scheme}:// URLs")
     if ".." in Path(raw).parts:
         raise ModelLoadError(f"path {raw!r}: '..' is not allowed")
-    path = Path(raw).expanduser().resolve()
+    try:
+        path = Path(raw).expanduser().resolve()
+    except (OSError, RuntimeError, ValueError) as exc:  # a name too long, a symlink loop, an unknown ~user
+        raise ModelLoadError(f"path {raw!r} cannot be resolved: {exc}") from None
     for root in roots:
         if path == root or root in path.parents:
             return path
@@ -149,12 +204,21 @@ class ModelManager:
         self.settings = settings
         self.loader = loader
         self.on_change = on_change or (lambda: None)
+        # Runs a slot's free on the right thread (the engine sets it: its worker); None = where it is released.
+        self.reaper: Callable[[Callable[[], None]], None] | None = None
+        # Told when a slot is freed, and whether it was the last loaded slot of its version (then the
+        # version's labelled metric series can go).
+        self.on_freed: Callable[[ModelSlot, bool], None] = lambda slot, last_of_version: None
+        # Told when a lazy first load fails (the app exits there if model.exit_on_load_failure is set).
+        self.on_lazy_failure: Callable[[str], None] = lambda reason: None
         self.state = "not_loaded"
         self.reason: str | None = None
         self.active: ModelSlot | None = None
         self.canary: ModelSlot | None = None
         self.canary_weight = 0.0
         self.switches = 0
+        self._closed = False
+        self._live: dict[int, ModelSlot] = {}  # loaded and not yet freed, by load_id
         self._lock = threading.Lock()
         self._reload_lock = threading.Lock()
         self._lazy_lock = asyncio.Lock()
@@ -175,7 +239,24 @@ class ModelManager:
             raise
         except Exception as exc:  # a broken model folder can raise nearly anything from transformers
             raise ModelLoadError(f"cannot load {spec.path}: {type(exc).__name__}: {exc}") from exc
-        return ModelSlot(handler, spec, time.perf_counter() - started)
+        slot = ModelSlot(handler, spec, time.perf_counter() - started, reaper=self._reap, on_freed=self._freed)
+        with self._lock:
+            self._live[slot.load_id] = slot
+        return slot
+
+    def _reap(self, free: Callable[[], None]) -> None:
+        reaper = self.reaper
+        if reaper is None:
+            free()
+        else:
+            reaper(free)
+
+    def _freed(self, slot: ModelSlot) -> None:
+        with self._lock:
+            self._live.pop(slot.load_id, None)
+            # A version can be loaded again while its old slot still drains; its series stay until both go.
+            last = all(s.version != slot.version for s in self._live.values())
+        self.on_freed(slot, last)
 
     def load_initial(self) -> None:
         """Load the configured model (and canary); record failure instead of raising."""
@@ -185,23 +266,38 @@ class ModelManager:
             canary = None
             c = self.settings.canary
             if c.path and c.weight > 0:
-                canary = self._load(spec_from_settings(self.settings, Path(c.path), c.version or "canary"))
-                dims = (slot.info["dimension"], canary.info["dimension"])
-                if dims[0] != dims[1] and not self.settings.model.allow_dimension_change:
-                    raise ModelLoadError(f"canary.path {c.path}: embedding dimension {dims[1]}, the model's is "
-                                         f"{dims[0]}; set model.allow_dimension_change: true to allow it")
-                if canary.version == slot.version:
-                    raise ModelLoadError(f"canary.version {canary.version!r} is the model's own version; "
-                                         "give the canary its own")
+                try:
+                    canary = self._load(spec_from_settings(self.settings, Path(c.path), c.version or "canary"))
+                    dims = (slot.info["dimension"], canary.info["dimension"])
+                    if dims[0] != dims[1] and not self.settings.model.allow_dimension_change:
+                        raise ModelLoadError(f"canary.path {c.path}: embedding dimension {dims[1]}, the model's "
+                                             f"is {dims[0]}; set model.allow_dimension_change: true to allow it")
+                    if canary.version == slot.version:
+                        raise ModelLoadError(f"canary.version {canary.version!r} is the model's own version; "
+                                             "give the canary its own")
+                except ModelLoadError:
+                    slot.retire()
+                    if canary is not None:
+                        canary.retire()
+                    raise
         except ModelLoadError as exc:
             self.state, self.reason = "failed", str(exc)
             log.error("model load failed: %s", exc)
             raise
         with self._lock:
-            self.active = slot
-            if canary is not None:
-                self.canary, self.canary_weight = canary, self.settings.canary.weight
-        self.state = "ready"
+            closed = self._closed
+            if not closed:
+                self.active = slot
+                if canary is not None:
+                    self.canary, self.canary_weight = canary, self.settings.canary.weight
+                self.state = "ready"
+        if closed:
+            # Shutdown began while this loaded: nothing may serve after close, so it is freed at once.
+            for s in (slot, canary):
+                if s is not None:
+                    s.retire()
+            log.info("the model finished loading after shutdown began; released unused")
+            return
         log.info("model ready", extra={"model": slot.spec.name, "version": slot.version,
                                         "load_seconds": round(slot.load_seconds, 3)})
         self.on_change()
@@ -212,8 +308,10 @@ class ModelManager:
             return
         async with self._lazy_lock:
             if self.state in ("not_loaded",):
-                with contextlib.suppress(ModelLoadError):
+                try:
                     await asyncio.to_thread(self.load_initial)
+                except ModelLoadError as exc:
+                    self.on_lazy_failure(str(exc))
         if self.state != "ready":
             raise ModelNotReady(self.state, self.reason)
 
@@ -246,12 +344,23 @@ class ModelManager:
 
     # -- lifecycle -------------------------------------------------------------------------------------
 
+    def _refuse_served_version(self, version: str) -> None:
+        """A model change may not reuse the label of a model being served: two models would be one to
+        clients (X-Model-Version, pinning), to metrics and to the cache."""
+        with self._lock:
+            for role, slot in (("active", self.active), ("canary", self.canary)):
+                if slot is not None and slot.version == version:
+                    raise VersionInUse(version, role)
+
     def _load_standby(self, spec: ModelSpec, allow_dimension_change: bool | None = None) -> ModelSlot:
         """Load beside the serving model; refuse a model whose vectors would not be comparable."""
+        if self._closed:
+            raise ManagerClosed("the server is shutting down; no model change is accepted")
         active = self.active
         if active is None and self.state != "failed":
             # Still loading (or lazy and not yet loaded): the first model is load_initial's to install.
             raise ModelNotReady(self.state, self.reason)
+        self._refuse_served_version(spec.version)
         slot = self._load(spec)
         if allow_dimension_change is None:
             allow_dimension_change = self.settings.model.allow_dimension_change
@@ -267,12 +376,23 @@ class ModelManager:
         if not self._reload_lock.acquire(blocking=False):
             raise ReloadInProgress("another model change is in progress")
 
+    def _discard_after_close(self, slot: ModelSlot) -> ManagerClosed:
+        # close() already emptied the slots; installing this one would serve (and leak) a model after it.
+        slot.retire()
+        log.info("a model change finished after shutdown began; its model was released, nothing switched",
+                 extra={"version": slot.version})
+        return ManagerClosed("the server is shutting down; the model change was discarded")
+
     def _switch(self, slot: ModelSlot) -> None:
         with self._lock:
-            old, self.active = self.active, slot
-            self.switches += 1
-            # A reload after a failed start is how an operator recovers without a restart.
-            self.state, self.reason = "ready", None
+            closed = self._closed
+            if not closed:
+                old, self.active = self.active, slot
+                self.switches += 1
+                # A reload after a failed start is how an operator recovers without a restart.
+                self.state, self.reason = "ready", None
+        if closed:
+            raise self._discard_after_close(slot)
         log.info("model switched", extra={"model": slot.spec.name, "version": slot.version,
                                            "previous": old.version if old else None,
                                            "load_seconds": round(slot.load_seconds, 3)})
@@ -298,7 +418,8 @@ class ModelManager:
         """SIGHUP: serve the model section of freshly read settings (path, version, pooling, task...).
 
         The configuration is the operator's own, like the path the server started with, so it is not held
-        to ``model.root``; the dimension check still applies, by the new configuration's rule.
+        to ``model.root``; the dimension check still applies, by the new configuration's rule, and so does
+        the version rule (a new model needs a new ``model.version``).
         """
         self._exclusive()
         try:
@@ -314,16 +435,16 @@ class ModelManager:
             raise ValueError(f"canary weight must lie in [0, 1], not {weight}")
         self._exclusive()
         try:
-            active = self.active
-            if active is None:
+            if self.active is None and not self._closed:
                 raise ModelNotReady(self.state, self.reason)
-            if version == active.version:
-                # Pinning and the X-Model-Version header could not tell the two apart.
-                raise ModelLoadError(f"version {version!r} is the active model's; give the canary its own")
             spec = spec_from_settings(self.settings, check_model_path(path, self.roots), version)
             slot = self._load_standby(spec)
             with self._lock:
-                old, self.canary, self.canary_weight = self.canary, slot, weight
+                closed = self._closed
+                if not closed:
+                    old, self.canary, self.canary_weight = self.canary, slot, weight
+            if closed:
+                raise self._discard_after_close(slot)
             log.info("canary set", extra={"version": slot.version, "weight": weight})
             if old is not None:
                 old.retire()
@@ -367,9 +488,12 @@ class ModelManager:
             self._reload_lock.release()
 
     def close(self) -> None:
+        """No model serves after this, and none can be installed: a change still loading is discarded."""
         with self._lock:
+            self._closed = True
             slots = [s for s in (self.active, self.canary) if s is not None]
             self.active = self.canary = None
+            self.state = "closed"
         for slot in slots:
             slot.retire()
 

@@ -1,7 +1,9 @@
 """The units of work: a request's Ticket, the WorkItems it is split into, its result, and refusals.
 
-The engine's request side creates them on the event loop; the worker thread fills them in; only the loop
-resolves a ticket's future (one call per batch).
+The engine's request side creates them on the event loop. The event loop is also the only writer of a
+ticket's outcome (results, error, closed): the worker thread reports what it computed as a BatchReport and
+the loop applies it, so an answer given by the loop (504, client gone, drain) can never be overwritten by
+a late result from the worker — the first outcome wins, and only one thread decides which was first.
 """
 
 from __future__ import annotations
@@ -15,13 +17,16 @@ from inferd.core.preprocess import Encoded
 
 
 class EngineError(Exception):
-    """A refusal with an HTTP meaning; the API layer maps it onto the error shape."""
+    """A refusal with an HTTP meaning; the API layer maps it onto the error shape.
+
+    ``param`` is the index of the text at fault; ``field`` names another request field at fault instead.
+    """
 
     def __init__(self, status: int, message: str, code: str, reason: str | None = None,
-                 retry_after: int | None = None, param: str | None = None) -> None:
+                 retry_after: int | None = None, param: str | None = None, field: str | None = None) -> None:
         super().__init__(message)
         self.status, self.message, self.code = status, message, code
-        self.reason, self.retry_after, self.param = reason, retry_after, param
+        self.reason, self.retry_after, self.param, self.field = reason, retry_after, param, field
 
 
 class ClientGone(Exception):
@@ -38,13 +43,23 @@ class Ticket:
         self.future = future
         self.results: list[Any] = [None] * n
         self.remaining = n
-        self.closed = False  # answered or abandoned: its queued items are dropped
+        self.closed = False  # answered or abandoned: its queued items are dropped (the worker only reads it)
         self.cancelled = False
         self.error: EngineError | None = None
         self.slot = slot
         self.queue_s = self.infer_s = self.post_s = 0.0
         self.batch_size = 0
         self._batches: set[int] = set()
+
+    def close(self, error: EngineError | None = None) -> bool:
+        """On the event loop: answer the request (with ``error``, or its results); False if already answered."""
+        if self.closed:
+            return False
+        self.closed = True
+        self.error = error
+        if not self.future.done():
+            self.future.set_result(None)
+        return True
 
 
 @dataclass(slots=True, eq=False)
@@ -64,6 +79,38 @@ class WorkItem:
         return self.ticket.closed
 
 
+@dataclass(slots=True)
+class BatchReport:
+    """What the worker learned from one batch, for the event loop to apply: one result (or error) per item."""
+
+    key: int
+    started: float
+    infer_s: float
+    post_s: float
+    size: int
+    results: list[tuple[WorkItem, Any]]
+
+    def apply(self) -> None:
+        """On the event loop: fill in each item's ticket; a ticket answered meanwhile keeps its answer."""
+        for item, result in self.results:
+            t = item.ticket
+            if t.closed:
+                continue
+            t.queue_s = max(t.queue_s, self.started - item.enqueued)
+            if self.key not in t._batches:
+                t._batches.add(self.key)
+                t.infer_s += self.infer_s
+                t.post_s += self.post_s
+                t.batch_size = max(t.batch_size, self.size)
+            if isinstance(result, EngineError):
+                t.close(result)
+                continue
+            t.results[item.index] = result
+            t.remaining -= 1
+            if t.remaining == 0:
+                t.close()
+
+
 @dataclass
 class EmbedResult:
     vectors: list[Any]
@@ -80,10 +127,3 @@ class EmbedResult:
 def tickets_of(items: list[WorkItem]) -> list[Ticket]:
     """The distinct tickets behind some items (a multi-text request has several items)."""
     return list({id(i.ticket): i.ticket for i in items}.values())
-
-
-def settle(tickets: list[Ticket]) -> None:
-    """On the event loop: wake each ticket's waiter (its outcome is on the ticket, never an exception)."""
-    for t in tickets:
-        if not t.future.done():
-            t.future.set_result(None)

@@ -6,6 +6,7 @@ time goes; rejections carry a reason label.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Iterator
 from typing import Any
@@ -92,6 +93,14 @@ class Metrics:
                                     registry=r)
         self.worker_alive = Gauge("inferd_worker_alive", "1 while the inference worker thread runs",
                                   registry=r)
+
+    def forget_version(self, version: str) -> None:
+        """Remove every series labelled with a model version no loaded slot carries any more."""
+        for family in (self.queue_duration, self.preprocess_duration, self.inference_duration,
+                       self.postprocess_duration, self.batch_size, self.batch_tokens, self.model_load,
+                       self.version_requests):
+            with contextlib.suppress(KeyError):  # a version that never saw a request has no series
+                family.remove(version)
 
 
 class DeviceCollector:
