@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from tokenizers import Tokenizer
+from tokenizers import Encoding, Tokenizer
 
 
 class InputError(Exception):
@@ -52,19 +52,63 @@ class Encoded:
         return len(self.ids)
 
 
+# Characters tokenised per token kept, before checking that the cut changed nothing (see TextEncoder).
+# English prose runs at ~4-5 characters a WordPiece token, Chinese and symbols at ~1: six covers prose with
+# room to spare; a text that needs more (long words, runs of characters that make no token) is retried.
+CHARS_PER_TOKEN = 6
+# Each retry tokenises this many times more of the text, up to all of it.
+GROWTH = 4
+
+
+def _max_word(encodings: Sequence[Encoding]) -> int:
+    return max((w for e in encodings for w in e.word_ids if w is not None), default=-1)
+
+
 class TextEncoder:
-    """Wraps a fast (Rust) tokenizer: one call per request, truncation or refusal past the limit."""
+    """Wraps a fast (Rust) tokenizer: one call per request, truncation or refusal past the limit.
+
+    Only ``max_length`` tokens of a text are kept, so tokenising all of a 20,000-character text is waste
+    (and a way to tie up the CPU): a long text is tokenised from a prefix of ``CHARS_PER_TOKEN`` characters
+    per token, and the prefix is trusted only when it provably gives what the whole text would. The
+    tokenizer splits text into words (pre-tokens) and tokenises each word alone; normalisation (lower
+    case, accents, Unicode forms, stripped control characters) acts on a character and its neighbours. So
+    cutting the text can change only the prefix's last word: if every kept token comes from an earlier
+    word, the kept tokens are the whole text's. When that does not hold (the prefix made too few tokens —
+    whitespace, control characters or combining marks make none — or its last word reaches into the kept
+    tokens, as a text with no word boundaries always does) a longer prefix is tried, up to the whole text.
+    """
 
     def __init__(self, tokenizer: Tokenizer, max_length: int, truncate: bool) -> None:
         self._tok = tokenizer
         self.max_length = max_length
         self.truncate = truncate
+        self.prefix_chars = max(64, CHARS_PER_TOKEN * max_length)
         self._tok.no_padding()
         # The tokenizer's own truncation keeps the special tokens right; ``overflowing`` tells us it cut.
         self._tok.enable_truncation(max_length)
 
+    def _encode_all(self, texts: list[str]) -> list[Encoding]:
+        return self._tok.encode_batch(texts) if len(texts) > 1 else [self._tok.encode(texts[0])]
+
+    def _encode_cut(self, texts: Sequence[str]) -> list[Encoding]:
+        out: list[Encoding | None] = [None] * len(texts)
+        todo = list(range(len(texts)))
+        cut = self.prefix_chars
+        while todo:
+            encodings = self._encode_all([texts[i][:cut] for i in todo])
+            retry = []
+            for i, enc in zip(todo, encodings, strict=True):
+                whole = len(texts[i]) <= cut
+                # Safe: the prefix made more tokens than are kept, and the kept ones end before its last word.
+                if whole or (enc.overflowing and _max_word([enc]) < _max_word(enc.overflowing)):
+                    out[i] = enc
+                else:
+                    retry.append(i)
+            todo, cut = retry, cut * GROWTH
+        return out  # type: ignore[return-value]
+
     def encode(self, texts: Sequence[str]) -> list[Encoded]:
-        encodings = self._tok.encode_batch(list(texts)) if len(texts) > 1 else [self._tok.encode(texts[0])]
+        encodings = self._encode_cut(texts)
         out = []
         for i, enc in enumerate(encodings):
             truncated = bool(enc.overflowing)
