@@ -12,10 +12,18 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.responses import Response
 
 from inferd.api.errors import APIError
-from inferd.api.routes import _JSON_BODY, json_response, read_body
+from inferd.api.routes import json_response, read_body
+from inferd.api.schemas import AdminModels, ModelChange, raw_body, request_body, responses
 from inferd.api.security import require_admin
 from inferd.core.handler import ModelLoadError
-from inferd.core.model_loader import ModelNotReady, ModelSlot, NoCanary, ReloadInProgress
+from inferd.core.model_loader import (
+    ManagerClosed,
+    ModelNotReady,
+    ModelSlot,
+    NoCanary,
+    ReloadInProgress,
+    VersionInUse,
+)
 
 log = logging.getLogger(__name__)
 
@@ -25,6 +33,8 @@ def _admin(request: Request) -> None:
 
 
 admin_router = APIRouter(prefix="/admin", dependencies=[Depends(_admin)])
+# Every admin route: 401 without the key, 404 when no key is configured (the routes do not exist).
+_CHANGE_ERRORS = (400, 401, 404, 409, 413, 422, 503)
 
 
 class ReloadRequest(BaseModel):
@@ -51,6 +61,14 @@ async def _change(request: Request, action: str, fn: Callable[..., ModelSlot], *
         raise APIError(409, f"{exc}; try again when it has finished", "reload_in_progress") from None
     except NoCanary as exc:
         raise APIError(409, str(exc), "no_canary") from None
+    except VersionInUse as exc:
+        metrics.model_reloads.labels("failed").inc()
+        log.warning("%s refused: %s", action, exc, extra={"action": action})
+        raise APIError(409, f"{action} refused; the serving model is unchanged: {exc}", "version_in_use",
+                       "version") from None
+    except ManagerClosed as exc:
+        raise APIError(503, exc.reason or "the server is shutting down", "draining",
+                       headers={"Retry-After": "1"}) from None
     except ModelNotReady as exc:
         raise APIError(503, f"no model is serving yet ({exc.state})", "model_not_ready",
                        headers={"Retry-After": "1"}) from None
@@ -64,7 +82,8 @@ async def _change(request: Request, action: str, fn: Callable[..., ModelSlot], *
     return _describe(slot)
 
 
-@admin_router.post("/models/reload", openapi_extra=_JSON_BODY)
+@admin_router.post("/models/reload", openapi_extra=request_body(ReloadRequest),
+                   responses=responses(ModelChange, *_CHANGE_ERRORS))
 async def reload_model(request: Request) -> Response:
     body = await read_body(request, ReloadRequest)
     manager = request.app.state.manager
@@ -72,7 +91,8 @@ async def reload_model(request: Request) -> Response:
     return json_response({"status": "switched", "active": slot, "switches": manager.switches})
 
 
-@admin_router.post("/models/canary", openapi_extra=_JSON_BODY)
+@admin_router.post("/models/canary", openapi_extra=request_body(CanaryRequest),
+                   responses=responses(ModelChange, *_CHANGE_ERRORS))
 async def canary(request: Request) -> Response:
     body = await read_body(request, CanaryRequest)
     manager = request.app.state.manager
@@ -80,28 +100,30 @@ async def canary(request: Request) -> Response:
     return json_response({"status": "canary", "canary": slot, "weight": manager.canary_weight})
 
 
-@admin_router.post("/models/promote")
+@admin_router.post("/models/promote", responses=responses(ModelChange, 401, 404, 409, 503))
 async def promote(request: Request) -> Response:
     slot = await _change(request, "promote", request.app.state.manager.promote)
     return json_response({"status": "promoted", "active": slot})
 
 
-@admin_router.post("/models/rollback")
+@admin_router.post("/models/rollback", responses=responses(ModelChange, 401, 404, 409, 503))
 async def rollback(request: Request) -> Response:
     slot = await _change(request, "rollback", request.app.state.manager.rollback)
     return json_response({"status": "rolled_back", "active": slot})
 
 
-@admin_router.get("/models")
+@admin_router.get("/models", responses=responses(AdminModels, 401, 404))
 async def list_models(request: Request) -> Response:
-    manager = request.app.state.manager
+    """The slots, and the causes that public health answers only name (a failed load, a dead worker)."""
+    manager, engine = request.app.state.manager, request.app.state.engine
     return json_response({"state": manager.state, "switches": manager.switches,
                           "canary_weight": manager.canary_weight,
                           "slots": [{"role": role, **_describe(s), "in_use": s.refs}
-                                    for role, s in manager.slots()]})
+                                    for role, s in manager.slots()],
+                          "reason": manager.reason, "worker_error": engine.worker_error})
 
 
-@admin_router.get("/memory")
+@admin_router.get("/memory", responses=responses(raw_body("application/json", {"type": "object"}), 401, 404))
 async def memory(request: Request) -> Response:
     """The memory guard's figures; on a GPU also ``torch.cuda.memory_summary()`` (in a thread: it locks)."""
     report = await asyncio.to_thread(request.app.state.memory_guard.report)

@@ -19,6 +19,7 @@ from inferd.api.admin import admin_router
 from inferd.api.errors import install_error_handlers
 from inferd.api.middleware import BodyLimitMiddleware, RequestContextMiddleware
 from inferd.api.routes import router
+from inferd.api.schemas import raw_body, responses
 from inferd.api.security import require_keys
 from inferd.config import Settings
 from inferd.core.handler import Handler, ModelLoadError, ModelSpec
@@ -54,6 +55,8 @@ def create_app(settings: Settings, loader: Callable[[ModelSpec], Handler] = load
         memory_guard = build_guard(settings)
     memory_guard.bind(metrics)
     engine = InferenceEngine(manager, settings, metrics, memory_guard)
+    if settings.model.exit_on_load_failure:
+        manager.on_lazy_failure = _exit_soon
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -85,7 +88,7 @@ def create_app(settings: Settings, loader: Callable[[ModelSpec], Handler] = load
     if settings.server.admin_port is None:
         app.include_router(admin_router)
 
-    @app.get("/metrics")
+    @app.get("/metrics", responses=responses(raw_body(CONTENT_TYPE_LATEST, {"type": "string"}), 401))
     async def metrics_endpoint(request: Request) -> Response:
         key = settings.server.metrics_key
         require_keys(request, (key,) if key else (), "metrics")
@@ -103,8 +106,17 @@ def create_admin_app(main: FastAPI) -> FastAPI:
     app.state = main.state
     install_error_handlers(app)
     app.include_router(admin_router)
+    # The same body limit as the main port: the admin port is local, not trusted with unbounded bodies.
+    app.add_middleware(BodyLimitMiddleware, max_bytes=main.state.settings.limits.max_body_bytes)
     app.add_middleware(RequestContextMiddleware, metrics=main.state.metrics, access=True)
     return app
+
+
+def _exit_soon(reason: str) -> None:
+    """Lazy mode with model.exit_on_load_failure: the requests that triggered the load get their 503, then
+    the process exits non-zero (as background mode does), so a supervisor restarts or reports it."""
+    log.critical("exiting: the model failed to load and model.exit_on_load_failure is set: %s", reason)
+    asyncio.get_running_loop().call_later(0.5, os._exit, 3)
 
 
 async def _load(manager: ModelManager, settings: Settings, background: bool = False) -> None:

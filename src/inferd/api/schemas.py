@@ -1,32 +1,200 @@
-"""Request bodies. Texts are checked by core.preprocess (one place for the rules); these check shape."""
+"""HTTP bodies: the requests (validated here for shape; texts are checked by core.preprocess, the one
+place for those rules) and the responses (documentation only: the routes build their answers with
+orjson, so these describe them in the OpenAPI schema, and the fuzz tests hold the answers to them).
+"""
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt
+from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt
+
+# -- requests ----------------------------------------------------------------------------------------------
+
+_TEXT = {"type": "string", "minLength": 1}
 
 
 class _Body(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    priority: StrictInt = Field(0, ge=-100, le=100, description="Higher runs first (ageing lifts waiting work)")
-    timeout_ms: float | None = Field(None, gt=0, le=600_000,
-                                     description="Deadline; a request still queued past it gets 504")
+    priority: StrictInt = Field(
+        0, ge=-100, le=100,
+        description="Higher runs first (ageing lifts waiting work). Values above batching.max_priority "
+                    "(default 0: none may jump the queue) are refused with 422; lower ones are always allowed.")
+    # Strict like priority: JSON true is not 1 ms, and "5" is not a number.
+    timeout_ms: StrictFloat | None = Field(None, gt=0, le=600_000, allow_inf_nan=False,
+                                           description="Deadline; a request still queued past it gets 504")
 
 
 class PredictRequest(_Body):
     """The seed's shape: ``{"texts": [...]}``."""
 
-    texts: list[Any]
-    model: str | None = None
+    # Any: a wrong item is reported by core.preprocess as "texts[i]: ..." with its own code.
+    texts: list[Any] = Field(json_schema_extra={"items": _TEXT, "minItems": 1})
+    model: str | None = Field(None, description="Pin a served version: 'name@version' or the version")
 
 
 class EmbeddingsRequest(_Body):
     """OpenAI's ``POST /v1/embeddings``; ``input`` is a string or a list of strings."""
 
-    input: Any
-    model: str | None = None
+    input: Any = Field(json_schema_extra={"anyOf": [_TEXT, {"type": "array", "items": _TEXT, "minItems": 1}]})
+    model: str | None = Field(None, description="Pin a served version: 'name@version' or the version")
     encoding_format: Literal["float", "base64"] = "float"
-    dimensions: StrictInt | None = Field(None, gt=0)
+    dimensions: StrictInt | None = Field(None, gt=0, description="Must equal the model's dimension")
     user: str | None = None
+
+
+def request_body(model: type[BaseModel]) -> dict[str, Any]:
+    """``openapi_extra`` declaring a JSON request body (the routes read it themselves: see read_body)."""
+    return {"requestBody": {"required": True,
+                            "content": {"application/json": {"schema": model.model_json_schema()}}}}
+
+
+# -- responses ---------------------------------------------------------------------------------------------
+
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    code: str
+    param: str | None
+
+
+class ErrorResponse(BaseModel):
+    """The one error shape, every status."""
+
+    error: ErrorDetail
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+
+
+class PredictResponse(BaseModel):
+    results: list[list[float]]
+    model: str = Field(description="name@version that computed every result")
+    usage: Usage
+
+
+class EmbeddingItem(BaseModel):
+    object: Literal["embedding"]
+    index: int
+    embedding: list[float] | str = Field(description="floats, or base64 of little-endian float32")
+
+
+class EmbeddingsUsage(Usage):
+    total_tokens: int
+
+
+class EmbeddingsResponse(BaseModel):
+    object: Literal["list"]
+    data: list[EmbeddingItem]
+    model: str
+    usage: EmbeddingsUsage
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"]
+    created: int
+    owned_by: str
+    role: Literal["active", "canary"]
+
+
+class ModelList(BaseModel):
+    object: Literal["list"]
+    data: list[ModelCard]
+
+
+class ModelInfo(BaseModel):
+    role: Literal["active", "canary"]
+    name: str
+    version: str
+    dimension: int | None
+    max_seq_length: int | None
+    device: str
+    dtype: str | None
+    pooling: str | None
+    normalize: bool | None
+    load_seconds: float
+    weight: float | None
+
+
+class Info(BaseModel):
+    inferd_version: str
+    state: str
+    models: list[ModelInfo]
+    name: str | None = None
+    version: str | None = None
+    dimension: int | None = None
+    max_seq_length: int | None = None
+    device: str | None = None
+    dtype: str | None = None
+
+
+class Health(BaseModel):
+    """Readiness and liveness; 503 carries the same shape (a state, never a cause: that is in the log)."""
+
+    status: Literal["ready", "loading", "failed", "draining", "alive", "dead"]
+    model: str | None = None
+    version: str | None = None
+    loaded: bool | None = None
+    reason: str | None = None
+    uptime_s: float | None = None
+
+
+class SlotInfo(BaseModel):
+    name: str
+    version: str
+    path: str
+    dimension: int | None
+    load_seconds: float
+
+
+class SlotState(SlotInfo):
+    role: Literal["active", "canary"]
+    in_use: int
+
+
+class AdminModels(BaseModel):
+    state: str
+    switches: int
+    canary_weight: float
+    slots: list[SlotState]
+    reason: str | None = Field(None, description="why the last load failed (paths included: admin only)")
+    worker_error: str | None = Field(None, description="why the inference worker stopped, if it did")
+
+
+class ModelChange(BaseModel):
+    status: Literal["switched", "canary", "promoted", "rolled_back"]
+    active: SlotInfo | None = None
+    canary: SlotInfo | None = None
+    weight: float | None = None
+    switches: int | None = None
+
+
+_ERRORS = {
+    400: "Malformed body: not JSON, not UTF-8, empty, or not an object",
+    401: "Missing or wrong Bearer key",
+    404: "Unknown path; the admin routes when no admin key is configured",
+    409: "A model change in conflict: another in progress, a version already served, no canary",
+    413: "Body over limits.max_body_bytes",
+    422: "Invalid value, unknown field, or a refused model change",
+    503: "Overloaded, not ready or draining (with Retry-After)",
+    504: "The request's deadline passed while it was queued",
+    507: "A text that does not fit in device memory even alone",
+}
+
+
+def responses(ok: type[BaseModel] | dict[str, Any], *errors: int) -> dict[int | str, Any]:
+    """``responses=`` for a route: its success body (a model, or a raw OpenAPI response object) and the
+    error statuses it can answer, all in the one error shape."""
+    out: dict[int | str, Any] = {200: {"model": ok} if isinstance(ok, type) else ok}
+    for status in errors:
+        out[status] = {"model": ErrorResponse, "description": _ERRORS[status]}
+    return out
+
+
+def raw_body(media_type: str, schema: dict[str, Any]) -> dict[str, Any]:
+    """A success response that is not one of the models above (metrics text, the memory report)."""
+    return {"description": "Successful Response", "content": {media_type: {"schema": schema}}}
