@@ -5,7 +5,9 @@ Phases, in order, on the same machine and model:
   naive        bench/naive_server.py (the seed's stage-1 code) under closed-loop load, concurrency 32;
   closed       ``inferd serve`` under closed-loop load at each --concurrency, one text per request;
   multi        inferd with --multi-texts texts per request;
-  open         inferd under Poisson arrivals at --loads × its peak (the best closed-loop texts/s).
+  open         inferd under Poisson arrivals at --loads × its peak (the best closed-loop texts/s);
+  fleet        (opt-in: --phases ...,fleet) the same closed loop through nginx on 1 and 2 workers against one
+               plain process, and nginx's overhead per request (inferd.bench.fleet; needs nginx).
 Writes results.json, RESULTS.md and latency_throughput.png into --out (see bench/README.md).
 """
 
@@ -30,6 +32,8 @@ from inferd.bench.report import machine_info, render_markdown, target_rows, writ
 from inferd.bench.stats import describe, ratio
 
 PHASES = ("ceiling", "naive", "closed", "multi", "open")
+# Run only when named: the fleet phase needs nginx and two fleet start-ups.
+OPTIONAL_PHASES = ("fleet",)
 
 
 def _ints(s: str) -> list[int]:
@@ -56,7 +60,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--duration", type=float, default=15.0, help="seconds per closed-loop phase (default 15)")
     p.add_argument("--open-duration", type=float, default=30.0, help="seconds per open-loop phase (default 30)")
     p.add_argument("--warmup", type=float, default=3.0, help="uncounted seconds before each phase (default 3)")
-    p.add_argument("--phases", default=",".join(PHASES), help=f"comma list of {', '.join(PHASES)}")
+    p.add_argument("--phases", default=",".join(PHASES),
+                   help=f"comma list of {', '.join(PHASES + OPTIONAL_PHASES)} (default: all but fleet)")
+    p.add_argument("--fleet-concurrency", type=int, default=8, help="closed-loop users of the fleet phase (8)")
     p.add_argument("--concurrency", type=_ints, default=[1, 8, 32, 64], help="closed-loop levels (1,8,32,64)")
     p.add_argument("--naive-concurrency", type=int, default=32)
     p.add_argument("--multi-texts", type=int, default=16, help="texts per request in the multi phase (16)")
@@ -196,8 +202,9 @@ def _ceiling(args: argparse.Namespace, model: Path, texts: list[str], measure_it
 def run(args: argparse.Namespace, command: str) -> dict[str, Any]:
     say = Progress()
     wanted = {p.strip() for p in args.phases.split(",") if p.strip()}
-    if unknown := wanted - set(PHASES):
-        raise SystemExit(f"inferd bench: unknown phase(s) {sorted(unknown)}; choose from {', '.join(PHASES)}")
+    if unknown := wanted - set(PHASES) - set(OPTIONAL_PHASES):
+        raise SystemExit(f"inferd bench: unknown phase(s) {sorted(unknown)}; "
+                         f"choose from {', '.join(PHASES + OPTIONAL_PHASES)}")
     args.out.mkdir(parents=True, exist_ok=True)
     # Server logs are kept for a post-mortem, out of the repository unless asked.
     logs = args.logs or Path(tempfile.mkdtemp(prefix="inferd-bench-"))
@@ -239,6 +246,12 @@ def run(args: argparse.Namespace, command: str) -> dict[str, Any]:
         except ServerFailed as exc:
             phases["inferd"] = {"kind": "server", "server": "inferd", "error": str(exc)[:2000]}
             say(f"inferd failed to start: {str(exc)[:300]}")
+    fleet = None
+    if "fleet" in wanted:
+        from inferd.bench.fleet import fleet_phases, fleet_summary
+
+        fleet_phases(args, model, source, phases, _guarded, say, logs)
+        fleet = fleet_summary(phases, args.fleet_concurrency)
     if hasattr(os, "getloadavg"):
         machine["load_avg_at_end"] = [round(x, 2) for x in os.getloadavg()]
     return {
@@ -247,7 +260,7 @@ def run(args: argparse.Namespace, command: str) -> dict[str, Any]:
                      "duration_s": args.duration, "open_duration_s": args.open_duration, "warmup_s": args.warmup,
                      "server_env": [f"{k}={v}" for k, v in args.server_env], "quick": args.quick, "seed": args.seed,
                      "client": args.client},
-        "corpus": stats, "phases": phases, "peak_texts_per_s": peak, "ratios": _ratios(phases),
+        "corpus": stats, "phases": phases, "peak_texts_per_s": peak, "ratios": _ratios(phases), "fleet": fleet,
         "elapsed_s": round(time.monotonic() - say.t0, 1), "files": {}, "logs": str(logs),
     }
 
@@ -257,7 +270,9 @@ def write_outputs(results: dict[str, Any], out: Path, plot: bool) -> None:
         results["files"]["plot"] = str(write_plot(results, out / "latency_throughput.png"))
     results["files"]["markdown"] = str(out / "RESULTS.md")
     results["files"]["json"] = str(out / "results.json")
-    (out / "RESULTS.md").write_text(render_markdown(results), encoding="utf-8")
+    from inferd.bench.fleet import fleet_markdown
+
+    (out / "RESULTS.md").write_text(render_markdown(results) + fleet_markdown(results), encoding="utf-8")
     (out / "results.json").write_text(json.dumps(results, indent=2, ensure_ascii=False), encoding="utf-8")
 
 

@@ -44,6 +44,8 @@ NGINX_HINT = "nginx is not installed: install it with `apt-get install nginx` (o
 WORKER_CLOSE_MARGIN_S = 5
 STOP_MARGIN_S = 10
 SECRET_KEYS = ("admin_key", "api_keys", "metrics_key")
+# sun_path holds 108 bytes on Linux (104 on BSDs), terminating NUL included.
+MAX_SOCKET_PATH = 103
 
 
 class RenderError(Exception):
@@ -328,6 +330,9 @@ def check_run_dir(run_dir: Path) -> Path:
     if not _SAFE_PATH.match(str(run_dir)):
         raise RenderError(f"run folder {str(run_dir)!r}: use only letters, digits and . _ / + - in its path "
                           "(nginx and supervisord read paths unquoted)")
+    if len(str(run_dir / "supervisor.sock")) > MAX_SOCKET_PATH:
+        raise RenderError(f"run folder {run_dir} is too deep: supervisord's socket in it would pass the "
+                          f"{MAX_SOCKET_PATH}-byte limit of a unix socket path; choose a shorter one")
     return run_dir
 
 

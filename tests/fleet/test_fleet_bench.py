@@ -1,0 +1,47 @@
+"""The fleet phase of ``inferd bench``, very short, on the tiny model: what it measures, not how fast it is."""
+
+from __future__ import annotations
+
+import json
+import socket
+from pathlib import Path
+
+import pytest
+from fleetkit import requires_nginx
+
+pytestmark = requires_nginx
+C = 4
+
+
+def test_fleet_phase_measures_one_and_two_workers_against_one_process(tiny_model: Path, tmp_path: Path) -> None:
+    from inferd.bench.run import main
+
+    out = tmp_path / "bench"
+    rc = main(["--quick", "--phases", "fleet", "--model", str(tiny_model), "--out", str(out), "--logs",
+               str(out / "logs"), "--torch-threads", "2", "--duration", "0.5", "--warmup", "0.1", "--no-plot",
+               "--fleet-concurrency", str(C)])
+    results = json.loads((out / "results.json").read_text())
+    phases = results["phases"]
+    assert rc == 0, {n: p.get("error") for n, p in phases.items()}
+    assert set(phases) == {"fleet:direct@1", "fleet:nginx@1", f"fleet:plain@{C}", f"fleet:fleet1@{C}",
+                           f"fleet:fleet2@{C}"}
+    for name, p in phases.items():
+        assert p["errors"] == {} and p["texts"] > 0, name
+        assert p["p50_ms"] <= p["p90_ms"] <= p["p99_ms"], name
+    assert [(phases[n]["workers"], phases[n]["torch_threads"], phases[n]["via"])
+            for n in ("fleet:plain@4", "fleet:fleet1@4", "fleet:fleet2@4")] == \
+        [(1, 2, "direct"), (1, 2, "nginx"), (2, 1, "nginx")]  # the threads are split between two workers
+    summary = results["fleet"]
+    assert summary["fleet2_over_plain"] == pytest.approx(
+        phases["fleet:fleet2@4"]["texts_per_s"] / phases["fleet:plain@4"]["texts_per_s"], rel=1e-2)
+    assert summary["nginx_overhead_p50_ms"] == pytest.approx(
+        phases["fleet:nginx@1"]["p50_ms"] - phases["fleet:direct@1"]["p50_ms"], abs=1e-2)
+    md = (out / "RESULTS.md").read_text()
+    assert "## Fleet: nginx + supervisord" in md and "| fleet2@4 | 2 | 1 | nginx |" in md
+    # Both fleets were stopped: none of their ports still listens.
+    for run_dir in {p["run_dir"] for p in phases.values()}:
+        meta = json.loads((Path(run_dir) / "layout.json").read_text())
+        ports = [meta["listen"]["port"], *(w["port"] for w in meta["workers"])]
+        for port in ports:
+            with socket.socket() as s:
+                assert s.connect_ex(("127.0.0.1", port)) != 0, port
