@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -40,6 +42,7 @@ class FleetProc:
     url: str
     run_dir: Path
     log_path: Path
+    keep: Path  # where the run folder is copied when the fleet stops (under the benchmark's --logs)
 
     @property
     def workers(self) -> list[dict[str, Any]]:
@@ -57,6 +60,10 @@ class FleetProc:
                 # Its supervisord gets SIGTERM when it dies (PR_SET_PDEATHSIG) and stops the workers.
                 self.proc.kill()
                 self.proc.wait(10)
+        # The logs and rendered files join the other servers' logs; the temp folder goes.
+        shutil.copytree(self.run_dir, self.keep, ignore=shutil.ignore_patterns("nginx", "*.sock"),
+                        dirs_exist_ok=True)
+        shutil.rmtree(self.run_dir, ignore_errors=True)
 
 
 def start_fleet(log_dir: Path, model: Path, workers: int, threads: int, extra_env: dict[str, str],
@@ -79,7 +86,7 @@ def start_fleet(log_dir: Path, model: Path, workers: int, threads: int, extra_en
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=log_dir,
                                 start_new_session=True)
-    fleet = FleetProc(proc, f"http://127.0.0.1:{port}", run_dir, log_path)
+    fleet = FleetProc(proc, f"http://127.0.0.1:{port}", run_dir, log_path, log_dir / f"fleet-{workers}w-{port}")
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -95,6 +102,30 @@ def start_fleet(log_dir: Path, model: Path, workers: int, threads: int, extra_en
     raise ServerFailed(f"the fleet of {workers} was not ready after {timeout:.0f}s:\n{fleet.log_tail()}")
 
 
+# Concurrency-1 slices, alternating straight-to-the-worker and through-nginx, for nginx's overhead: on a shared
+# machine the load drifts over a run, and pairing neighbouring slices cancels most of that drift.
+OVERHEAD_ROUNDS = 4
+
+
+def _combine(slices: list[dict[str, Any]]) -> dict[str, Any]:
+    """One phase from several slices: summed counts, the median of the slices' percentiles."""
+    texts = sum(s["texts"] for s in slices)
+    elapsed = sum(s["elapsed_s"] for s in slices)
+    errors: dict[str, int] = {}
+    for s in slices:
+        for k, v in s["errors"].items():
+            errors[k] = errors.get(k, 0) + v
+    out: dict[str, Any] = {"texts": texts, "ok_requests": sum(s["ok_requests"] for s in slices),
+                           "requests": sum(s["requests"] for s in slices), "errors": errors,
+                           "elapsed_s": round(elapsed, 3), "texts_per_s": round(texts / elapsed, 2) if elapsed else 0.0,
+                           "concurrency": 1, "texts_per_request": 1, "slices": len(slices),
+                           "slice_p50_ms": [s["p50_ms"] for s in slices]}
+    for key in ("p50_ms", "p90_ms", "p99_ms"):
+        values = [s[key] for s in slices if s[key] is not None]
+        out[key] = round(statistics.median(values), 2) if values else None
+    return out
+
+
 def fleet_phases(args: argparse.Namespace, model: Path, source: TextSource, phases: dict[str, Any],
                  guarded: Guarded, say: Callable[[str], None], logs: Path) -> None:
     """Run the fleet phases into ``phases`` (names fleet:...); a fleet that cannot start fails its phases."""
@@ -103,11 +134,26 @@ def fleet_phases(args: argparse.Namespace, model: Path, source: TextSource, phas
     threads = args.torch_threads or usable_cores()
     c, extra = args.fleet_concurrency, dict(args.server_env)
 
+    def closed(url: str, concurrency: int, duration: float, warmup: float) -> dict[str, Any]:
+        return run_closed(Target(url, client=args.client), source, concurrency, 1, duration, warmup)
+
     def load(name: str, url: str, concurrency: int, **meta: Any) -> None:
         say(f"{name}: closed loop, concurrency {concurrency}, 1 text/request, {args.duration:g} s")
-        guarded(phases, name, say,
-                lambda: run_closed(Target(url, client=args.client), source, concurrency, 1, args.duration,
-                                   args.warmup), kind="fleet", server="fleet", **meta)
+        guarded(phases, name, say, lambda: closed(url, concurrency, args.duration, args.warmup),
+                kind="fleet", server="fleet", **meta)
+
+    def overhead(direct: str, proxied: str, meta: dict[str, Any]) -> dict[str, Any]:
+        per = args.duration / OVERHEAD_ROUNDS
+        runs: dict[str, list[dict[str, Any]]] = {"direct": [], "nginx": []}
+        for i in range(OVERHEAD_ROUNDS):
+            for via in ("direct", "nginx") if i % 2 == 0 else ("nginx", "direct"):
+                runs[via].append(closed(direct if via == "direct" else proxied, 1, per, min(args.warmup, 0.5)))
+        phases["fleet:direct@1"] = {**meta, "kind": "fleet", "server": "fleet", "via": "direct",
+                                    **_combine(runs["direct"])}
+        say(f"fleet:direct@1: P50 {phases['fleet:direct@1']['p50_ms']} ms (median of {OVERHEAD_ROUNDS} slices)")
+        paired = [round(n["p50_ms"] - d["p50_ms"], 3) for d, n in zip(runs["direct"], runs["nginx"], strict=True)
+                  if n["p50_ms"] is not None and d["p50_ms"] is not None]
+        return {**_combine(runs["nginx"]), "paired_overhead_ms": paired}
 
     for workers in (1, 2):
         each = max(1, threads // workers)
@@ -119,11 +165,13 @@ def fleet_phases(args: argparse.Namespace, model: Path, source: TextSource, phas
             say(f"fleet of {workers} failed to start: {str(exc)[:300]}")
             continue
         try:
-            meta = {"workers": workers, "torch_threads": each, "run_dir": str(fleet.run_dir)}
+            meta = {"workers": workers, "torch_threads": each, "logs": str(fleet.keep)}
             if workers == 1:
                 direct = f"http://127.0.0.1:{fleet.workers[0]['port']}"
-                load("fleet:direct@1", direct, 1, via="direct", **meta)
-                load("fleet:nginx@1", fleet.url, 1, via="nginx", **meta)
+                say(f"fleet:direct@1 / fleet:nginx@1: concurrency 1, {OVERHEAD_ROUNDS} alternating slices each, "
+                    f"{args.duration:g} s in all per side")
+                guarded(phases, "fleet:nginx@1", say, lambda d=direct, u=fleet.url, m=meta: overhead(d, u, m),
+                        kind="fleet", server="fleet", via="nginx", **meta)
                 load(f"fleet:plain@{c}", direct, c, via="direct", **meta)
                 load(f"fleet:fleet1@{c}", fleet.url, c, via="nginx", **meta)
             else:
@@ -139,12 +187,15 @@ def fleet_summary(phases: dict[str, Any], concurrency: int) -> dict[str, float |
         return None if p.get("error") else p.get(key)
 
     c = concurrency
-    direct, via = get("direct@1", "p50_ms"), get("nginx@1", "p50_ms")
+    direct = get("direct@1", "p50_ms")
+    paired = (phases.get("fleet:nginx@1") or {}).get("paired_overhead_ms") or []
     return {
         "fleet2_over_plain": ratio(get(f"fleet2@{c}", "texts_per_s"), get(f"plain@{c}", "texts_per_s")),
         "fleet1_over_plain": ratio(get(f"fleet1@{c}", "texts_per_s"), get(f"plain@{c}", "texts_per_s")),
         "fleet2_over_fleet1": ratio(get(f"fleet2@{c}", "texts_per_s"), get(f"fleet1@{c}", "texts_per_s")),
-        "nginx_overhead_p50_ms": None if direct is None or via is None else round(via - direct, 3),
+        # The median over neighbouring slices of (P50 through nginx − P50 direct), and their range.
+        "nginx_overhead_p50_ms": round(statistics.median(paired), 3) if paired else None,
+        "nginx_overhead_range_ms": [min(paired), max(paired)] if paired else None,
         "direct_p50_ms_at_1": direct,
     }
 
@@ -172,8 +223,9 @@ def fleet_markdown(results: dict[str, Any]) -> str:
     out += ["", f"- 2 workers through nginx / one plain process: **{_fmt(summary.get('fleet2_over_plain'), 3)}**; "
             f"1 worker through nginx / the same process direct: {_fmt(summary.get('fleet1_over_plain'), 3)}; "
             f"2 workers / 1 worker, both through nginx: {_fmt(summary.get('fleet2_over_fleet1'), 3)}.",
-            f"- nginx's overhead at concurrency 1 (P50 through nginx − P50 direct, same worker): "
-            f"**{_fmt(summary.get('nginx_overhead_p50_ms'), 2)} ms** on a direct P50 of "
+            f"- nginx's overhead at concurrency 1 (P50 through nginx − P50 direct, same worker, median of "
+            f"{OVERHEAD_ROUNDS} pairs of neighbouring slices): **{_fmt(summary.get('nginx_overhead_p50_ms'), 2)} ms** "
+            f"(pairs ranged {summary.get('nginx_overhead_range_ms')} ms) on a direct P50 of "
             f"{_fmt(summary.get('direct_p50_ms_at_1'), 2)} ms.", ""]
     failed = [n for n, p in phases.items() if p.get("error")]
     out += [f"- failed: {n}: {phases[n]['error'][:300]}" for n in failed]

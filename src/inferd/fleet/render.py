@@ -63,6 +63,15 @@ def deploy_dir() -> Path:
     return Path(__file__).resolve().parents[3] / "deploy"
 
 
+def read_template(name: str) -> str:
+    path = deploy_dir() / name
+    try:
+        return path.read_text(encoding="utf-8")
+    except OSError:
+        raise RenderError(f"template {path} not found: run from the repository, or set INFERD_DEPLOY_DIR to "
+                          "its deploy/ folder") from None
+
+
 def fill(template: str, values: Mapping[str, Any], each: Mapping[str, list[Mapping[str, Any]]] | None = None) -> str:
     """Replace {{name}} placeholders; repeat "#@each X ... #@end" blocks once per item of each[X]."""
     each = each or {}
@@ -191,7 +200,7 @@ def worker_environment(w: WorkerSlot) -> dict[str, str]:
 
 def render_nginx(fleet: Fleet, template: str | None = None) -> str:
     s, layout = fleet.settings, fleet.layout
-    template = template if template is not None else (deploy_dir() / "nginx" / "nginx.conf").read_text()
+    template = template if template is not None else read_template("nginx/nginx.conf")
     n = len(layout.workers)
     limit = s.server.limit_concurrency or 4096
     connections = max(1024, 2 * limit * n + 64)
@@ -227,7 +236,7 @@ def _secs(value: float) -> int:
 
 
 def render_supervisord(fleet: Fleet, template: str | None = None) -> str:
-    template = template if template is not None else (deploy_dir() / "supervisor" / "supervisord.conf").read_text()
+    template = template if template is not None else read_template("supervisor/supervisord.conf")
     run, logs = _sv(fleet.run_dir), _sv(fleet.logs)
     nginx = [fleet.nginx, "-e", str(fleet.logs / "nginx-error.log"), "-p", f"{fleet.run_dir}/nginx/",
              "-c", str(fleet.run_dir / "nginx.conf")]

@@ -147,11 +147,16 @@ class Runner:
             self.proc = subprocess.Popen([supervisor_bin("supervisord"), "-n", "-c", str(conf)],
                                          env=supervisor_env(), cwd=fleet.run_dir, start_new_session=True,
                                          preexec_fn=_die_with_parent)
+            if self.stopping:  # a signal came before supervisord existed to receive it
+                self.proc.send_signal(signal.SIGTERM)
             pointer.write_text(json.dumps({"run_dir": str(fleet.run_dir), "pid": os.getpid()}))
             self.say(f"supervisord pid {self.proc.pid}; logs in {fleet.logs}; "
                      f"`inferd fleet status --run-dir {fleet.run_dir}`")
             while self.proc.poll() is None:
-                self._tick()
+                try:
+                    self._tick()
+                except Exception as exc:  # the health file is a report: never let it take the fleet down
+                    self.say(f"health round failed: {type(exc).__name__}: {exc}")
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     self.proc.wait(HEALTH_EVERY_S)
         finally:
