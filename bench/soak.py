@@ -93,12 +93,18 @@ class Load:
                         self.failed[what] = self.failed.get(what, 0) + 1
 
 
-def heap(url: str) -> dict[str, Any] | None:
+def memory_report(url: str) -> dict[str, Any] | None:
+    """The memory guard's report (``GET /admin/memory``): trims done, and the heap when traced."""
     try:
         r = httpx.get(url + "/admin/memory", headers={"Authorization": f"Bearer {ADMIN_KEY}"}, timeout=600)
-        return r.json().get("heap") if r.status_code == 200 else None
+        return r.json() if r.status_code == 200 else None
     except httpx.HTTPError:
         return None
+
+
+def heap(url: str) -> dict[str, Any] | None:
+    report = memory_report(url)
+    return report.get("heap") if report else None
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -114,9 +120,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     load = Load(server.url, pool, args.clients, args.texts, args.seed)
     heap_early: dict[str, Any] | None = None
     heap_end: dict[str, Any] | None = None
+    guard: dict[str, Any] | None = None
+    cpu_s = 0.0
     try:
         t0 = time.monotonic()
         samples.append((0.0, proc.memory_info().rss, 0))
+        cpu_before = sum(proc.cpu_times()[:2])
         load.start()
         while (now := time.monotonic() - t0) < args.duration:
             time.sleep(min(args.sample_s, max(0.0, args.duration - now)))
@@ -125,8 +134,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 heap_early = heap(server.url)
         load.stop()
         elapsed = time.monotonic() - t0
-        if args.tracemalloc:
-            heap_end = heap(server.url)
+        cpu_s = sum(proc.cpu_times()[:2]) - cpu_before  # user + system: what the server itself spent
+        guard = memory_report(server.url)  # after the load: a heap snapshot takes a while
+        heap_end = guard.get("heap") if guard else None
     finally:
         load.stop()
         server.stop()
@@ -140,11 +150,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "server_env": dict(args.server_env), "tracemalloc": args.tracemalloc,
         "requests_ok": load.ok, "requests_failed": load.failed,
         "requests_per_s": round(load.ok / elapsed, 2) if elapsed else None,
+        # CPU time rather than throughput compares the allocator settings on a shared machine.
+        "server_cpu_ms_per_request": round(cpu_s * 1e3 / load.ok, 1) if load.ok else None,
         "rss_mb": {"start": round(rss[0] / 1e6, 1), "at_one_third": round(_at(samples, args.duration / 3) / 1e6, 1),
                    "at_two_thirds": round(_at(samples, args.duration * 2 / 3) / 1e6, 1),
                    "end": round(rss[-1] / 1e6, 1), "max": round(max(rss) / 1e6, 1)},
         "slope_last_third_mb_per_min": _round(per_min), "slope_last_third_mb_per_1k_requests": _round(per_1k),
         "slope_whole_run_mb_per_min": _round(whole_min), "slope_whole_run_mb_per_1k_requests": _round(whole_1k),
+        "malloc_trims": guard.get("malloc_trims") if guard else None,
+        "malloc_trim_seconds": guard.get("malloc_trim_seconds") if guard else None,
         "heap_at_one_third": heap_early, "heap_end": heap_end,
         "samples": [(round(t, 1), round(r / 1e6, 1), n) for t, r, n in samples], "logs": str(log_dir),
     }
@@ -163,7 +177,9 @@ def render(r: dict[str, Any]) -> str:
     lines = [
         f"soak: {r['duration_s']} s, {r['clients']} clients x {r['texts_per_request']} texts, "
         f"env {r['server_env'] or '-'}, tracemalloc {'on' if r['tracemalloc'] else 'off'}",
-        f"requests: {r['requests_ok']} ok ({r['requests_per_s']}/s), failed {r['requests_failed'] or 0}",
+        f"requests: {r['requests_ok']} ok ({r['requests_per_s']}/s, server CPU "
+        f"{r['server_cpu_ms_per_request']} ms each), failed {r['requests_failed'] or 0}; "
+        f"heap trims {r['malloc_trims']} taking {r['malloc_trim_seconds']} s in all",
         f"RSS MB: start {rss['start']}, 1/3 {rss['at_one_third']}, 2/3 {rss['at_two_thirds']}, "
         f"end {rss['end']}, max {rss['max']}",
         f"RSS slope, last third: {r['slope_last_third_mb_per_min']} MB/min, "

@@ -123,7 +123,10 @@ class MemorySettings(_Section):
     fragmentation_threshold: float = Field(0.3, gt=0.0, lt=1.0)
     expandable_segments: bool = True
     per_process_fraction: float | None = Field(None, gt=0.0, le=1.0)
-    # Requests between trims of the C heap (glibc malloc_trim) on the worker; 0 = never (bench/RESULTS.md).
+    # Host memory under glibc (bench/RESULTS.md, "Soak"): blocks from this size up get their own mapping, set
+    # once at start (0 = glibc's dynamic threshold, which let RSS climb for ever); requests between trims of
+    # the heap's free pages on the worker (0 = never).
+    malloc_mmap_threshold: int = Field(131_072, ge=0, le=33_554_432)
     malloc_trim_every_n: int = Field(100, ge=0)
 
 

@@ -6,6 +6,8 @@ import asyncio
 import ctypes
 import ctypes.util
 import os
+import subprocess
+import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -452,3 +454,68 @@ def test_the_heap_report_lists_allocation_sites_only_while_tracing() -> None:
     assert top is not None and 1 <= len(top["top"]) <= 5 and top["traced_bytes"] >= 2_000_000
     assert "test_memory.py" in top["top"][0]["site"] and top["top"][0]["count"] >= 2000
     assert len(keep) == 2000
+
+
+# A batch's tensors in miniature: big blocks of ever-different sizes, freed, while something small allocated
+# between them lives on. Run in a child process: the threshold is process-wide.
+FRAGMENT = """
+import ctypes, ctypes.util, random, sys
+import psutil
+from inferd.core.memory import NativeHeap
+libc = ctypes.CDLL(ctypes.util.find_library("c"))
+libc.malloc.restype = ctypes.c_void_p
+libc.malloc.argtypes = [ctypes.c_size_t]
+libc.free.argtypes = [ctypes.c_void_p]
+if sys.argv[1] == "fixed":
+    assert NativeHeap().set_mmap_threshold(131072)
+first = libc.malloc(4 << 20)
+ctypes.memset(first, 1, 4 << 20)
+libc.free(first)  # with glibc's dynamic threshold, blocks up to 4 MB now come from the heap
+rng = random.Random(1)
+before = psutil.Process().memory_info().rss
+keep = []
+for _ in range(300):
+    sizes = [rng.randrange(150_000, 3_000_000) for _ in range(4)]
+    blocks = [libc.malloc(n) for n in sizes]
+    for b, n in zip(blocks, sizes):
+        ctypes.memset(b, 1, n)
+    keep.append(libc.malloc(rng.randrange(64, 4096)))
+    for b in blocks:
+        libc.free(b)
+print(psutil.Process().memory_info().rss - before)
+"""
+
+
+@pytest.mark.skipif(not memory.NativeHeap().available, reason="needs glibc's mallopt (not musl or macOS)")
+def test_a_fixed_mmap_threshold_keeps_freed_tensors_out_of_the_resident_set() -> None:
+    grown = {}
+    for mode in ("dynamic", "fixed"):
+        out = subprocess.run([sys.executable, "-c", FRAGMENT, mode], capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+        grown[mode] = int(out.stdout.strip())
+    # The live data is ~0.6 MB of small blocks; the dynamic threshold keeps several times that resident.
+    assert grown["fixed"] < 3 * 2**20, grown
+    assert grown["dynamic"] > 4 * grown["fixed"], grown
+
+
+class RecordingHeap(FakeHeap):
+    def __init__(self, accept: bool = True) -> None:
+        super().__init__()
+        self.accept = accept
+        self.thresholds: list[int] = []
+
+    def set_mmap_threshold(self, size: int) -> bool:
+        self.thresholds.append(size)
+        return self.accept
+
+
+@pytest.mark.parametrize(("configured", "accept", "expected"), [(131072, True, [131072]), (0, True, []),
+                                                                (65536, False, [65536])])
+def test_configure_process_fixes_the_mmap_threshold_once(tmp_path: Path, caplog: pytest.LogCaptureFixture,
+                                                          configured: int, accept: bool, expected: list[int]) -> None:
+    settings = make_settings(tmp_path, **{"memory.malloc_mmap_threshold": configured})
+    heap = RecordingHeap(accept)
+    guard = configure_process(settings, heap=heap)  # type: ignore[arg-type]
+    assert heap.thresholds == expected
+    assert guard.heap is heap  # the same heap is trimmed later
+    assert ("was refused" in caplog.text) == (not accept)

@@ -118,10 +118,13 @@ class ProcessStats:
 class NativeHeap:
     """glibc's malloc, which holds torch's CPU tensors, the tokenizer's buffers and Python's large objects.
 
-    Tensors of ever-different shapes (every batch has another length) leave glibc's heaps fragmented: freed
-    blocks stay mapped, and resident memory climbs for as long as the service runs (bench/soak.py measures
-    it). ``malloc_trim(0)`` hands every free page of every arena back to the OS. Absent (None) where the C
-    library is not glibc (musl, macOS): nothing is trimmed there.
+    Tensors of ever-different shapes (every batch has another length) fragment glibc's heaps: resident memory
+    climbed ~120 MB per 1,000 requests for as long as the service ran (bench/soak.py, bench/RESULTS.md). The
+    cause is glibc's *dynamic* mmap threshold: once a large block served by mmap is freed, the threshold rises
+    to its size (up to 32 MB), so every later tensor of that size comes from the heap, where blocks of other
+    sizes pin the pages around it. A fixed threshold (``set_mmap_threshold``) keeps large tensors in their own
+    mappings, returned whole on free; ``trim`` hands the heap's remaining free pages back now and then.
+    Neither exists where the C library is not glibc (musl, macOS): nothing is done there.
     """
 
     def __init__(self, libc: Any = None, *, find: bool = True) -> None:
@@ -135,6 +138,13 @@ class NativeHeap:
         """Return free memory to the OS; True if any was."""
         return bool(self._libc.malloc_trim(0)) if self._libc is not None else False
 
+    def set_mmap_threshold(self, size: int) -> bool:
+        """Serve blocks of ``size`` bytes and more by mmap from now on, and stop glibc moving the threshold."""
+        return bool(self._libc.mallopt(M_MMAP_THRESHOLD, size)) if self._libc is not None else False
+
+
+M_MMAP_THRESHOLD = -3  # glibc's malloc.h
+
 
 def _glibc() -> Any:
     name = ctypes.util.find_library("c")
@@ -144,6 +154,8 @@ def _glibc() -> Any:
         libc = ctypes.CDLL(name)
         libc.malloc_trim.argtypes = [ctypes.c_size_t]
         libc.malloc_trim.restype = ctypes.c_int
+        libc.mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+        libc.mallopt.restype = ctypes.c_int
     except (OSError, AttributeError):  # not glibc: no malloc_trim
         return None
     return libc
@@ -277,9 +289,16 @@ def build_guard(settings: Settings) -> MemoryGuard:
     return MemoryGuard(settings.memory, ProcessStats())
 
 
-def configure_process(settings: Settings) -> MemoryGuard:
-    """Process-wide settings that must precede CUDA's initialisation; returns the guard for the device."""
+def configure_process(settings: Settings, heap: NativeHeap | None = None) -> MemoryGuard:
+    """Process-wide settings that must precede CUDA's initialisation (and the model's first tensors);
+    returns the guard for the device."""
     mem = settings.memory
+    heap = heap if heap is not None else NativeHeap()
+    # mallopt at run time rather than MALLOC_MMAP_THRESHOLD_ in the environment (read once, at malloc's start):
+    # no re-exec, and the same for `inferd serve`, an app embedding inferd, and the tests.
+    if mem.malloc_mmap_threshold and heap.available and not heap.set_mmap_threshold(mem.malloc_mmap_threshold):
+        log.warning("mallopt(M_MMAP_THRESHOLD, %d) was refused; glibc keeps its dynamic threshold",
+                    mem.malloc_mmap_threshold)
     if mem.expandable_segments:
         conf = os.environ.get(ALLOC_CONF, "")
         if "expandable_segments" not in conf:
@@ -291,6 +310,7 @@ def configure_process(settings: Settings) -> MemoryGuard:
         torch.set_num_threads(settings.runtime.torch_threads)
     torch.manual_seed(settings.runtime.seed)
     guard = build_guard(settings)
+    guard.heap = heap
     if isinstance(guard.source, CudaStats) and mem.per_process_fraction is not None:
         torch.cuda.set_per_process_memory_fraction(mem.per_process_fraction, guard.source.index)
     return guard
