@@ -35,10 +35,15 @@ def test_fleet_phase_measures_one_and_two_workers_against_one_process(tiny_model
     summary = results["fleet"]
     assert summary["fleet2_over_plain"] == pytest.approx(
         phases["fleet:fleet2@4"]["texts_per_s"] / phases["fleet:plain@4"]["texts_per_s"], rel=1e-2)
-    paired = phases["fleet:nginx@1"]["paired_overhead_ms"]  # nginx − direct, slice by neighbouring slice
-    assert len(paired) == 4 == phases["fleet:direct@1"]["slices"]
-    assert summary["nginx_overhead_p50_ms"] == pytest.approx(statistics.median(paired), abs=1e-3)
-    assert summary["nginx_overhead_range_ms"] == [min(paired), max(paired)]
+    # Every phase ran in turns; each ratio is also given turn by turn.
+    assert all(p["slices"] == 4 and len(p["slice_texts_per_s"]) == 4 for p in phases.values())
+    per_turn = phases["fleet:nginx@1"]["round_overhead_ms"]  # nginx − direct, P50 of the same turn
+    assert per_turn == [round(n - d, 3) for n, d in zip(phases["fleet:nginx@1"]["slice_p50_ms"],
+                                                          phases["fleet:direct@1"]["slice_p50_ms"], strict=True)]
+    assert summary["nginx_overhead_p50_ms"] == pytest.approx(statistics.median(per_turn), abs=1e-3)
+    assert summary["nginx_overhead_rounds_ms"] == [min(per_turn), max(per_turn)]
+    turns = phases["fleet:fleet2@4"]["round_over_plain"]
+    assert summary["fleet2_over_plain_rounds"] == [min(turns), max(turns)] and len(turns) == 4
     md = (out / "RESULTS.md").read_text()
     assert "## Fleet: nginx + supervisord" in md and "| fleet2@4 | 2 | 1 | nginx |" in md
     # Both fleets were stopped: none of their ports still listens.

@@ -1,14 +1,19 @@
 """The fleet phase of ``inferd bench``: the same closed-loop load through nginx on 1 and 2 workers, against one
 plain process, and what nginx adds to a request at concurrency 1.
 
-Two real fleets (``inferd fleet``: supervisord, nginx, ``inferd serve`` workers), one after the other:
+Two real fleets (``inferd fleet``: supervisord, nginx, ``inferd serve`` workers) run side by side, idle but for
+the slice being measured: one of 1 worker with every torch thread, one of 2 workers splitting the threads. The
+phases, at concurrency C, one text per request:
 
-- 1 worker with every torch thread: ``direct@1`` and ``nginx@1`` (concurrency 1, straight to the worker and
-  through nginx: the difference of their P50s is nginx's overhead per request), ``plain@C`` (concurrency C
-  straight to the worker: one plain ``inferd serve`` process) and ``fleet1@C`` (the same through nginx);
-- 2 workers, the threads split between them: ``fleet2@C`` through nginx.
+- ``plain@C``: straight to the 1-worker fleet's worker: one plain ``inferd serve`` process;
+- ``fleet1@C``: the same worker through its nginx;  ``fleet2@C``: the 2 workers through theirs;
+- ``direct@1`` and ``nginx@1``: concurrency 1 straight to that worker and through nginx; the difference of their
+  P50s is nginx's overhead per request.
 
-Opt-in (``--phases fleet``): it needs nginx, and takes two fleet start-ups plus five phases.
+On a shared machine the load drifts during a run, so each phase is cut into ROUNDS slices and the phases take
+turns (the order rotating each round); a phase's figures are its slices' totals (texts/s) and the median of their
+percentiles, and each ratio is also given per round, to show its spread. Opt-in (``--phases fleet``): it needs
+nginx and two fleets.
 """
 
 from __future__ import annotations
@@ -32,8 +37,6 @@ import httpx
 from inferd.bench.load import Target, TextSource, run_closed
 from inferd.bench.procs import ROOT, ServerFailed, _base_env, free_port
 from inferd.bench.stats import ratio
-
-Guarded = Callable[..., dict[str, Any] | None]
 
 
 @dataclass
@@ -102,13 +105,12 @@ def start_fleet(log_dir: Path, model: Path, workers: int, threads: int, extra_en
     raise ServerFailed(f"the fleet of {workers} was not ready after {timeout:.0f}s:\n{fleet.log_tail()}")
 
 
-# Concurrency-1 slices, alternating straight-to-the-worker and through-nginx, for nginx's overhead: on a shared
-# machine the load drifts over a run, and pairing neighbouring slices cancels most of that drift.
-OVERHEAD_ROUNDS = 4
+# Slices per phase: each phase's time is cut into this many turns, taken in rotating order.
+ROUNDS = 4
 
 
-def _combine(slices: list[dict[str, Any]]) -> dict[str, Any]:
-    """One phase from several slices: summed counts, the median of the slices' percentiles."""
+def _combine(slices: list[dict[str, Any]], concurrency: int) -> dict[str, Any]:
+    """One phase from its slices: summed counts, the median of the slices' percentiles."""
     texts = sum(s["texts"] for s in slices)
     elapsed = sum(s["elapsed_s"] for s in slices)
     errors: dict[str, int] = {}
@@ -118,7 +120,8 @@ def _combine(slices: list[dict[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {"texts": texts, "ok_requests": sum(s["ok_requests"] for s in slices),
                            "requests": sum(s["requests"] for s in slices), "errors": errors,
                            "elapsed_s": round(elapsed, 3), "texts_per_s": round(texts / elapsed, 2) if elapsed else 0.0,
-                           "concurrency": 1, "texts_per_request": 1, "slices": len(slices),
+                           "concurrency": concurrency, "texts_per_request": 1, "slices": len(slices),
+                           "slice_texts_per_s": [s["texts_per_s"] for s in slices],
                            "slice_p50_ms": [s["p50_ms"] for s in slices]}
     for key in ("p50_ms", "p90_ms", "p99_ms"):
         values = [s[key] for s in slices if s[key] is not None]
@@ -127,76 +130,101 @@ def _combine(slices: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def fleet_phases(args: argparse.Namespace, model: Path, source: TextSource, phases: dict[str, Any],
-                 guarded: Guarded, say: Callable[[str], None], logs: Path) -> None:
-    """Run the fleet phases into ``phases`` (names fleet:...); a fleet that cannot start fails its phases."""
+                 say: Callable[[str], None], logs: Path) -> None:
+    """Run the fleet phases into ``phases`` (names fleet:...); a fleet that cannot start fails the phase."""
     from inferd.fleet.layout import usable_cores
 
     threads = args.torch_threads or usable_cores()
     c, extra = args.fleet_concurrency, dict(args.server_env)
-
-    def closed(url: str, concurrency: int, duration: float, warmup: float) -> dict[str, Any]:
-        return run_closed(Target(url, client=args.client), source, concurrency, 1, duration, warmup)
-
-    def load(name: str, url: str, concurrency: int, **meta: Any) -> None:
-        say(f"{name}: closed loop, concurrency {concurrency}, 1 text/request, {args.duration:g} s")
-        guarded(phases, name, say, lambda: closed(url, concurrency, args.duration, args.warmup),
-                kind="fleet", server="fleet", **meta)
-
-    def overhead(direct: str, proxied: str, meta: dict[str, Any]) -> dict[str, Any]:
-        per = args.duration / OVERHEAD_ROUNDS
-        runs: dict[str, list[dict[str, Any]]] = {"direct": [], "nginx": []}
-        for i in range(OVERHEAD_ROUNDS):
-            for via in ("direct", "nginx") if i % 2 == 0 else ("nginx", "direct"):
-                runs[via].append(closed(direct if via == "direct" else proxied, 1, per, min(args.warmup, 0.5)))
-        phases["fleet:direct@1"] = {**meta, "kind": "fleet", "server": "fleet", "via": "direct",
-                                    **_combine(runs["direct"])}
-        say(f"fleet:direct@1: P50 {phases['fleet:direct@1']['p50_ms']} ms (median of {OVERHEAD_ROUNDS} slices)")
-        paired = [round(n["p50_ms"] - d["p50_ms"], 3) for d, n in zip(runs["direct"], runs["nginx"], strict=True)
-                  if n["p50_ms"] is not None and d["p50_ms"] is not None]
-        return {**_combine(runs["nginx"]), "paired_overhead_ms": paired}
-
-    for workers in (1, 2):
-        each = max(1, threads // workers)
-        say(f"starting inferd fleet: {workers} worker(s), {each} torch thread(s) each")
+    fleets: dict[int, FleetProc] = {}
+    try:
+        for workers in (1, 2):
+            each = max(1, threads // workers)
+            say(f"starting inferd fleet: {workers} worker(s), {each} torch thread(s) each")
+            fleets[workers] = start_fleet(logs, model, workers, each, extra)
+    except ServerFailed as exc:
+        for fleet in fleets.values():
+            fleet.stop()
+        phases["fleet"] = {"kind": "fleet", "server": "fleet", "error": str(exc)[:2000]}
+        say(f"a fleet failed to start: {str(exc)[:300]}")
+        return
+    try:
+        one, two = fleets[1], fleets[2]
+        direct = f"http://127.0.0.1:{one.workers[0]['port']}"
+        meta = {
+            f"plain@{c}": (direct, c, {"workers": 1, "via": "direct", "logs": str(one.keep)}),
+            f"fleet1@{c}": (one.url, c, {"workers": 1, "via": "nginx", "logs": str(one.keep)}),
+            f"fleet2@{c}": (two.url, c, {"workers": 2, "via": "nginx", "logs": str(two.keep)}),
+            "direct@1": (direct, 1, {"workers": 1, "via": "direct", "logs": str(one.keep)}),
+            "nginx@1": (one.url, 1, {"workers": 1, "via": "nginx", "logs": str(one.keep)}),
+        }
+        say(f"fleet: {', '.join(meta)}: {ROUNDS} turns each of {args.duration / ROUNDS:g} s, in rotating order")
         try:
-            fleet = start_fleet(logs, model, workers, each, extra)
-        except ServerFailed as exc:
-            phases[f"fleet:{workers}w"] = {"kind": "fleet", "server": "fleet", "error": str(exc)[:2000]}
-            say(f"fleet of {workers} failed to start: {str(exc)[:300]}")
-            continue
-        try:
-            meta = {"workers": workers, "torch_threads": each, "logs": str(fleet.keep)}
-            if workers == 1:
-                direct = f"http://127.0.0.1:{fleet.workers[0]['port']}"
-                say(f"fleet:direct@1 / fleet:nginx@1: concurrency 1, {OVERHEAD_ROUNDS} alternating slices each, "
-                    f"{args.duration:g} s in all per side")
-                guarded(phases, "fleet:nginx@1", say, lambda d=direct, u=fleet.url, m=meta: overhead(d, u, m),
-                        kind="fleet", server="fleet", via="nginx", **meta)
-                load(f"fleet:plain@{c}", direct, c, via="direct", **meta)
-                load(f"fleet:fleet1@{c}", fleet.url, c, via="nginx", **meta)
-            else:
-                load(f"fleet:fleet2@{c}", fleet.url, c, via="nginx", **meta)
-        finally:
+            _rounds(args, source, meta, threads, phases, say)
+        except (ServerFailed, OSError, RuntimeError) as exc:
+            phases["fleet"] = {"kind": "fleet", "server": "fleet", "error": f"{type(exc).__name__}: {exc}"[:2000]}
+            say(f"fleet: FAILED: {phases['fleet']['error'][:300]}")
+    finally:
+        for fleet in fleets.values():
             fleet.stop()
 
 
-def fleet_summary(phases: dict[str, Any], concurrency: int) -> dict[str, float | None]:
-    """The ratios the fleet phase is for, from the phases it ran (None where one is missing)."""
+def _rounds(args: argparse.Namespace, source: TextSource, meta: dict[str, tuple[str, int, dict[str, Any]]],
+            threads: int, phases: dict[str, Any], say: Callable[[str], None]) -> None:
+    """Every phase's slices, taking turns, into ``phases``, with the ratios of each round."""
+    names = list(meta)
+    slices: dict[str, list[dict[str, Any]]] = {n: [] for n in names}
+    for i in range(ROUNDS):
+        for name in names[i % len(names):] + names[:i % len(names)]:
+            url, concurrency, _ = meta[name]
+            slices[name].append(run_closed(Target(url, client=args.client), source, concurrency, 1,
+                                           args.duration / ROUNDS, min(args.warmup, 1.0)))
+        say(f"fleet round {i + 1}/{ROUNDS}: " + ", ".join(f"{n} {slices[n][-1]['texts_per_s']:.1f} texts/s"
+                                                          for n in names))
+    for name, (_, concurrency, info) in meta.items():
+        phases[f"fleet:{name}"] = {"kind": "fleet", "server": "fleet", **info,
+                                   "torch_threads": max(1, threads // info["workers"]),
+                                   **_combine(slices[name], concurrency)}
+    c = meta[names[0]][1]
+
+    def per_round(a: str, b: str, key: str, diff: bool = False) -> list[float]:
+        out = []
+        for x, y in zip(slices[a], slices[b], strict=True):
+            if x[key] is not None and y[key]:
+                out.append(round(x[key] - y[key], 3) if diff else round(x[key] / y[key], 3))
+        return out
+
+    phases[f"fleet:fleet2@{c}"]["round_over_plain"] = per_round(f"fleet2@{c}", f"plain@{c}", "texts_per_s")
+    phases[f"fleet:fleet1@{c}"]["round_over_plain"] = per_round(f"fleet1@{c}", f"plain@{c}", "texts_per_s")
+    phases["fleet:nginx@1"]["round_overhead_ms"] = per_round("nginx@1", "direct@1", "p50_ms", diff=True)
+    for name in names:
+        p = phases[f"fleet:{name}"]
+        say(f"fleet:{name}: {p['texts_per_s']:.1f} texts/s, P50 {p['p50_ms']} ms (median of the turns)")
+
+
+def fleet_summary(phases: dict[str, Any], concurrency: int) -> dict[str, Any]:
+    """The ratios the fleet phase is for, over the whole phase and per round (None where one is missing)."""
     def get(name: str, key: str) -> float | None:
         p = phases.get(f"fleet:{name}") or {}
         return None if p.get("error") else p.get(key)
 
     c = concurrency
-    direct = get("direct@1", "p50_ms")
-    paired = (phases.get("fleet:nginx@1") or {}).get("paired_overhead_ms") or []
+
+    def spread(name: str, key: str) -> list[float] | None:
+        values = (phases.get(f"fleet:{name}") or {}).get(key) or []
+        return [min(values), max(values)] if values else None
+
+    overhead = (phases.get("fleet:nginx@1") or {}).get("round_overhead_ms") or []
     return {
         "fleet2_over_plain": ratio(get(f"fleet2@{c}", "texts_per_s"), get(f"plain@{c}", "texts_per_s")),
+        "fleet2_over_plain_rounds": spread(f"fleet2@{c}", "round_over_plain"),
         "fleet1_over_plain": ratio(get(f"fleet1@{c}", "texts_per_s"), get(f"plain@{c}", "texts_per_s")),
+        "fleet1_over_plain_rounds": spread(f"fleet1@{c}", "round_over_plain"),
         "fleet2_over_fleet1": ratio(get(f"fleet2@{c}", "texts_per_s"), get(f"fleet1@{c}", "texts_per_s")),
-        # The median over neighbouring slices of (P50 through nginx − P50 direct), and their range.
-        "nginx_overhead_p50_ms": round(statistics.median(paired), 3) if paired else None,
-        "nginx_overhead_range_ms": [min(paired), max(paired)] if paired else None,
-        "direct_p50_ms_at_1": direct,
+        # The median over rounds of (P50 through nginx − P50 direct), and its range.
+        "nginx_overhead_p50_ms": round(statistics.median(overhead), 3) if overhead else None,
+        "nginx_overhead_rounds_ms": spread("nginx@1", "round_overhead_ms"),
+        "direct_p50_ms_at_1": get("direct@1", "p50_ms"),
     }
 
 
@@ -206,26 +234,29 @@ def _fmt(v: Any, digits: int = 1) -> str:
 
 def fleet_markdown(results: dict[str, Any]) -> str:
     """The fleet section of RESULTS.md (empty when the fleet phase did not run)."""
-    phases = {n: p for n, p in results["phases"].items() if n.startswith("fleet:")}
+    phases = {n: p for n, p in results["phases"].items() if n.startswith("fleet")}
     if not phases:
         return ""
     summary = results.get("fleet") or {}
     out = ["## Fleet: nginx + supervisord, 1 and 2 workers, against one plain process", "",
-           "| phase | workers | torch threads each | via | concurrency | texts/s | P50 ms | P90 ms | P99 ms | errors |",
-           "|---|---|---|---|---|---|---|---|---|---|"]
+           f"Each phase in {ROUNDS} turns, the phases taking turns in rotating order (both fleets up throughout).", "",
+           "| phase | workers | torch threads each | via | concurrency | texts/s | texts/s per turn | P50 ms | P90 ms "
+           "| P99 ms | errors |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, p in phases.items():
         if p.get("error"):
             continue
         errors = sum(p["errors"].values()) if isinstance(p.get("errors"), dict) else p.get("errors")
+        turns = ", ".join(f"{x:.1f}" for x in p.get("slice_texts_per_s", []))
         out.append(f"| {name.removeprefix('fleet:')} | {p['workers']} | {p['torch_threads']} | {p['via']} | "
-                   f"{p['concurrency']} | {_fmt(p['texts_per_s'])} | {_fmt(p['p50_ms'])} | {_fmt(p['p90_ms'])} | "
-                   f"{_fmt(p['p99_ms'])} | {errors} |")
-    out += ["", f"- 2 workers through nginx / one plain process: **{_fmt(summary.get('fleet2_over_plain'), 3)}**; "
-            f"1 worker through nginx / the same process direct: {_fmt(summary.get('fleet1_over_plain'), 3)}; "
+                   f"{p['concurrency']} | {_fmt(p['texts_per_s'])} | {turns} | {_fmt(p['p50_ms'])} | "
+                   f"{_fmt(p['p90_ms'])} | {_fmt(p['p99_ms'])} | {errors} |")
+    out += ["", f"- 2 workers through nginx / one plain process: **{_fmt(summary.get('fleet2_over_plain'), 3)}** "
+            f"(per turn {summary.get('fleet2_over_plain_rounds')}); 1 worker through nginx / the same process direct: "
+            f"{_fmt(summary.get('fleet1_over_plain'), 3)} (per turn {summary.get('fleet1_over_plain_rounds')}); "
             f"2 workers / 1 worker, both through nginx: {_fmt(summary.get('fleet2_over_fleet1'), 3)}.",
-            f"- nginx's overhead at concurrency 1 (P50 through nginx − P50 direct, same worker, median of "
-            f"{OVERHEAD_ROUNDS} pairs of neighbouring slices): **{_fmt(summary.get('nginx_overhead_p50_ms'), 2)} ms** "
-            f"(pairs ranged {summary.get('nginx_overhead_range_ms')} ms) on a direct P50 of "
+            f"- nginx's overhead at concurrency 1 (P50 through nginx − P50 direct, same worker, median over the "
+            f"turns): **{_fmt(summary.get('nginx_overhead_p50_ms'), 2)} ms** (per turn "
+            f"{summary.get('nginx_overhead_rounds_ms')} ms) on a direct P50 of "
             f"{_fmt(summary.get('direct_p50_ms_at_1'), 2)} ms.", ""]
     failed = [n for n, p in phases.items() if p.get("error")]
     out += [f"- failed: {n}: {phases[n]['error'][:300]}" for n in failed]

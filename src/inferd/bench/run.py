@@ -250,7 +250,7 @@ def run(args: argparse.Namespace, command: str) -> dict[str, Any]:
     if "fleet" in wanted:
         from inferd.bench.fleet import fleet_phases, fleet_summary
 
-        fleet_phases(args, model, source, phases, _guarded, say, logs)
+        fleet_phases(args, model, source, phases, say, logs)
         fleet = fleet_summary(phases, args.fleet_concurrency)
     if hasattr(os, "getloadavg"):
         machine["load_avg_at_end"] = [round(x, 2) for x in os.getloadavg()]
