@@ -13,6 +13,7 @@ import pytest
 from inferd.config import Settings, load_settings
 from inferd.core.handler import ModelLoadError, ModelSpec
 from inferd.core.model_loader import (
+    ManagerClosed,
     ModelManager,
     ModelNotReady,
     NoCanary,
@@ -46,6 +47,7 @@ class Loader:
 
     def __init__(self) -> None:
         self.specs: list[ModelSpec] = []
+        self.handlers: list[FakeHandler] = []
         self.gate: threading.Event | None = None
         self.entered = threading.Event()
 
@@ -58,7 +60,9 @@ class Loader:
             raise ModelLoadError(f"{spec.path} has no config.json: not a Hugging Face model folder")
         if spec.path.name.startswith("broken"):
             raise KeyError("something deep inside transformers")
-        return FakeHandler(spec)
+        handler = FakeHandler(spec)
+        self.handlers.append(handler)
+        return handler
 
 
 def settings_for(root: Path, **overrides: Any) -> Settings:
@@ -188,6 +192,97 @@ def test_twenty_reloads_free_every_retired_model(manager: ModelManager, tmp_path
     assert manager.switches == 20 and manager.active is not None and manager.active.refs == 0
 
 
+# -- versions: one label, one model ---------------------------------------------------------------------
+
+
+def test_a_reload_under_a_served_version_is_refused_before_loading(with_canary: ModelManager, tmp_path: Path,
+                                                                   loader: Loader) -> None:
+    before = len(loader.specs)
+    for version, role in (("v1", "active"), ("v2", "canary")):
+        with pytest.raises(VersionInUse, match=f"'{version}' is already being served by the {role} model") as info:
+            with_canary.reload(str(tmp_path / "other"), version)
+        assert (info.value.version, info.value.role) == (version, role)
+        with pytest.raises(VersionInUse):
+            with_canary.set_canary(str(tmp_path / "other"), version, 0.5)
+    # SIGHUP: a new model.path under the same model.version.
+    with pytest.raises(VersionInUse, match="'v1'"):
+        with_canary.reload_from_settings(settings_for(tmp_path, **{"model.path": str(tmp_path / "other")}))
+    assert len(loader.specs) == before and with_canary.switches == 0
+    assert [(r, s.version, s.spec.path.name) for r, s in with_canary.slots()] == [("active", "v1", "m1"),
+                                                                                  ("canary", "v2", "m2")]
+    with_canary.reload(str(tmp_path / "other"), "v3")  # the lock was released: a new version goes ahead
+    assert use(with_canary, model="v3") == "v3"
+
+
+def test_every_load_has_its_own_identity_and_freeing_says_whether_its_version_is_gone(
+        manager: ModelManager, tmp_path: Path) -> None:
+    freed: list[tuple[str, int, bool]] = []
+    manager.on_freed = lambda slot, last: freed.append((slot.version, slot.load_id, last))
+    first = manager.pick()  # a request still on the first v1 when v1 is loaded again
+    manager.reload(str(tmp_path / "m2"), "v2")
+    manager.reload(str(tmp_path / "m3"), "v1")  # v1 is not served any more: the label may be reused
+    again = manager.active
+    assert again is not None and again.load_id != first.load_id and again.version == first.version == "v1"
+    first.release()
+    manager.reload(str(tmp_path / "m4"), "v4")
+    assert [(v, last) for v, _, last in freed] == [("v2", True), ("v1", False), ("v1", True)]
+    assert freed[1][1] == first.load_id and freed[2][1] == again.load_id
+
+
+def test_frees_run_where_the_reaper_says(manager: ModelManager, tmp_path: Path) -> None:
+    chores: list[Any] = []
+    manager.reaper = chores.append  # the engine posts them to its worker thread
+    old = manager.active
+    assert old is not None
+    manager.reload(str(tmp_path / "m2"), "v2")
+    assert not old.freed.is_set() and not old.usable and len(chores) == 1
+    chores.pop()()
+    assert old.freed.is_set() and old.handler.closed
+
+
+# -- shutdown: close wins -------------------------------------------------------------------------------
+
+
+def test_a_reload_that_finishes_after_close_is_discarded(manager: ModelManager, loader: Loader,
+                                                         tmp_path: Path) -> None:
+    loader.gate, loader.entered = threading.Event(), threading.Event()
+    outcome: list[BaseException] = []
+
+    def reload() -> None:
+        try:
+            manager.reload(str(tmp_path / "m2"), "v2")
+        except BaseException as exc:
+            outcome.append(exc)
+
+    thread = threading.Thread(target=reload)
+    thread.start()
+    assert loader.entered.wait(10)
+    old = manager.active
+    manager.close()
+    loader.gate.set()
+    thread.join(10)
+    assert len(outcome) == 1 and isinstance(outcome[0], ManagerClosed)
+    assert manager.active is None and manager.slots() == [] and manager.switches == 0
+    with pytest.raises(ModelNotReady):
+        manager.pick()
+    new_handler = loader.handlers[-1]
+    assert old is not None and old.freed.is_set() and new_handler.closed  # nothing left loaded
+    with pytest.raises(ManagerClosed):
+        manager.reload(str(tmp_path / "m3"), "v3")
+
+
+def test_a_first_load_that_finishes_after_close_is_discarded(tmp_path: Path, loader: Loader) -> None:
+    manager = ModelManager(settings_for(tmp_path), loader)
+    loader.gate, loader.entered = threading.Event(), threading.Event()
+    thread = threading.Thread(target=manager.load_initial)
+    thread.start()
+    assert loader.entered.wait(10)
+    manager.close()
+    loader.gate.set()
+    thread.join(10)
+    assert manager.active is None and manager.state == "closed" and loader.handlers[-1].closed
+
+
 # -- the path allow-list ---------------------------------------------------------------------------------
 
 
@@ -200,6 +295,8 @@ def test_twenty_reloads_free_every_retired_model(manager: ModelManager, tmp_path
     ("{root}/a/../../x", "'..' is not allowed"),
     ("/etc", "not under an allowed model.root"),
     ("", "non-empty"),
+    ("{root}/m\x00x", "control characters"),  # os calls would raise ValueError: a 500
+    ("{root}/m\nx", "control characters"),
 ])
 def test_paths_outside_the_allow_list_are_refused(tmp_path: Path, raw: str, cause: str) -> None:
     with pytest.raises(ModelLoadError, match=cause):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import threading
 from dataclasses import dataclass, field
 
 import pytest
@@ -297,3 +298,41 @@ def test_queue_accepts_or_refuses_whole_requests_and_loses_nothing(sizes: list[i
         ran += d.batch
     assert sorted(map(id, ran)) == sorted(map(id, accepted))
     assert len(ran) + refused == sum(sizes)
+
+
+def test_the_queue_claims_each_batch_it_hands_out_under_its_lock():
+    # The engine's claim takes the batch's model reference: it must run while no remove() can interleave.
+    claimed: list[list[Item]] = []
+    queue: BatchQueue
+
+    def claim(batch: list[Item]) -> None:
+        other: list[bool] = []  # can another thread (the event loop's remove) take the lock now?
+
+        def try_lock() -> None:
+            other.append(queue._cond.acquire(blocking=False))
+            if other[-1]:
+                queue._cond.release()
+
+        probe = threading.Thread(target=try_lock)
+        probe.start()
+        probe.join()
+        assert other == [False]
+        claimed.append(list(batch))
+
+    queue = BatchQueue(policy(max_batch_size=2), 16, claim=claim)
+    items = [Item(5, seq=queue.next_seq()) for _ in range(3)]
+    queue.put(items)
+    first, second = queue.take(timeout=0), queue.take(timeout=0)
+    assert first is not None and second is not None
+    assert claimed == [first.batch, second.batch] and sum(map(len, claimed)) == 3
+    assert queue.remove(items) == 0  # all handed out, each with its claim
+
+
+def test_a_posted_chore_reaches_the_taker_even_with_nothing_queued():
+    queue = BatchQueue(policy(), 4)
+    ran: list[str] = []
+    queue.post(lambda: ran.append("freed"))
+    decision = queue.take(timeout=1.0)
+    assert decision is not None and decision.empty and len(decision.chores) == 1
+    decision.chores[0]()
+    assert ran == ["freed"] and queue.take_chores() == []

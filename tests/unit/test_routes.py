@@ -1,0 +1,164 @@
+"""Route rules in-process (the app with the fake HashHandler): what is refused, when, and what a refusal
+may say. Real-server behaviour of the same rules is in tests/integration."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import wait_for
+from fakes import DIM, HashHandler, loader_for, vector_for
+from fastapi.testclient import TestClient
+
+from inferd.api.app import create_admin_app, create_app
+from inferd.config import BatchingSettings, LimitSettings, ModelSettings, ServerSettings, Settings
+from inferd.core.handler import ModelLoadError, ModelSpec
+
+ADMIN = {"Authorization": "Bearer admin-key"}
+
+
+def settings_for(tmp_path: Path, **sections: Any) -> Settings:
+    model = {"path": str(tmp_path / "m1"), "version": "v1", "warmup": False, "load_mode": "eager",
+             "root": (str(tmp_path),), **sections.pop("model", {})}
+    server = {"admin_key": "admin-key", **sections.pop("server", {})}
+    return Settings(model=ModelSettings(**model), server=ServerSettings(**server),
+                    batching=BatchingSettings(max_wait_ms=0.0, **sections.pop("batching", {})),
+                    limits=LimitSettings(**sections.pop("limits", {})), **sections)
+
+
+@contextmanager
+def app_client(tmp_path: Path, handler: Any = None, **sections: Any) -> Iterator[tuple[TestClient, HashHandler]]:
+    handler = handler or HashHandler()
+    loader = handler if callable(handler) and not isinstance(handler, HashHandler) else loader_for(handler)
+    with TestClient(create_app(settings_for(tmp_path, **sections), loader=loader)) as client:
+        yield client, handler
+
+
+def error(response: Any, status: int) -> dict[str, Any]:
+    assert response.status_code == status, response.text
+    body = response.json()
+    assert set(body) == {"error"} and set(body["error"]) == {"message", "type", "code", "param"}
+    return body["error"]
+
+
+def test_priority_above_the_configured_ceiling_is_refused_and_never_queued(tmp_path: Path) -> None:
+    with app_client(tmp_path) as (c, handler):
+        err = error(c.post("/predict", json={"texts": ["a"], "priority": 1}), 422)
+        assert (err["code"], err["param"]) == ("priority_not_allowed", "priority")
+        assert "batching.max_priority" in err["message"]
+        assert c.post("/predict", json={"texts": ["b"], "priority": -7}).status_code == 200
+        assert handler.batches == [["b"]]
+    with app_client(tmp_path, batching={"max_priority": 10}) as (c, _):
+        assert c.post("/predict", json={"texts": ["a"], "priority": 10}).status_code == 200
+        assert error(c.post("/v1/embeddings", json={"input": "a", "priority": 11}), 422)["param"] == "priority"
+
+
+@pytest.mark.parametrize("value", [True, False, "5", "5.0", [], {}, 0, -1, 600_001, None])
+def test_timeout_ms_is_a_strict_positive_number(tmp_path: Path, value: Any) -> None:
+    with app_client(tmp_path) as (c, handler):
+        r = c.post("/predict", json={"texts": ["a"], "timeout_ms": value})
+        if value is None:
+            assert r.status_code == 200
+        else:
+            assert error(r, 422)["param"] == "timeout_ms"
+            assert handler.batches == []
+
+
+@pytest.mark.parametrize("value", [5000, 2500.5, 600_000])  # an int or a float; long enough not to expire
+def test_timeout_ms_takes_ints_and_floats(tmp_path: Path, value: float) -> None:
+    with app_client(tmp_path) as (c, _):
+        assert c.post("/predict", json={"texts": ["a"], "timeout_ms": value}).status_code == 200
+
+
+def test_a_wrong_dimensions_is_refused_before_the_model_runs(tmp_path: Path) -> None:
+    with app_client(tmp_path) as (c, handler):
+        err = error(c.post("/v1/embeddings", json={"input": ["a", "b"], "dimensions": DIM + 1}), 422)
+        assert err["param"] == "dimensions" and f"{DIM}-dimensional" in err["message"]
+        assert handler.batches == []
+        ok = c.post("/v1/embeddings", json={"input": "a", "dimensions": DIM})
+        assert ok.json()["data"][0]["embedding"] == vector_for("a")
+
+
+def test_info_needs_an_inference_key_when_keys_are_set(tmp_path: Path) -> None:
+    with app_client(tmp_path, server={"api_keys": ("k1",)}) as (c, _):
+        err = error(c.get("/info"), 401)
+        assert err["code"] == "invalid_api_key"
+        assert c.get("/info", headers={"Authorization": "Bearer k1"}).json()["dimension"] == DIM
+        assert c.get("/health/ready").status_code == 200  # health stays public
+
+
+def test_a_failed_load_says_failed_publicly_and_its_cause_only_to_the_admin(tmp_path: Path) -> None:
+    secret = str(tmp_path / "private" / "weights-folder")
+
+    def broken(spec: ModelSpec) -> Any:
+        raise ModelLoadError(f"cannot load {secret}: the weights do not fit")
+
+    with app_client(tmp_path, broken) as (c, _):
+        ready = c.get("/health/ready")
+        assert ready.status_code == 503 and ready.json()["status"] == "failed"
+        busy = c.post("/predict", json={"texts": ["a"]})
+        assert error(busy, 503)["code"] == "model_failed" and busy.headers["Retry-After"]
+        for public in (ready, c.get("/health"), c.get("/health/live"), busy):
+            assert secret not in public.text and "private" not in public.text
+        admin = c.get("/admin/models", headers=ADMIN).json()
+        assert admin["state"] == "failed" and secret in admin["reason"]
+
+
+def test_a_reload_under_a_served_version_gets_409_naming_it(tmp_path: Path) -> None:
+    with app_client(tmp_path) as (c, _):
+        r = c.post("/admin/models/reload", json={"path": str(tmp_path / "m2"), "version": "v1"}, headers=ADMIN)
+        err = error(r, 409)
+        assert err["code"] == "version_in_use" and "'v1'" in err["message"] and err["type"] == "conflict_error"
+        assert 'inferd_model_reloads_total{outcome="failed"} 1.0' in c.get("/metrics").text
+        assert c.post("/predict", json={"texts": ["a"]}).headers["X-Model-Version"] == "v1"
+
+
+@pytest.mark.parametrize("path", ["m\x00x", "m\nx", "\x7f"])
+def test_an_admin_path_with_control_characters_is_a_422_not_a_500(tmp_path: Path, path: str) -> None:
+    with app_client(tmp_path) as (c, _):
+        r = c.post("/admin/models/reload", json={"path": str(tmp_path / path), "version": "v2"}, headers=ADMIN)
+        assert "control characters" in error(r, 422)["message"]
+
+
+def test_the_admin_listener_has_the_body_limit_too(tmp_path: Path) -> None:
+    app = create_app(settings_for(tmp_path, limits={"max_body_bytes": 4096}), loader=loader_for(HashHandler()))
+    with TestClient(app), TestClient(create_admin_app(app)) as admin:
+        big = {"path": "x" * 5000, "version": "v2"}
+        assert error(admin.post("/admin/models/reload", json=big, headers=ADMIN), 413)["code"] == "body_too_large"
+        assert admin.get("/admin/models", headers=ADMIN).status_code == 200
+
+
+def test_a_flood_of_unknown_keys_names_the_first_one_only(tmp_path: Path) -> None:
+    body = {"texts": ["a"], **{f"x{i}": 0 for i in range(60_000)}}
+    with app_client(tmp_path) as (c, handler):
+        err = error(c.post("/predict", json=body), 422)
+        assert (err["param"], err["message"]) == ("x0", "x0: unknown field")
+        long_key = "k" * 500
+        assert error(c.post("/predict", json={"texts": ["a"], long_key: 1}), 422)["param"] == "k" * 40 + "…"
+        assert handler.batches == []
+
+
+def series_versions(metrics: str) -> set[str]:
+    return set(re.findall(r'version="([^"]+)"', metrics))
+
+
+def test_metric_series_of_retired_versions_are_removed(tmp_path: Path) -> None:
+    with app_client(tmp_path) as (c, _):
+        lines = []
+        for n in range(2, 8):
+            assert c.post("/predict", json={"texts": [f"t{n}"]}).status_code == 200
+            r = c.post("/admin/models/reload", json={"path": str(tmp_path / f"m{n}"), "version": f"v{n}"},
+                       headers=ADMIN)
+            assert r.status_code == 200, r.text
+            assert c.post("/predict", json={"texts": [f"u{n}"]}).status_code == 200
+            # The retired model is freed on the worker, a moment after its last request.
+            def only_current(n: int = n) -> str:
+                text = c.get("/metrics").text
+                return text if series_versions(text) == {f"v{n}"} else ""
+
+            lines.append(len(str(wait_for(only_current, 10, f"only v{n} in /metrics")).splitlines()))
+        assert len(set(lines[1:])) == 1, lines  # five more reloads, not one line more
