@@ -6,6 +6,7 @@ serves the next request. Requests the app had accepted are counted 499 (nginx's 
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from pathlib import Path
@@ -13,7 +14,7 @@ from pathlib import Path
 import httpx
 from conftest import Server, metric_value, wait_for
 
-from hostile.client import LivenessProbe, connect, request_bytes
+from hostile.client import assert_no_stall, connect, request_bytes
 from hostile.conftest import assert_no_traceback, internal_errors, log_mark, metrics_text, requests_count
 
 JSON = {"Content-Type": "application/json"}
@@ -35,12 +36,14 @@ def predict_ok(server: Server, text: str = "still serving") -> None:
 def test_gone_during_the_head(server: Server) -> None:
     mark = log_mark(server)
     before = internal_errors(server)
-    with LivenessProbe(server.port) as probe:
+
+    def attack() -> None:
         for cut in (5, 20, 40):
             with connect(server.port) as sock:
                 sock.sendall(request_bytes("POST", "/predict", JSON, b'{"texts": ["x"]}')[:cut])
         time.sleep(0.2)
-    probe.check()
+
+    assert_no_stall(server.port, attack)
     assert internal_errors(server) == before
     predict_ok(server)
     assert_no_traceback(server, mark)
@@ -48,13 +51,15 @@ def test_gone_during_the_head(server: Server) -> None:
 
 def test_gone_during_the_body(server: Server) -> None:
     mark = log_mark(server)
-    before = requests_count(server, 499, "/predict")
-    with LivenessProbe(server.port) as probe:
+
+    def attack() -> None:
+        before = requests_count(server, 499, "/predict")
         with connect(server.port) as sock:
             sock.sendall(request_bytes("POST", "/predict", JSON, b'{"texts": ["hal', content_length=500))
             time.sleep(0.2)
         wait_for(lambda: requests_count(server, 499, "/predict") == before + 1, 5, "499 counted")
-    probe.check()
+
+    assert_no_stall(server.port, attack)
     predict_ok(server)
     assert_no_traceback(server, mark)
 
@@ -75,20 +80,24 @@ def _hold_worker(server: Server, gate: str) -> tuple[threading.Thread, dict[str,
 
 def test_gone_while_queued(server: Server) -> None:
     mark = log_mark(server)
-    before = requests_count(server, 499, "/predict")
     errors = internal_errors(server)
-    holder, held = _hold_worker(server, "queued-gate")
-    try:
-        with LivenessProbe(server.port) as probe:
+    gates = (f"queued-{n}" for n in itertools.count())
+
+    def attack() -> None:
+        before = requests_count(server, 499, "/predict")
+        gate = next(gates)
+        holder, held = _hold_worker(server, gate)
+        try:
             with connect(server.port) as sock:
                 sock.sendall(request_bytes("POST", "/predict", JSON, b'{"texts": ["waiting in the queue"]}'))
                 wait_for(lambda: in_flight(server) >= 2, 10, "the second request queued")
             wait_for(lambda: requests_count(server, 499, "/predict") == before + 1, 10, "the queued one 499")
-        probe.check()
-    finally:
-        (gate_dir(server) / "queued-gate").touch()
-        holder.join(60)
-    assert held["status"] == 200
+        finally:
+            (gate_dir(server) / gate).touch()
+            holder.join(60)
+        assert held["status"] == 200
+
+    assert_no_stall(server.port, attack)
     assert internal_errors(server) == errors
     predict_ok(server)
     assert_no_traceback(server, mark)
@@ -96,16 +105,22 @@ def test_gone_while_queued(server: Server) -> None:
 
 def test_gone_while_running(server: Server) -> None:
     mark = log_mark(server)
-    before = requests_count(server, 499, "/predict")
     errors = internal_errors(server)
-    with LivenessProbe(server.port) as probe:
-        with connect(server.port) as sock:
-            sock.sendall(request_bytes("POST", "/predict", JSON, b'{"texts": ["hold:running-gate x"]}'))
-            wait_for(lambda: in_flight(server) >= 1, 10, "the request running")
-        wait_for(lambda: requests_count(server, 499, "/predict") == before + 1, 10, "the running one 499")
-    probe.check()
-    (gate_dir(server) / "running-gate").touch()
-    wait_for(lambda: in_flight(server) == 0, 10, "the worker free again")
+    gates = (f"running-{n}" for n in itertools.count())
+
+    def attack() -> None:
+        before = requests_count(server, 499, "/predict")
+        gate = next(gates)
+        try:
+            with connect(server.port) as sock:
+                sock.sendall(request_bytes("POST", "/predict", JSON, b'{"texts": ["hold:%s x"]}' % gate.encode()))
+                wait_for(lambda: in_flight(server) >= 1, 10, "the request running")
+            wait_for(lambda: requests_count(server, 499, "/predict") == before + 1, 10, "the running one 499")
+        finally:
+            (gate_dir(server) / gate).touch()
+        wait_for(lambda: in_flight(server) == 0, 10, "the worker free again")
+
+    assert_no_stall(server.port, attack)
     assert internal_errors(server) == errors
     predict_ok(server)
     assert_no_traceback(server, mark)

@@ -15,7 +15,7 @@ import httpx
 import pytest
 from conftest import Server, wait_for
 
-from hostile.client import LivenessProbe, exchange
+from hostile.client import assert_no_stall, exchange
 from hostile.conftest import assert_no_traceback, internal_errors, log_mark
 
 FORGED = "2026-12-01 00:00:00,000 CRITICAL inferd.security: admin login ok"
@@ -31,7 +31,7 @@ def head(path: bytes = b"/health/live", extra: bytes = b"") -> bytes:
 
 @pytest.mark.parametrize("where", ["header value", "header name", "path"])
 def test_a_raw_control_character_anywhere_in_the_head_is_400(server: Server, where: str) -> None:
-    with LivenessProbe(server.port) as probe:
+    def attack() -> None:
         for code in CONTROLS:
             c = bytes([code])
             data = {"header value": head(extra=b"X-Test: a" + c + b"b\r\n"),
@@ -41,7 +41,8 @@ def test_a_raw_control_character_anywhere_in_the_head_is_400(server: Server, whe
             assert response is not None, hex(code)
             assert response.status == 400, (hex(code), response.status)
             response.assert_error(400, "invalid_http")
-    probe.check()
+
+    assert_no_stall(server.port, attack)
     assert internal_errors(server) == 0
 
 
@@ -74,12 +75,13 @@ def _forged_lines(log: str) -> list[str]:
 
 
 def test_encoded_control_characters_in_the_path_cannot_forge_a_text_log_line(server: Server) -> None:
-    with LivenessProbe(server.port) as probe:
+    def attack() -> None:
         for enc in ENCODED:
             response = exchange(server.port, head(path=f"/x{enc}{FORGED.replace(' ', '%20')}".encode()))
             assert response is not None
             response.assert_error(404)
-    probe.check()
+
+    assert_no_stall(server.port, attack)
     wait_for(lambda: server.log().count("admin login ok") >= len(ENCODED), 5, "the access lines")
     log = server.log()
     assert _forged_lines(log) == []

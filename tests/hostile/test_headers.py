@@ -13,8 +13,8 @@ import psutil
 from conftest import Server
 
 from hostile.client import (
-    LivenessProbe,
     answered_or_closed,
+    assert_no_stall,
     closed_by_server,
     connect,
     exchange,
@@ -28,36 +28,41 @@ MAX_HEADER_BYTES = 16_384  # the default, which these servers keep
 
 def test_a_huge_header_line_is_refused_431_while_it_streams_and_memory_stays_flat(server: Server) -> None:
     rss = psutil.Process(server.proc.pid)
-    before = rss.memory_info().rss
-    chunk = b"a" * 65536
-    sent = 0
-    with LivenessProbe(server.port) as probe, connect(server.port) as sock:
-        sock.sendall(b"GET /health/live HTTP/1.1\r\nHost: x\r\nX-Huge: ")
-        try:
-            # Up to 64 MB, stopping as soon as the server answers: main kept reading (and buffering) it all.
-            while sent < 64 * 2**20 and not answered_or_closed(sock):
-                sock.sendall(chunk)
-                sent += len(chunk)
-            sock.sendall(b"\r\n\r\n")
-        except (BrokenPipeError, ConnectionResetError):
-            pass  # refused and closed while we were still sending: the answer is already on its way
-        response = read_response(sock)
+
+    def attack() -> None:
+        before = rss.memory_info().rss
+        chunk = b"a" * 65536
+        sent = 0
+        with connect(server.port) as sock:
+            sock.sendall(b"GET /health/live HTTP/1.1\r\nHost: x\r\nX-Huge: ")
+            try:
+                # Up to 64 MB, stopping once the server answers: main kept reading (and buffering) it all.
+                while sent < 64 * 2**20 and not answered_or_closed(sock):
+                    sock.sendall(chunk)
+                    sent += len(chunk)
+                sock.sendall(b"\r\n\r\n")
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # refused and closed while we were still sending: the answer is already on its way
+            response = read_response(sock)
         grown = rss.memory_info().rss - before
-    assert response is not None
-    response.assert_error(431, "header_too_large")
-    assert response.headers["connection"] == "close"
-    assert sent < 8 * 2**20, f"the server read {sent} bytes of head before refusing"
-    assert grown < 16 * 2**20, f"RSS grew {grown / 2**20:.1f} MiB for one header"
-    probe.check()
+        assert response is not None
+        response.assert_error(431, "header_too_large")
+        assert response.headers["connection"] == "close"
+        assert sent < 8 * 2**20, f"the server read {sent} bytes of head before refusing"
+        assert grown < 16 * 2**20, f"RSS grew {grown / 2**20:.1f} MiB for one header"
+
+    assert_no_stall(server.port, attack)
 
 
 def test_many_small_headers_past_the_cap_are_431(server: Server) -> None:
     headers = {f"X-H{i}": "v" * 20 for i in range(1000)}  # about 30 KB in all
-    with LivenessProbe(server.port) as probe:
+
+    def attack() -> None:
         response = exchange(server.port, request_bytes("GET", "/health/live", headers))
-    assert response is not None
-    response.assert_error(431, "header_too_large")
-    probe.check()
+        assert response is not None
+        response.assert_error(431, "header_too_large")
+
+    assert_no_stall(server.port, attack)
 
 
 def test_a_long_url_past_the_cap_is_431(server: Server) -> None:
@@ -79,20 +84,22 @@ def test_431_is_counted_and_logged_like_any_request(server: Server) -> None:
 
 
 def test_a_slow_head_gets_408_at_the_header_timeout(server: Server) -> None:
-    with LivenessProbe(server.port) as probe, connect(server.port) as sock:
-        started = time.monotonic()
-        sock.sendall(b"GET /health/live HTTP/1.1\r\nHost: x\r\nX-Slow: ")
-        # Slowloris: a byte every 200 ms keeps the head "in progress" for ever unless its time is bounded.
-        while not answered_or_closed(sock) and time.monotonic() - started < HEADER_TIMEOUT_S + 5:
-            sock.sendall(b"a")
-            time.sleep(0.2)
-        response = read_response(sock)
-        took = time.monotonic() - started
-        assert response is not None
-        response.assert_error(408, "header_timeout")
-        assert closed_by_server(sock, 5)
-    assert HEADER_TIMEOUT_S <= took < HEADER_TIMEOUT_S + 3
-    probe.check()
+    def attack() -> None:
+        with connect(server.port) as sock:
+            started = time.monotonic()
+            sock.sendall(b"GET /health/live HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+            # Slowloris: a byte every 200 ms keeps the head "in progress" for ever unless its time is bounded.
+            while not answered_or_closed(sock) and time.monotonic() - started < HEADER_TIMEOUT_S + 5:
+                sock.sendall(b"a")
+                time.sleep(0.2)
+            response = read_response(sock)
+            took = time.monotonic() - started
+            assert response is not None
+            response.assert_error(408, "header_timeout")
+            assert closed_by_server(sock, 5)
+        assert HEADER_TIMEOUT_S <= took < HEADER_TIMEOUT_S + 3
+
+    assert_no_stall(server.port, attack)
 
 
 def test_half_a_head_then_silence_gets_408(server: Server) -> None:
@@ -137,13 +144,14 @@ def test_connections_beyond_limit_concurrency_get_503_in_the_error_shape(
     holders = [connect(limited.port) for _ in range(5)]  # open and idle: each counts as a connection
     try:
         time.sleep(0.2)
-        response = exchange(limited.port, request_bytes("GET", "/health/ready"))
-        assert response is not None
-        response.assert_error(503, "overloaded")
-        assert response.headers["retry-after"] == "1"
-        with LivenessProbe(limited.port) as probe:  # liveness is exempt: overload must not mean "restart me"
-            time.sleep(0.2)
-        probe.check()
+
+        def attack() -> None:  # the probe's own connection is over the limit too: liveness is exempt
+            response = exchange(limited.port, request_bytes("GET", "/health/ready"))
+            assert response is not None
+            response.assert_error(503, "overloaded")
+            assert response.headers["retry-after"] == "1"
+
+        assert_no_stall(limited.port, attack)
     finally:
         for sock in holders:
             sock.close()
