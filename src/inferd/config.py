@@ -127,7 +127,7 @@ class MemorySettings(_Section):
     # once at start (0 = glibc's dynamic threshold, which let RSS climb for ever); requests between trims of
     # the heap's free pages on the worker (0 = never).
     malloc_mmap_threshold: int = Field(131_072, ge=0, le=33_554_432)
-    malloc_trim_every_n: int = Field(100, ge=0)
+    malloc_trim_every_n: int = Field(20, ge=0)
 
 
 class CacheSettings(_Section):
