@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 from fastapi import APIRouter, Depends, Request
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictFloat
 from starlette.responses import Response
 
 from inferd.api.errors import APIError
@@ -44,7 +44,7 @@ class ReloadRequest(BaseModel):
 
 
 class CanaryRequest(ReloadRequest):
-    weight: float = Field(ge=0.0, le=1.0)
+    weight: StrictFloat = Field(ge=0.0, le=1.0, allow_inf_nan=False)  # strict: JSON false is not 0.0
 
 
 def _describe(slot: ModelSlot) -> dict[str, Any]:

@@ -1,0 +1,118 @@
+"""Property-based fuzzing of every route against the app's own OpenAPI schema, with schemathesis.
+
+The app runs in-process (schemathesis's ASGI client, lifespan included) with the fake HashHandler, every
+route keyed (one key is both an inference key and the admin key). Each generated request, schema-valid
+and schema-violating alike, must get: no 5xx; a status the schema documents; a body that matches the
+schema for that status; every error in the one error shape; and a 4xx for a body the schema rules out.
+Bounded and deterministic: a fixed number of examples per route, derandomised.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+import schemathesis
+from fakes import HashHandler, loader_for
+from fastapi import FastAPI
+from hypothesis import HealthCheck, settings
+from schemathesis.specs.openapi.checks import (
+    content_type_conformance,
+    negative_data_rejection,
+    response_schema_conformance,
+    status_code_conformance,
+)
+
+from inferd.api.app import create_app
+from inferd.config import BatchingSettings, CanarySettings, ModelSettings, ServerSettings, Settings
+
+KEY = "fuzz-key"
+# Hypothesis examples per operation: the 14 operations take about a minute on two cores.
+EXAMPLES = 100
+# Health answers 503 with its own documented shape (a state); every other error is the one error shape.
+HEALTH = {"/health", "/health/ready", "/health/live"}
+
+MODELS = Path(tempfile.gettempdir()) / "inferd-fuzz-models"  # only a name: the fake loader reads nothing
+
+
+def make_app() -> FastAPI:
+    # model.root "/" lets a generated path load (the fake loader reads nothing), so reloads and canaries with
+    # generated versions really switch models; a canary from the start gives promote and rollback work.
+    return create_app(Settings(
+        model=ModelSettings(name="fuzz", path=str(MODELS / "m1"), version="v1", warmup=False, load_mode="eager",
+                            root=("/",)),
+        canary=CanarySettings(path=str(MODELS / "c1"), version="c1", weight=0.5),
+        server=ServerSettings(admin_key=KEY, api_keys=(KEY,), access_log=False),
+        batching=BatchingSettings(max_wait_ms=0.0)), loader=loader_for(HashHandler()))
+
+
+app = make_app()
+# The schema comes from the app itself. Schemathesis ends an app's lifespan (its engine and worker) when each
+# test item ends, and a drained app does not start again: every operation gets an app of its own.
+schema = schemathesis.openapi.from_asgi("/openapi.json", app)
+schema.config.generation.update(max_examples=EXAMPLES, deterministic=True)
+
+
+def no_server_fault(ctx: Any, response: Any, case: Any) -> bool | None:
+    """No 5xx, except the 504 of a request that chose its own deadline (timeout_ms can be 5e-324 ms)."""
+    if response.status_code < 500:
+        return None
+    chose_deadline = isinstance(case.body, dict) and case.body.get("timeout_ms") is not None
+    assert response.status_code == 504 and chose_deadline, f"{response.status_code}: {response.text[:300]}"
+    assert response.json()["error"]["code"] == "deadline_exceeded", response.text
+    return True
+
+
+def one_error_shape(ctx: Any, response: Any, case: Any) -> bool | None:
+    """Every error body is {"error": {"message", "type", "code", "param"}} with JSON types to match."""
+    if response.status_code < 400 or case.path in HEALTH:
+        return None
+    body = response.json()
+    assert isinstance(body, dict) and set(body) == {"error"}, body
+    error = body["error"]
+    assert set(error) == {"message", "type", "code", "param"}, error
+    assert isinstance(error["message"], str) and error["message"], error
+    assert isinstance(error["type"], str) and isinstance(error["code"], str), error
+    assert error["param"] is None or isinstance(error["param"], str), error
+    assert "Traceback" not in error["message"], error
+    return True
+
+
+CHECKS = [no_server_fault, status_code_conformance, content_type_conformance, response_schema_conformance,
+          negative_data_rejection, one_error_shape]
+
+
+@pytest.fixture
+def fresh_app() -> FastAPI:
+    return make_app()
+
+
+@schema.parametrize()
+@settings(max_examples=EXAMPLES, derandomize=True, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.data_too_large,
+                                 HealthCheck.function_scoped_fixture])
+def test_every_route_answers_as_its_schema_says(case: Any, fresh_app: FastAPI) -> None:
+    response = case.call(app=fresh_app, headers={"Authorization": f"Bearer {KEY}"})
+    case.validate_response(response, checks=CHECKS, headers={"Authorization": f"Bearer {KEY}"})
+
+
+def test_the_schema_declares_every_routes_bodies() -> None:
+    """The inference and admin routes read their bodies by hand; the schema still describes them."""
+    doc = app.openapi()
+    paths = doc["paths"]
+    for path in ("/predict", "/v1/embeddings", "/admin/models/reload", "/admin/models/canary"):
+        body = paths[path]["post"]["requestBody"]["content"]["application/json"]["schema"]
+        assert body["type"] == "object" and body["additionalProperties"] is False and body["required"], path
+    assert paths["/predict"]["post"]["requestBody"]["content"]["application/json"]["schema"]["required"] == ["texts"]
+    for path, operations in paths.items():
+        for method, operation in operations.items():
+            responses = operation["responses"]
+            assert "200" in responses, (method, path)
+            for status, response in responses.items():
+                if status != "200" and path not in HEALTH:
+                    ref = response["content"]["application/json"]["schema"]["$ref"]
+                    assert ref.endswith("/ErrorResponse"), (method, path, status)
+    assert {"ErrorResponse", "PredictResponse", "EmbeddingsResponse", "Info", "Health"} <= set(
+        doc["components"]["schemas"])
