@@ -32,6 +32,8 @@ def test_fleet_phase_measures_one_and_two_workers_against_one_process(tiny_model
     assert [(phases[n]["workers"], phases[n]["torch_threads"], phases[n]["via"])
             for n in ("fleet:plain@4", "fleet:fleet1@4", "fleet:fleet2@4")] == \
         [(1, 2, "direct"), (1, 2, "nginx"), (2, 1, "nginx")]  # the threads are split between two workers
+    # Straight to a worker its /metrics gives batch figures; through nginx there are none to read (404).
+    assert phases["fleet:plain@4"]["mean_batch_size"] >= 1 and phases["fleet:fleet2@4"]["mean_batch_size"] is None
     summary = results["fleet"]
     assert summary["fleet2_over_plain"] == pytest.approx(
         phases["fleet:fleet2@4"]["texts_per_s"] / phases["fleet:plain@4"]["texts_per_s"], rel=1e-2)
@@ -45,7 +47,7 @@ def test_fleet_phase_measures_one_and_two_workers_against_one_process(tiny_model
     turns = phases["fleet:fleet2@4"]["round_over_plain"]
     assert summary["fleet2_over_plain_rounds"] == [min(turns), max(turns)] and len(turns) == 4
     md = (out / "RESULTS.md").read_text()
-    assert "## Fleet: nginx + supervisord" in md and "| fleet2@4 | 2 | 1 | nginx |" in md
+    assert "## Fleet: nginx + supervisord" in md and "| fleet2@4 | 2 | 1 | nginx |" in md and "mean batch" in md
     # Both fleets were stopped: none of their ports still listens.
     for kept in {p["logs"] for p in phases.values()}:  # each fleet's run folder, copied beside the other logs
         assert (Path(kept) / "logs" / "worker-0.log").is_file()

@@ -123,9 +123,10 @@ def _combine(slices: list[dict[str, Any]], concurrency: int) -> dict[str, Any]:
                            "concurrency": concurrency, "texts_per_request": 1, "slices": len(slices),
                            "slice_texts_per_s": [s["texts_per_s"] for s in slices],
                            "slice_p50_ms": [s["p50_ms"] for s in slices]}
-    for key in ("p50_ms", "p90_ms", "p99_ms"):
-        values = [s[key] for s in slices if s[key] is not None]
-        out[key] = round(statistics.median(values), 2) if values else None
+    for key in ("p50_ms", "p90_ms", "p99_ms", "mean_batch_size", "worker_busy"):
+        # Batch figures only where /metrics was scraped (straight to a worker; nginx answers it 404).
+        values = [s[key] for s in slices if s.get(key) is not None]
+        out[key] = round(statistics.median(values), 3 if key == "worker_busy" else 2) if values else None
     return out
 
 
@@ -241,7 +242,7 @@ def fleet_markdown(results: dict[str, Any]) -> str:
     out = ["## Fleet: nginx + supervisord, 1 and 2 workers, against one plain process", "",
            f"Each phase in {ROUNDS} turns, the phases taking turns in rotating order (both fleets up throughout).", "",
            "| phase | workers | torch threads each | via | concurrency | texts/s | texts/s per turn | P50 ms | P90 ms "
-           "| P99 ms | errors |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+           "| P99 ms | mean batch | errors |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, p in phases.items():
         if p.get("error"):
             continue
@@ -249,7 +250,7 @@ def fleet_markdown(results: dict[str, Any]) -> str:
         turns = ", ".join(f"{x:.1f}" for x in p.get("slice_texts_per_s", []))
         out.append(f"| {name.removeprefix('fleet:')} | {p['workers']} | {p['torch_threads']} | {p['via']} | "
                    f"{p['concurrency']} | {_fmt(p['texts_per_s'])} | {turns} | {_fmt(p['p50_ms'])} | "
-                   f"{_fmt(p['p90_ms'])} | {_fmt(p['p99_ms'])} | {errors} |")
+                   f"{_fmt(p['p90_ms'])} | {_fmt(p['p99_ms'])} | {_fmt(p.get('mean_batch_size'))} | {errors} |")
     out += ["", f"- 2 workers through nginx / one plain process: **{_fmt(summary.get('fleet2_over_plain'), 3)}** "
             f"(per turn {summary.get('fleet2_over_plain_rounds')}); 1 worker through nginx / the same process direct: "
             f"{_fmt(summary.get('fleet1_over_plain'), 3)} (per turn {summary.get('fleet1_over_plain_rounds')}); "
