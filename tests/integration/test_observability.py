@@ -116,7 +116,7 @@ def test_metrics_move_as_expected_after_known_requests(server: Server) -> None:
     assert value(after, "inferd_queue_depth") == 0
     assert value(after, "inferd_requests_in_flight") == 0
     assert value(after, "inferd_model_info", slot="active", name="all-MiniLM-L6-v2", version=VERSION,
-                 device="cpu", dtype="float32", backend="pytorch") == 1
+                 device="cpu", dtype="float32", backend="torch", quantize="none") == 1
     assert value(after, "inferd_model_load_seconds", version=VERSION) > 0
     assert value(after, "process_resident_memory_bytes") > 0
     # No GPU here: the GPU families are declared (dashboards see the names) but carry no samples.

@@ -73,10 +73,12 @@ class FakeEncoder(torch.nn.Module):
 
 
 def fake_handler(pooling: str, normalize: bool) -> EmbeddingHandler:
+    from inferd.core.backends.torch import TorchRunner
     from inferd.core.handler import POOLERS
 
     h = EmbeddingHandler()
     h.model, h.device, h.pad_id, h.normalize = FakeEncoder().eval(), torch.device("cpu"), 0, normalize
+    h.runner = TorchRunner(h.model, h.device)
     h._pool = POOLERS[pooling]
     return h
 

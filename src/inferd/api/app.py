@@ -37,10 +37,16 @@ class LoadFailed(SystemExit):
 
 def _publish_models(manager: ModelManager, metrics: Metrics) -> None:
     metrics.model_info.clear()
+    metrics.model_gate.clear()
     for role, slot in manager.slots():
         h = slot.handler
         metrics.model_info.labels(role, slot.spec.name, slot.version, str(h.device), h.dtype,
-                                  "pytorch").set(1)
+                                  getattr(h, "backend", "torch"), getattr(h, "quantize", "none")).set(1)
+        gate = (getattr(h, "backend_info", None) or {}).get("gate") or {}
+        for figure in ("cosine_min", "cosine_mean", "overlap_at_10", "invariance_min"):
+            value = gate.get("figures", {}).get(figure)
+            if value is not None:
+                metrics.model_gate.labels(slot.version, figure).set(value)
         metrics.model_load.labels(slot.version).set(slot.load_seconds)
 
 

@@ -212,10 +212,12 @@ async def info(request: Request) -> Response:
             "max_seq_length": h.max_seq_length, "device": str(h.device), "dtype": h.dtype,
             "pooling": getattr(h, "pooling", None), "normalize": getattr(h, "normalize", None),
             "load_seconds": round(slot.load_seconds, 3),
-            "weight": manager.canary_weight if role == "canary" else None})
+            "weight": manager.canary_weight if role == "canary" else None,
+            "backend": getattr(h, "backend", "torch"), "quantize": getattr(h, "quantize", "none"),
+            "backend_info": getattr(h, "backend_info", None)})
     if out["models"]:
         out.update({k: out["models"][0][k] for k in ("name", "version", "dimension", "max_seq_length",
-                                                     "device", "dtype")})
+                                                     "device", "dtype", "backend", "quantize")})
     return json_response(out)
 
 

@@ -118,6 +118,10 @@ class ModelInfo(BaseModel):
     normalize: bool | None
     load_seconds: float
     weight: float | None
+    backend: str = "torch"
+    quantize: str = "none"
+    # How the forward pass runs: dtype reason, export cache entry, the accuracy gate's figures.
+    backend_info: dict[str, Any] | None = None
 
 
 class Info(BaseModel):
@@ -130,6 +134,8 @@ class Info(BaseModel):
     max_seq_length: int | None = None
     device: str | None = None
     dtype: str | None = None
+    backend: str | None = None
+    quantize: str | None = None
 
 
 class Health(BaseModel):

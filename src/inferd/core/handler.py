@@ -19,7 +19,6 @@ from inferd.core.preprocess import Encoded, TextEncoder
 
 log = logging.getLogger(__name__)
 
-_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 # Any one of these lets a fast tokenizer be built; a folder with none has no tokenizer at all.
 _TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "vocab.json", "tokenizer.model", "spiece.model",
                     "sentencepiece.bpe.model")
@@ -43,6 +42,12 @@ class ModelSpec:
     truncate: bool = True
     allow_pickle: bool = False
     warmup: bool = True
+    # The forward pass's runtime (core/backends/): torch | onnx | openvino, quantisation, export cache.
+    backend: str = "torch"
+    quantize: str = "none"
+    cache_dir: str | None = None
+    calibration_file: str | None = None
+    gate: tuple[tuple[str, float], ...] = ()  # model.gate.* thresholds that differ from the defaults
 
 
 class Handler(Protocol):
@@ -124,7 +129,7 @@ class EmbeddingHandler:
     """Sentence embeddings from a Hugging Face encoder, pooled as the model's own configuration says."""
 
     def load(self, spec: ModelSpec, device: torch.device) -> None:
-        from transformers import AutoConfig, AutoModel, AutoTokenizer
+        from transformers import AutoConfig, AutoTokenizer
 
         safetensors = check_weights(spec.path, spec.allow_pickle)
         if not any((spec.path / f).is_file() for f in _TOKENIZER_FILES):
@@ -134,24 +139,10 @@ class EmbeddingHandler:
         try:
             config = AutoConfig.from_pretrained(spec.path, local_files_only=True)
             tokenizer = AutoTokenizer.from_pretrained(spec.path, local_files_only=True)
-            model, loading = AutoModel.from_pretrained(
-                spec.path, local_files_only=True, use_safetensors=safetensors, dtype=_DTYPES[spec.dtype],
-                output_loading_info=True)
         except (OSError, ValueError, KeyError, RuntimeError) as exc:
             raise ModelLoadError(f"cannot load {spec.path}: {exc}") from exc
-        # Weights that do not fit the architecture config.json names are left random, with only a warning:
-        # a model that would serve noise. The pooler is unused by embedding pooling and often absent.
-        missing = sorted(k for k in loading["missing_keys"] if not k.startswith("pooler."))
-        if missing or loading["mismatched_keys"]:
-            raise ModelLoadError(
-                f"{spec.path}: the weights do not fit the {config.model_type!r} architecture config.json names "
-                f"({len(missing)} missing, e.g. {missing[:2]}; {len(loading['mismatched_keys'])} of the wrong "
-                "shape): wrong architecture or a damaged checkpoint")
         if not getattr(tokenizer, "is_fast", False):
             raise ModelLoadError(f"{spec.path}: a fast (tokenizer.json) tokenizer is required")
-        self.model = model.to(device).eval()
-        self.device = device
-        self.dtype = spec.dtype
         self.name = spec.name
         self.version = spec.version
         self.dimension = int(config.hidden_size)
@@ -163,6 +154,15 @@ class EmbeddingHandler:
         self.pad_id = tokenizer.pad_token_id or 0
         self.encoder = TextEncoder(tokenizer.backend_tokenizer, self.max_seq_length, spec.truncate)
         self._pool = POOLERS[self.pooling]
+        # Last: exporting a graph and its accuracy gate run this task's own tokenising and pooling.
+        from inferd.core.backends import open_backend, options_for
+
+        if spec.backend != "torch" and spec.device == "auto":
+            device = torch.device("cpu")  # ONNX Runtime and OpenVINO run on the CPU here, GPU or not
+        self.runner = open_backend(spec.path, options_for(spec), device, self, safetensors)
+        self.device = self.runner.device
+        self.dtype = self.runner.dtype
+        self.backend, self.quantize, self.backend_info = self.runner.backend, self.runner.quantize, self.runner.info
 
     def preprocess(self, texts: list[str]) -> list[Encoded]:
         return self.encoder.encode(texts)
@@ -177,11 +177,14 @@ class EmbeddingHandler:
         return torch.from_numpy(ids), torch.from_numpy(mask)
 
     def infer(self, batch: list[Encoded]) -> np.ndarray:
+        return self.run(self.runner, batch)
+
+    def run(self, runner: Any, batch: list[Encoded]) -> np.ndarray:
+        """Pooled vectors for a batch, the forward pass on ``runner`` (the accuracy gate passes torch's)."""
         ids, mask = self.collate(batch)
         with torch.inference_mode():
-            ids, mask = ids.to(self.device), mask.to(self.device)
-            hidden = self.model(input_ids=ids, attention_mask=mask).last_hidden_state
-            pooled = self._pool(hidden, mask).float()
+            hidden = runner(ids, mask)
+            pooled = self._pool(hidden, mask.to(hidden.device)).float()
             if self.normalize:
                 pooled = torch.nn.functional.normalize(pooled, p=2, dim=1)
             return pooled.cpu().numpy()
@@ -195,4 +198,6 @@ class EmbeddingHandler:
         self.infer(sample[:1])
 
     def close(self) -> None:
-        self.model = None  # type: ignore[assignment]
+        runner = getattr(self, "runner", None)
+        if runner is not None:
+            runner.close()

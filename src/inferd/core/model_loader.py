@@ -70,7 +70,9 @@ def spec_from_settings(settings: Settings, path: Path | None = None, version: st
     return ModelSpec(
         path=path or resolve_model_path(m), name=m.name, version=version or m.version, task=m.task,
         device=m.device, dtype=m.dtype, pooling=m.pooling, normalize=m.normalize,
-        max_seq_length=m.max_seq_length, truncate=m.truncate, allow_pickle=m.allow_pickle, warmup=m.warmup)
+        max_seq_length=m.max_seq_length, truncate=m.truncate, allow_pickle=m.allow_pickle, warmup=m.warmup,
+        backend=m.backend, quantize=m.quantize, cache_dir=m.cache_dir, calibration_file=m.calibration_file,
+        gate=tuple(m.gate.model_dump().items()))
 
 
 def load_handler(spec: ModelSpec) -> Handler:

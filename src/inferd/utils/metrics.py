@@ -70,7 +70,10 @@ class Metrics:
         for reason in REJECT_REASONS:
             self.rejected.labels(reason)
         self.model_info = Gauge("inferd_model_info", "The model being served (value 1)",
-                                ["slot", "name", "version", "device", "dtype", "backend"], registry=r)
+                                ["slot", "name", "version", "device", "dtype", "backend", "quantize"], registry=r)
+        # The accuracy gate's figures for a converted model (onnx/openvino) against torch fp32.
+        self.model_gate = Gauge("inferd_model_gate_ratio", "Accuracy gate figures against torch fp32",
+                                ["version", "figure"], registry=r)
         self.model_load = Gauge("inferd_model_load_seconds", "Duration of the last model load",
                                 ["version"], registry=r)
         self.model_reloads = Counter("inferd_model_reloads_total", "Model reloads by outcome",

@@ -1,0 +1,261 @@
+"""Opening a backend: export, quantise, judge and cache once; later starts load the cached graph.
+
+A cache entry is a folder under ``model.cache_dir`` named by a key over everything that could change the
+graph or its accuracy: the model folder's content digest, the backend, dtype and quantisation, the
+calibration texts, the length limit, and the versions of the libraries that export and run it. The entry
+holds the graph and ``meta.json`` with the gate's figures, so a warm start needs neither torch weights nor
+a new comparison: the stored figures are judged against the current ``model.gate.*`` thresholds.
+Entries are written to a temporary folder and renamed into place, so concurrent starts never see half a
+graph; the model folder itself is only read (read-only model folders work).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+import time
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from inferd.core.backends import gate
+from inferd.core.backends.base import (
+    BackendError,
+    BackendOptions,
+    Runner,
+    check_options,
+    gate_kind,
+    resolve_dtype,
+)
+from inferd.core.backends.torch import TorchRunner, load_model
+
+log = logging.getLogger(__name__)
+
+FORMAT = 1  # bump when what an entry holds, or how it is made, changes
+META = "meta.json"
+_LIBRARIES = {"torch": ("torch", "transformers"),
+              "onnx": ("torch", "transformers", "onnx", "onnxruntime"),
+              "openvino": ("torch", "transformers", "openvino", "nncf")}
+
+
+def default_cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "inferd"
+
+
+def folder_digest(path: Path) -> str:
+    """sha256 over every file's relative path and content (hidden files and folders aside)."""
+    h = hashlib.sha256()
+    for file in sorted(p for p in path.rglob("*") if p.is_file()):
+        rel = file.relative_to(path)
+        if any(part.startswith(".") for part in rel.parts):
+            continue
+        h.update(str(rel).encode() + b"\0")
+        with file.open("rb") as f:
+            for block in iter(lambda f=f: f.read(1 << 20), b""):
+                h.update(block)
+        h.update(b"\0")
+    return h.hexdigest()
+
+
+def versions(backend: str) -> dict[str, str]:
+    out = {}
+    for lib in _LIBRARIES[backend]:
+        try:
+            out[lib] = metadata.version(lib)
+        except metadata.PackageNotFoundError:
+            out[lib] = "missing"
+    return out
+
+
+def folder_graph(path: Path, backend: str) -> Path | None:
+    """A graph for this backend that the model folder already holds (served as is, not exported)."""
+    from inferd.core.backends import onnx, openvino
+
+    names = openvino.FOLDER_GRAPHS if backend == "openvino" else onnx.FOLDER_GRAPHS
+    return next((path / n for n in names if (path / n).is_file()), None)
+
+
+def entry_key(model_digest: str, options: BackendOptions, dtype: str, max_seq_length: int,
+              calibration: str) -> dict[str, Any]:
+    return {"format": FORMAT, "model": model_digest, "backend": options.backend, "dtype": dtype,
+            "quantize": options.quantize, "calibration": calibration, "max_seq_length": max_seq_length,
+            "gate_texts": options.gate_texts, "calibration_texts": options.calibration_texts,
+            "libraries": versions(options.backend)}
+
+
+def entry_folder(root: Path, key: dict[str, Any]) -> Path:
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24]
+    return root / f"{key['backend']}-{key['quantize']}-{key['dtype']}-{digest}"
+
+
+def read_meta(entry: Path) -> dict[str, Any] | None:
+    try:
+        meta = json.loads((entry / META).read_text())
+    except (OSError, ValueError):
+        return None
+    return meta if isinstance(meta, dict) and meta.get("format") == FORMAT else None
+
+
+def _texts(options: BackendOptions) -> tuple[list[str], list[str], str]:
+    """(gate texts, calibration texts, an id for the cache key)."""
+    if options.calibration_file is not None:
+        texts = gate.read_calibration_file(options.calibration_file)
+        digest = hashlib.sha256("\n".join(texts).encode()).hexdigest()[:16]
+        # The operator's own texts serve both purposes: they are what the model will see.
+        return texts, texts, f"file:{digest}"
+    return (gate.builtin_texts(options.gate_texts), gate.builtin_texts(options.calibration_texts,
+                                                                         gate.CALIBRATION_SEED), "builtin:1")
+
+
+def open_runner(backend: str, graph: Path, dtype: str, quantize: str, threads: int,
+                info: dict[str, Any] | None = None, compile_cache: Path | None = None) -> Runner:
+    if backend == "openvino":
+        from inferd.core.backends.openvino import OpenVINORunner
+
+        return OpenVINORunner(graph, dtype, quantize, threads, compile_cache, info)
+    from inferd.core.backends.onnx import OnnxRunner
+
+    return OnnxRunner(graph, dtype, quantize, threads, info)
+
+
+def _convert(model: torch.nn.Module, options: BackendOptions, work: Path, given: Path | None,
+             samples: list[dict[str, Any]]) -> Path:
+    """Export (unless the folder held a graph), then quantise; returns the graph to serve."""
+    if options.backend == "openvino":
+        from inferd.core.backends import openvino as ov
+
+        source = given or ov.export(model, work if options.quantize == "none" else work / "fp32")
+        if options.quantize == "none":
+            return source
+        graph = ov.read(source)
+        names = [i.get_any_name() for i in graph.inputs]
+        if options.quantize == "int8-weights":
+            return ov.save(ov.compress_weights(graph), work)
+        return ov.save(ov.quantize_static(graph, gate.only_inputs(samples, names), len(samples)), work)
+    from inferd.core.backends import onnx
+
+    source = given or onnx.export(model, work if options.quantize == "none" else work / "fp32")
+    if options.quantize == "none":
+        return source
+    import onnx as onnx_lib
+
+    names = [i.name for i in onnx_lib.load(str(source), load_external_data=False).graph.input]
+    return onnx.quantize_static(source, work, gate.only_inputs(samples, names))
+
+
+def build(path: Path, entry: Path, key: dict[str, Any], options: BackendOptions, probe: gate.Probe,
+          safetensors: bool, threads: int) -> dict[str, Any]:
+    """Export, quantise and judge into a temporary folder, then rename it into place."""
+    started = time.perf_counter()
+    try:
+        entry.parent.mkdir(parents=True, exist_ok=True)
+        work = Path(tempfile.mkdtemp(prefix=f".{entry.name}.", dir=entry.parent))
+    except OSError as exc:
+        raise BackendError(f"model.cache_dir {entry.parent} is not writable ({exc.strerror}): set "
+                           "model.cache_dir to a writable folder, or prepare it with `inferd export`") from exc
+    try:
+        gate_texts, calibration_texts, _ = _texts(options)
+        model = load_model(path, safetensors)
+        reference = TorchRunner(model, torch.device("cpu"), "float32")
+        samples = []
+        if options.quantize == "int8":
+            samples = gate.calibration_samples(probe, gate.encode_set(probe, calibration_texts))
+        given = folder_graph(path, options.backend)
+        graph = _convert(model, options, work, given, samples)
+        exported = time.perf_counter() - started
+        candidate = open_runner(options.backend, graph, key["dtype"], options.quantize, threads)
+        try:
+            figures = gate.measure(probe, reference, candidate, gate_texts)
+        finally:
+            candidate.close()
+            reference.close()
+        shutil.rmtree(work / "fp32", ignore_errors=True)
+        in_folder = not graph.is_relative_to(work)
+        meta = {"format": FORMAT, "key": key, "graph": str(graph if in_folder else graph.relative_to(work)),
+                "from_model_folder": in_folder, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                "export_seconds": round(exported, 3), "build_seconds": round(time.perf_counter() - started, 3),
+                "gate": {"kind": gate_kind(key["dtype"], options.quantize), "figures": figures.as_dict()}}
+        (work / META).write_text(json.dumps(meta, indent=2))
+        try:
+            os.rename(work, entry)
+        except OSError:
+            # Another process finished the same entry first: serve theirs, which is the same graph.
+            shutil.rmtree(work, ignore_errors=True)
+            meta = read_meta(entry) or meta
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        raise
+    return meta
+
+
+def open_backend(path: Path, options: BackendOptions, device: torch.device, probe: gate.Probe,
+                 safetensors: bool = True) -> Runner:
+    """The runner for this model and these options: torch eager, or a cached (exported once) graph."""
+    check_options(options, device)
+    dtype, why = resolve_dtype(options.dtype, options.backend, device)
+    threads = options.threads or torch.get_num_threads()
+    if options.backend == "torch":
+        log.info("backend torch, dtype %s (%s)", dtype, why)
+        return TorchRunner(load_model(path, safetensors), device, dtype, {"dtype_reason": why})
+    root = (options.cache_dir or default_cache_dir()).expanduser()
+    _, _, calibration = _texts(options) if options.calibration_file else (None, None, "builtin:1")
+    key = entry_key(folder_digest(path), options, dtype, probe.max_seq_length, calibration)
+    entry = entry_folder(root, key)
+    meta = read_meta(entry)
+    cache = "hit"
+    if meta is None:
+        cache = "miss"
+        log.info("exporting %s for %s (dtype %s, quantize %s) into %s", path, options.backend, dtype,
+                 options.quantize, entry)
+        meta = build(path, entry, key, options, probe, safetensors, threads)
+    figures = gate.GateFigures.from_dict(meta["gate"]["figures"])
+    kind = meta["gate"]["kind"]
+    failures = gate.judge(figures, kind, options.gate)
+    label = f"{options.backend} {dtype}" + (f" {options.quantize}" if options.quantize != "none" else "")
+    if failures:
+        raise BackendError(f"{label} refused by the accuracy gate ({kind} thresholds): {'; '.join(failures)}. "
+                           f"Figures against torch fp32: {figures.summary()}")
+    graph = Path(meta["graph"]) if meta.get("from_model_folder") else entry / meta["graph"]
+    compile_cache = entry / "compiled" if os.access(entry, os.W_OK) else None
+    info = {"dtype_reason": why, "cache": cache, "cache_entry": str(entry),
+            "export_seconds": meta.get("export_seconds"), "from_model_folder": meta.get("from_model_folder"),
+            "gate": {"kind": kind, "passed": True, "figures": figures.as_dict(),
+                     "thresholds": {setting: least for _, setting, least in gate.rules(kind, options.gate)}}}
+    runner = open_runner(options.backend, graph, dtype, options.quantize, threads, info, compile_cache)
+    log.info("backend %s (%s); cache %s %s; gate %s passed: %s", label, why, cache, entry, kind, figures.summary())
+    return runner
+
+
+def export_command(settings: Any) -> int:
+    """``inferd export``: fill the cache for the configured model and backend, print the entry, exit.
+
+    Exit status 0 when the graph passed the gate (a later start with the same settings is a cache hit),
+    1 when it was refused or could not be made; the figures are printed either way.
+    """
+    import sys
+
+    from inferd.core.handler import ModelLoadError
+    from inferd.core.model_loader import load_handler, spec_from_settings
+
+    if settings.model.backend == "torch":
+        print("inferd export: model.backend is torch, which needs no export (give --backend onnx or openvino)",
+              file=sys.stderr)
+        return 2
+    spec = spec_from_settings(settings)
+    try:
+        handler = load_handler(dataclasses.replace(spec, warmup=False))
+    except ModelLoadError as exc:
+        print(f"inferd export: {exc}", file=sys.stderr)
+        return 1
+    info = dict(getattr(handler, "backend_info", {}))
+    handler.close()
+    print(json.dumps(info, indent=2))
+    return 0

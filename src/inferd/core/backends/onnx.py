@@ -1,0 +1,133 @@
+"""ONNX Runtime: the torch module exported with dynamic batch and sequence axes, run on the CPU provider.
+
+The export is torch's TorchScript exporter with ``dynamic_axes`` on every input and on the output, traced
+with a padded example: a graph traced without dynamic axes (or from an all-ones mask) bakes the example's
+shape or its masking in, and gives wrong vectors for other batches. The equivalence tests and the accuracy
+gate check the graph at other shapes than the example's. (torch's newer dynamo exporter needs onnxscript,
+which this project does not install.)
+
+int8 is ONNX Runtime's static quantisation (QDQ, per-channel weights, activation ranges from calibration):
+dynamic quantisation computes activation scales over each batch, padding included, so a text's vector
+would change with the texts it is batched with.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from inferd.core.backends.base import BackendError, graph_inputs
+from inferd.core.backends.torch import ExportWrapper
+
+log = logging.getLogger(__name__)
+
+GRAPH = "model.onnx"
+# Where sentence-transformers / optimum put an exported graph: a model folder holding one is served as is.
+FOLDER_GRAPHS = ("onnx/model.onnx", "model.onnx")
+OPSET = 17
+
+
+def _ort() -> Any:
+    try:
+        import onnxruntime
+    except ImportError as exc:  # the `fast` extra is not installed
+        raise BackendError("model.backend onnx needs onnxruntime and onnx (pip install 'inferd[fast]')") from exc
+    return onnxruntime
+
+
+def export(model: torch.nn.Module, folder: Path) -> Path:
+    """Export to ``folder``/model.onnx with every batch and sequence dimension dynamic."""
+    _ort()
+    wrapper = ExportWrapper(model).eval()
+    axes = {name: {0: "batch", 1: "sequence"} for name in (*wrapper.inputs, "last_hidden_state")}
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / GRAPH
+    with warnings.catch_warnings():
+        # The TorchScript exporter is deprecated in favour of dynamo (which needs onnxscript) and the tracer
+        # warns about shape conditions; the graph is checked at other shapes, which is what they warn about.
+        warnings.simplefilter("ignore")
+        with torch.inference_mode(False), torch.no_grad():
+            torch.onnx.export(wrapper, wrapper.example(), str(path), input_names=list(wrapper.inputs),
+                              output_names=["last_hidden_state"], dynamic_axes=axes, opset_version=OPSET,
+                              do_constant_folding=True, dynamo=False)
+    return path
+
+
+class _Reader:
+    """ONNX Runtime's CalibrationDataReader over prepared input dicts."""
+
+    def __init__(self, samples: Iterable[dict[str, Any]]) -> None:
+        self._it: Iterator[dict[str, Any]] = iter(list(samples))
+
+    def get_next(self) -> dict[str, Any] | None:
+        return next(self._it, None)
+
+
+def quantize_static(source: Path, folder: Path, samples: Iterable[dict[str, Any]]) -> Path:
+    """int8 weights (per channel) and activations (ranges from the calibration samples), QDQ format."""
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+
+    class Reader(_Reader, CalibrationDataReader):
+        pass
+
+    folder.mkdir(parents=True, exist_ok=True)
+    prepared = folder / "prepared.onnx"
+    out = folder / GRAPH
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        # Shape inference and graph cleanup first, as ONNX Runtime's quantisation guide asks.
+        quant_pre_process(str(source), str(prepared), skip_symbolic_shape=True)
+        quantize_static(str(prepared), str(out), Reader(samples), quant_format=QuantFormat.QDQ,
+                        per_channel=True, activation_type=QuantType.QInt8, weight_type=QuantType.QInt8,
+                        op_types_to_quantize=["MatMul", "Gemm"],
+                        extra_options={"ActivationSymmetric": False, "WeightSymmetric": True})
+    prepared.unlink(missing_ok=True)
+    return out
+
+
+class OnnxRunner:
+    backend = "onnx"
+    uses_torch_allocator = False
+
+    def __init__(self, graph_path: Path, dtype: str, quantize: str, threads: int = 0,
+                 info: dict[str, Any] | None = None) -> None:
+        ort = _ort()
+        self.device = torch.device("cpu")
+        self.dtype = dtype
+        self.quantize = quantize
+        self.graph_path = graph_path
+        options = ort.SessionOptions()
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        options.intra_op_num_threads = threads or torch.get_num_threads()
+        options.inter_op_num_threads = 1
+        # The inference worker is the only caller; spinning threads would steal the event loop's core.
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        try:
+            self._session = ort.InferenceSession(str(graph_path), options, providers=["CPUExecutionProvider"])
+        except Exception as exc:  # onnxruntime raises its own exception types for a broken graph
+            raise BackendError(f"ONNX Runtime cannot load {graph_path}: {exc}") from exc
+        self._names = tuple(i.name for i in self._session.get_inputs())
+        if set(self._names) - {"input_ids", "attention_mask", "token_type_ids"}:
+            raise BackendError(f"{graph_path}: unexpected graph inputs {self._names}")
+        self.info: dict[str, Any] = {"backend": "onnx", "dtype": dtype, "quantize": quantize,
+                                     "graph": str(graph_path), **(info or {})}
+
+    @property
+    def input_names(self) -> tuple[str, ...]:
+        return self._names
+
+    def __call__(self, ids: torch.Tensor, mask: torch.Tensor,
+                 token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
+        if self._session is None:
+            raise RuntimeError("the ONNX Runtime runner was closed")
+        out = self._session.run(None, graph_inputs(ids, mask, token_type_ids, self._names))[0]
+        return torch.from_numpy(out)
+
+    def close(self) -> None:
+        self._session = None

@@ -1,0 +1,103 @@
+"""PyTorch eager: the reference forward pass, and the module every other backend is exported from."""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from inferd.core.backends.base import BackendError
+
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def load_model(path: Path, safetensors: bool, dtype: str = "float32") -> torch.nn.Module:
+    """The encoder with its weights checked against the architecture config.json names."""
+    from transformers import AutoModel
+
+    try:
+        model, loading = AutoModel.from_pretrained(
+            path, local_files_only=True, use_safetensors=safetensors, dtype=_DTYPES[dtype],
+            output_loading_info=True)
+    except (OSError, ValueError, KeyError, RuntimeError) as exc:
+        raise BackendError(f"cannot load {path}: {exc}") from exc
+    # Weights that do not fit the architecture config.json names are left random, with only a warning:
+    # a model that would serve noise. The pooler is unused by embedding pooling and often absent.
+    missing = sorted(k for k in loading["missing_keys"] if not k.startswith("pooler."))
+    if missing or loading["mismatched_keys"]:
+        raise BackendError(
+            f"{path}: the weights do not fit the {model.config.model_type!r} architecture config.json names "
+            f"({len(missing)} missing, e.g. {missing[:2]}; {len(loading['mismatched_keys'])} of the wrong "
+            "shape): wrong architecture or a damaged checkpoint")
+    return model.eval()
+
+
+def accepts_token_type_ids(model: torch.nn.Module) -> bool:
+    import inspect
+
+    return "token_type_ids" in inspect.signature(model.forward).parameters
+
+
+class TorchRunner:
+    """Eager forward pass. bf16 on a CPU runs under autocast (fp32 weights, bf16 matrix products): the
+    weights keep full precision and the gain is the same; on CUDA the weights themselves are cast."""
+
+    backend = "torch"
+    quantize = "none"
+
+    def __init__(self, model: torch.nn.Module, device: torch.device, dtype: str = "float32",
+                 info: dict[str, Any] | None = None) -> None:
+        self.device = device
+        self.dtype = dtype
+        self.uses_torch_allocator = device.type == "cuda"
+        self._autocast = device.type == "cpu" and dtype == "bfloat16"
+        weights = torch.float32 if self._autocast else _DTYPES[dtype]
+        self.model: torch.nn.Module | None = model.to(device=device, dtype=weights).eval()
+        self._token_types = accepts_token_type_ids(model)
+        self.info: dict[str, Any] = {"backend": "torch", "dtype": dtype, "quantize": "none", **(info or {})}
+        if self._autocast:
+            self.info["autocast"] = "bfloat16"
+
+    def __call__(self, ids: torch.Tensor, mask: torch.Tensor,
+                 token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
+        if self.model is None:
+            raise RuntimeError("the torch runner was closed")
+        kwargs: dict[str, torch.Tensor] = {"input_ids": ids.to(self.device), "attention_mask": mask.to(self.device)}
+        if token_type_ids is not None and self._token_types:
+            kwargs["token_type_ids"] = token_type_ids.to(self.device)
+        ctx = torch.autocast("cpu", dtype=torch.bfloat16) if self._autocast else contextlib.nullcontext()
+        with torch.inference_mode(), ctx:
+            return self.model(**kwargs).last_hidden_state
+
+    def close(self) -> None:
+        self.model = None
+
+
+class ExportWrapper(torch.nn.Module):
+    """What the exporters trace: positional int64 inputs in, the last hidden state (one tensor) out.
+
+    The pooler output and the attentions are left out of the graph; the task pools on its own.
+    """
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.model = model
+        self.inputs = ("input_ids", "attention_mask", "token_type_ids") if accepts_token_type_ids(model) \
+            else ("input_ids", "attention_mask")
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
+        kwargs = {"input_ids": input_ids, "attention_mask": attention_mask}
+        if token_type_ids is not None:
+            kwargs["token_type_ids"] = token_type_ids
+        return self.model(**kwargs).last_hidden_state
+
+    def example(self, batch: int = 2, length: int = 8) -> tuple[torch.Tensor, ...]:
+        """Trace inputs whose mask holds padding: a mask of all ones could let a library skip masking."""
+        ids = torch.full((batch, length), 5, dtype=torch.long)
+        mask = torch.ones(batch, length, dtype=torch.long)
+        mask[1:, length // 2:] = 0
+        out = (ids, mask)
+        return (*out, torch.zeros_like(ids)) if len(self.inputs) == 3 else out

@@ -1,0 +1,261 @@
+"""ONNX Runtime and OpenVINO on the tiny BERT: equivalence with torch, the gate, the export cache, serving.
+
+Real exports, real runtimes, real servers; the gate compares on 64 built-in texts to keep this quick.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import metric_value, wait_for
+
+from inferd import cli
+from inferd.core.backends import BackendError, export
+from inferd.core.handler import EmbeddingHandler, ModelSpec
+from inferd.core.model_loader import load_handler
+
+SMALL = (("texts", 64), ("calibration_texts", 64))
+WORDS = "the cat and the dog read a long book about rivers mountains and cities"
+MIXED = [" ".join(WORDS.split()[: 1 + (i * 7) % 14]) + f" {i}" for i in range(24)] + [
+    "hello world", "我们 的 模型", "你好世界", "batch queue request response", "ok", "yes no", "一二三", "long " * 30]
+AT_LIMIT = [(WORDS + " ") * 12, ("我们的模型很快" * 30), (WORDS + " 你好 ") * 10]
+
+
+def spec(model: Path, cache: Path, backend: str = "torch", quantize: str = "none", dtype: str = "float32",
+         gate: tuple[tuple[str, float], ...] = ()) -> ModelSpec:
+    return ModelSpec(path=model, name="tiny", version="1", device="cpu", backend=backend, quantize=quantize,
+                     dtype=dtype, cache_dir=str(cache), gate=(*SMALL, *gate), warmup=False)
+
+
+def embed(h: EmbeddingHandler, texts: list[str]) -> np.ndarray:
+    return h.infer(h.preprocess(texts))
+
+
+def cos(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return (a * b).sum(axis=1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("backend-cache")
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_model: Path, cache: Path) -> EmbeddingHandler:
+    return load_handler(spec(tiny_model, cache))  # type: ignore[return-value]
+
+
+def shapes(h: EmbeddingHandler) -> dict[str, np.ndarray]:
+    """The same texts at three batch shapes: one text alone, 32 of mixed length, texts at the limit."""
+    return {"1": np.stack([embed(h, [t])[0] for t in MIXED[:4]]), "32 mixed": embed(h, MIXED),
+            "at the limit": embed(h, AT_LIMIT)}
+
+
+@pytest.mark.parametrize("backend", ["onnx", "openvino"])
+def test_fp32_graphs_match_torch_at_every_batch_shape(tiny_model: Path, cache: Path, reference: EmbeddingHandler,
+                                                      backend: str) -> None:
+    h = load_handler(spec(tiny_model, cache, backend))
+    assert (h.backend, h.dtype, h.quantize) == (backend, "float32", "none")
+    assert max(e.tokens for e in h.preprocess(AT_LIMIT)) == h.max_seq_length
+    want, got = shapes(reference), shapes(h)
+    for name in want:
+        assert cos(want[name], got[name]).min() >= 0.9999, name
+        np.testing.assert_allclose(got[name], want[name], atol=1e-4)
+    gate = h.backend_info["gate"]
+    assert gate["kind"] == "fp32" and gate["passed"] and gate["figures"]["cosine_min"] >= 0.9999
+    assert set(gate["figures"]["shapes"]) == {"1", "32 sorted", "32 mixed", "padded to the limit"}
+
+
+@pytest.mark.parametrize(("backend", "quantize", "dtype", "kind", "least"), [
+    ("openvino", "none", "bfloat16", "half", 0.9995),
+    ("openvino", "int8-weights", "float32", "int8", 0.99),
+    ("openvino", "int8", "float32", "int8", 0.99),
+    ("onnx", "int8", "float32", "int8", 0.99),
+])
+def test_reduced_precision_passes_its_gate_and_stays_batch_invariant(
+        tiny_model: Path, cache: Path, reference: EmbeddingHandler, backend: str, quantize: str, dtype: str,
+        kind: str, least: float) -> None:
+    h = load_handler(spec(tiny_model, cache, backend, quantize, dtype))
+    assert (h.backend, h.dtype, h.quantize) == (backend, dtype, quantize)
+    gate = h.backend_info["gate"]
+    assert gate["kind"] == kind and gate["passed"]
+    assert gate["figures"]["cosine_min"] >= least
+    want, got = shapes(reference), shapes(h)
+    for name in want:
+        assert cos(want[name], got[name]).min() >= least, name
+    # A text's vector does not depend on the texts batched with it (static scales, no padding in them).
+    alone = np.stack([embed(h, [t])[0] for t in MIXED])
+    assert cos(alone, got["32 mixed"]).min() >= 0.9999
+
+
+def test_a_warm_start_loads_the_cached_graph_without_torch(tiny_model: Path, tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    cold = load_handler(spec(tiny_model, tmp_path, "openvino"))
+    assert cold.backend_info["cache"] == "miss"
+    entry = Path(cold.backend_info["cache_entry"])
+    assert (entry / "model.xml").is_file() and (entry / export.META).is_file()
+
+    def no_torch(*_: object, **__: object) -> None:
+        raise AssertionError("a warm start loaded the torch weights")
+
+    monkeypatch.setattr(export, "load_model", no_torch)
+    warm = load_handler(spec(tiny_model, tmp_path, "openvino"))
+    assert warm.backend_info["cache"] == "hit" and warm.backend_info["cache_entry"] == str(entry)
+    assert warm.backend_info["gate"]["figures"] == cold.backend_info["gate"]["figures"]
+    np.testing.assert_array_equal(embed(warm, MIXED), embed(cold, MIXED))
+    assert [p.name for p in tmp_path.iterdir()] == [entry.name]  # no temporary folder left behind
+
+
+def test_a_changed_model_folder_is_exported_again(tiny_model: Path, tmp_path: Path) -> None:
+    model = Path(shutil.copytree(tiny_model, tmp_path / "model"))
+    first = load_handler(spec(model, tmp_path / "cache", "onnx")).backend_info
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps(config, indent=1))  # same model, other bytes
+    second = load_handler(spec(model, tmp_path / "cache", "onnx")).backend_info
+    assert second["cache"] == "miss" and second["cache_entry"] != first["cache_entry"]
+
+
+def test_the_model_folder_is_only_read(tiny_model: Path, tmp_path: Path) -> None:
+    before = {p: p.stat().st_mtime_ns for p in tiny_model.rglob("*")}
+    load_handler(spec(tiny_model, tmp_path, "onnx"))
+    assert {p: p.stat().st_mtime_ns for p in tiny_model.rglob("*")} == before
+
+
+def test_the_gate_refuses_a_too_strict_threshold_with_its_figures_and_the_cache_remembers(
+        tiny_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(BackendError) as err:
+        load_handler(spec(tiny_model, tmp_path, "openvino", "int8-weights", gate=(("int8_cosine_min", 1.0),)))
+    message = str(err.value)
+    assert "openvino float32 int8-weights refused by the accuracy gate (int8 thresholds)" in message
+    assert "< 1.0 (model.gate.int8_cosine_min)" in message
+    assert "cosine min 0.99" in message and "overlap@10" in message and "64 texts" in message
+    # The figures were kept: the same graph under the default thresholds is served without a new export.
+    monkeypatch.setattr(export, "load_model", lambda *a, **k: pytest.fail("exported twice"))
+    h = load_handler(spec(tiny_model, tmp_path, "openvino", "int8-weights"))
+    assert h.backend_info["cache"] == "hit" and h.backend_info["gate"]["passed"]
+
+
+def foreign_graph(tiny_model: Path, other_model: Path, tmp_path: Path, backend: str) -> Path:
+    """A copy of the model folder holding a graph exported from another model's weights."""
+    from inferd.core.backends import onnx, openvino
+    from inferd.core.backends.torch import load_model
+
+    folder = Path(shutil.copytree(tiny_model, tmp_path / "damaged"))
+    if backend == "onnx":
+        shutil.copy(onnx.export(load_model(other_model, True), tmp_path / "g"), folder / "model.onnx")
+    else:
+        graph = openvino.export(load_model(other_model, True), tmp_path / "g")
+        shutil.copy(graph, folder / "openvino_model.xml")
+        shutil.copy(graph.with_suffix(".bin"), folder / "openvino_model.bin")
+    return folder
+
+
+@pytest.mark.parametrize("backend", ["onnx", "openvino"])
+def test_the_gate_refuses_a_damaged_graph_in_the_model_folder(tiny_model: Path, tiny_model_v2: Path,
+                                                              tmp_path: Path, backend: str) -> None:
+    folder = foreign_graph(tiny_model, tiny_model_v2, tmp_path, backend)
+    with pytest.raises(BackendError, match=r"refused by the accuracy gate \(fp32 thresholds\): cosine min -?0\.[0-8]"):
+        load_handler(spec(folder, tmp_path / "cache", backend))
+
+
+@pytest.mark.parametrize("backend", ["onnx", "openvino"])
+def test_a_graph_the_model_folder_holds_is_served_as_is(tiny_model: Path, reference: EmbeddingHandler,
+                                                        tmp_path: Path, backend: str) -> None:
+    folder = foreign_graph(tiny_model, tiny_model, tmp_path, backend)  # its own weights: a good graph
+    h = load_handler(spec(folder, tmp_path / "cache", backend))
+    assert h.backend_info["from_model_folder"] and h.backend_info["gate"]["passed"]
+    assert Path(h.runner.graph_path).parent == folder  # type: ignore[attr-defined]
+    assert cos(embed(h, MIXED), embed(reference, MIXED)).min() >= 0.9999
+
+
+def test_an_unusable_cache_dir_is_named(tiny_model: Path, tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("not a folder")
+    with pytest.raises(BackendError, match="model.cache_dir .*file.* is not writable"):
+        load_handler(spec(tiny_model, tmp_path / "file" / "cache", "onnx"))
+
+
+def test_concurrent_first_starts_share_one_entry(tiny_model: Path, tmp_path: Path) -> None:
+    """Two processes (say, two workers of a fleet) export the same entry at once: both end up serving it."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("INFERD")}
+    env["INFERD__MODEL__GATE__TEXTS"] = "64"
+    argv = [sys.executable, "-m", "inferd.cli", "export", "--model-path", str(tiny_model), "--backend", "onnx",
+            "--output", str(tmp_path)]
+    procs = [subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for _ in range(2)]
+    outs = [p.communicate(timeout=240) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], [err[-2000:] for _, err in outs]
+    entries = {json.loads(out)["cache_entry"] for out, _ in outs}
+    assert len(entries) == 1
+    assert [p.name for p in tmp_path.iterdir()] == [Path(entries.pop()).name]  # no temporary folder left
+
+
+# -- serving and the export command -------------------------------------------------------------------------
+
+
+def server_env(model: Path, cache: Path, **extra: str) -> dict[str, str]:
+    return {"MODEL_PATH": str(model), "INFERD__MODEL__NAME": "tiny", "INFERD__MODEL__VERSION": "v1",
+            "INFERD__MODEL__BACKEND": "openvino", "INFERD__MODEL__CACHE_DIR": str(cache),
+            "INFERD__MODEL__GATE__TEXTS": "64", **extra}
+
+
+def test_a_server_on_openvino_serves_torchs_vectors_and_says_how(serve, tiny_model: Path, cache: Path,
+                                                                 reference: EmbeddingHandler) -> None:
+    server = serve(env=server_env(tiny_model, cache), wait="/health/ready", timeout=240)
+    with server.client() as c:
+        got = c.post("/v1/embeddings", json={"input": MIXED[:8]}).json()
+        info = c.get("/info").json()
+        metrics = c.get("/metrics").text
+    vectors = np.array([d["embedding"] for d in got["data"]])
+    assert cos(vectors, embed(reference, MIXED[:8])).min() >= 0.9999
+    assert (info["backend"], info["quantize"], info["dtype"]) == ("openvino", "none", "float32")
+    gate = info["models"][0]["backend_info"]["gate"]
+    assert gate["passed"] and gate["thresholds"] == {"fp32_cosine_min": 0.9999}
+    assert metric_value(metrics, "inferd_model_info", backend="openvino", quantize="none", dtype="float32") == 1
+    assert metric_value(metrics, "inferd_model_gate_ratio", version="v1", figure="cosine_min") >= 0.9999
+    assert metric_value(metrics, "inferd_model_gate_ratio", version="v1", figure="overlap_at_10") > 0.9
+
+
+def test_a_server_whose_model_fails_the_gate_is_not_ready_and_logs_the_figures(serve, tiny_model: Path,
+                                                                               cache: Path) -> None:
+    env = server_env(tiny_model, cache, INFERD__MODEL__QUANTIZE="int8-weights",
+                     INFERD__MODEL__GATE__INT8_OVERLAP_AT_10="1.0")
+    server = serve(env=env, wait="/health/live")
+    with server.client() as c:
+        wait_for(lambda: c.get("/health/ready").json().get("status") == "failed", 120, "readiness failed")
+        assert c.get("/health/ready").status_code == 503
+    log = server.log()
+    assert "refused by the accuracy gate (int8 thresholds)" in log
+    assert "< 1.0 (model.gate.int8_overlap_at_10)" in log and "cosine min 0.99" in log
+
+
+def test_inferd_export_fills_the_cache_ahead_of_time(tiny_model: Path, tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture[str],
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("INFERD__MODEL__GATE__TEXTS", "64")
+    argv = ["export", "--model-path", str(tiny_model), "--backend", "onnx", "--output", str(tmp_path)]
+    assert cli.main(argv) == 0
+    first = json.loads(capsys.readouterr().out)
+    assert first["cache"] == "miss" and first["gate"]["passed"]
+    assert Path(first["cache_entry"]).parent == tmp_path
+    assert cli.main(argv) == 0
+    assert json.loads(capsys.readouterr().out)["cache"] == "hit"
+
+
+def test_inferd_export_exits_1_with_the_figures_when_refused(tiny_model: Path, tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture[str],
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("INFERD__MODEL__GATE__TEXTS", "64")
+    monkeypatch.setenv("INFERD__MODEL__GATE__INT8_COSINE_MIN", "1.0")
+    argv = ["export", "--model-path", str(tiny_model), "--backend", "openvino", "--quantize", "int8-weights",
+            "--output", str(tmp_path)]
+    assert cli.main(argv) == 1
+    err = capsys.readouterr().err
+    assert "refused by the accuracy gate" in err and "< 1.0 (model.gate.int8_cosine_min)" in err
+    assert cli.main(["export", "--model-path", str(tiny_model)]) == 2  # torch needs no export

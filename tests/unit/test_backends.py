@@ -1,0 +1,251 @@
+"""Backend options, dtype choice, the gate's arithmetic and verdict, the cache key: no graphs, no weights."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from inferd.config import Settings, load_settings
+from inferd.core.backends import export, gate
+from inferd.core.backends.base import (
+    BackendError,
+    BackendOptions,
+    GateThresholds,
+    check_options,
+    cpu_flags,
+    gate_kind,
+    options_for,
+    resolve_dtype,
+)
+from inferd.core.model_loader import spec_from_settings
+
+CPU = torch.device("cpu")
+CUDA = torch.device("cuda")
+BF16 = {"avx2", "avx512f", "avx512_bf16"}
+NO_BF16 = {"avx2", "avx512f"}
+
+
+# -- dtype ------------------------------------------------------------------------------------------------
+
+
+def test_auto_picks_bf16_only_on_a_cpu_with_native_bf16() -> None:
+    dtype, why = resolve_dtype("auto", "openvino", CPU, BF16)
+    assert dtype == "bfloat16" and "avx512_bf16" in why
+    assert resolve_dtype("auto", "torch", CPU, {"amx_bf16"})[0] == "bfloat16"
+    dtype, why = resolve_dtype("auto", "openvino", CPU, NO_BF16)
+    assert dtype == "float32" and "no native bf16" in why
+
+
+def test_auto_is_float16_on_cuda_and_float32_for_onnx_runtime() -> None:
+    assert resolve_dtype("auto", "torch", CUDA, NO_BF16)[0] == "float16"
+    dtype, why = resolve_dtype("auto", "onnx", CPU, BF16)
+    assert dtype == "float32" and "ONNX Runtime" in why
+
+
+@pytest.mark.parametrize(("dtype", "backend", "words"), [
+    ("float16", "openvino", "float16 is for CUDA"),
+    ("float16", "onnx", "float16 is for CUDA"),
+    ("bfloat16", "onnx", "no bf16 kernels"),
+    ("int4", "torch", "choose one of"),
+])
+def test_impossible_dtypes_are_refused_with_the_setting_named(dtype: str, backend: str, words: str) -> None:
+    with pytest.raises(BackendError, match=words) as err:
+        resolve_dtype(dtype, backend, CPU, BF16)
+    assert "model.dtype" in str(err.value)
+
+
+def test_explicit_dtypes_are_kept() -> None:
+    assert resolve_dtype("bfloat16", "openvino", CPU, BF16) == ("bfloat16", "configured")
+    assert resolve_dtype("float16", "torch", CUDA, set()) == ("float16", "configured")
+
+
+def test_cpu_flags_are_read_from_cpuinfo(tmp_path: Path) -> None:
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nflags\t\t: fpu sse avx512_bf16 amx_tile\nbugs\t\t: spectre\n")
+    assert cpu_flags(info) == {"fpu", "sse", "avx512_bf16", "amx_tile"}
+    assert cpu_flags(tmp_path / "missing") == set()
+
+
+# -- options ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("options", "words"), [
+    (BackendOptions(backend="tensorrt"), "model.backend 'tensorrt'"),
+    (BackendOptions(backend="torch", quantize="int8"), "needs model.backend onnx or openvino"),
+    (BackendOptions(backend="onnx", quantize="int8-weights"), "OpenVINO's"),
+    (BackendOptions(backend="openvino", quantize="int4"), "model.quantize 'int4'"),
+])
+def test_option_combinations_that_cannot_work_are_refused(options: BackendOptions, words: str) -> None:
+    with pytest.raises(BackendError, match=words):
+        check_options(options, CPU)
+
+
+def test_converted_backends_refuse_a_gpu_device() -> None:
+    with pytest.raises(BackendError, match="model.device cuda"):
+        check_options(BackendOptions(backend="openvino"), CUDA)
+    check_options(BackendOptions(backend="torch"), CUDA)  # torch runs anywhere
+
+
+def test_settings_reach_the_backend_options(tmp_path: Path) -> None:
+    settings = load_settings(overrides={
+        "model.backend": "openvino", "model.quantize": "int8", "model.dtype": "auto",
+        "model.cache_dir": str(tmp_path), "model.gate.int8_cosine_min": 0.98, "model.gate.texts": 64},
+        environ={})
+    options = options_for(spec_from_settings(settings))
+    assert (options.backend, options.quantize, options.dtype) == ("openvino", "int8", "auto")
+    assert options.cache_dir == tmp_path
+    assert options.gate.int8_cosine_min == 0.98
+    assert options.gate.int8_overlap_at_10 == GateThresholds().int8_overlap_at_10
+    assert (options.gate_texts, options.calibration_texts) == (64, 300)
+
+
+def test_bad_backend_settings_name_the_key() -> None:
+    from inferd.config import ConfigError
+
+    with pytest.raises(ConfigError, match="model.backend"):
+        load_settings(overrides={"model.backend": "tensorrt"}, environ={})
+    with pytest.raises(ConfigError, match="model.gate.int8_cosine_min"):
+        load_settings(overrides={"model.gate.int8_cosine_min": 1.5}, environ={})
+
+
+def test_defaults_keep_torch_fp32() -> None:
+    m = Settings().model
+    assert (m.backend, m.dtype, m.quantize) == ("torch", "float32", "none")
+
+
+# -- the gate's figures and verdict -----------------------------------------------------------------------
+
+
+def test_cosines_and_neighbour_overlap() -> None:
+    rng = np.random.default_rng(0)
+    ref = rng.normal(size=(40, 8))
+    assert np.allclose(gate.cosines(ref, 3 * ref), 1.0)
+    assert gate.overlap_at_k(ref, ref) == 1.0
+    # Rows shuffled: each text's neighbours become unrelated texts.
+    assert gate.overlap_at_k(ref, ref[rng.permutation(40)]) < 0.5
+    noisy = ref + rng.normal(scale=0.05, size=ref.shape)
+    assert 0.5 < gate.overlap_at_k(ref, noisy) < 1.0
+
+
+def figures(cos_min: float, cos_mean: float, overlap: float) -> gate.GateFigures:
+    return gate.GateFigures(cos_min, cos_mean, overlap, 1.0, 256, {"1": {"cosine_min": cos_min}})
+
+
+def test_each_kind_has_its_thresholds() -> None:
+    assert gate_kind("float32", "none") == "fp32"
+    assert gate_kind("bfloat16", "none") == "half"
+    assert gate_kind("float16", "none") == "half"
+    assert gate_kind("bfloat16", "int8") == "int8"
+    t = GateThresholds()
+    assert gate.judge(figures(0.99995, 0.99999, 0.99), "fp32", t) == []
+    assert gate.judge(figures(0.9998, 0.99999, 1.0), "fp32", t) == [
+        "cosine min 0.999800 < 0.9999 (model.gate.fp32_cosine_min)"]
+    assert gate.judge(figures(0.9998, 0.9999, 0.97), "half", t) == []
+    assert gate.judge(figures(0.9994, 0.9999, 0.97), "half", t)
+
+
+def test_int8_is_judged_on_min_mean_and_overlap_with_every_failure_named() -> None:
+    t = GateThresholds()
+    assert gate.judge(figures(0.9935, 0.998, 0.952), "int8", t) == []
+    failures = gate.judge(figures(0.976, 0.993, 0.903), "int8", t)
+    assert failures == ["cosine min 0.976000 < 0.99 (model.gate.int8_cosine_min)",
+                        "cosine mean 0.993000 < 0.995 (model.gate.int8_cosine_mean)",
+                        "overlap@10 0.903000 < 0.95 (model.gate.int8_overlap_at_10)"]
+    assert gate.judge(figures(0.976, 0.993, 0.903), "int8",
+                      GateThresholds(int8_cosine_min=0.97, int8_cosine_mean=0.99, int8_overlap_at_10=0.9)) == []
+
+
+def test_figures_survive_the_cache_round_trip() -> None:
+    f = figures(0.99, 0.995, 0.96)
+    assert gate.GateFigures.from_dict(json.loads(json.dumps(f.as_dict()))) == f
+    assert "cosine min 0.990000" in f.summary() and "overlap@10 0.9600" in f.summary()
+
+
+def test_builtin_texts_are_multilingual_distinct_and_seeded() -> None:
+    texts = gate.builtin_texts(200)
+    assert len(set(texts)) == 200 and texts == gate.builtin_texts(200)
+    assert any("的" in t for t in texts) and any(t.isascii() for t in texts)
+    assert set(texts).isdisjoint(gate.builtin_texts(200, gate.CALIBRATION_SEED))
+
+
+def test_calibration_file_lines_and_json_lines(tmp_path: Path) -> None:
+    f = tmp_path / "cal.txt"
+    f.write_text("\n".join([f"plain text {i}" for i in range(15)] + [""] +
+                           [json.dumps({"text": f"json text {i}"}) for i in range(10)]))
+    texts = gate.read_calibration_file(f)
+    assert len(texts) == 25 and texts[0] == "plain text 0" and texts[-1] == "json text 9"
+
+
+@pytest.mark.parametrize(("content", "words"), [
+    ("one\ntwo\n", "holds 2 texts"),
+    ('{"txt": "x"}\n' * 30, "line 1: not a JSON object with a 'text'"),
+    ('{"text": ""}\n' * 30, "line 1: 'text' must be a non-empty string"),
+])
+def test_bad_calibration_files_are_refused(tmp_path: Path, content: str, words: str) -> None:
+    f = tmp_path / "cal.txt"
+    f.write_text(content)
+    with pytest.raises(BackendError, match=words):
+        gate.read_calibration_file(f)
+    with pytest.raises(BackendError, match="model.calibration_file"):
+        gate.read_calibration_file(tmp_path / "missing.txt")
+
+
+# -- the cache key ----------------------------------------------------------------------------------------
+
+
+def test_folder_digest_follows_content_not_timestamps(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text("{}")
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "w.bin").write_bytes(b"\x00" * 10)
+    first = export.folder_digest(tmp_path)
+    (tmp_path / "config.json").write_text("{}")  # rewritten, same bytes
+    (tmp_path / ".cache").mkdir()
+    (tmp_path / ".cache" / "lock").write_text("x")  # hidden: the hub's lock files do not count
+    assert export.folder_digest(tmp_path) == first
+    (tmp_path / "sub" / "w.bin").write_bytes(b"\x00" * 9 + b"\x01")
+    assert export.folder_digest(tmp_path) != first
+
+
+def test_every_option_that_changes_the_graph_changes_the_entry(tmp_path: Path) -> None:
+    base = BackendOptions(backend="openvino")
+
+    def folder(options: BackendOptions = base, dtype: str = "float32", digest: str = "d", limit: int = 128,
+               calibration: str = "builtin:1") -> Path:
+        return export.entry_folder(tmp_path, export.entry_key(digest, options, dtype, limit, calibration))
+
+    first = folder()
+    assert first == folder()
+    assert first.parent == tmp_path and first.name.startswith("openvino-none-float32-")
+    others = [folder(dtype="bfloat16"), folder(digest="e"), folder(limit=256), folder(calibration="file:ab"),
+              folder(BackendOptions(backend="openvino", quantize="int8")), folder(BackendOptions(backend="onnx")),
+              folder(BackendOptions(backend="openvino", gate_texts=64))]
+    assert len({first, *others}) == len(others) + 1
+    # Thresholds are not in the key: stored figures are judged against the current ones.
+    assert folder(BackendOptions(backend="openvino", gate=GateThresholds(fp32_cosine_min=0.5))) == first
+
+
+def test_library_versions_are_part_of_the_key() -> None:
+    versions = export.versions("openvino")
+    assert set(versions) == {"torch", "transformers", "openvino", "nncf"}
+    assert all(v != "missing" for v in versions.values())
+    assert set(export.versions("onnx")) == {"torch", "transformers", "onnx", "onnxruntime"}
+
+
+def test_default_cache_dir_follows_xdg(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert export.default_cache_dir() == tmp_path / "inferd"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    assert export.default_cache_dir() == Path.home() / ".cache" / "inferd"
+
+
+def test_an_entry_of_another_format_is_not_read(tmp_path: Path) -> None:
+    (tmp_path / export.META).write_text(json.dumps({"format": export.FORMAT + 1}))
+    assert export.read_meta(tmp_path) is None
+    (tmp_path / export.META).write_text("{half")
+    assert export.read_meta(tmp_path) is None
+    (tmp_path / export.META).write_text(json.dumps({"format": export.FORMAT, "graph": "model.xml"}))
+    assert export.read_meta(tmp_path) == {"format": export.FORMAT, "graph": "model.xml"}
