@@ -108,7 +108,12 @@ class Fleet:
 
     def alive(self) -> list[int]:
         # psutil.Process remembers each process's start time: a pid reused by another process is not ours.
-        return [pid for pid, p in self.procs.items() if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+        alive = []
+        for pid, p in self.procs.items():
+            with contextlib.suppress(psutil.Error):
+                if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                    alive.append(pid)
+        return alive
 
     def wait_ready(self, timeout: float = READY_TIMEOUT_S) -> None:
         deadline = time.monotonic() + timeout
