@@ -9,6 +9,8 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+from inferd import server
+
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "deploy" / "k8s"
 DATA = Path(__file__).resolve().parent / "data"
@@ -18,9 +20,9 @@ DATA = Path(__file__).resolve().parent / "data"
 BUILDS = ("overlays/cpu", "overlays/gpu", "overlays/keda", "prometheus-adapter")
 
 # inferd's own bound on shutdown after the drain (issue 8): the whole shutdown finishes within
-# server.drain_timeout_s plus this margin (uvicorn's graceful close of the connections left, after the
-# drain; src/inferd/server.py). Change it here if that bound changes.
-SHUTDOWN_MARGIN_S = 5.0
+# server.drain_timeout_s plus this margin (the close of the connections left, and a watchdog at the margin).
+# Taken from the server itself, so a longer margin there fails the grace-period check here.
+SHUTDOWN_MARGIN_S: float = server.SHUTDOWN_MARGIN_S
 
 INSTALL_HINT = (
     "no kubectl found to build deploy/k8s: set INFERD_KUBECTL to a kubectl binary or put one on PATH. "
