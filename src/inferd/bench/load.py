@@ -82,7 +82,9 @@ async def _send(client: HTTPClient, target: Target, source: TextSource, ids: lis
         return
     # Check the answer's shape, cheaply: one vector per text sent (a server that drops texts is wrong).
     try:
-        results = orjson.loads(payload).get("results")
+        parsed = orjson.loads(payload)
+        # inferd's /predict answers "results"; OpenAI-shaped servers (infinity's /embeddings) answer "data".
+        results = parsed.get("results", parsed.get("data"))
     except (orjson.JSONDecodeError, AttributeError):
         results = None
     if not isinstance(results, list) or len(results) != len(ids):

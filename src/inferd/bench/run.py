@@ -33,7 +33,7 @@ from inferd.bench.stats import describe, ratio
 
 PHASES = ("ceiling", "naive", "closed", "multi", "open")
 # Run only when named: the fleet phase needs nginx and two fleet start-ups.
-OPTIONAL_PHASES = ("fleet",)
+OPTIONAL_PHASES = ("fleet", "backends")
 
 
 def _ints(s: str) -> list[int]:
@@ -81,6 +81,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, default=Path("bench"), help="where results go (default ./bench)")
     p.add_argument("--logs", type=Path, help="folder for the servers' logs (default: a new temporary folder)")
     p.add_argument("--no-plot", action="store_true")
+    from inferd.bench.backends import add_arguments as add_backend_arguments
+
+    add_backend_arguments(p)
     p.add_argument("--quick", action="store_true",
                    help="a smoke run in well under a minute: 1 s phases, a small ceiling; figures are noise")
     return p
@@ -252,6 +255,11 @@ def run(args: argparse.Namespace, command: str) -> dict[str, Any]:
 
         fleet_phases(args, model, source, phases, say, logs)
         fleet = fleet_summary(phases, args.fleet_concurrency)
+    backends = None
+    if "backends" in wanted:
+        from inferd.bench.backends import run_phase
+
+        backends = run_phase(args, model, texts, source, say, logs)
     if hasattr(os, "getloadavg"):
         machine["load_avg_at_end"] = [round(x, 2) for x in os.getloadavg()]
     return {
@@ -259,8 +267,9 @@ def run(args: argparse.Namespace, command: str) -> dict[str, Any]:
         "settings": {"model": str(model), "device": args.device, "torch_threads": args.torch_threads,
                      "duration_s": args.duration, "open_duration_s": args.open_duration, "warmup_s": args.warmup,
                      "server_env": [f"{k}={v}" for k, v in args.server_env], "quick": args.quick, "seed": args.seed,
-                     "client": args.client},
+                     "client": args.client, "backend_rounds": args.backend_rounds},
         "corpus": stats, "phases": phases, "peak_texts_per_s": peak, "ratios": _ratios(phases), "fleet": fleet,
+        "backends": backends,
         "elapsed_s": round(time.monotonic() - say.t0, 1), "files": {}, "logs": str(logs),
     }
 
@@ -270,9 +279,14 @@ def write_outputs(results: dict[str, Any], out: Path, plot: bool) -> None:
         results["files"]["plot"] = str(write_plot(results, out / "latency_throughput.png"))
     results["files"]["markdown"] = str(out / "RESULTS.md")
     results["files"]["json"] = str(out / "results.json")
+    from inferd.bench.backends import backends_markdown
+    from inferd.bench.backends import write_plot as write_backends_plot
     from inferd.bench.fleet import fleet_markdown
 
-    (out / "RESULTS.md").write_text(render_markdown(results) + fleet_markdown(results), encoding="utf-8")
+    if plot and results.get("backends"):
+        results["files"]["backends_plot"] = str(write_backends_plot(results["backends"], out / "backends.png"))
+    (out / "RESULTS.md").write_text(render_markdown(results) + fleet_markdown(results) + backends_markdown(results),
+                                    encoding="utf-8")
     (out / "results.json").write_text(json.dumps(results, indent=2, ensure_ascii=False), encoding="utf-8")
 
 

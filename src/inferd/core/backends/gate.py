@@ -151,7 +151,7 @@ def only_inputs(samples: list[dict[str, Any]], names: Sequence[str]) -> list[dic
 # -- the figures ------------------------------------------------------------------------------------------
 
 
-def _shapes(seed: int) -> dict[str, Callable[[list[Encoded]], list[list[int]]]]:
+def plans(seed: int) -> dict[str, Callable[[list[Encoded]], list[list[int]]]]:
     """Batch plans: name -> function of the items giving lists of indices (a padding row is -1)."""
 
     def alone(items: list[Encoded]) -> list[list[int]]:
@@ -208,12 +208,12 @@ def measure(probe: Probe, reference: Runner, candidate: Runner, texts: Sequence[
     """Compare the candidate's outputs with the reference's at every batch shape."""
     items = encode_set(probe, texts)
     filler = at_limit(probe, texts[0])
-    plans = _shapes(seed)
-    ref = outputs(probe, reference, items, plans["32 sorted"](items), filler)
+    batch_plans = plans(seed)
+    ref = outputs(probe, reference, items, batch_plans["32 sorted"](items), filler)
     vectors = ref.ndim == 2 and ref.shape[1] > 1 and len(items) > OVERLAP_K
     shapes: dict[str, dict[str, float | None]] = {}
     per_shape: dict[str, np.ndarray] = {}
-    for name, plan in plans.items():
+    for name, plan in batch_plans.items():
         got = outputs(probe, candidate, items, plan(items), filler)
         per_shape[name] = got
         cos = cosines(ref, got)

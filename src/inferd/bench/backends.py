@@ -1,0 +1,342 @@
+"""The backends phase of ``inferd bench``: every configured runtime on the same corpus, side by side.
+
+For each configuration (``backend[:dtype][:quantize]``, e.g. ``openvino:bfloat16`` or ``onnx:int8``):
+  cold start  ``inferd serve`` with an empty export cache: export, quantisation and the accuracy gate included;
+  accuracy    its vectors against sentence-transformers' on the corpus, worst over four batch shapes (one
+              text, sorted 32, shuffled 32, padded to the limit), and the top-10 neighbour overlap;
+  in-process  tokenise + forward, texts sorted by length, batches of 32 (the ceiling);
+  server      a warm start (timed), then closed loop, concurrency 32, one text per request.
+The in-process and server measurements are repeated in rounds with the configurations in rotating order,
+so a drifting machine load falls on all of them alike; the table gives each figure's median and range and
+the ratio to torch fp32 taken within each round. Infinity (``--infinity``, a separate installation) runs
+as a separate server, with each of its engines, under the same load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from inferd.bench.load import Target, TextSource, run_closed
+from inferd.bench.procs import ServerFailed, ServerProc, start_inferd
+from inferd.core.backends import gate
+from inferd.core.backends.base import BACKENDS, DTYPES, QUANTIZE
+
+DEFAULT_CONFIGS = ("torch,torch:bfloat16,onnx,onnx:int8,openvino,openvino:bfloat16,openvino:int8-weights,"
+                   "openvino:int8")
+_SHORT = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "auto": "auto"}
+
+
+@dataclass(frozen=True)
+class Config:
+    backend: str
+    dtype: str = "float32"
+    quantize: str = "none"
+
+    @property
+    def name(self) -> str:
+        return " ".join([self.backend, _SHORT[self.dtype], *([self.quantize] if self.quantize != "none" else [])])
+
+    def env(self, cache: Path) -> dict[str, str]:
+        return {"INFERD__MODEL__BACKEND": self.backend, "INFERD__MODEL__DTYPE": self.dtype,
+                "INFERD__MODEL__QUANTIZE": self.quantize, "INFERD__MODEL__CACHE_DIR": str(cache)}
+
+
+def parse_configs(spec: str) -> list[Config]:
+    """``torch,openvino:bfloat16,onnx:int8`` → configurations; a dtype and a quantisation in any order."""
+    out = []
+    for item in (s.strip() for s in spec.split(",")):
+        if not item:
+            continue
+        backend, *rest = item.split(":")
+        if backend not in BACKENDS:
+            raise argparse.ArgumentTypeError(f"{item!r}: backend must be one of {', '.join(BACKENDS)}")
+        kw: dict[str, str] = {}
+        for part in rest:
+            key = "dtype" if part in DTYPES else "quantize" if part in QUANTIZE else None
+            if key is None or key in kw:
+                raise argparse.ArgumentTypeError(
+                    f"{item!r}: after the backend give at most one dtype ({', '.join(DTYPES)}) and one "
+                    f"quantisation ({', '.join(QUANTIZE)})")
+            kw[key] = part
+        out.append(Config(backend, **kw))
+    if not out:
+        raise argparse.ArgumentTypeError("no backend configuration given")
+    return out
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--backend", type=parse_configs, default=parse_configs(DEFAULT_CONFIGS),
+                   help=f"backends phase: configurations to compare (default {DEFAULT_CONFIGS})")
+    p.add_argument("--backend-rounds", type=int, default=3, help="backends phase: rounds (default 3)")
+    p.add_argument("--backend-texts", type=int, default=512,
+                   help="backends phase: corpus texts for accuracy and the in-process figure (default 512)")
+    p.add_argument("--infinity", type=Path, metavar="PATH",
+                   help="backends phase: infinity_emb executable (a separate venv) to run beside inferd")
+    p.add_argument("--infinity-engines", default="torch,optimum",
+                   help="backends phase: infinity engines to run (default torch,optimum)")
+
+
+# -- accuracy ---------------------------------------------------------------------------------------------
+
+
+def reference_vectors(model: Path, texts: Sequence[str]) -> tuple[np.ndarray, str]:
+    """sentence-transformers' vectors (what users compare with); inferd's torch fp32 if it is missing."""
+    try:
+        from sentence_transformers import SentenceTransformer
+    except ImportError:
+        return np.empty(0), "inferd torch fp32 (sentence-transformers is not installed)"
+    st = SentenceTransformer(str(model), device="cpu")
+    vectors = st.encode(list(texts), batch_size=32, convert_to_numpy=True, normalize_embeddings=False)
+    del st
+    return np.asarray(vectors, dtype=np.float64), "sentence-transformers"
+
+
+def accuracy(handler: Any, texts: Sequence[str], reference: np.ndarray) -> dict[str, float]:
+    """Cosine min/mean and top-10 overlap to the reference, each the worst over the gate's batch shapes."""
+    items = handler.preprocess(list(texts))
+    filler = gate.at_limit(handler, texts[0])
+    mins, means, overlaps = [], [], []
+    for plan in gate.plans(0).values():
+        got = gate.outputs(handler, handler.runner, items, plan(items), filler)
+        cos = gate.cosines(reference, got)
+        mins.append(float(cos.min()))
+        means.append(float(cos.mean()))
+        overlaps.append(gate.overlap_at_k(reference, got))
+    return {"cosine_min": round(min(mins), 6), "cosine_mean": round(min(means), 6),
+            "overlap_at_10": round(min(overlaps), 4)}
+
+
+def in_process(handler: Any, texts: Sequence[str], batch_size: int = 32) -> float:
+    """texts/s: tokenise, sort by length, forward in batches, pool (the ceiling's method)."""
+    t0 = time.perf_counter()
+    encoded = handler.preprocess(list(texts))
+    order = sorted(range(len(encoded)), key=lambda i: encoded[i].tokens)
+    for k in range(0, len(order), batch_size):
+        handler.postprocess(handler.infer([encoded[i] for i in order[k:k + batch_size]]))
+    return len(texts) / (time.perf_counter() - t0)
+
+
+# -- infinity ---------------------------------------------------------------------------------------------
+
+
+def start_infinity(exe: Path, engine: str, model: Path, logs: Path, threads: int | None,
+                   timeout: float = 600.0) -> ServerProc:
+    """``infinity_emb v2`` on a free port, one model, batches of up to 32; returns once /health answers."""
+    from inferd.bench.procs import _base_env, _spawn, free_port
+
+    port = free_port()
+    env = _base_env(threads)
+    env["INFINITY_ANONYMOUS_USAGE_STATS"] = "0"  # no telemetry (the machine has no way out anyway)
+    cmd = [str(exe), "v2", "--model-id", str(model), "--served-model-name", "model", "--engine", engine,
+           "--device", "cpu", "--batch-size", "32", "--host", "127.0.0.1", "--port", str(port),
+           "--url-prefix", "", "--no-model-warmup"]
+    server = _spawn(f"infinity-{engine}", cmd, env, port, logs)
+    server.wait_ready("/health", timeout)
+    return server
+
+
+def infinity_vectors(server: ServerProc, texts: Sequence[str], per_request: int = 16) -> np.ndarray:
+    import httpx
+
+    out: list[list[float]] = []
+    with httpx.Client(base_url=server.url, timeout=120) as c:
+        for k in range(0, len(texts), per_request):
+            r = c.post("/embeddings", json={"model": "model", "input": list(texts[k:k + per_request])})
+            r.raise_for_status()
+            out.extend(d["embedding"] for d in sorted(r.json()["data"], key=lambda d: d["index"]))
+    return np.asarray(out, dtype=np.float64)
+
+
+# -- the phase --------------------------------------------------------------------------------------------
+
+
+def _spread(values: Sequence[float]) -> dict[str, float | None]:
+    vals = [v for v in values if v is not None]
+    if not vals:
+        return {"median": None, "min": None, "max": None}
+    return {"median": round(statistics.median(vals), 2), "min": round(min(vals), 2), "max": round(max(vals), 2)}
+
+
+def _rotated(items: list[Any], r: int) -> list[Any]:
+    return items[r % len(items):] + items[:r % len(items)] if items else items
+
+
+def run_phase(args: argparse.Namespace, model: Path, texts: Sequence[str], source: TextSource,
+              say: Callable[[str], None], logs: Path) -> dict[str, Any]:
+    """Everything in the module docstring; returns the per-configuration figures and the per-round raw ones."""
+    from inferd.core.handler import ModelSpec
+    from inferd.core.model_loader import load_handler
+
+    configs: list[Config] = args.backend
+    corpus = list(texts[: args.backend_texts])
+    cache = Path(tempfile.mkdtemp(prefix="inferd-bench-cache-", dir=logs))
+    threads = args.torch_threads
+    rows: dict[str, dict[str, Any]] = {c.name: {"config": c.__dict__, "rounds": []} for c in configs}
+    say(f"backends: reference vectors for {len(corpus)} texts")
+    reference, ref_name = reference_vectors(model, corpus)
+    base = {"INFERD__MODEL__DEVICE": "cpu", **dict(args.server_env)}
+
+    for c in configs:  # cold starts: each export, quantisation and gate, timed as a server start
+        say(f"backends: {c.name}: cold start (empty cache: export + gate)")
+        t0 = time.monotonic()
+        try:
+            server = start_inferd(logs, model, threads, {**base, **c.env(cache)}, timeout=1800)
+        except ServerFailed as exc:
+            rows[c.name]["error"] = str(exc)[-1500:]
+            say(f"backends: {c.name}: FAILED to start: {str(exc)[-300:]}")
+            continue
+        rows[c.name]["cold_start_s"] = round(time.monotonic() - t0, 2)
+        server.stop()
+
+    live = [c for c in configs if "error" not in rows[c.name]]
+    handlers: dict[str, Any] = {}
+    for c in live:  # in process, from the warm cache
+        handlers[c.name] = load_handler(ModelSpec(path=model, name="bench", version="1", device="cpu",
+                                                  backend=c.backend, dtype=c.dtype, quantize=c.quantize,
+                                                  cache_dir=str(cache), warmup=True))
+        if not reference.size and c == configs[0]:
+            reference = np.asarray(handlers[c.name].infer(handlers[c.name].preprocess(corpus)), dtype=np.float64)
+        rows[c.name]["accuracy"] = accuracy(handlers[c.name], corpus, reference)
+        rows[c.name]["gate"] = (handlers[c.name].backend_info.get("gate") or {}).get("figures")
+        rows[c.name]["dtype"] = handlers[c.name].dtype
+        say(f"backends: {c.name}: accuracy {rows[c.name]['accuracy']}")
+    for r in range(args.backend_rounds):
+        for c in _rotated(live, r):
+            tps = in_process(handlers[c.name], corpus)
+            rows[c.name]["rounds"].append({"round": r, "in_process": round(tps, 2)})
+            say(f"backends: round {r + 1}: {c.name} in-process {tps:.1f} texts/s")
+    for h in handlers.values():
+        h.close()
+    handlers.clear()
+
+    externals: list[tuple[str, Callable[[], ServerProc]]] = []
+    if args.infinity is not None:
+        for engine in (e.strip() for e in args.infinity_engines.split(",") if e.strip()):
+            externals.append((f"infinity {engine}", lambda e=engine: start_infinity(args.infinity, e, model, logs,
+                                                                                    threads)))
+            rows[f"infinity {engine}"] = {"config": {"server": "infinity", "engine": engine}, "rounds": []}
+    servers: list[tuple[str, Callable[[], ServerProc], Target]] = [
+        (c.name, lambda c=c: start_inferd(logs, model, threads, {**base, **c.env(cache)}, timeout=600),
+         Target("", client=args.client)) for c in live]
+    servers += [(name, start, Target("", "/embeddings", "input", client=args.client)) for name, start in externals]
+    for r in range(args.backend_rounds):
+        for name, start, target in _rotated(servers, r):
+            row = rows[name]
+            if "error" in row:
+                continue
+            t0 = time.monotonic()
+            try:
+                server = start()
+            except (ServerFailed, OSError) as exc:
+                row["error"] = str(exc)[-1500:]
+                say(f"backends: {name}: FAILED to start: {str(exc)[-300:]}")
+                continue
+            warm = time.monotonic() - t0
+            try:
+                if name.startswith("infinity") and "accuracy" not in row and reference.size:
+                    got = infinity_vectors(server, corpus)
+                    cos = gate.cosines(reference, got)
+                    row["accuracy"] = {"cosine_min": round(float(cos.min()), 6),
+                                       "cosine_mean": round(float(cos.mean()), 6),
+                                       "overlap_at_10": round(gate.overlap_at_k(reference, got), 4)}
+                result = run_closed(Target(server.url, target.path, target.field, target.client), source, 32, 1,
+                                    args.duration, args.warmup)
+            finally:
+                server.stop()
+            entry = next((x for x in row["rounds"] if x["round"] == r), None)
+            if entry is None:
+                entry = {"round": r}
+                row["rounds"].append(entry)
+            entry.update({"warm_start_s": round(warm, 2), "server": result["texts_per_s"],
+                          "server_errors": result.get("errors"), "p50_ms": result.get("p50_ms"),
+                          "p99_ms": result.get("p99_ms")})
+            say(f"backends: round {r + 1}: {name} server {result['texts_per_s']:.1f} texts/s (warm start "
+                f"{warm:.1f} s)")
+    return summarise(rows, configs[0].name if configs else None, ref_name)
+
+
+def summarise(rows: dict[str, dict[str, Any]], baseline: str | None, reference: str) -> dict[str, Any]:
+    """Median/range per figure, and ratios to the baseline computed round by round."""
+    base_rounds = {x["round"]: x for x in rows.get(baseline or "", {}).get("rounds", [])}
+    for row in rows.values():
+        rounds = row["rounds"]
+        for key in ("in_process", "server", "warm_start_s"):
+            row[key] = _spread([x.get(key) for x in rounds])
+        for key in ("in_process", "server"):
+            ratios = [x[key] / base_rounds[x["round"]][key] for x in rounds
+                      if x.get(key) and base_rounds.get(x["round"], {}).get(key)]
+            row[f"{key}_ratio"] = _spread(ratios)
+    return {"baseline": baseline, "reference": reference, "rows": rows}
+
+
+# -- the report -------------------------------------------------------------------------------------------
+
+
+def _cell(s: dict[str, float | None], digits: int = 1) -> str:
+    if s.get("median") is None:
+        return "–"
+    return f"{s['median']:.{digits}f} ({s['min']:.{digits}f}–{s['max']:.{digits}f})"
+
+
+def render(section: dict[str, Any], rounds: int, duration: float) -> str:
+    rows = section["rows"]
+    out = [f"Accuracy against {section['reference']} (cosine min / mean: the worst over four batch shapes; "
+           "overlap@10: of each text's ten nearest texts, the share also among the configuration's ten). "
+           f"Throughput: median (range) over {rounds} rounds, configurations in rotating order; in-process = "
+           "tokenise + forward, sorted batches of 32; server = closed loop, concurrency 32, one text per "
+           f"request, {duration:g} s a round. × = ratio to {section['baseline']} within each round (median).",
+           "", "| configuration | in-process texts/s | × | server texts/s | × | cosine min / mean | overlap@10 "
+           "| cold start s | warm start s |", "|---|---|---|---|---|---|---|---|---|"]
+    for name, row in rows.items():
+        if "error" in row and not row.get("rounds"):
+            first = next((ln for ln in row["error"].splitlines() if "refused" in ln or "Error" in ln),
+                         row["error"].splitlines()[-1] if row["error"] else "")
+            out.append(f"| {name} | refused / failed: {first.strip()[:300]} | | | | | | | |")
+            continue
+        acc = row.get("accuracy") or {}
+        cos = f"{acc['cosine_min']:.5f} / {acc['cosine_mean']:.5f}" if acc else "–"
+        overlap = f"{acc['overlap_at_10']:.3f}" if acc else "–"
+        out.append(f"| {name} | {_cell(row['in_process'])} | {_cell(row['in_process_ratio'], 2)} | "
+                   f"{_cell(row['server'])} | {_cell(row['server_ratio'], 2)} | {cos} | {overlap} | "
+                   f"{row.get('cold_start_s', '–')} | {_cell(row['warm_start_s'])} |")
+    return "\n".join(out) + "\n"
+
+
+def write_plot(section: dict[str, Any], path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [(n, r) for n, r in section["rows"].items() if (r.get("server") or {}).get("median")]
+    fig, ax = plt.subplots(figsize=(9, 0.45 * len(rows) + 1.5))
+    names = [n for n, _ in rows]
+    med = [r["server"]["median"] for _, r in rows]
+    err = [[m - r["server"]["min"] for m, (_, r) in zip(med, rows, strict=True)],
+           [r["server"]["max"] - m for m, (_, r) in zip(med, rows, strict=True)]]
+    ax.barh(names, med, xerr=err, color=["#888" if n.startswith("infinity") else "#3a7" for n in names])
+    ax.invert_yaxis()
+    ax.set_xlabel("texts/s, closed loop, concurrency 32, one text per request (median, range)")
+    ax.set_title("Backends side by side")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def backends_markdown(results: dict[str, Any]) -> str:
+    section = results.get("backends")
+    if not section:
+        return ""
+    s = results["settings"]
+    return ("\n## Backends side by side (`--phases backends`)\n\n"
+            + render(section, s.get("backend_rounds", 0), s["duration_s"]) + "\n")

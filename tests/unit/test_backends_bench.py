@@ -1,0 +1,68 @@
+"""The backends phase's own logic: configuration strings, ratios within rounds, the table."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from inferd.bench.backends import Config, parse_configs, render, summarise
+from inferd.bench.run import build_parser
+
+
+def test_configurations_parse_in_any_order() -> None:
+    assert parse_configs("torch, openvino:bfloat16 ,onnx:int8,openvino:int8:bfloat16") == [
+        Config("torch"), Config("openvino", "bfloat16"), Config("onnx", quantize="int8"),
+        Config("openvino", "bfloat16", "int8")]
+    assert Config("openvino", "bfloat16", "int8").name == "openvino bf16 int8"
+    assert Config("torch").name == "torch fp32"
+
+
+@pytest.mark.parametrize(("spec", "words"), [
+    ("tensorrt", "backend must be one of"),
+    ("openvino:int4", "at most one dtype"),
+    ("openvino:bfloat16:float32", "at most one dtype"),
+    (" , ", "no backend configuration"),
+])
+def test_bad_configurations_are_refused(spec: str, words: str) -> None:
+    with pytest.raises(argparse.ArgumentTypeError, match=words):
+        parse_configs(spec)
+
+
+def test_the_bench_parser_takes_the_backend_flags() -> None:
+    args = build_parser().parse_args(["--phases", "backends", "--backend", "torch,openvino:int8",
+                                      "--backend-rounds", "2", "--infinity", "/x/infinity_emb"])
+    assert args.backend == [Config("torch"), Config("openvino", quantize="int8")]
+    assert args.backend_rounds == 2 and str(args.infinity) == "/x/infinity_emb"
+
+
+def test_config_environment_points_a_server_at_the_cache(tmp_path) -> None:
+    env = Config("onnx", quantize="int8").env(tmp_path)
+    assert env == {"INFERD__MODEL__BACKEND": "onnx", "INFERD__MODEL__DTYPE": "float32",
+                   "INFERD__MODEL__QUANTIZE": "int8", "INFERD__MODEL__CACHE_DIR": str(tmp_path)}
+
+
+def test_ratios_are_taken_within_each_round() -> None:
+    # The machine got twice as slow in round 1: the ratio stays 2 although the raw figures halve.
+    rows = {"torch fp32": {"rounds": [{"round": 0, "server": 100.0}, {"round": 1, "server": 50.0}]},
+            "openvino bf16": {"rounds": [{"round": 0, "server": 200.0}, {"round": 1, "server": 100.0}]},
+            "infinity torch": {"rounds": [{"round": 1, "server": 25.0}]}}
+    out = summarise(rows, "torch fp32", "sentence-transformers")["rows"]
+    assert out["openvino bf16"]["server"] == {"median": 150.0, "min": 100.0, "max": 200.0}
+    assert out["openvino bf16"]["server_ratio"] == {"median": 2.0, "min": 2.0, "max": 2.0}
+    assert out["infinity torch"]["server_ratio"]["median"] == 0.5
+    assert out["torch fp32"]["in_process"]["median"] is None
+
+
+def test_the_table_shows_figures_and_refusals() -> None:
+    rows = {"torch fp32": {"rounds": [{"round": 0, "server": 100.0, "in_process": 130.0, "warm_start_s": 4.0}],
+                           "accuracy": {"cosine_min": 0.99991, "cosine_mean": 1.0, "overlap_at_10": 1.0},
+                           "cold_start_s": 6.1},
+            "onnx fp32 int8": {"rounds": [], "error": "inferd exited with 3:\nBackendError: onnx float32 int8 "
+                                                      "refused by the accuracy gate (int8 thresholds): cosine "
+                                                      "min 0.82 < 0.99 (model.gate.int8_cosine_min)"}}
+    text = render(summarise(rows, "torch fp32", "sentence-transformers"), 1, 15)
+    assert "| torch fp32 | 130.0 (130.0–130.0) | 1.00 (1.00–1.00) | 100.0 (100.0–100.0) |" in text
+    assert "0.99991 / 1.00000 | 1.000 | 6.1 | 4.0 (4.0–4.0) |" in text
+    assert "| onnx fp32 int8 | refused / failed: BackendError: onnx float32 int8 refused by the accuracy gate" in text
+    assert "against sentence-transformers" in text
