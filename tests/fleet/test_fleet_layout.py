@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fleetkit import requires_nginx
+from .fleetkit import requires_nginx
 
 from inferd import cli
 from inferd.api.errors import _TYPES

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from fleetkit import NGINX, ClosedLoop, Fleet, requires_nginx
+from .fleetkit import NGINX, ClosedLoop, Fleet, requires_nginx
 
 from inferd.config import load_settings
 from inferd.fleet.layout import Layout, WorkerSlot, free_port
