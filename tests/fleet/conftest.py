@@ -6,6 +6,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+
 from .fleetkit import Fleet, finish, start_fleet
 
 

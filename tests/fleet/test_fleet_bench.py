@@ -8,6 +8,7 @@ import statistics
 from pathlib import Path
 
 import pytest
+
 from .fleetkit import requires_nginx
 
 pytestmark = requires_nginx

@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from .fleetkit import requires_nginx
 
 from inferd import cli
 from inferd.api.errors import _TYPES
@@ -26,6 +25,8 @@ from inferd.fleet import render
 from inferd.fleet.layout import plan, visible_gpus
 from inferd.fleet.render import RenderError, find_nginx
 from inferd.fleet.runner import supervisor_env
+
+from .fleetkit import requires_nginx
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = ROOT / "configs"

@@ -22,6 +22,7 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
+
 from .fleetkit import ClosedLoop, Fleet, finish, requires_nginx, start_fleet
 
 pytestmark = requires_nginx

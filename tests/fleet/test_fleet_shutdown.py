@@ -13,12 +13,13 @@ from pathlib import Path
 
 import httpx
 import pytest
-from .fleetkit import NGINX, ClosedLoop, Fleet, requires_nginx
 
 from inferd.config import load_settings
 from inferd.fleet.layout import Layout, WorkerSlot, free_port
 from inferd.fleet.render import Fleet as Rendered
 from inferd.fleet.render import nginx_user, write_run_dir
+
+from .fleetkit import NGINX, ClosedLoop, Fleet, requires_nginx
 
 pytestmark = requires_nginx
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
