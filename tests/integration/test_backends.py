@@ -95,6 +95,20 @@ def test_reduced_precision_passes_its_gate_and_stays_batch_invariant(
     assert cos(alone, got["32 mixed"]).min() >= 0.9999
 
 
+def test_int8_keeps_the_feed_forward_down_projections_in_float(tiny_model: Path, tmp_path: Path) -> None:
+    """Found by the graph's shape (fed by the activation), not by name: BERT's layer.N.output.dense."""
+    from inferd.core.backends import onnx, openvino
+    from inferd.core.backends.torch import load_model
+
+    model = load_model(tiny_model, True)
+    kept = openvino.after_activation(openvino.read(openvino.export(model, tmp_path / "ov")))
+    assert len(kept) == 2 and all(".output.dense" in n and "attention" not in n for n in kept)
+    quantised = onnx.weight_products(onnx.export(model, tmp_path / "onnx"))
+    # Per layer: query, key, value, attention output, intermediate; the FFN output stays float.
+    assert len(quantised) == 2 * 5
+    assert not [n for n in quantised if "/output/dense" in n and "attention" not in n]
+
+
 def test_a_warm_start_loads_the_cached_graph_without_torch(tiny_model: Path, tmp_path: Path,
                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     cold = load_handler(spec(tiny_model, tmp_path, "openvino"))

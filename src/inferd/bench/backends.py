@@ -173,8 +173,8 @@ def _rotated(items: list[Any], r: int) -> list[Any]:
 def run_phase(args: argparse.Namespace, model: Path, texts: Sequence[str], source: TextSource,
               say: Callable[[str], None], logs: Path) -> dict[str, Any]:
     """Everything in the module docstring; returns the per-configuration figures and the per-round raw ones."""
-    from inferd.core.handler import ModelSpec
-    from inferd.core.model_loader import load_handler
+    from inferd.config import load_settings
+    from inferd.core.model_loader import load_handler, spec_from_settings
 
     configs: list[Config] = args.backend
     corpus = list(texts[: args.backend_texts])
@@ -199,10 +199,9 @@ def run_phase(args: argparse.Namespace, model: Path, texts: Sequence[str], sourc
 
     live = [c for c in configs if "error" not in rows[c.name]]
     handlers: dict[str, Any] = {}
-    for c in live:  # in process, from the warm cache
-        handlers[c.name] = load_handler(ModelSpec(path=model, name="bench", version="1", device="cpu",
-                                                  backend=c.backend, dtype=c.dtype, quantize=c.quantize,
-                                                  cache_dir=str(cache), warmup=True))
+    for c in live:  # in process, from the warm cache: the servers' own settings (--server-env included)
+        settings = load_settings("prod", environ={**base, **c.env(cache), "INFERD__MODEL__PATH": str(model)})
+        handlers[c.name] = load_handler(spec_from_settings(settings))
         if not reference.size and c == configs[0]:
             reference = np.asarray(handlers[c.name].infer(handlers[c.name].preprocess(corpus)), dtype=np.float64)
         rows[c.name]["accuracy"] = accuracy(handlers[c.name], corpus, reference)

@@ -8,7 +8,7 @@ which this project does not install.)
 
 int8 is ONNX Runtime's static quantisation (QDQ, per-channel weights, activation ranges from calibration):
 dynamic quantisation computes activation scales over each batch, padding included, so a text's vector
-would change with the texts it is batched with.
+would change with the texts it is batched with (and it measured 0.976 cosine min on MiniLM).
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ GRAPH = "model.onnx"
 # Where sentence-transformers / optimum put an exported graph: a model folder holding one is served as is.
 FOLDER_GRAPHS = ("onnx/model.onnx", "model.onnx")
 OPSET = 17
+_ACTIVATIONS = ("Erf", "Gelu", "FastGelu", "Relu", "Sigmoid")
 
 
 def _ort() -> Any:
@@ -68,8 +69,36 @@ class _Reader:
         return next(self._it, None)
 
 
+def weight_products(path: Path) -> list[str]:
+    """MatMul nodes with a weight (an initializer) as input, minus those fed by the feed-forward
+    activation: the products of two activations (attention scores) and the activation's outliers are what
+    per-tensor int8 ranges hold worst."""
+    import onnx
+
+    graph = onnx.load(str(path), load_external_data=False).graph
+    weights = {i.name for i in graph.initializer}
+    producer = {out: node for node in graph.node for out in node.output}
+
+    def after_activation(node: Any, depth: int = 6) -> bool:
+        # GELU is exported as Div/Erf/Add/Mul/Mul: look a few producers up for the Erf (or a fused op).
+        frontier = [producer.get(node.input[0])]
+        for _ in range(depth):
+            if any(n is not None and n.op_type in _ACTIVATIONS for n in frontier):
+                return True
+            frontier = [producer.get(i) for n in frontier if n is not None for i in n.input]
+        return False
+
+    return [n.name for n in graph.node
+            if n.op_type == "MatMul" and any(i in weights for i in n.input) and not after_activation(n)]
+
+
 def quantize_static(source: Path, folder: Path, samples: Iterable[dict[str, Any]]) -> Path:
-    """int8 weights (per channel) and activations (ranges from the calibration samples), QDQ format."""
+    """int8 weights (per channel) and activations (ranges from the calibration samples), QDQ format,
+    unsigned activations and signed weights (ONNX Runtime's fast path on x86).
+
+    On all-MiniLM-L6-v2 this stays below the int8 gate (cosine min 0.982, mean 0.990, overlap@10 0.936 on
+    the gate's texts, even with the feed-forward down-projections left in float): the gate refuses it.
+    """
     from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
@@ -84,8 +113,8 @@ def quantize_static(source: Path, folder: Path, samples: Iterable[dict[str, Any]
         # Shape inference and graph cleanup first, as ONNX Runtime's quantisation guide asks.
         quant_pre_process(str(source), str(prepared), skip_symbolic_shape=True)
         quantize_static(str(prepared), str(out), Reader(samples), quant_format=QuantFormat.QDQ,
-                        per_channel=True, activation_type=QuantType.QInt8, weight_type=QuantType.QInt8,
-                        op_types_to_quantize=["MatMul", "Gemm"],
+                        per_channel=True, activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
+                        nodes_to_quantize=weight_products(prepared),
                         extra_options={"ActivationSymmetric": False, "WeightSymmetric": True})
     prepared.unlink(missing_ok=True)
     return out
