@@ -119,11 +119,12 @@ class NativeHeap:
     """glibc's malloc, which holds torch's CPU tensors, the tokenizer's buffers and Python's large objects.
 
     Tensors of ever-different shapes (every batch has another length) fragment glibc's heaps: resident memory
-    climbed ~120 MB per 1,000 requests for as long as the service ran (bench/soak.py, bench/RESULTS.md). The
-    cause is glibc's *dynamic* mmap threshold: once a large block served by mmap is freed, the threshold rises
-    to its size (up to 32 MB), so every later tensor of that size comes from the heap, where blocks of other
-    sizes pin the pages around it. A fixed threshold (``set_mmap_threshold``) keeps large tensors in their own
-    mappings, returned whole on free; ``trim`` hands the heap's remaining free pages back now and then.
+    climbed 120-180 MB per 1,000 requests for as long as the service ran (bench/soak.py, bench/RESULTS.md).
+    The cause is glibc's *dynamic* mmap threshold: once a large block served by mmap is freed, the threshold
+    rises to its size (up to 32 MB), so later tensors come from the heap, where freed pages stay resident
+    between blocks still in use. ``trim`` (the default remedy, every few batches) hands those pages back for
+    ~1 % of CPU; a fixed threshold (``set_mmap_threshold``) keeps large tensors in their own mappings, returned
+    whole on free, which holds RSS flatter but costs 10-16 % more CPU (a page fault per page of every tensor).
     Neither exists where the C library is not glibc (musl, macOS): nothing is done there.
     """
 
@@ -221,7 +222,7 @@ class MemoryGuard:
             return True
 
     def trim(self) -> None:
-        """Hand the C heap's free pages back to the OS (about 0.4 ms with the fixed mmap threshold), and count it."""
+        """Hand the C heap's free pages back to the OS (a few ms; the soak's totals are in RESULTS.md), count it."""
         started = time.perf_counter()
         self.heap.trim()
         self.trim_seconds += time.perf_counter() - started
