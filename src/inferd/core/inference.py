@@ -295,7 +295,6 @@ class InferenceEngine:
                     return
                 if watcher is not None and watcher in done:
                     # The client went away: its queued items are dropped (and counted) before they run.
-                    ticket.cancelled = True
                     ticket.close()
                     if self.queue.remove(items):
                         self.metrics.rejected.labels("disconnected").inc()

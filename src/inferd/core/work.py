@@ -36,7 +36,7 @@ class ClientGone(Exception):
 class Ticket:
     """One request's share of the queue: its future, its results in order, and its stage timings."""
 
-    __slots__ = ("future", "results", "remaining", "closed", "cancelled", "error", "slot", "queue_s",
+    __slots__ = ("future", "results", "remaining", "closed", "error", "slot", "queue_s",
                  "infer_s", "post_s", "batch_size", "_batches")
 
     def __init__(self, future: asyncio.Future, n: int, slot: ModelSlot) -> None:
@@ -44,7 +44,6 @@ class Ticket:
         self.results: list[Any] = [None] * n
         self.remaining = n
         self.closed = False  # answered or abandoned: its queued items are dropped (the worker only reads it)
-        self.cancelled = False
         self.error: EngineError | None = None
         self.slot = slot
         self.queue_s = self.infer_s = self.post_s = 0.0
