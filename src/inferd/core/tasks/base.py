@@ -1,0 +1,147 @@
+"""The task contract: what every handler (embedding, rerank, classification, a user's own) declares.
+
+A handler is loaded once per model slot. ``preprocess`` runs on the CPU (tokenisation) and turns the
+request's inputs (texts, or (query, document) pairs, as ``inputs`` says) into one ``Encoded`` item per
+input; ``infer`` is the only code that touches the device; ``postprocess`` turns the batch output into one
+opaque result per item, which only the task's routes know how to shape. The engine, queue, scheduler and
+slots never look inside an item or a result: they move token costs and hand results back in order.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+import torch
+
+from inferd.core.preprocess import Encoded
+
+log = logging.getLogger(__name__)
+
+# Any one of these lets a fast tokenizer be built; a folder with none has no tokenizer at all.
+TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "vocab.json", "tokenizer.model", "spiece.model",
+                   "sentencepiece.bpe.model")
+# The tasks served by the built-in handlers; a plug-in (``module:Class``) names its own.
+BUILTIN_TASKS = ("embedding", "rerank", "classification")
+InputKind = Literal["texts", "pairs"]
+
+
+class ModelLoadError(Exception):
+    """A model folder that cannot be served; the message names the cause."""
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    path: Path
+    name: str
+    version: str
+    task: str = "embedding"
+    device: str = "auto"
+    dtype: str = "float32"
+    pooling: str | None = None
+    normalize: bool | None = None
+    max_seq_length: int | None = None
+    truncate: bool = True
+    allow_pickle: bool = False
+    warmup: bool = True
+    # The forward pass's runtime (core/backends/): torch | onnx | openvino, quantisation, export cache.
+    backend: str = "torch"
+    quantize: str = "none"
+    cache_dir: str | None = None
+    calibration_file: str | None = None
+    gate: tuple[tuple[str, float], ...] = ()  # model.gate.* thresholds that differ from the defaults
+
+
+class Handler(Protocol):
+    """The contract. ``task`` and ``inputs`` may be left out by a plug-in: it then serves embeddings of texts.
+
+    ``describe()`` (optional) returns what /info and the reload rules need to know of the loaded model
+    (an embedding's size, a classifier's labels); ``incompatibility(serving, allow_change)`` (optional)
+    returns why this model may not replace or sit beside the serving one (whose ``describe()`` it gets),
+    or None. Without it any model of the same task is accepted.
+    """
+
+    name: str
+    version: str
+    max_seq_length: int
+    device: torch.device
+    dtype: str
+
+    def load(self, spec: ModelSpec, device: torch.device) -> None: ...
+    def preprocess(self, inputs: list[Any]) -> list[Encoded]: ...
+    def infer(self, batch: list[Encoded]) -> Any: ...
+    def postprocess(self, outputs: Any) -> list[Any]: ...
+    def close(self) -> None: ...
+
+
+def task_of(handler: Any) -> str:
+    return str(getattr(handler, "task", "embedding"))
+
+
+def inputs_of(handler: Any) -> InputKind:
+    return "pairs" if getattr(handler, "inputs", "texts") == "pairs" else "texts"
+
+
+def describe(handler: Any) -> dict[str, Any]:
+    fn = getattr(handler, "describe", None)
+    return dict(fn()) if callable(fn) else {}
+
+
+def incompatibility(handler: Any, serving: Mapping[str, Any], allow_change: bool) -> str | None:
+    fn = getattr(handler, "incompatibility", None)
+    return fn(serving, allow_change) if callable(fn) else None
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise ModelLoadError(f"device {name!r} requested but CUDA is not available")
+    return torch.device(name)
+
+
+def check_weights(path: Path, allow_pickle: bool) -> bool:
+    """Return whether safetensors weights are there; refuse pickle weights unless allowed."""
+    if not path.is_dir():
+        raise ModelLoadError(f"model folder {path} does not exist")
+    if not (path / "config.json").is_file():
+        raise ModelLoadError(f"{path} has no config.json: not a Hugging Face model folder")
+    if any(path.glob("*.safetensors")):
+        return True
+    if any(path.glob("pytorch_model*.bin")):
+        if allow_pickle:
+            return False
+        raise ModelLoadError(f"{path} holds only pickle weights (pytorch_model.bin); "
+                             "set model.allow_pickle: true to load them")
+    raise ModelLoadError(f"{path} holds no weights (model.safetensors)")
+
+
+def check_tokenizer_files(path: Path) -> None:
+    if not any((path / f).is_file() for f in TOKENIZER_FILES):
+        # transformers would build an empty tokenizer that maps every word to [UNK], silently.
+        raise ModelLoadError(f"{path} has no tokenizer (tokenizer.json or a vocabulary file)")
+
+
+def load_tokenizer(path: Path) -> tuple[Any, Any]:
+    """The folder's config and fast tokenizer (a slow one is refused: the Rust tokenizer does the work)."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    check_tokenizer_files(path)
+    try:
+        config = AutoConfig.from_pretrained(path, local_files_only=True)
+        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    except (OSError, ValueError, KeyError, RuntimeError) as exc:
+        raise ModelLoadError(f"cannot load {path}: {exc}") from exc
+    if not getattr(tokenizer, "is_fast", False):
+        raise ModelLoadError(f"{path}: a fast (tokenizer.json) tokenizer is required")
+    return config, tokenizer
+
+
+def length_limit(config: Any, tokenizer: Any, wanted: int | None) -> int:
+    """Tokens per input: the setting or the model's own limit, never more than its position table."""
+    limit = min(int(getattr(config, "max_position_embeddings", 512)),
+                int(tokenizer.model_max_length) if tokenizer.model_max_length < 1e6 else 512)
+    return min(wanted or limit, limit)

@@ -1,0 +1,130 @@
+"""The embedding task: texts in, one pooled vector per text out (served on /v1/embeddings and /predict)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from inferd.core.preprocess import Encoded, TextEncoder
+from inferd.core.tasks.base import ModelLoadError, ModelSpec, check_weights, length_limit, load_tokenizer
+
+
+def mean_pool(hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Average of the token vectors that the attention mask keeps (padding excluded)."""
+    m = mask.unsqueeze(-1).to(hidden.dtype)
+    return (hidden * m).sum(dim=1) / m.sum(dim=1).clamp(min=1e-9)
+
+
+def cls_pool(hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    return hidden[:, 0]
+
+
+POOLERS = {"mean": mean_pool, "cls": cls_pool}
+
+
+def read_st_config(path: Path) -> tuple[str | None, bool, int | None]:
+    """What the model's sentence-transformers files say: pooling mode, normalisation, max length."""
+    pooling, normalize, max_len = None, False, None
+    modules = path / "modules.json"
+    if modules.is_file():
+        for module in json.loads(modules.read_text()):
+            kind = module.get("type", "")
+            if kind.endswith("Pooling"):
+                cfg = json.loads((path / module["path"] / "config.json").read_text())
+                if cfg.get("pooling_mode_cls_token"):
+                    pooling = "cls"
+                elif cfg.get("pooling_mode_mean_tokens"):
+                    pooling = "mean"
+                else:
+                    raise ModelLoadError(f"{path}: unsupported pooling mode in {module['path']}/config.json")
+            elif kind.endswith("Normalize"):
+                normalize = True
+    st = path / "sentence_bert_config.json"
+    if st.is_file():
+        max_len = json.loads(st.read_text()).get("max_seq_length")
+    return pooling, normalize, max_len
+
+
+class EmbeddingHandler:
+    """Sentence embeddings from a Hugging Face encoder, pooled as the model's own configuration says."""
+
+    task = "embedding"
+    inputs = "texts"
+
+    def load(self, spec: ModelSpec, device: torch.device) -> None:
+        safetensors = check_weights(spec.path, spec.allow_pickle)
+        st_pooling, st_normalize, st_max = read_st_config(spec.path)
+        config, tokenizer = load_tokenizer(spec.path)
+        self.name = spec.name
+        self.version = spec.version
+        self.dimension = int(config.hidden_size)
+        limit = length_limit(config, tokenizer, None)
+        self.max_seq_length = min(spec.max_seq_length or st_max or limit, limit)
+        self.pooling = spec.pooling or st_pooling or "mean"
+        self.normalize = spec.normalize if spec.normalize is not None else st_normalize
+        self.pad_id = tokenizer.pad_token_id or 0
+        self.encoder = TextEncoder(tokenizer.backend_tokenizer, self.max_seq_length, spec.truncate)
+        self._pool = POOLERS[self.pooling]
+        # Last: exporting a graph and its accuracy gate run this task's own tokenising and pooling.
+        from inferd.core.backends import open_backend, options_for
+
+        if spec.backend != "torch" and spec.device == "auto":
+            device = torch.device("cpu")  # ONNX Runtime and OpenVINO run on the CPU here, GPU or not
+        self.runner = open_backend(spec.path, options_for(spec), device, self, safetensors)
+        self.device = self.runner.device
+        self.dtype = self.runner.dtype
+        self.backend, self.quantize, self.backend_info = self.runner.backend, self.runner.quantize, self.runner.info
+
+    def describe(self) -> dict[str, Any]:
+        return {"dimension": self.dimension, "pooling": self.pooling, "normalize": self.normalize}
+
+    def incompatibility(self, serving: Mapping[str, Any], allow_change: bool) -> str | None:
+        """Vectors of another size cannot be compared with those clients already stored."""
+        old = serving.get("dimension")
+        if old is None or old == self.dimension or allow_change:
+            return None
+        return (f"embedding dimension {self.dimension}, the serving model's is {old}; "
+                "set model.allow_dimension_change: true to allow it")
+
+    def preprocess(self, texts: list[str]) -> list[Encoded]:
+        return self.encoder.encode(texts)
+
+    def collate(self, batch: list[Encoded]) -> tuple[torch.Tensor, torch.Tensor]:
+        longest = max(e.tokens for e in batch)
+        ids = np.full((len(batch), longest), self.pad_id, dtype=np.int64)
+        mask = np.zeros((len(batch), longest), dtype=np.int64)
+        for row, enc in enumerate(batch):
+            ids[row, : enc.tokens] = enc.ids
+            mask[row, : enc.tokens] = 1
+        return torch.from_numpy(ids), torch.from_numpy(mask)
+
+    def infer(self, batch: list[Encoded]) -> np.ndarray:
+        return self.run(self.runner, batch)
+
+    def run(self, runner: Any, batch: list[Encoded]) -> np.ndarray:
+        """Pooled vectors for a batch, the forward pass on ``runner`` (the accuracy gate passes torch's)."""
+        ids, mask = self.collate(batch)
+        with torch.inference_mode():
+            hidden = runner(ids, mask)
+            pooled = self._pool(hidden, mask.to(hidden.device)).float()
+            if self.normalize:
+                pooled = torch.nn.functional.normalize(pooled, p=2, dim=1)
+            return pooled.cpu().numpy()
+
+    def postprocess(self, outputs: np.ndarray) -> list[np.ndarray]:
+        return list(outputs)
+
+    def warmup(self) -> None:
+        sample = self.preprocess(["warm up", "a somewhat longer sentence to warm up the padded path"])
+        self.infer(sample)
+        self.infer(sample[:1])
+
+    def close(self) -> None:
+        runner = getattr(self, "runner", None)
+        if runner is not None:
+            runner.close()
