@@ -148,7 +148,7 @@ class MemorySettings(_Section):
     # trims of the heap's free pages on the worker; 0 = never, and RSS climbs for as long as the server runs.
     malloc_trim_every_n: int = Field(20, ge=0)
     # Bytes from which blocks get their own mapping, set once at start; 0 = glibc's dynamic threshold. A fixed
-    # one keeps RSS flatter than the trim alone but costs ~10-16 % more CPU per request (page faults).
+    # one keeps RSS flatter than the trim alone but costs ~15 % more CPU per batch (page faults).
     malloc_mmap_threshold: int = Field(0, ge=0, le=33_554_432)
 
 

@@ -124,7 +124,7 @@ class NativeHeap:
     rises to its size (up to 32 MB), so later tensors come from the heap, where freed pages stay resident
     between blocks still in use. ``trim`` (the default remedy, every few batches) hands those pages back for
     ~1 % of CPU; a fixed threshold (``set_mmap_threshold``) keeps large tensors in their own mappings, returned
-    whole on free, which holds RSS flatter but costs 10-16 % more CPU (a page fault per page of every tensor).
+    whole on free, which holds RSS flatter but costs ~15 % more CPU (a page fault per page of every tensor).
     Neither exists where the C library is not glibc (musl, macOS): nothing is done there.
     """
 
