@@ -249,3 +249,37 @@ def test_an_entry_of_another_format_is_not_read(tmp_path: Path) -> None:
     assert export.read_meta(tmp_path) is None
     (tmp_path / export.META).write_text(json.dumps({"format": export.FORMAT, "graph": "model.xml"}))
     assert export.read_meta(tmp_path) == {"format": export.FORMAT, "graph": "model.xml"}
+
+
+class WordProbe:
+    """A tokenizer of whitespace words plus [CLS]/[SEP], truncating or refusing past the limit."""
+
+    max_seq_length = 20
+
+    def __init__(self, truncate: bool) -> None:
+        self.truncate = truncate
+        self.seen: list[str] = []
+
+    def preprocess(self, texts: list[str]) -> list:
+        from inferd.core.preprocess import Encoded, InputError
+
+        self.seen.extend(texts)
+        words = texts[0].split()
+        if len(words) + 2 > self.max_seq_length:
+            if not self.truncate:
+                raise InputError(0, "too long")
+            return [Encoded(list(range(self.max_seq_length)), True)]
+        return [Encoded(list(range(len(words) + 2)), False)]
+
+
+@pytest.mark.parametrize("truncate", [True, False])
+def test_texts_at_the_limit_are_long_documents_of_distinct_texts(truncate: bool) -> None:
+    probe = WordProbe(truncate)
+    texts = [f"text number {i}" for i in range(10)]
+    item = gate.at_limit(probe, texts, 3)
+    assert item.tokens == probe.max_seq_length
+    document = probe.seen[0]
+    assert document.startswith("text number 3 text number 4 text number 5")
+    encoded = gate.encode_set(probe, texts * 2)
+    assert encoded[gate.AT_LIMIT_SHARE - 1].tokens == probe.max_seq_length
+    assert [e.tokens for e in encoded[:3]] == [5, 5, 5]

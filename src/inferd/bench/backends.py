@@ -103,7 +103,7 @@ def reference_vectors(model: Path, texts: Sequence[str]) -> tuple[np.ndarray, st
 def accuracy(handler: Any, texts: Sequence[str], reference: np.ndarray) -> dict[str, float]:
     """Cosine min/mean and top-10 overlap to the reference, each the worst over the gate's batch shapes."""
     items = handler.preprocess(list(texts))
-    filler = gate.at_limit(handler, texts[0])
+    filler = gate.at_limit(handler, texts)
     mins, means, overlaps = [], [], []
     for plan in gate.plans(0).values():
         got = gate.outputs(handler, handler.runner, items, plan(items), filler)
@@ -138,7 +138,7 @@ def start_infinity(exe: Path, engine: str, model: Path, logs: Path, threads: int
     env["INFINITY_ANONYMOUS_USAGE_STATS"] = "0"  # no telemetry (the machine has no way out anyway)
     cmd = [str(exe), "v2", "--model-id", str(model), "--served-model-name", "model", "--engine", engine,
            "--device", "cpu", "--batch-size", "32", "--host", "127.0.0.1", "--port", str(port),
-           "--url-prefix", "", "--no-model-warmup"]
+           "--url-prefix", "", "--no-model-warmup", "--log-level", "warning"]
     server = _spawn(f"infinity-{engine}", cmd, env, port, logs)
     server.wait_ready("/health", timeout)
     return server

@@ -38,7 +38,7 @@ from inferd.core.backends.torch import TorchRunner, load_model
 
 log = logging.getLogger(__name__)
 
-FORMAT = 1  # bump when what an entry holds, or how it is made, changes
+FORMAT = 2  # bump when what an entry holds, or how it is made, changes
 META = "meta.json"
 _LIBRARIES = {"torch": ("torch", "transformers"),
               "onnx": ("torch", "transformers", "onnx", "onnxruntime"),

@@ -100,9 +100,17 @@ def read_calibration_file(path: Path) -> list[str]:
     return out
 
 
-def at_limit(probe: Probe, text: str) -> Encoded:
-    """``text`` repeated until it fills the model's length limit exactly (truncated, or cut to fit)."""
-    long = " ".join([text] * (4 * probe.max_seq_length // max(1, len(text.split())) + 1))
+def at_limit(probe: Probe, texts: Sequence[str], start: int = 0) -> Encoded:
+    """A long document that fills the model's length limit (truncated, or cut to fit): the texts from
+    ``start`` on, joined. Distinct texts, not one text repeated: a phrase repeated a hundred times is an
+    input no encoder was trained on, and its vector says little about a long passage's."""
+    parts: list[str] = []
+    size = 0
+    # 12 characters per token is more than any English word-piece takes, so the limit is always reached.
+    while size < 12 * probe.max_seq_length and len(parts) < 4 * len(texts):
+        parts.append(texts[(start + len(parts)) % len(texts)])
+        size += len(parts[-1]) + 1
+    long = " ".join(parts)
     try:
         return probe.preprocess([long])[0]
     except InputError:
@@ -121,16 +129,16 @@ def at_limit(probe: Probe, text: str) -> Encoded:
 
 
 def encode_set(probe: Probe, texts: Sequence[str]) -> list[Encoded]:
-    """The texts, tokenised; every AT_LIMIT_SHARE-th one stretched to the length limit."""
+    """The texts, tokenised; every AT_LIMIT_SHARE-th one replaced by a long document at the length limit."""
     out = []
     for i, text in enumerate(texts):
         if i % AT_LIMIT_SHARE == AT_LIMIT_SHARE - 1:
-            out.append(at_limit(probe, text))
+            out.append(at_limit(probe, texts, i))
         else:
             try:
                 out.append(probe.preprocess([text])[0])
             except InputError:
-                out.append(at_limit(probe, text))
+                out.append(at_limit(probe, texts, i))
     return out
 
 
@@ -207,7 +215,7 @@ def measure(probe: Probe, reference: Runner, candidate: Runner, texts: Sequence[
             seed: int = BUILTIN_SEED) -> GateFigures:
     """Compare the candidate's outputs with the reference's at every batch shape."""
     items = encode_set(probe, texts)
-    filler = at_limit(probe, texts[0])
+    filler = at_limit(probe, texts)
     batch_plans = plans(seed)
     ref = outputs(probe, reference, items, batch_plans["32 sorted"](items), filler)
     vectors = ref.ndim == 2 and ref.shape[1] > 1 and len(items) > OVERLAP_K
