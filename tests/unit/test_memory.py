@@ -317,7 +317,7 @@ def test_injected_oom_splits_and_every_other_request_succeeds(tmp_path: Path) ->
             assert (result.status, result.code) == (507, "out_of_memory")
         else:
             assert not isinstance(result, BaseException), result
-            assert result.vectors == [expected(text)]
+            assert result.outputs == [expected(text)]
     assert handler.sizes[0] == 8  # one batch first, then halves: 8 -> 4,4 -> 2,2,2,2 -> the marker's pair 1,1
     assert sorted(handler.sizes[:-1]) == sorted([8, 4, 4, 2, 2, 2, 2, 1, 1])  # the last: "still serving"
     m = engine.metrics.registry
@@ -325,7 +325,7 @@ def test_injected_oom_splits_and_every_other_request_succeeds(tmp_path: Path) ->
     assert m.get_sample_value("inferd_requests_rejected_total", {"reason": "oom"}) == 1
     assert m.get_sample_value("inferd_empty_cache_total", {"reason": "oom"}) == 5
     assert alive and engine.worker_error is None and engine.manager.state == "ready"
-    assert after.vectors == [expected("still serving")]
+    assert after.outputs == [expected("still serving")]
 
 
 def test_oom_over_http_is_507_and_the_service_stays_ready(tmp_path: Path) -> None:

@@ -434,4 +434,4 @@ def test_a_configured_canary_of_another_dimension_fails_the_start(tmp_path: Path
     manager = ModelManager(settings, loader)
     with pytest.raises(ModelLoadError, match="canary.path"):
         manager.load_initial()
-    assert manager.state == "failed" and "dimension 48" in (manager.reason or "")
+    assert manager.state == "failed" and "dimension is 48" in (manager.reason or "")

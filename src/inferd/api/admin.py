@@ -22,6 +22,7 @@ from inferd.core.model_loader import (
     ModelSlot,
     NoCanary,
     ReloadInProgress,
+    TaskMismatch,
     VersionInUse,
 )
 
@@ -48,7 +49,7 @@ class CanaryRequest(ReloadRequest):
 
 
 def _describe(slot: ModelSlot) -> dict[str, Any]:
-    return {k: slot.info[k] for k in ("name", "version", "path", "dimension", "load_seconds")}
+    return {k: slot.info.get(k) for k in ("name", "version", "path", "task", "dimension", "load_seconds")}
 
 
 async def _change(request: Request, action: str, fn: Callable[..., ModelSlot], *args: Any) -> dict[str, Any]:
@@ -66,6 +67,11 @@ async def _change(request: Request, action: str, fn: Callable[..., ModelSlot], *
         log.warning("%s refused: %s", action, exc, extra={"action": action})
         raise APIError(409, f"{action} refused; the serving model is unchanged: {exc}", "version_in_use",
                        "version") from None
+    except TaskMismatch as exc:
+        metrics.model_reloads.labels("failed").inc()
+        log.warning("%s refused: %s", action, exc, extra={"action": action})
+        raise APIError(409, f"{action} refused; the serving model is unchanged: {exc}", "task_mismatch",
+                       "path") from None
     except ManagerClosed as exc:
         raise APIError(503, exc.reason or "the server is shutting down", "draining",
                        headers={"Retry-After": "1"}) from None

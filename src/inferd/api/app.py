@@ -21,6 +21,7 @@ from inferd.api.middleware import BodyLimitMiddleware, RequestContextMiddleware
 from inferd.api.routes import router
 from inferd.api.schemas import raw_body, responses
 from inferd.api.security import require_keys
+from inferd.api.task_routes import task_router
 from inferd.config import Settings
 from inferd.core.handler import Handler, ModelLoadError, ModelSpec
 from inferd.core.inference import InferenceEngine
@@ -91,6 +92,7 @@ def create_app(settings: Settings, loader: Callable[[ModelSpec], Handler] = load
     app.state.started_at = time.time()
     install_error_handlers(app)
     app.include_router(router)
+    app.include_router(task_router)
     if settings.server.admin_port is None:
         app.include_router(admin_router)
 

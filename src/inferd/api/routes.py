@@ -29,12 +29,12 @@ from inferd.api.schemas import (
     responses,
 )
 from inferd.api.security import require_keys
-from inferd.core.work import ClientGone, EmbedResult, EngineError
+from inferd.core.work import ClientGone, EngineError, TaskResult
 
 router = APIRouter()
 B = TypeVar("B", bound=BaseModel)
 
-_INFERENCE_ERRORS = (400, 401, 413, 422, 503, 504, 507)
+_INFERENCE_ERRORS = (400, 401, 404, 413, 422, 503, 504, 507)
 
 
 def json_response(content: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
@@ -117,18 +117,33 @@ async def _disconnected(request: Request) -> None:
         pass
 
 
-async def _embed(request: Request, texts: list[Any], body: PredictRequest | EmbeddingsRequest,
-                 field: str, listed: bool) -> EmbedResult | Response:
+def require_task(request: Request, task: str) -> None:
+    """404 on a route of another task than the one this server serves, naming the served one."""
+    served = request.app.state.manager.task
+    if served is not None and served != task:
+        raise APIError(404, f"{request.url.path} serves the {task} task; this server serves the {served} task",
+                       "wrong_task")
+
+
+def served_task(request: Request) -> str:
+    return request.app.state.manager.task or "embedding"
+
+
+async def run_task(request: Request, texts: list[Any], body: Any, field: str, listed: bool,
+                   task: str | None = None, admit: Callable[[Any], None] | None = None) -> TaskResult | Response:
+    """Hand a request's inputs to the engine; its refusals in the error shape, 499 for a client gone."""
     engine = request.app.state.engine
     if request.app.state.settings.server.log_inputs:
         # Only when the operator asked for it: request text is user data and stays out of logs by default.
         context(request.scope)["inputs"] = texts
     try:
-        result = await engine.embed(
-            texts, priority=body.priority, timeout_ms=body.timeout_ms, model=body.model,
-            dimensions=getattr(body, "dimensions", None), routing_key=request.headers.get("x-routing-key"),
+        result = await engine.run(
+            texts, priority=body.priority, timeout_ms=body.timeout_ms, model=getattr(body, "model", None), task=task,
+            admit=admit, routing_key=request.headers.get("x-routing-key"),
             disconnected=lambda: _disconnected(request))
     except EngineError as exc:
+        if exc.status == 404:  # the model serves another task (a reload raced the route's own check)
+            raise APIError(404, exc.message, exc.code) from None
         raise _refusal(exc, field, listed) from None
     except ClientGone:
         return Response(status_code=499)
@@ -138,21 +153,34 @@ async def _embed(request: Request, texts: list[Any], body: PredictRequest | Embe
     return result
 
 
-def _served_name(result: EmbedResult) -> str:
+def served_name(result: TaskResult) -> str:
     return f"{result.model}@{result.version}"
 
 
 @router.post("/predict", openapi_extra=request_body(PredictRequest),
              responses=responses(PredictResponse, *_INFERENCE_ERRORS))
 async def predict(request: Request) -> Response:
-    """The seed's endpoint: ``{"texts": [...]}`` → ``{"results": [[...]], "model": "name@version"}``."""
+    """The seed's endpoint, each task's natural result: ``{"texts": [...]}`` → ``{"results": [...], "model"}``.
+
+    embedding: a vector per text; classification: ``{"label", "probs"}`` per text; rerank: ``texts`` holds
+    ``[query, document]`` pairs and each gets its score.
+    """
     settings = request.app.state.settings
     require_keys(request, settings.server.api_keys, "inference")
+    task = served_task(request)
+    if task == "rerank":
+        from inferd.api.task_routes import predict_pairs
+
+        return await predict_pairs(request)
     body = await read_body(request, PredictRequest, lambda b: _prechecked(request, b.texts, "texts", True))
-    result = await _embed(request, body.texts, body, "texts", listed=True)
+    result = await run_task(request, body.texts, body, "texts", listed=True, task=task)
     if isinstance(result, Response):
         return result
-    return json_response({"results": result.vectors, "model": _served_name(result),
+    outputs: list[Any] = result.outputs
+    if task == "classification":
+        labels = request.app.state.manager.active.info["labels"] if request.app.state.manager.active else []
+        outputs = [{"label": labels[int(p.argmax())], "probs": p} for p in outputs]
+    return json_response({"results": outputs, "model": served_name(result),
                           "usage": {"prompt_tokens": result.prompt_tokens}})
 
 
@@ -162,21 +190,32 @@ async def embeddings(request: Request) -> Response:
     """OpenAI-compatible embeddings (the official ``openai`` client works against it)."""
     settings = request.app.state.settings
     require_keys(request, settings.server.api_keys, "inference")
+    require_task(request, "embedding")
     body = await read_body(request, EmbeddingsRequest, lambda b: _check_input(request, b))
     listed = isinstance(body.input, list)
     texts = body.input if listed else [body.input]
-    result = await _embed(request, texts, body, "input", listed)
+    result = await run_task(request, texts, body, "input", listed, task="embedding",
+                            admit=None if body.dimensions is None else _same_dimension(body.dimensions))
     if isinstance(result, Response):
         return result
     if body.encoding_format == "base64":
         data = [{"object": "embedding", "index": i,
                  "embedding": base64.b64encode(np.asarray(v, dtype="<f4").tobytes()).decode("ascii")}
-                for i, v in enumerate(result.vectors)]
+                for i, v in enumerate(result.outputs)]
     else:
-        data = [{"object": "embedding", "index": i, "embedding": v} for i, v in enumerate(result.vectors)]
-    return json_response({"object": "list", "data": data, "model": _served_name(result),
+        data = [{"object": "embedding", "index": i, "embedding": v} for i, v in enumerate(result.outputs)]
+    return json_response({"object": "list", "data": data, "model": served_name(result),
                           "usage": {"prompt_tokens": result.prompt_tokens,
                                     "total_tokens": result.prompt_tokens}})
+
+
+def _same_dimension(dimensions: int) -> Callable[[Any], None]:
+    def admit(info: Any) -> None:
+        dimension = info.get("dimension")
+        if dimension is not None and dimensions != dimension:
+            raise EngineError(422, f"this model produces {dimension}-dimensional embeddings; {dimensions} "
+                              "was asked", "invalid_value", "invalid", field="dimensions")
+    return admit
 
 
 def _check_input(request: Request, body: EmbeddingsRequest) -> None:
@@ -195,7 +234,8 @@ async def models(request: Request) -> Response:
     data = []
     for role, slot in request.app.state.manager.slots():
         data.append({"id": f"{slot.spec.name}@{slot.version}", "object": "model",
-                     "created": int(request.app.state.started_at), "owned_by": "inferd", "role": role})
+                     "created": int(request.app.state.started_at), "owned_by": "inferd", "role": role,
+                     "task": slot.task})
     return json_response({"object": "list", "data": data})
 
 
@@ -208,7 +248,8 @@ async def info(request: Request) -> Response:
     for role, slot in manager.slots():
         h = slot.handler
         out["models"].append({
-            "role": role, "name": slot.spec.name, "version": slot.version, "dimension": h.dimension,
+            "role": role, "name": slot.spec.name, "version": slot.version, "task": slot.task,
+            "labels": slot.info.get("labels"), "dimension": slot.info.get("dimension"),
             "max_seq_length": h.max_seq_length, "device": str(h.device), "dtype": h.dtype,
             "pooling": getattr(h, "pooling", None), "normalize": getattr(h, "normalize", None),
             "load_seconds": round(slot.load_seconds, 3),
@@ -216,7 +257,7 @@ async def info(request: Request) -> Response:
             "backend": getattr(h, "backend", "torch"), "quantize": getattr(h, "quantize", "none"),
             "backend_info": getattr(h, "backend_info", None)})
     if out["models"]:
-        out.update({k: out["models"][0][k] for k in ("name", "version", "dimension", "max_seq_length",
+        out.update({k: out["models"][0][k] for k in ("task", "name", "version", "dimension", "max_seq_length",
                                                      "device", "dtype", "backend", "quantize")})
     return json_response(out)
 

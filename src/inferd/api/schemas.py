@@ -44,6 +44,34 @@ class EmbeddingsRequest(_Body):
     user: str | None = None
 
 
+class RerankRequest(_Body):
+    """Cohere / Jina / vLLM ``POST /v1/rerank``: one query, documents to score against it."""
+
+    query: Any = Field(json_schema_extra=_TEXT)
+    documents: list[Any] = Field(json_schema_extra={"items": _TEXT, "minItems": 1})
+    model: str | None = Field(None, description="Pin a served version: 'name@version' or the version")
+    top_n: StrictInt | None = Field(None, gt=0, description="Return only the best this many")
+    return_documents: bool = False
+
+
+class TEIRerankRequest(_Body):
+    """text-embeddings-inference's ``POST /rerank``."""
+
+    query: Any = Field(json_schema_extra=_TEXT)
+    texts: list[Any] = Field(json_schema_extra={"items": _TEXT, "minItems": 1})
+    raw_scores: bool = Field(False, description="The model's logits, not the activated scores")
+    return_text: bool = False
+    truncate: bool | None = Field(None, description="Accepted for compatibility; model.truncate decides")
+
+
+class ClassifyRequest(_Body):
+    """vLLM's ``POST /v1/classify``: a text or a list of texts."""
+
+    input: Any = Field(json_schema_extra={"anyOf": [_TEXT, {"type": "array", "items": _TEXT, "minItems": 1}]})
+    model: str | None = Field(None, description="Pin a served version: 'name@version' or the version")
+    user: str | None = None
+
+
 def request_body(model: type[BaseModel]) -> dict[str, Any]:
     """``openapi_extra`` declaring a JSON request body (the routes read it themselves: see read_body)."""
     return {"requestBody": {"required": True,
@@ -71,7 +99,8 @@ class Usage(BaseModel):
 
 
 class PredictResponse(BaseModel):
-    results: list[list[float]]
+    results: list[Any] = Field(description="embedding: a vector per text; rerank: a score per [query, document] "
+                                           "pair; classification: {label, probs} per text")
     model: str = Field(description="name@version that computed every result")
     usage: Usage
 
@@ -93,12 +122,49 @@ class EmbeddingsResponse(BaseModel):
     usage: EmbeddingsUsage
 
 
+class RerankDocument(BaseModel):
+    text: str
+
+
+class RerankResult(BaseModel):
+    index: int
+    relevance_score: float
+    document: RerankDocument | None = None
+
+
+class RerankResponse(BaseModel):
+    results: list[RerankResult] = Field(description="Best first")
+    model: str
+    usage: EmbeddingsUsage
+
+
+class TEIRerankResult(BaseModel):
+    index: int
+    score: float
+    text: str | None = None
+
+
+class ClassifyItem(BaseModel):
+    index: int
+    label: str
+    probs: list[float]
+    num_classes: int
+
+
+class ClassifyResponse(BaseModel):
+    object: Literal["list"]
+    data: list[ClassifyItem]
+    model: str
+    usage: EmbeddingsUsage
+
+
 class ModelCard(BaseModel):
     id: str
     object: Literal["model"]
     created: int
     owned_by: str
     role: Literal["active", "canary"]
+    task: str = "embedding"
 
 
 class ModelList(BaseModel):
@@ -110,6 +176,8 @@ class ModelInfo(BaseModel):
     role: Literal["active", "canary"]
     name: str
     version: str
+    task: str = "embedding"
+    labels: list[str] | None = None
     dimension: int | None
     max_seq_length: int | None
     device: str
@@ -128,6 +196,7 @@ class Info(BaseModel):
     inferd_version: str
     state: str
     models: list[ModelInfo]
+    task: str | None = None
     name: str | None = None
     version: str | None = None
     dimension: int | None = None
@@ -153,6 +222,7 @@ class SlotInfo(BaseModel):
     name: str
     version: str
     path: str
+    task: str | None = None
     dimension: int | None
     load_seconds: float
 
@@ -182,7 +252,7 @@ class ModelChange(BaseModel):
 _ERRORS = {
     400: "Malformed body: not JSON, not UTF-8, empty, or not an object",
     401: "Missing or wrong Bearer key",
-    404: "Unknown path; the admin routes when no admin key is configured",
+    404: "Unknown path; a route of another task than the one served; the admin routes without an admin key",
     409: "A model change in conflict: another in progress, a version already served, no canary",
     413: "Body over limits.max_body_bytes",
     422: "Invalid value, unknown field, or a refused model change",

@@ -17,9 +17,10 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
+import orjson
 import torch
 
 from inferd.config import Settings
@@ -27,10 +28,10 @@ from inferd.core.batcher import BatchQueue, Decision, Policy, QueueClosed, Queue
 from inferd.core.cache import EmbeddingCache
 from inferd.core.model_loader import ModelManager, ModelNotReady, ModelSlot
 from inferd.core.preprocess import InputError, check_texts
-from inferd.core.work import BatchReport, ClientGone, EmbedResult, EngineError, Ticket, WorkItem, tickets_of
+from inferd.core.work import BatchReport, ClientGone, EmbedResult, EngineError, TaskResult, Ticket, WorkItem, tickets_of
 from inferd.utils.metrics import Metrics
 
-__all__ = ["ClientGone", "EmbedResult", "EngineError", "InferenceEngine"]
+__all__ = ["ClientGone", "EmbedResult", "EngineError", "InferenceEngine", "TaskResult"]
 
 log = logging.getLogger(__name__)
 batch_log = logging.getLogger("inferd.batch")
@@ -41,6 +42,10 @@ _INLINE_TOKENIZE_CHARS = 4096
 
 def _is_oom(exc: BaseException) -> bool:
     return isinstance(exc, torch.OutOfMemoryError)
+
+
+def _chars(item: Any) -> int:
+    return len(item) if isinstance(item, str) else sum(map(len, item))
 
 
 def _claim(batch: list[WorkItem]) -> None:
@@ -139,9 +144,15 @@ class InferenceEngine:
 
     # -- the request side (event loop) -----------------------------------------------------------------
 
-    async def embed(self, texts: list[Any], *, priority: int = 0, timeout_ms: float | None = None,
-                    routing_key: str | None = None, model: str | None = None, dimensions: int | None = None,
-                    disconnected: Callable[[], Awaitable[Any]] | None = None) -> EmbedResult:
+    async def run(self, texts: list[Any], *, priority: int = 0, timeout_ms: float | None = None,
+                  routing_key: str | None = None, model: str | None = None, task: str | None = None,
+                  admit: Callable[[Mapping[str, Any]], None] | None = None,
+                  disconnected: Callable[[], Awaitable[Any]] | None = None) -> TaskResult:
+        """One request's inputs (texts, or (query, document) pairs) through the model, one result each.
+
+        ``task`` refuses a model of another task (404); ``admit`` sees the picked model's description
+        before any work and may refuse the request (an EngineError) for what the model is.
+        """
         if self.draining:
             self.metrics.rejected.labels("draining").inc()
             raise EngineError(503, "the server is draining; retry on another instance", "draining",
@@ -167,12 +178,14 @@ class InferenceEngine:
             raise self._not_ready(exc) from None
         self._enter()
         try:
-            dimension = slot.info["dimension"]
-            if dimensions is not None and dimension is not None and dimensions != dimension:
-                # Known before any work: refuse now rather than compute vectors that would be thrown away.
-                self.metrics.rejected.labels("invalid").inc()
-                raise EngineError(422, f"this model produces {dimension}-dimensional embeddings; {dimensions} "
-                                  "was asked", "invalid_value", "invalid", field="dimensions")
+            if task is not None and slot.task != task:
+                raise EngineError(404, f"this server serves the {slot.task} task, not {task}", "wrong_task")
+            if admit is not None:
+                try:
+                    admit(slot.info)  # known before any work: refuse now rather than compute in vain
+                except EngineError as exc:
+                    self.metrics.rejected.labels(exc.reason or "invalid").inc()
+                    raise
             if self.cache is None:
                 result = await self._embed_on(slot, texts, priority, timeout_ms, disconnected)
             else:
@@ -184,16 +197,24 @@ class InferenceEngine:
             slot.release()
             self._leave()
 
-    def precheck(self, texts: Any) -> list[str]:
+    embed = run  # the name the embedding routes and tests know
+
+    def precheck(self, texts: Any) -> list[Any]:
         """The checks that need no model: types, emptiness, counts, lengths (422 naming the text).
 
-        The HTTP layer runs them too, while it parses a body, so a huge refused body never outlives parsing.
+        Pairs (query, document) are checked by their documents, each one item (the index names it); their
+        query is the same for all and checked by the route. The HTTP layer runs these checks too, while it
+        parses a body, so a huge refused body never outlives parsing.
         """
         limits = self.settings.limits
         try:
             if not isinstance(texts, list):
                 raise InputError(None, f"must be a list of strings, not {type(texts).__name__}", "invalid_type")
-            checked = check_texts(texts, limits.max_items_per_request, limits.max_chars_per_text)
+            if texts and isinstance(texts[0], tuple):
+                check_texts([d for _, d in texts], limits.max_items_per_request, limits.max_chars_per_text)
+                checked: list[Any] = texts
+            else:
+                checked = check_texts(texts, limits.max_items_per_request, limits.max_chars_per_text)
             if len(checked) > self.queue.max_queue:
                 # 503 + Retry-After would promise a retry that can never fit in the queue.
                 raise InputError(None, f"{len(checked)} texts given; at most {self.queue.max_queue} "
@@ -202,14 +223,14 @@ class InferenceEngine:
             raise self._input_error(exc) from None
         return checked
 
-    async def _preprocess(self, slot: ModelSlot, texts: list[str]) -> list[Any]:
-        if sum(map(len, texts)) <= _INLINE_TOKENIZE_CHARS:
+    async def _preprocess(self, slot: ModelSlot, texts: list[Any]) -> list[Any]:
+        if sum(map(_chars, texts)) <= _INLINE_TOKENIZE_CHARS:
             return slot.handler.preprocess(texts)
         async with self._preprocessing:
             return await asyncio.to_thread(slot.handler.preprocess, texts)
 
     async def _embed_on(self, slot: ModelSlot, texts: list[str], priority: int, timeout_ms: float | None,
-                        disconnected: Callable[[], Awaitable[Any]] | None) -> EmbedResult:
+                        disconnected: Callable[[], Awaitable[Any]] | None) -> TaskResult:
         t0 = time.perf_counter()
         try:
             encoded = await self._preprocess(slot, texts)
@@ -253,19 +274,21 @@ class InferenceEngine:
                     self.metrics.queue_depth.set(len(self.queue))
         if ticket.error is not None:
             raise ticket.error
-        return EmbedResult(
-            vectors=ticket.results, tokens=[e.tokens for e in encoded], model=slot.spec.name, version=version,
+        return TaskResult(
+            outputs=ticket.results, tokens=[e.tokens for e in encoded], model=slot.spec.name, version=version,
             timings={"preprocess_ms": pre_s * 1e3, "queue_ms": ticket.queue_s * 1e3,
                      "inference_ms": ticket.infer_s * 1e3, "postprocess_ms": ticket.post_s * 1e3,
                      "batch_size": ticket.batch_size, "items": len(encoded)})
 
     async def _embed_cached(self, slot: ModelSlot, texts: list[str], priority: int, timeout_ms: float | None,
-                            disconnected: Callable[[], Awaitable[Any]] | None) -> EmbedResult:
+                            disconnected: Callable[[], Awaitable[Any]] | None) -> TaskResult:
         """Answer what the cache holds for this very slot; queue only the rest, then remember it."""
         assert self.cache is not None
-        hits = self.cache.lookup(slot.load_id, texts)
+        # A pair is keyed by both its texts; one slot serves one task, so a pair's key never meets a text's.
+        keys = [t if isinstance(t, str) else orjson.dumps(t).decode() for t in texts]
+        hits = self.cache.lookup(slot.load_id, keys)
         todo = [i for i in range(len(texts)) if i not in hits]
-        fresh = EmbedResult([], [], slot.spec.name, slot.version, {"batch_size": 0, "items": 0})
+        fresh = TaskResult([], [], slot.spec.name, slot.version, {"batch_size": 0, "items": 0})
         if todo:
             try:
                 fresh = await self._embed_on(slot, [texts[i] for i in todo], priority, timeout_ms, disconnected)
@@ -273,15 +296,15 @@ class InferenceEngine:
                 if exc.param is not None:  # an index into the texts sent on: map it back to the request's
                     exc.param = str(todo[int(exc.param)])
                 raise
-            self.cache.store(slot.load_id, [texts[i] for i in todo], fresh.vectors, fresh.tokens)
-        vectors: list[Any] = [None] * len(texts)
+            self.cache.store(slot.load_id, [keys[i] for i in todo], fresh.outputs, fresh.tokens)
+        outputs: list[Any] = [None] * len(texts)
         tokens = [0] * len(texts)
-        for i, (vector, count) in hits.items():
-            vectors[i], tokens[i] = vector, count
+        for i, (output, count) in hits.items():
+            outputs[i], tokens[i] = output, count
         for j, i in enumerate(todo):
-            vectors[i], tokens[i] = fresh.vectors[j], fresh.tokens[j]
+            outputs[i], tokens[i] = fresh.outputs[j], fresh.tokens[j]
         timings = {**fresh.timings, "items": len(texts), "cache_hits": len(hits)}
-        return EmbedResult(vectors, tokens, fresh.model, fresh.version, timings)
+        return TaskResult(outputs, tokens, fresh.model, fresh.version, timings)
 
     async def _wait(self, ticket: Ticket, items: list[WorkItem], deadline: float,
                     disconnected: Callable[[], Awaitable[Any]] | None) -> None:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import importlib
 import itertools
 import logging
 import random
@@ -27,7 +26,16 @@ from urllib.parse import urlparse
 import torch
 
 from inferd.config import Settings, resolve_model_path
-from inferd.core.handler import EmbeddingHandler, Handler, ModelLoadError, ModelSpec, resolve_device
+from inferd.core.tasks import detect_task, handler_for
+from inferd.core.tasks.base import (
+    Handler,
+    ModelLoadError,
+    ModelSpec,
+    describe,
+    incompatibility,
+    resolve_device,
+    task_of,
+)
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +53,15 @@ class VersionInUse(ModelLoadError):
             "version of its own (responses, pinning, metrics and the cache tell models apart by it)")
         self.version = version
         self.role = role
+
+
+class TaskMismatch(ModelLoadError):
+    """A model change to a model of another task (refused: 409): clients of one task's routes would break."""
+
+    def __init__(self, new: str, serving: str, role: str) -> None:
+        super().__init__(f"the new model is a {new} model; this server serves the {serving} task (the {role} "
+                         f"model), and a model change stays within its task: start a {new} server instead")
+        self.new, self.serving = new, serving
 
 
 class ModelNotReady(Exception):
@@ -75,18 +92,14 @@ def spec_from_settings(settings: Settings, path: Path | None = None, version: st
         gate=tuple(m.gate.model_dump().items()))
 
 
+def spec_task(spec: ModelSpec) -> str:
+    """The task a spec will serve: as configured, or (``auto``) as the model folder says."""
+    return detect_task(spec.path) if spec.task == "auto" else spec.task
+
+
 def load_handler(spec: ModelSpec) -> Handler:
     """Build the task's handler, load the weights on the device and warm it up."""
-    if spec.task == "embedding":
-        handler: Any = EmbeddingHandler()
-    elif ":" in spec.task:
-        module, _, cls = spec.task.partition(":")
-        try:
-            handler = getattr(importlib.import_module(module), cls)()
-        except (ImportError, AttributeError) as exc:
-            raise ModelLoadError(f"model.task {spec.task!r} cannot be imported: {exc}") from exc
-    else:
-        raise ModelLoadError(f"unknown model.task {spec.task!r}; use 'embedding' or 'module:Class'")
+    handler: Any = handler_for(spec_task(spec))
     handler.load(spec, resolve_device(spec.device))
     if spec.warmup and hasattr(handler, "warmup"):
         handler.warmup()
@@ -109,9 +122,11 @@ class ModelSlot:
         self._reaper = reaper
         self._on_freed = on_freed
         # Read once: describing a slot must not touch a handler that a concurrent swap may be freeing.
+        self.task = task_of(handler)
+        # The task's own facts (an embedding's size, a classifier's labels) sit beside the common ones.
         self.info: dict[str, Any] = {
-            "name": spec.name, "version": spec.version, "path": str(spec.path),
-            "dimension": getattr(handler, "dimension", None),
+            "name": spec.name, "version": spec.version, "path": str(spec.path), "task": self.task,
+            **describe(handler),
             "max_seq_length": getattr(handler, "max_seq_length", None),
             "device": str(getattr(handler, "device", "")), "dtype": getattr(handler, "dtype", None),
             "load_seconds": round(load_seconds, 3)}
@@ -270,10 +285,9 @@ class ModelManager:
             if c.path and c.weight > 0:
                 try:
                     canary = self._load(spec_from_settings(self.settings, Path(c.path), c.version or "canary"))
-                    dims = (slot.info["dimension"], canary.info["dimension"])
-                    if dims[0] != dims[1] and not self.settings.model.allow_dimension_change:
-                        raise ModelLoadError(f"canary.path {c.path}: embedding dimension {dims[1]}, the model's "
-                                             f"is {dims[0]}; set model.allow_dimension_change: true to allow it")
+                    why = self._refusal(canary, slot, self.settings.model.allow_dimension_change)
+                    if why is not None:
+                        raise ModelLoadError(f"canary.path {c.path}: {why}")
                     if canary.version == slot.version:
                         raise ModelLoadError(f"canary.version {canary.version!r} is the model's own version; "
                                              "give the canary its own")
@@ -366,13 +380,34 @@ class ModelManager:
         slot = self._load(spec)
         if allow_dimension_change is None:
             allow_dimension_change = self.settings.model.allow_dimension_change
-        old_dim = active.info["dimension"] if active is not None else None
-        new_dim = slot.info["dimension"]
-        if old_dim is not None and new_dim != old_dim and not allow_dimension_change:
-            slot.retire()
-            raise ModelLoadError(f"the new model's embedding dimension is {new_dim}, the serving model's is "
-                                 f"{old_dim}; set model.allow_dimension_change: true to allow it")
+        if active is not None:
+            try:
+                why = self._refusal(slot, active, allow_dimension_change)
+            except TaskMismatch:
+                slot.retire()
+                raise
+            if why is not None:
+                slot.retire()
+                raise ModelLoadError(f"the new model's {why}")
         return slot
+
+    @staticmethod
+    def _refusal(new: ModelSlot, serving: ModelSlot, allow_change: bool) -> str | None:
+        """Why ``new`` may not serve beside or instead of ``serving``: another task (raised), or the task's rule."""
+        if new.task != serving.task:
+            raise TaskMismatch(new.task, serving.task, "active")
+        return incompatibility(new.handler, serving.info, allow_change)
+
+    @property
+    def task(self) -> str | None:
+        """The task served: the loaded model's, or before a load the configured one (None: unknown yet)."""
+        active = self.active
+        if active is not None:
+            return active.task
+        try:
+            return spec_task(self._initial)
+        except ModelLoadError:
+            return None
 
     def _exclusive(self) -> None:
         if not self._reload_lock.acquire(blocking=False):

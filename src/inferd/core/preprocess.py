@@ -42,10 +42,12 @@ def check_texts(texts: Sequence[object], max_items: int, max_chars: int) -> list
 
 @dataclass(frozen=True, slots=True)
 class Encoded:
-    """One text, tokenised: the ids the model sees (special tokens included)."""
+    """One input (a text, or a query/document pair), tokenised: the ids the model sees (special tokens
+    included) and, for a pair, which segment each id belongs to (``type_ids``)."""
 
     ids: list[int]
     truncated: bool
+    type_ids: list[int] | None = None
 
     @property
     def tokens(self) -> int:
@@ -118,3 +120,43 @@ class TextEncoder:
                     "context_length_exceeded")
             out.append(Encoded(enc.ids, truncated))
         return out
+
+
+class PairEncoder:
+    """(query, document) pairs, each one input: ``[CLS] query [SEP] document [SEP]`` with segment ids.
+
+    A pair too long for the model loses the end of its document first (``only_second``): the query is
+    what every document is judged against. Only a query that leaves no room for any document is cut too
+    (``longest_first``), as the reference cross-encoder would. Two tokenizers, one per strategy: a
+    tokenizer's truncation is its state, and preprocessing may run in several threads at once.
+    """
+
+    def __init__(self, tokenizer: Tokenizer, max_length: int, truncate: bool) -> None:
+        self.max_length = max_length
+        self.truncate = truncate
+        self._second = Tokenizer.from_str(tokenizer.to_str())
+        self._longest = Tokenizer.from_str(tokenizer.to_str())
+        for tok, strategy in ((self._second, "only_second"), (self._longest, "longest_first")):
+            tok.no_padding()
+            tok.enable_truncation(max_length, strategy=strategy)
+        self._specials = self._second.num_special_tokens_to_add(is_pair=True)
+
+    def encode(self, pairs: Sequence[tuple[str, str]]) -> list[Encoded]:
+        out: list[Encoded | None] = [None] * len(pairs)
+        queries = {q for q, _ in pairs}
+        # A query's own length decides the strategy; a rerank request has one query for all its documents.
+        # (Measured with the longest_first tokenizer: only_second refuses a lone text; it stops at max_length.)
+        fits = {q: len(self._longest.encode(q, add_special_tokens=False).ids) + self._specials < self.max_length
+                for q in queries}
+        for strategy, tok in ((True, self._second), (False, self._longest)):
+            rows = [i for i, (q, _) in enumerate(pairs) if fits[q] is strategy]
+            if not rows:
+                continue
+            encodings = tok.encode_batch([pairs[i] for i in rows])
+            for i, enc in zip(rows, encodings, strict=True):
+                truncated = bool(enc.overflowing)
+                if truncated and not self.truncate:
+                    raise InputError(i, f"the query and this document are longer than the model's limit of "
+                                     f"{self.max_length} tokens (truncation is off)", "context_length_exceeded")
+                out[i] = Encoded(enc.ids, truncated, enc.type_ids)
+        return out  # type: ignore[return-value]

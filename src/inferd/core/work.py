@@ -111,8 +111,10 @@ class BatchReport:
 
 
 @dataclass
-class EmbedResult:
-    vectors: list[Any]
+class TaskResult:
+    """A request's answer: one opaque result per input, in order (the task's routes shape them)."""
+
+    outputs: list[Any]
     tokens: list[int]
     model: str
     version: str
@@ -121,6 +123,9 @@ class EmbedResult:
     @property
     def prompt_tokens(self) -> int:
         return sum(self.tokens)
+
+
+EmbedResult = TaskResult  # the name before tasks other than embedding were served
 
 
 def tickets_of(items: list[WorkItem]) -> list[Ticket]:

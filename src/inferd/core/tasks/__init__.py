@@ -1,0 +1,70 @@
+"""The tasks this service can serve, one module each, and which one a model folder is (``model.task: auto``)."""
+
+from __future__ import annotations
+
+import importlib
+import json
+from pathlib import Path
+from typing import Any
+
+from inferd.core.tasks.base import BUILTIN_TASKS, ModelLoadError
+
+
+def _st_embedding(path: Path) -> bool:
+    """A sentence-transformers embedding folder: modules.json with a Pooling module."""
+    modules = path / "modules.json"
+    try:
+        return modules.is_file() and any(str(m.get("type", "")).endswith("Pooling")
+                                         for m in json.loads(modules.read_text()))
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def detect_task(path: Path) -> str:
+    """The task a model folder was made for, from its own files.
+
+    A sentence-transformers embedding folder is an embedding model; ``*ForSequenceClassification`` is a
+    cross-encoder (rerank) with one label and a classifier with more; a bare encoder (``*Model``) gives
+    hidden states only an embedding task can use. Anything else, or a folder that is both, is ambiguous:
+    ``model.task`` must say. A folder with no readable config.json is left to the embedding handler,
+    whose load names what is missing.
+    """
+    try:
+        config = json.loads((path / "config.json").read_text())
+    except (OSError, ValueError):
+        return "embedding"
+    archs = [str(a) for a in config.get("architectures") or []]
+    seqcls = any(a.endswith("ForSequenceClassification") for a in archs)
+    st = _st_embedding(path)
+    if seqcls and not st:
+        labels = len(config.get("id2label") or {}) or int(config.get("num_labels", 2))
+        return "rerank" if labels == 1 else "classification"
+    if st and not seqcls:
+        return "embedding"
+    if not seqcls and all(a.endswith("Model") for a in archs):
+        return "embedding"
+    why = ("it holds both sentence-transformers embedding files and a sequence-classification head" if seqcls
+           else f"its architecture ({', '.join(archs)}) is neither an encoder nor a sequence classifier")
+    raise ModelLoadError(f"{path}: cannot tell which task to serve: {why}; set model.task to one of "
+                         f"{', '.join(BUILTIN_TASKS)} (or package.module:Class)")
+
+
+def handler_for(task: str) -> Any:
+    """A new, unloaded handler for ``task`` (a built-in name or ``package.module:Class``)."""
+    if task == "embedding":
+        from inferd.core.tasks.embedding import EmbeddingHandler
+        return EmbeddingHandler()
+    if task == "rerank":
+        from inferd.core.tasks.rerank import RerankHandler
+        return RerankHandler()
+    if task == "classification":
+        from inferd.core.tasks.classification import ClassificationHandler
+        return ClassificationHandler()
+    if ":" in task:
+        module, _, cls = task.partition(":")
+        try:
+            return getattr(importlib.import_module(module), cls)()
+        except (ImportError, AttributeError) as exc:
+            raise ModelLoadError(f"model.task {task!r} cannot be imported: {exc}") from exc
+    raise ModelLoadError(f"unknown model.task {task!r}; use auto, {', '.join(BUILTIN_TASKS)} or "
+                         "package.module:Class")

@@ -87,12 +87,24 @@ def inputs_of(handler: Any) -> InputKind:
 
 def describe(handler: Any) -> dict[str, Any]:
     fn = getattr(handler, "describe", None)
-    return dict(fn()) if callable(fn) else {}
+    if callable(fn):
+        return dict(fn())
+    if task_of(handler) == "embedding":
+        from inferd.core.tasks.embedding import plugin_description
+
+        return plugin_description(handler)
+    return {}
 
 
 def incompatibility(handler: Any, serving: Mapping[str, Any], allow_change: bool) -> str | None:
     fn = getattr(handler, "incompatibility", None)
-    return fn(serving, allow_change) if callable(fn) else None
+    if callable(fn):
+        return fn(serving, allow_change)
+    if task_of(handler) == "embedding":
+        from inferd.core.tasks.embedding import dimension_refusal, plugin_description
+
+        return dimension_refusal(plugin_description(handler).get("dimension"), serving, allow_change)
+    return None
 
 
 def resolve_device(name: str) -> torch.device:

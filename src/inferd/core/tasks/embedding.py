@@ -50,6 +50,22 @@ def read_st_config(path: Path) -> tuple[str | None, bool, int | None]:
     return pooling, normalize, max_len
 
 
+def dimension_refusal(dimension: int | None, serving: Mapping[str, Any], allow_change: bool) -> str | None:
+    """Vectors of another size cannot be compared with those clients already stored."""
+    old = serving.get("dimension")
+    if old is None or old == dimension or allow_change:
+        return None
+    return (f"embedding dimension is {dimension}, the serving model's is {old}; "
+            "set model.allow_dimension_change: true to allow it")
+
+
+def plugin_description(handler: Any) -> dict[str, Any]:
+    """A plug-in written to the first contract (no ``describe``) is an embedding handler with a
+    ``dimension`` attribute: that attribute is its description, and the dimension rule its reload rule."""
+    dimension = getattr(handler, "dimension", None)
+    return {} if dimension is None else {"dimension": int(dimension)}
+
+
 class EmbeddingHandler:
     """Sentence embeddings from a Hugging Face encoder, pooled as the model's own configuration says."""
 
@@ -84,12 +100,7 @@ class EmbeddingHandler:
         return {"dimension": self.dimension, "pooling": self.pooling, "normalize": self.normalize}
 
     def incompatibility(self, serving: Mapping[str, Any], allow_change: bool) -> str | None:
-        """Vectors of another size cannot be compared with those clients already stored."""
-        old = serving.get("dimension")
-        if old is None or old == self.dimension or allow_change:
-            return None
-        return (f"embedding dimension {self.dimension}, the serving model's is {old}; "
-                "set model.allow_dimension_change: true to allow it")
+        return dimension_refusal(self.dimension, serving, allow_change)
 
     def preprocess(self, texts: list[str]) -> list[Encoded]:
         return self.encoder.encode(texts)

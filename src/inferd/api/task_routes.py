@@ -1,0 +1,170 @@
+"""The rerank and classification routes: the shapes their clients send (Cohere/Jina/vLLM, TEI, vLLM).
+
+Each (query, document) pair is one item for the engine, so a request of 100 documents batches with other
+requests' pairs; the routes only shape the scores the rerank task returns (``[score, raw logit]`` per pair)
+and the probabilities the classification task returns (one per label, in ``id2label`` order).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request
+from starlette.responses import Response
+
+from inferd.api.errors import APIError
+from inferd.api.routes import (
+    _INFERENCE_ERRORS,
+    _prechecked,
+    json_response,
+    read_body,
+    require_task,
+    run_task,
+    served_name,
+)
+from inferd.api.schemas import (
+    ClassifyRequest,
+    ClassifyResponse,
+    PredictRequest,
+    RerankRequest,
+    RerankResponse,
+    TEIRerankRequest,
+    TEIRerankResult,
+    request_body,
+    responses,
+)
+from inferd.api.security import require_keys
+from inferd.core.work import TaskResult
+
+task_router = APIRouter()
+
+
+def _check_query(request: Request, query: Any, field: str = "query") -> str:
+    """The query is one text shared by every pair: the same rules as a text, named by its own field."""
+    limit = request.app.state.settings.limits.max_chars_per_text
+    if not isinstance(query, str):
+        raise APIError(422, f"{field}: must be a string, not {type(query).__name__}", "invalid_type", field)
+    if not query.strip():
+        raise APIError(422, f"{field}: must not be empty or only whitespace", "empty_string", field)
+    if len(query) > limit:
+        raise APIError(422, f"{field}: is {len(query)} characters long; the limit is {limit}", "text_too_long",
+                       field)
+    return query
+
+
+def _pairs_checked(request: Request, query: Any, documents: list[Any], field: str) -> None:
+    _check_query(request, query)
+    # Each document is an item: counts toward limits.max_items_per_request, named documents[i] when at fault.
+    _prechecked(request, documents, field, True)
+
+
+async def _rerank(request: Request, body: Any, documents: list[str], field: str) -> TaskResult | Response:
+    require_keys(request, request.app.state.settings.server.api_keys, "inference")
+    pairs = [(body.query, d) for d in documents]
+    return await run_task(request, pairs, body, field, listed=True, task="rerank")
+
+
+def _usage(result: TaskResult) -> dict[str, int]:
+    return {"prompt_tokens": result.prompt_tokens, "total_tokens": result.prompt_tokens}
+
+
+@task_router.post("/v1/rerank", openapi_extra=request_body(RerankRequest),
+                  responses=responses(RerankResponse, *_INFERENCE_ERRORS))
+async def rerank(request: Request) -> Response:
+    """Cohere / Jina / vLLM / infinity rerank: ``{"query", "documents", "top_n"?, "return_documents"?}``."""
+    require_keys(request, request.app.state.settings.server.api_keys, "inference")
+    require_task(request, "rerank")
+    body = await read_body(request, RerankRequest,
+                           lambda b: _pairs_checked(request, b.query, b.documents, "documents"))
+    result = await _rerank(request, body, body.documents, "documents")
+    if isinstance(result, Response):
+        return result
+    order = sorted(range(len(body.documents)), key=lambda i: -float(result.outputs[i][0]))
+    if body.top_n is not None:
+        order = order[: body.top_n]
+    results: list[dict[str, Any]] = []
+    for i in order:
+        item: dict[str, Any] = {"index": i, "relevance_score": float(result.outputs[i][0])}
+        if body.return_documents:
+            item["document"] = {"text": body.documents[i]}
+        results.append(item)
+    return json_response({"id": request.headers.get("x-request-id", ""), "results": results,
+                          "model": served_name(result), "usage": _usage(result),
+                          "meta": {"billed_units": {"search_units": 1}}})
+
+
+@task_router.post("/rerank", openapi_extra=request_body(TEIRerankRequest),
+                  responses=responses({"description": "Scored texts, best first", "content": {
+                      "application/json": {"schema": {"type": "array",
+                                                      "items": TEIRerankResult.model_json_schema()}}}},
+                      *_INFERENCE_ERRORS))
+async def rerank_tei(request: Request) -> Response:
+    """text-embeddings-inference's rerank: ``{"query", "texts", "raw_scores"?, "return_text"?}`` → a list."""
+    require_keys(request, request.app.state.settings.server.api_keys, "inference")
+    require_task(request, "rerank")
+    body = await read_body(request, TEIRerankRequest, lambda b: _pairs_checked(request, b.query, b.texts, "texts"))
+    result = await _rerank(request, body, body.texts, "texts")
+    if isinstance(result, Response):
+        return result
+    column = 1 if body.raw_scores else 0
+    order = sorted(range(len(body.texts)), key=lambda i: -float(result.outputs[i][column]))
+    out = []
+    for i in order:
+        item: dict[str, Any] = {"index": i, "score": float(result.outputs[i][column])}
+        if body.return_text:
+            item["text"] = body.texts[i]
+        out.append(item)
+    return json_response(out)
+
+
+def _check_classify(request: Request, body: ClassifyRequest) -> None:
+    listed = isinstance(body.input, list)
+    _prechecked(request, body.input if listed else [body.input], "input", listed)
+
+
+@task_router.post("/v1/classify", openapi_extra=request_body(ClassifyRequest),
+                  responses=responses(ClassifyResponse, *_INFERENCE_ERRORS))
+async def classify(request: Request) -> Response:
+    """vLLM's classify: ``{"input": str | [str]}`` → a label and the probability of each label per text."""
+    require_keys(request, request.app.state.settings.server.api_keys, "inference")
+    require_task(request, "classification")
+    body = await read_body(request, ClassifyRequest, lambda b: _check_classify(request, b))
+    listed = isinstance(body.input, list)
+    texts = body.input if listed else [body.input]
+    result = await run_task(request, texts, body, "input", listed, task="classification")
+    if isinstance(result, Response):
+        return result
+    labels = _labels(request, result)
+    data = [{"index": i, "label": labels[int(p.argmax())], "probs": [float(x) for x in p],
+             "num_classes": len(labels), "object": "classification"} for i, p in enumerate(result.outputs)]
+    return json_response({"id": request.headers.get("x-request-id", ""), "object": "list", "data": data,
+                          "model": served_name(result), "usage": _usage(result)})
+
+
+def _labels(request: Request, result: TaskResult) -> list[str]:
+    """The labels of the model that computed the result (the active or canary slot, by version)."""
+    for _, slot in request.app.state.manager.slots():
+        if slot.version == result.version:
+            return list(slot.info["labels"])
+    raise APIError(503, "the model that answered was unloaded meanwhile; retry", "model_unloaded",
+                   headers={"Retry-After": "1"})
+
+
+async def predict_pairs(request: Request) -> Response:
+    """/predict on a reranker: ``{"texts": [[query, document], ...]}`` → ``{"results": [score, ...]}``."""
+
+    def check(body: PredictRequest) -> None:
+        for i, pair in enumerate(body.texts):
+            if not (isinstance(pair, list) and len(pair) == 2):
+                raise APIError(422, f"texts[{i}]: must be a [query, document] pair on a rerank model",
+                               "invalid_type", f"texts[{i}]")
+            _check_query(request, pair[0], f"texts[{i}][0]")
+        _prechecked(request, [p[1] for p in body.texts], "texts", True)
+
+    body = await read_body(request, PredictRequest, check)
+    pairs = [(q, d) for q, d in body.texts]
+    result = await run_task(request, pairs, body, "texts", listed=True, task="rerank")
+    if isinstance(result, Response):
+        return result
+    return json_response({"results": [float(o[0]) for o in result.outputs], "model": served_name(result),
+                          "usage": {"prompt_tokens": result.prompt_tokens}})
