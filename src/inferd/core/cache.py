@@ -1,11 +1,12 @@
-"""A bounded LRU cache of embeddings, keyed by the model's load and a digest of the text.
+"""A bounded LRU cache of task results (embeddings, rerank scores, class probabilities), keyed by the model's load
+and a digest of the input (a text, or a query/document pair).
 
 The seed's cautionary tale is a global list of tokenizer outputs that grew until the process died; the
 only cache this service keeps has a maximum entry count, evicts the least recently used entry, and
 reports its size and hit rate. Keys hold a 16-byte digest, not the text, so a long text costs no more
 than a short one. The owner in the key is the model slot's ``load_id``, not its version string: a version
 string is a label an operator can (by mistake) give two models, a load is one model, so the cache can
-only ever answer with vectors of the model that would compute the answer.
+only ever answer with results of the model that would compute the answer.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ class EmbeddingCache:
         return len(self._entries)
 
     def lookup(self, owner: Hashable, texts: Sequence[str]) -> dict[int, tuple[np.ndarray, int]]:
-        """Cached (vector, tokens) by position in ``texts``; a hit becomes the most recently used."""
+        """Cached (result, tokens) by position in ``texts``; a hit becomes the most recently used."""
         hits = {}
         for i, text in enumerate(texts):
             key = _key(owner, text)
@@ -50,11 +51,11 @@ class EmbeddingCache:
             self.metrics.cache_misses.labels(self.name).inc(len(texts) - len(hits))
         return hits
 
-    def store(self, owner: Hashable, texts: Sequence[str], vectors: Sequence[Any], tokens: Sequence[int]) -> None:
-        for text, vector, count in zip(texts, vectors, tokens, strict=True):
+    def store(self, owner: Hashable, texts: Sequence[str], outputs: Sequence[Any], tokens: Sequence[int]) -> None:
+        for text, output, count in zip(texts, outputs, tokens, strict=True):
             key = _key(owner, text)
             # A copy: a row of the batch's output array would keep the whole batch array alive.
-            self._entries[key] = (np.array(vector, copy=True), count)
+            self._entries[key] = (np.array(output, copy=True), count)
             self._entries.move_to_end(key)
         while len(self._entries) > self.max_entries:
             self._entries.popitem(last=False)

@@ -36,6 +36,7 @@ from inferd.core.tasks.base import (
     resolve_device,
     task_of,
 )
+from inferd.core.tasks.embedding import allows_change
 
 log = logging.getLogger(__name__)
 
@@ -285,7 +286,7 @@ class ModelManager:
             if c.path and c.weight > 0:
                 try:
                     canary = self._load(spec_from_settings(self.settings, Path(c.path), c.version or "canary"))
-                    why = self._refusal(canary, slot, self.settings.model.allow_dimension_change)
+                    why = self._refusal(canary, slot, allows_change(self.settings.model))
                     if why is not None:
                         raise ModelLoadError(f"canary.path {c.path}: {why}")
                     if canary.version == slot.version:
@@ -368,8 +369,8 @@ class ModelManager:
                 if slot is not None and slot.version == version:
                     raise VersionInUse(version, role)
 
-    def _load_standby(self, spec: ModelSpec, allow_dimension_change: bool | None = None) -> ModelSlot:
-        """Load beside the serving model; refuse a model whose vectors would not be comparable."""
+    def _load_standby(self, spec: ModelSpec, allow_change: bool | None = None) -> ModelSlot:
+        """Load beside the serving model; refuse one of another task, or one the task's own rule refuses."""
         if self._closed:
             raise ManagerClosed("the server is shutting down; no model change is accepted")
         active = self.active
@@ -378,11 +379,11 @@ class ModelManager:
             raise ModelNotReady(self.state, self.reason)
         self._refuse_served_version(spec.version)
         slot = self._load(spec)
-        if allow_dimension_change is None:
-            allow_dimension_change = self.settings.model.allow_dimension_change
+        if allow_change is None:
+            allow_change = allows_change(self.settings.model)
         if active is not None:
             try:
-                why = self._refusal(slot, active, allow_dimension_change)
+                why = self._refusal(slot, active, allow_change)
             except TaskMismatch:
                 slot.retire()
                 raise
@@ -455,13 +456,13 @@ class ModelManager:
         """SIGHUP: serve the model section of freshly read settings (path, version, pooling, task...).
 
         The configuration is the operator's own, like the path the server started with, so it is not held
-        to ``model.root``; the dimension check still applies, by the new configuration's rule, and so does
+        to ``model.root``; the task's compatibility rule still applies, by the new configuration's consent, and so does
         the version rule (a new model needs a new ``model.version``).
         """
         self._exclusive()
         try:
             slot = self._load_standby(spec_from_settings(settings),
-                                      settings.model.allow_dimension_change)
+                                      allows_change(settings.model))
             self._switch(slot)
             return slot
         finally:

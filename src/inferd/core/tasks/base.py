@@ -101,9 +101,9 @@ def incompatibility(handler: Any, serving: Mapping[str, Any], allow_change: bool
     if callable(fn):
         return fn(serving, allow_change)
     if task_of(handler) == "embedding":
-        from inferd.core.tasks.embedding import dimension_refusal, plugin_description
+        from inferd.core.tasks.embedding import plugin_incompatibility
 
-        return dimension_refusal(plugin_description(handler).get("dimension"), serving, allow_change)
+        return plugin_incompatibility(handler, serving, allow_change)
     return None
 
 

@@ -66,6 +66,16 @@ def plugin_description(handler: Any) -> dict[str, Any]:
     return {} if dimension is None else {"dimension": int(dimension)}
 
 
+def plugin_incompatibility(handler: Any, serving: Mapping[str, Any], allow_change: bool) -> str | None:
+    return dimension_refusal(plugin_description(handler).get("dimension"), serving, allow_change)
+
+
+def allows_change(model: Any) -> bool:
+    """The operator's consent to a model whose results are not comparable with the serving one's (the
+    setting is named for the embedding task, where it first mattered; the other tasks' rules ignore it)."""
+    return bool(model.allow_dimension_change)
+
+
 class EmbeddingHandler:
     """Sentence embeddings from a Hugging Face encoder, pooled as the model's own configuration says."""
 
