@@ -181,19 +181,22 @@ def test_lean_client_resends_once_when_a_kept_alive_connection_was_closed() -> N
 # --- one very short run of every phase against the tiny model --------------------------------------------
 
 EXPECTED_PHASES = {"ceiling", "naive@32", "inferd@1", "inferd@8", "inferd@32", "inferd@64", "inferd@4x16",
-                   "open@25%", "open@50%", "open@75%"}
+                   "open@25%", "open@50%", "open@75%", "rerank@4"}
 LOAD_KEYS = {"texts_per_s", "p50_ms", "p90_ms", "p99_ms", "errors", "elapsed_s", "texts", "client_cpu_share"}
 SERVER_KEYS = {"mean_batch_size", "padding_efficiency", "worker_busy", "batches", "padded_tokens"}
 
 
 @pytest.fixture(scope="module")
 def quick_run(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[int, dict, Path]:
+    from tinymodel import write_tiny_cross_encoder
+
     from inferd.bench.run import main
 
     out = tmp_path_factory.mktemp("bench")
+    cross_encoder = write_tiny_cross_encoder(out / "ce", max_positions=128)
     rc = main(["--quick", "--model", str(tiny_model), "--out", str(out), "--logs", str(out / "logs"),
                "--torch-threads", "1", "--duration", "0.5", "--open-duration", "0.5", "--warmup", "0.1",
-               "--multi-concurrency", "4"])
+               "--multi-concurrency", "4", "--rerank-model", str(cross_encoder), "--rerank-concurrency", "4"])
     return rc, json.loads((out / "results.json").read_text()), out
 
 
@@ -217,6 +220,9 @@ def test_quick_run_measures_every_phase(quick_run: tuple[int, dict, Path]) -> No
             assert set(p) >= SERVER_KEYS, name
             assert p["mean_batch_size"] >= 1 and 0 < p["padding_efficiency"] <= 1, name
     assert phases["inferd@4x16"]["texts"] == 16 * phases["inferd@4x16"]["ok_requests"]
+    rerank = phases["rerank@4"]
+    assert rerank["kind"] == "rerank" and rerank["texts"] == 32 * rerank["ok_requests"]
+    assert rerank["pairs_per_s"] == rerank["texts_per_s"] > 0
     assert phases["naive@32"]["mean_batch_size"] is None  # the baseline has no /metrics to read
     single = [phases[f"inferd@{c}"]["texts_per_s"] for c in (1, 8, 32, 64)]
     assert results["peak_texts_per_s"] == max(single)
@@ -231,7 +237,8 @@ def test_quick_run_writes_results_md_and_plot(quick_run: tuple[int, dict, Path])
     _, results, out = quick_run
     md = (out / "RESULTS.md").read_text()
     for needle in ("## Machine", "inferd bench --quick", "inferd@32 / ceiling", "inferd@32 / naive@32",
-                   "P99 / P50 at 50% load", "| open@50% |", "| naive@32 |", results["machine"]["cpu"]):
+                   "P99 / P50 at 50% load", "| open@50% |", "| naive@32 |", results["machine"]["cpu"],
+                   "## Rerank", "| rerank@4 |"):
         assert needle in md
     assert (out / "latency_throughput.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 

@@ -103,7 +103,7 @@ def _stage_table(phases: dict[str, dict[str, Any]], names: list[str]) -> list[st
 def render_markdown(results: dict[str, Any]) -> str:
     m, phases, ratios = results["machine"], results["phases"], results["ratios"]
     by_kind = {k: [n for n, p in phases.items() if p.get("kind") == k and not p.get("error")]
-               for k in ("ceiling", "closed", "open")}
+               for k in ("ceiling", "closed", "open", "rerank")}
     out = ["# Benchmark results", "",
            f"Written by `inferd bench` on {results['date']} in {results['elapsed_s']:.0f} s.", "",
            "## Machine", "",
@@ -140,6 +140,13 @@ def render_markdown(results: dict[str, Any]) -> str:
         out += ["## Open loop (Poisson arrivals; latency from each request's scheduled send time)", ""]
         out += _table(phases, by_kind["open"], [("offered req/s", "offered_rate"), ("late sends", "late_sends")])
         out += [""]
+    if by_kind["rerank"]:
+        peak = results.get("peak_texts_per_s")
+        out += ["## Rerank (a cross-encoder on /v1/rerank, 1 query + 32 documents per request)", "",
+                "| phase | pairs/s | embedding peak texts/s | P50 ms | P99 ms |", "|---|---|---|---|---|"]
+        out += [f"| {n} | {_fmt(phases[n]['pairs_per_s'])} | {_fmt(peak)} | {_fmt(phases[n].get('p50_ms'))} | "
+                f"{_fmt(phases[n].get('p99_ms'))} |" for n in by_kind["rerank"]]
+        out += ["", "Each document is one pair and one batch item; a pair carries the query's tokens as well.", ""]
     inferd = [n for n in by_kind["closed"] + by_kind["open"] if phases[n].get("server") == "inferd"]
     if inferd:
         out += ["## Where inferd's time goes (means from its /metrics over each phase)", ""]

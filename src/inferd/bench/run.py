@@ -6,6 +6,8 @@ Phases, in order, on the same machine and model:
   closed       ``inferd serve`` under closed-loop load at each --concurrency, one text per request;
   multi        inferd with --multi-texts texts per request;
   open         inferd under Poisson arrivals at --loads × its peak (the best closed-loop texts/s);
+  rerank       a cross-encoder (--rerank-model) on /v1/rerank, 1 query + 32 documents per request: pairs/s
+               beside the texts/s above (skipped without --rerank-model);
   fleet        (opt-in: --phases ...,fleet) the same closed loop through nginx on 1 and 2 workers against one
                plain process, and nginx's overhead per request (inferd.bench.fleet; needs nginx).
 Writes results.json, RESULTS.md and latency_throughput.png into --out (see bench/README.md).
@@ -31,7 +33,7 @@ from inferd.bench.procs import ROOT, ServerFailed, start_inferd, start_naive
 from inferd.bench.report import machine_info, render_markdown, target_rows, write_plot
 from inferd.bench.stats import describe, ratio
 
-PHASES = ("ceiling", "naive", "closed", "multi", "open")
+PHASES = ("ceiling", "naive", "closed", "multi", "open", "rerank")
 # Run only when named: the fleet phase needs nginx and two fleet start-ups.
 OPTIONAL_PHASES = ("fleet", "backends")
 
@@ -84,6 +86,9 @@ def build_parser() -> argparse.ArgumentParser:
     from inferd.bench.backends import add_arguments as add_backend_arguments
 
     add_backend_arguments(p)
+    from inferd.bench.rerank import add_arguments as add_rerank_arguments
+
+    add_rerank_arguments(p)
     p.add_argument("--quick", action="store_true",
                    help="a smoke run in well under a minute: 1 s phases, a small ceiling; figures are noise")
     return p
@@ -109,6 +114,8 @@ class Progress:
 
 def _line(name: str, r: dict[str, Any]) -> str:
     parts = [f"{name}: {r['texts_per_s']:.1f} texts/s"]
+    if r.get("pairs_per_s") is not None:
+        parts = [f"{name}: {r['pairs_per_s']:.1f} pairs/s"]
     if r.get("p50_ms") is not None:
         parts.append(f"P50 {r['p50_ms']:.1f} ms, P90 {r['p90_ms']:.1f}, P99 {r['p99_ms']:.1f}")
     if r.get("mean_batch_size") is not None:
@@ -249,6 +256,14 @@ def run(args: argparse.Namespace, command: str) -> dict[str, Any]:
         except ServerFailed as exc:
             phases["inferd"] = {"kind": "server", "server": "inferd", "error": str(exc)[:2000]}
             say(f"inferd failed to start: {str(exc)[:300]}")
+    if "rerank" in wanted:
+        if args.rerank_model is None:
+            say("rerank phase skipped: give --rerank-model (a cross-encoder folder)")
+        else:
+            from inferd.bench.rerank import run_phase as rerank_phase
+
+            _guarded(phases, f"rerank@{args.rerank_concurrency}", say,
+                     lambda: rerank_phase(args, source, say, logs), kind="rerank", server="inferd")
     fleet = None
     if "fleet" in wanted:
         from inferd.bench.fleet import fleet_phases, fleet_summary
