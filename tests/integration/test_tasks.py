@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
-from conftest import Server, start_server
+from conftest import Server, metric_value, start_server
 from tinymodel import WORDS, write_tiny_classifier, write_tiny_cross_encoder
 
 ADMIN = {"Authorization": "Bearer admin-secret"}
@@ -90,6 +90,8 @@ def test_rerank_scores_equal_the_cross_encoder_including_pairs_past_the_limit(re
     assert all(item["document"]["text"] == docs[item["index"]] for item in body["results"])
     assert body["model"] == "all-MiniLM-L6-v2@1" or body["model"].endswith("@1")
     assert body["usage"]["prompt_tokens"] > 0
+    exposition = httpx.get(reranker.url + "/metrics").text
+    assert metric_value(exposition, "inferd_task_items_total", task="rerank") >= len(docs)
 
 
 def test_rerank_batch_invariance_one_pair_alone_equals_it_among_32(reranker: Server) -> None:

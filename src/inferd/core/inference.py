@@ -192,6 +192,7 @@ class InferenceEngine:
                 result = await self._embed_cached(slot, texts, priority, timeout_ms, disconnected)
             # While the slot is held: its version's series cannot have been removed (slot freed) under us.
             self.metrics.version_requests.labels(slot.version).inc()
+            self.metrics.task_items.labels(slot.task).inc(len(texts))
             return result
         finally:
             slot.release()

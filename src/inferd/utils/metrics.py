@@ -78,6 +78,9 @@ class Metrics:
                                 ["version"], registry=r)
         self.model_reloads = Counter("inferd_model_reloads_total", "Model reloads by outcome",
                                      ["outcome"], registry=r)
+        # Per task: one server serves one task, but a fleet's dashboards sum servers of several.
+        self.task_items = Counter("inferd_task_items_total", "Inputs answered per task (texts, or query/document "
+                                  "pairs for rerank)", ["task"], registry=r)
         self.version_requests = Counter("inferd_version_requests_total", "Inference requests per model version",
                                         ["version"], registry=r)
         # GPU figures are read when Prometheus scrapes (the memory guard's source), not kept by the hot path.
