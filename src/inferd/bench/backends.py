@@ -178,6 +178,7 @@ def run_phase(args: argparse.Namespace, model: Path, texts: Sequence[str], sourc
 
     configs: list[Config] = args.backend
     corpus = list(texts[: args.backend_texts])
+    logs.mkdir(parents=True, exist_ok=True)
     cache = Path(tempfile.mkdtemp(prefix="inferd-bench-cache-", dir=logs))
     threads = args.torch_threads
     rows: dict[str, dict[str, Any]] = {c.name: {"config": c.__dict__, "rounds": []} for c in configs}
