@@ -184,7 +184,8 @@ def run_phase(args: argparse.Namespace, model: Path, texts: Sequence[str], sourc
     rows: dict[str, dict[str, Any]] = {c.name: {"config": c.__dict__, "rounds": []} for c in configs}
     say(f"backends: reference vectors for {len(corpus)} texts")
     reference, ref_name = reference_vectors(model, corpus)
-    base = {"INFERD__MODEL__DEVICE": "cpu", **dict(args.server_env)}
+    # A model the gate refuses makes the server exit at once (rather than serve "failed" until the timeout).
+    base = {"INFERD__MODEL__DEVICE": "cpu", "INFERD__MODEL__EXIT_ON_LOAD_FAILURE": "true", **dict(args.server_env)}
 
     for c in configs:  # cold starts: each export, quantisation and gate, timed as a server start
         say(f"backends: {c.name}: cold start (empty cache: export + gate)")
