@@ -221,18 +221,27 @@ def server_env(model: Path, cache: Path, **extra: str) -> dict[str, str]:
 
 def test_a_server_on_openvino_serves_torchs_vectors_and_says_how(serve, tiny_model: Path, cache: Path,
                                                                  reference: EmbeddingHandler) -> None:
-    server = serve(env=server_env(tiny_model, cache), wait="/health/ready", timeout=240)
+    """dtype auto: bf16 where the CPU has it natively (this project's machine does), float32 elsewhere."""
+    from inferd.core.backends.base import cpu_flags, native_bf16
+
+    dtype, least = ("bfloat16", 0.9995) if native_bf16(cpu_flags()) else ("float32", 0.9999)
+    server = serve(env=server_env(tiny_model, cache, INFERD__MODEL__DTYPE="auto"), wait="/health/ready",
+                   timeout=240)
     with server.client() as c:
         got = c.post("/v1/embeddings", json={"input": MIXED[:8]}).json()
         info = c.get("/info").json()
         metrics = c.get("/metrics").text
     vectors = np.array([d["embedding"] for d in got["data"]])
-    assert cos(vectors, embed(reference, MIXED[:8])).min() >= 0.9999
-    assert (info["backend"], info["quantize"], info["dtype"]) == ("openvino", "none", "float32")
-    gate = info["models"][0]["backend_info"]["gate"]
-    assert gate["passed"] and gate["thresholds"] == {"fp32_cosine_min": 0.9999}
-    assert metric_value(metrics, "inferd_model_info", backend="openvino", quantize="none", dtype="float32") == 1
-    assert metric_value(metrics, "inferd_model_gate_ratio", version="v1", figure="cosine_min") >= 0.9999
+    assert cos(vectors, embed(reference, MIXED[:8])).min() >= least
+    assert (info["backend"], info["quantize"], info["dtype"]) == ("openvino", "none", dtype)
+    detail = info["models"][0]["backend_info"]
+    assert detail["dtype_reason"].startswith("auto: ")
+    assert ("native bf16" in detail["dtype_reason"]) == (dtype == "bfloat16")
+    assert f"backend openvino {dtype} (auto: " in server.log()  # the choice is logged with its reason
+    gate = detail["gate"]
+    assert gate["passed"] and gate["kind"] == ("half" if dtype == "bfloat16" else "fp32")
+    assert metric_value(metrics, "inferd_model_info", backend="openvino", quantize="none", dtype=dtype) == 1
+    assert metric_value(metrics, "inferd_model_gate_ratio", version="v1", figure="cosine_min") >= least
     assert metric_value(metrics, "inferd_model_gate_ratio", version="v1", figure="overlap_at_10") > 0.9
 
 
