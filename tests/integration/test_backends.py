@@ -248,14 +248,14 @@ def test_a_server_on_openvino_serves_torchs_vectors_and_says_how(serve, tiny_mod
 def test_a_server_whose_model_fails_the_gate_is_not_ready_and_logs_the_figures(serve, tiny_model: Path,
                                                                                cache: Path) -> None:
     env = server_env(tiny_model, cache, INFERD__MODEL__QUANTIZE="int8-weights",
-                     INFERD__MODEL__GATE__INT8_OVERLAP_AT_10="1.0")
+                     INFERD__MODEL__GATE__INT8_COSINE_MIN="1.0")
     server = serve(env=env, wait="/health/live")
     with server.client() as c:
         wait_for(lambda: c.get("/health/ready").json().get("status") == "failed", 120, "readiness failed")
         assert c.get("/health/ready").status_code == 503
     log = server.log()
     assert "refused by the accuracy gate (int8 thresholds)" in log
-    assert "< 1.0 (model.gate.int8_overlap_at_10)" in log and "cosine min 0.99" in log
+    assert "< 1.0 (model.gate.int8_cosine_min)" in log and "overlap@10" in log
 
 
 def test_inferd_export_fills_the_cache_ahead_of_time(tiny_model: Path, tmp_path: Path,
