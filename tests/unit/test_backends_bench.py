@@ -64,5 +64,16 @@ def test_the_table_shows_figures_and_refusals() -> None:
     text = render(summarise(rows, "torch fp32", "sentence-transformers"), 1, 15)
     assert "| torch fp32 | 130.0 (130.0–130.0) | 1.00 (1.00–1.00) | 100.0 (100.0–100.0) |" in text
     assert "0.99991 / 1.00000 | 1.000 | 6.1 | 4.0 (4.0–4.0) |" in text
-    assert "| onnx fp32 int8 | refused / failed: BackendError: onnx float32 int8 refused by the accuracy gate" in text
+    assert "| onnx fp32 int8 | **refused by the gate** (int8 thresholds): cosine min 0.82 < 0.99" in text
     assert "against sentence-transformers" in text
+
+
+def test_a_refusal_in_a_json_log_line_shows_just_the_verdict() -> None:
+    from inferd.bench.backends import _why
+
+    tail = ('inferd exited with 3:\n{"time":"t","level":"ERROR","message":"model load failed: openvino float32 int8 '
+            'refused by the accuracy gate (int8 thresholds): overlap@10 0.940600 < 0.95 '
+            '(model.gate.int8_overlap_at_10). Figures ...","module":"model_loader"}\n{"level":"CRITICAL"}')
+    assert _why(tail) == ("**refused by the gate** (int8 thresholds): overlap@10 0.940600 < 0.95 "
+                          "(model.gate.int8_overlap_at_10). Figures ...")
+    assert _why("Traceback\nValueError: No onnx files found") == "failed: ValueError: No onnx files found"

@@ -83,6 +83,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="backends phase: infinity_emb executable (a separate venv) to run beside inferd")
     p.add_argument("--infinity-engines", default="torch,optimum",
                    help="backends phase: infinity engines to run (default torch,optimum)")
+    p.add_argument("--infinity-onnx-model", type=Path, metavar="DIR",
+                   help="backends phase: the folder infinity's optimum engine loads (default --model): it needs "
+                        "an ONNX export beside the tokenizer (optimum-cli export onnx --task feature-extraction)")
 
 
 # -- accuracy ---------------------------------------------------------------------------------------------
@@ -136,6 +139,7 @@ def start_infinity(exe: Path, engine: str, model: Path, logs: Path, threads: int
     port = free_port()
     env = _base_env(threads)
     env["INFINITY_ANONYMOUS_USAGE_STATS"] = "0"  # no telemetry (the machine has no way out anyway)
+    env["HF_HOME"] = str(logs / "infinity-hf")  # its optimum engine writes optimised graphs there
     cmd = [str(exe), "v2", "--model-id", str(model), "--served-model-name", "model", "--engine", engine,
            "--device", "cpu", "--batch-size", "32", "--host", "127.0.0.1", "--port", str(port),
            "--url-prefix", "", "--no-model-warmup", "--log-level", "warning"]
@@ -222,8 +226,8 @@ def run_phase(args: argparse.Namespace, model: Path, texts: Sequence[str], sourc
     externals: list[tuple[str, Callable[[], ServerProc]]] = []
     if args.infinity is not None:
         for engine in (e.strip() for e in args.infinity_engines.split(",") if e.strip()):
-            externals.append((f"infinity {engine}", lambda e=engine: start_infinity(args.infinity, e, model, logs,
-                                                                                    threads)))
+            externals.append((f"infinity {engine}", lambda e=engine: start_infinity(
+                args.infinity, e, (args.infinity_onnx_model if e == "optimum" else None) or model, logs, threads)))
             rows[f"infinity {engine}"] = {"config": {"server": "infinity", "engine": engine}, "rounds": []}
     servers: list[tuple[str, Callable[[], ServerProc], Target]] = [
         (c.name, lambda c=c: start_inferd(logs, model, threads, {**base, **c.env(cache)}, timeout=600),
@@ -288,6 +292,17 @@ def _cell(s: dict[str, float | None], digits: int = 1) -> str:
     return f"{s['median']:.{digits}f} ({s['min']:.{digits}f}–{s['max']:.{digits}f})"
 
 
+def _why(error: str) -> str:
+    """The gate's verdict (or the last error line) out of a failed server's log tail."""
+    lines = error.splitlines()
+    line = next((ln for ln in lines if "refused by the accuracy gate" in ln),
+                next((ln for ln in reversed(lines) if "Error" in ln), lines[-1] if lines else ""))
+    if "refused by the accuracy gate" in line:
+        line = line[line.index("refused by the accuracy gate"):]
+        return "**refused by the gate**" + line[len("refused by the accuracy gate"):].split('","')[0][:400]
+    return "failed: " + line.strip()[:300]
+
+
 def render(section: dict[str, Any], rounds: int, duration: float) -> str:
     rows = section["rows"]
     out = [f"Accuracy against {section['reference']} (cosine min / mean: the worst over four batch shapes; "
@@ -299,9 +314,7 @@ def render(section: dict[str, Any], rounds: int, duration: float) -> str:
            "| cold start s | warm start s |", "|---|---|---|---|---|---|---|---|---|"]
     for name, row in rows.items():
         if "error" in row and not row.get("rounds"):
-            first = next((ln for ln in row["error"].splitlines() if "refused" in ln or "Error" in ln),
-                         row["error"].splitlines()[-1] if row["error"] else "")
-            out.append(f"| {name} | refused / failed: {first.strip()[:300]} | | | | | | | |")
+            out.append(f"| {name} | {_why(row['error'])} | | | | | | | |")
             continue
         acc = row.get("accuracy") or {}
         cos = f"{acc['cosine_min']:.5f} / {acc['cosine_mean']:.5f}" if acc else "–"
