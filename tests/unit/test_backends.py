@@ -40,6 +40,12 @@ def test_auto_picks_bf16_only_on_a_cpu_with_native_bf16() -> None:
     assert dtype == "float32" and "no native bf16" in why
 
 
+def test_auto_keeps_static_int8_in_float32_but_not_weight_only_int8() -> None:
+    dtype, why = resolve_dtype("auto", "openvino", CPU, BF16, quantize="int8")
+    assert dtype == "float32" and "static int8" in why
+    assert resolve_dtype("auto", "openvino", CPU, BF16, quantize="int8-weights")[0] == "bfloat16"
+
+
 def test_auto_is_float16_on_cuda_and_float32_for_onnx_runtime() -> None:
     assert resolve_dtype("auto", "torch", CUDA, NO_BF16)[0] == "float16"
     dtype, why = resolve_dtype("auto", "onnx", CPU, BF16)

@@ -38,7 +38,7 @@ from inferd.core.backends.torch import TorchRunner, load_model
 
 log = logging.getLogger(__name__)
 
-FORMAT = 2  # bump when what an entry holds, or how it is made, changes
+FORMAT = 3  # bump when what an entry holds, or how it is made, changes
 META = "meta.json"
 _LIBRARIES = {"torch": ("torch", "transformers"),
               "onnx": ("torch", "transformers", "onnx", "onnxruntime"),
@@ -200,7 +200,7 @@ def open_backend(path: Path, options: BackendOptions, device: torch.device, prob
                  safetensors: bool = True) -> Runner:
     """The runner for this model and these options: torch eager, or a cached (exported once) graph."""
     check_options(options, device)
-    dtype, why = resolve_dtype(options.dtype, options.backend, device)
+    dtype, why = resolve_dtype(options.dtype, options.backend, device, quantize=options.quantize)
     threads = options.threads or torch.get_num_threads()
     if options.backend == "torch":
         log.info("backend torch, dtype %s (%s)", dtype, why)
