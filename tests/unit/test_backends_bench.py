@@ -77,3 +77,26 @@ def test_a_refusal_in_a_json_log_line_shows_just_the_verdict() -> None:
     assert _why(tail) == ("**refused by the gate** (int8 thresholds): overlap@10 0.940600 < 0.95 "
                           "(model.gate.int8_overlap_at_10). Figures ...")
     assert _why("Traceback\nValueError: No onnx files found") == "failed: ValueError: No onnx files found"
+
+
+def test_targets_are_judged_on_ratios_within_rounds() -> None:
+    # openvino bf16 over infinity torch: 3.2 and 2.9 in the two rounds both engines ran; round 2 has no infinity.
+    rows = {"torch fp32": {"rounds": [{"round": 0, "server": 50.0}, {"round": 1, "server": 40.0},
+                                      {"round": 2, "server": 60.0}]},
+            "openvino bf16": {"rounds": [{"round": 0, "server": 96.0}, {"round": 1, "server": 58.0},
+                                         {"round": 2, "server": 120.0}],
+                              "accuracy": {"cosine_min": 0.9999, "cosine_mean": 0.99998, "overlap_at_10": 0.993}},
+            "infinity torch": {"rounds": [{"round": 0, "server": 30.0}, {"round": 1, "server": 20.0}]}}
+    section = summarise(rows, "torch fp32", "sentence-transformers")
+    by = {(t["config"], t["versus"]): t for t in section["targets"]}
+    assert by[("openvino bf16", "infinity torch")]["rounds"] == [3.2, 2.9]
+    assert by[("openvino bf16", "infinity torch")]["median"] == pytest.approx(3.05)
+    assert by[("openvino bf16", "infinity torch")]["met"]
+    assert by[("openvino bf16", "torch fp32")]["rounds"] == [1.92, 1.45, 2.0]
+    assert by[("openvino bf16", "torch fp32")]["met"]  # median 1.92 >= 1.8
+    assert ("openvino fp32 int8", "torch fp32") not in by  # not measured: no row, no verdict
+    assert section["rows"]["openvino bf16"]["versus"] == {"infinity torch": [3.2, 2.9]}
+    text = render(section, 3, 15)
+    assert "| openvino bf16 | infinity torch | ≥ 3 | 3.05 | 3.20, 2.90 | 0.99998 | 0.993 | yes |" in text
+    rows["openvino bf16"]["rounds"][2]["server"] = 90.0  # 1.92, 1.45, 1.5: median 1.5 < 1.8
+    assert not next(t for t in summarise(rows, "torch fp32", "st")["targets"] if t["versus"] == "torch fp32")["met"]

@@ -140,10 +140,14 @@ def start_infinity(exe: Path, engine: str, model: Path, logs: Path, threads: int
     env = _base_env(threads)
     env["INFINITY_ANONYMOUS_USAGE_STATS"] = "0"  # no telemetry (the machine has no way out anyway)
     env["HF_HOME"] = str(logs / "infinity-hf")  # its optimum engine writes optimised graphs there
-    cmd = [str(exe), "v2", "--model-id", str(model), "--served-model-name", "model", "--engine", engine,
-           "--device", "cpu", "--batch-size", "32", "--host", "127.0.0.1", "--port", str(port),
+    # Its optimum engine lists a local folder's files by their full path and then asks optimum for that path
+    # inside the folder, which fails ("only found: model.onnx"): started inside the folder as ".", the paths
+    # it lists are relative and the lookup works.
+    cwd = model.resolve() if engine == "optimum" else None
+    cmd = [str(exe), "v2", "--model-id", "." if cwd else str(model), "--served-model-name", "model",
+           "--engine", engine, "--device", "cpu", "--batch-size", "32", "--host", "127.0.0.1", "--port", str(port),
            "--url-prefix", "", "--no-model-warmup", "--log-level", "warning"]
-    server = _spawn(f"infinity-{engine}", cmd, env, port, logs)
+    server = _spawn(f"infinity-{engine}", cmd, env, port, logs, cwd=cwd)
     server.wait_ready("/health", timeout)
     return server
 
@@ -280,7 +284,34 @@ def summarise(rows: dict[str, dict[str, Any]], baseline: str | None, reference: 
             ratios = [x[key] / base_rounds[x["round"]][key] for x in rounds
                       if x.get(key) and base_rounds.get(x["round"], {}).get(key)]
             row[f"{key}_ratio"] = _spread(ratios)
-    return {"baseline": baseline, "reference": reference, "rows": rows}
+    others = [name for name in rows if name.startswith("infinity") and rows[name]["rounds"]]
+    for row in rows.values():  # server texts/s over each infinity engine's, round by round
+        row["versus"] = {o: round_ratios(row["rounds"], rows[o]["rounds"]) for o in others}
+    return {"baseline": baseline, "reference": reference, "rows": rows, "targets": targets(rows, baseline)}
+
+
+def round_ratios(mine: list[dict[str, Any]], theirs: list[dict[str, Any]], key: str = "server") -> list[float]:
+    """``mine[key] / theirs[key]`` for each round both measured: the same minutes of the machine's load."""
+    by_round = {x["round"]: x.get(key) for x in theirs}
+    return [round(x[key] / by_round[x["round"]], 3) for x in mine if x.get(key) and by_round.get(x["round"])]
+
+
+# Issue 11's targets: (configuration, compared with, at least), server texts/s within each round.
+TARGETS = (("openvino bf16", "infinity torch", 3.0), ("openvino bf16", "torch fp32", 1.8),
+           ("openvino fp32 int8", "torch fp32", 2.5), ("openvino bf16", "infinity optimum", 1.2))
+
+
+def targets(rows: dict[str, dict[str, Any]], baseline: str | None) -> list[dict[str, Any]]:
+    out = []
+    for name, other, least in TARGETS:
+        if name not in rows or other not in rows or not rows[name]["rounds"] or not rows[other]["rounds"]:
+            continue
+        ratios = round_ratios(rows[name]["rounds"], rows[other]["rounds"])
+        med = statistics.median(ratios) if ratios else None
+        acc = rows[name].get("accuracy") or {}
+        out.append({"config": name, "versus": other, "wanted": least, "rounds": ratios, "median": med,
+                    "met": med is not None and med >= least, "accuracy": acc})
+    return out
 
 
 # -- the report -------------------------------------------------------------------------------------------
@@ -322,6 +353,17 @@ def render(section: dict[str, Any], rounds: int, duration: float) -> str:
         out.append(f"| {name} | {_cell(row['in_process'])} | {_cell(row['in_process_ratio'], 2)} | "
                    f"{_cell(row['server'])} | {_cell(row['server_ratio'], 2)} | {cos} | {overlap} | "
                    f"{row.get('cold_start_s', '–')} | {_cell(row['warm_start_s'])} |")
+    if section.get("targets"):
+        out += ["", "Targets (issue 11): server texts/s over the other's, round by round (same minutes of load); met = "
+                "the median reaches the wanted ratio. Accuracy as above.", "",
+                "| configuration | over | wanted | median | per round | cosine mean | overlap@10 | met |",
+                "|---|---|---|---|---|---|---|---|"]
+        for t in section["targets"]:
+            acc = t["accuracy"]
+            med = "–" if t["median"] is None else f"{t['median']:.2f}"
+            out.append(f"| {t['config']} | {t['versus']} | ≥ {t['wanted']:g} | {med} | "
+                       f"{', '.join(f'{x:.2f}' for x in t['rounds'])} | {acc.get('cosine_mean', '–')} | "
+                       f"{acc.get('overlap_at_10', '–')} | {'yes' if t['met'] else 'no'} |")
     return "\n".join(out) + "\n"
 
 

@@ -70,11 +70,12 @@ def _base_env(torch_threads: int | None) -> dict[str, str]:
     return env
 
 
-def _spawn(name: str, cmd: list[str], env: dict[str, str], port: int, log_dir: Path) -> ServerProc:
+def _spawn(name: str, cmd: list[str], env: dict[str, str], port: int, log_dir: Path,
+           cwd: Path | None = None) -> ServerProc:
     log_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_dir / f"{name}-{port}.log"
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=log_dir,
+        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=cwd or log_dir,
                                 start_new_session=True)
     return ServerProc(name, proc, f"http://127.0.0.1:{port}", log_path)
 
