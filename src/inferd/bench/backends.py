@@ -85,7 +85,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="backends phase: infinity engines to run (default torch,optimum)")
     p.add_argument("--infinity-onnx-model", type=Path, metavar="DIR",
                    help="backends phase: the folder infinity's optimum engine loads (default --model): it needs "
-                        "an ONNX export beside the tokenizer (optimum-cli export onnx --task feature-extraction)")
+                        "an ONNX export beside the tokenizer whose output is last_hidden_state (optimum-cli export onnx "
+                        "--library-name transformers --task feature-extraction)")
 
 
 # -- accuracy ---------------------------------------------------------------------------------------------
@@ -259,6 +260,10 @@ def run_phase(args: argparse.Namespace, model: Path, texts: Sequence[str], sourc
                                        "overlap_at_10": round(gate.overlap_at_k(reference, got), 4)}
                 result = run_closed(Target(server.url, target.path, target.field, target.client), source, 32, 1,
                                     args.duration, args.warmup)
+            except Exception as exc:  # noqa: BLE001 - one engine that breaks must not cost the others' figures
+                row["error"] = f"{type(exc).__name__}: {exc}; its log: {server.log_path}"
+                say(f"backends: {name}: FAILED while measured: {row['error'][-300:]}")
+                continue
             finally:
                 server.stop()
             entry = next((x for x in row["rounds"] if x["round"] == r), None)
