@@ -85,8 +85,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="backends phase: infinity engines to run (default torch,optimum)")
     p.add_argument("--infinity-onnx-model", type=Path, metavar="DIR",
                    help="backends phase: the folder infinity's optimum engine loads (default --model): it needs "
-                        "an ONNX export beside the tokenizer whose output is last_hidden_state (optimum-cli export onnx "
-                        "--library-name transformers --task feature-extraction)")
+                        "an ONNX export beside the tokenizer whose output is last_hidden_state ("
+                        "optimum-cli export onnx --library-name transformers --task feature-extraction)")
 
 
 # -- accuracy ---------------------------------------------------------------------------------------------
