@@ -110,9 +110,8 @@ class FollowerServer(uvicorn.Server):
         self.leader.handle_exit(sig, frame)
 
 
-async def reload_from_config(app: Any, reread: Callable[[], Settings]) -> str:
-    """SIGHUP: read the configuration again and serve its model; returns the outcome label."""
-    manager, metrics = app.state.manager, app.state.metrics
+async def reload_from_config(manager: Any, metrics: Any, reread: Callable[[], Settings]) -> str:
+    """SIGHUP: read the configuration again and serve its model (``manager``); returns the outcome label."""
     try:
         fresh = reread()
         slot = await asyncio.to_thread(manager.reload_from_settings, fresh)
@@ -138,12 +137,13 @@ async def reload_from_config(app: Any, reread: Callable[[], Settings]) -> str:
     return outcome
 
 
-def _install_sighup(loop: asyncio.AbstractEventLoop, app: Any, reread: Callable[[], Settings]) -> None:
+def _install_sighup(loop: asyncio.AbstractEventLoop, manager: Any, metrics: Any,
+                    reread: Callable[[], Settings]) -> None:
     tasks: set[asyncio.Task[str]] = set()
 
     def on_sighup() -> None:
         log.info("SIGHUP received: re-reading the configuration's model section")
-        task = loop.create_task(reload_from_config(app, reread))
+        task = loop.create_task(reload_from_config(manager, metrics, reread))
         tasks.add(task)  # a reference, or the task could be collected mid-reload
         task.add_done_callback(tasks.discard)
 
@@ -155,6 +155,7 @@ def serve(settings: Settings, reread: Callable[[], Settings] | None = None) -> i
     """Serve until SIGTERM/SIGINT; ``reread`` rebuilds the settings on SIGHUP (the CLI passes its flags)."""
     from inferd.api.app import create_admin_app, create_app
     from inferd.api.middleware import RequestContextMiddleware, overloaded
+    from inferd.api.services import services_of
     from inferd.core.memory import configure_process
     from inferd.protocol import ConnectionLimits, protocol_class
     from inferd.utils.logger import configure_logging
@@ -165,7 +166,8 @@ def serve(settings: Settings, reread: Callable[[], Settings] | None = None) -> i
     srv = settings.server
     limits = ConnectionLimits(srv.max_header_bytes, srv.header_timeout_s, srv.body_timeout_s,
                               srv.limit_concurrency)
-    metrics = app.state.metrics
+    shared = services_of(app)
+    metrics = shared.metrics
 
     def config(asgi: Any, host: str, port: int, lifespan: str) -> uvicorn.Config:
         busy = RequestContextMiddleware(overloaded, metrics=metrics, access=srv.access_log)
@@ -176,7 +178,7 @@ def serve(settings: Settings, reread: Callable[[], Settings] | None = None) -> i
             timeout_graceful_shutdown=CLOSE_S)  # type: ignore[arg-type]
 
     leader = DrainingServer(config(app, srv.host, srv.port, "on"),
-                            drain=lambda: app.state.engine.drain(srv.drain_timeout_s),
+                            drain=lambda: shared.engine.drain(srv.drain_timeout_s),
                             drain_timeout_s=srv.drain_timeout_s)
     servers: list[uvicorn.Server] = [leader]
     if srv.admin_port is not None:
@@ -185,7 +187,8 @@ def serve(settings: Settings, reread: Callable[[], Settings] | None = None) -> i
         servers += leader.followers
 
     async def serve_all() -> None:
-        _install_sighup(asyncio.get_running_loop(), app, reread or (lambda: load_settings(settings.env)))
+        _install_sighup(asyncio.get_running_loop(), shared.manager, metrics,
+                        reread or (lambda: load_settings(settings.env)))
         await asyncio.gather(*(s.serve() for s in servers))
 
     asyncio.run(serve_all())

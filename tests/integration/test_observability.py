@@ -16,6 +16,7 @@ from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
 from inferd.api.app import create_app
+from inferd.api.services import services_of
 from inferd.config import load_settings
 
 ADMIN_KEY = "admin-" + uuid.uuid4().hex
@@ -181,7 +182,7 @@ def test_admin_memory_requires_the_admin_key(server: Server) -> None:
 def test_admin_memory_is_absent_without_an_admin_key(tiny_model: Path) -> None:
     settings = load_settings("dev", {"model.path": str(tiny_model), "model.load_mode": "lazy"}, environ={})
     with TestClient(create_app(settings)) as client:  # create_app builds its own guard
-        assert client.app.state.memory_guard is not None
+        assert services_of(client.app).memory_guard is not None
         for headers in ({}, {"Authorization": "Bearer anything"}):
             r = client.get("/admin/memory", headers=headers)
             assert r.status_code == 404

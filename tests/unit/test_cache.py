@@ -10,8 +10,8 @@ import pytest
 from fakes import HashHandler, engine_for, vector_for
 
 from inferd.config import BatchingSettings, CacheSettings, ModelSettings, Settings
-from inferd.core.cache import EmbeddingCache
-from inferd.core.inference import EngineError, InferenceEngine
+from inferd.core.cache import ResultCache
+from inferd.core.inference import EngineError, InferenceEngine, Kind
 from inferd.utils.metrics import Metrics
 
 
@@ -20,7 +20,7 @@ def vec(x: float) -> np.ndarray:
 
 
 def test_lookup_returns_hits_by_position_with_their_token_counts() -> None:
-    cache = EmbeddingCache(10)
+    cache = ResultCache(10)
     cache.store("1", ["a", "b"], [vec(1), vec(2)], [3, 4])
     hits = cache.lookup("1", ["b", "x", "a"])
     assert sorted(hits) == [0, 2]
@@ -29,7 +29,7 @@ def test_lookup_returns_hits_by_position_with_their_token_counts() -> None:
 
 
 def test_the_bound_evicts_the_least_recently_used() -> None:
-    cache = EmbeddingCache(2)
+    cache = ResultCache(2)
     cache.store("1", ["a", "b"], [vec(1), vec(2)], [1, 1])
     cache.lookup("1", ["a"])  # a is now more recent than b
     cache.store("1", ["c"], [vec(3)], [1])
@@ -38,14 +38,14 @@ def test_the_bound_evicts_the_least_recently_used() -> None:
 
 
 def test_versions_never_share_entries() -> None:
-    cache = EmbeddingCache(10)
+    cache = ResultCache(10)
     cache.store("1", ["a"], [vec(1)], [1])
     assert cache.lookup("2", ["a"]) == {}
 
 
 def test_stored_vectors_are_copies_not_views_of_the_batch() -> None:
     batch = np.arange(8, dtype=np.float32).reshape(2, 4)
-    cache = EmbeddingCache(10)
+    cache = ResultCache(10)
     cache.store("1", ["a", "b"], list(batch), [1, 1])
     stored = cache.lookup("1", ["a"])[0][0]
     assert stored.base is None  # owns its memory: the batch array can be freed
@@ -55,7 +55,7 @@ def test_stored_vectors_are_copies_not_views_of_the_batch() -> None:
 
 def test_size_and_hit_rate_are_exported() -> None:
     metrics = Metrics()
-    cache = EmbeddingCache(3, metrics)
+    cache = ResultCache(3, metrics)
     cache.store("1", ["a", "b", "c", "d"], [vec(i) for i in range(4)], [1] * 4)
     cache.lookup("1", ["a", "d", "e"])
     sample = metrics.registry.get_sample_value
@@ -91,7 +91,8 @@ def test_engine_answers_repeated_texts_from_the_cache_without_computing_them(tmp
             # An input error in the uncached part names the position in the request, not in what was sent on.
             with pytest.raises(EngineError) as refused:
                 await engine.embed(["the cat", "a dog", "x" * 200])
-            assert refused.value.status == 422 and refused.value.param == "2"
+            err = refused.value
+            assert (err.kind, err.code, err.index) == (Kind.TOO_LONG, "too_many_tokens", 2)
         finally:
             engine.stop()
 

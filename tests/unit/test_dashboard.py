@@ -11,6 +11,7 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from inferd.api.app import create_app
+from inferd.api.services import services_of
 from inferd.config import load_settings
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -67,7 +68,7 @@ def exported(tmp_path_factory: pytest.TempPathFactory) -> set[str]:
     settings = load_settings("dev", {"model.path": str(tmp_path_factory.mktemp("m")), "model.device": "cpu"},
                              environ={})
     app = create_app(settings)  # not started: the registry is complete at construction
-    text = generate_latest(app.state.metrics.registry).decode()
+    text = generate_latest(services_of(app).metrics.registry).decode()
     return {family.name for family in text_string_to_metric_families(text)}
 
 

@@ -17,8 +17,9 @@ from fakes import HashHandler, ShortHandler, engine_for, loader_for, vector_for
 from starlette.testclient import TestClient
 
 from inferd.api.app import create_app
+from inferd.api.services import services_of
 from inferd.config import BatchingSettings, ModelSettings, Settings
-from inferd.core.inference import ClientGone, EngineError, InferenceEngine
+from inferd.core.inference import ClientGone, EngineError, InferenceEngine, Kind
 from inferd.core.model_loader import ModelManager
 from inferd.utils.metrics import Metrics
 
@@ -101,7 +102,7 @@ def test_a_failing_batch_fails_only_its_own_requests_and_the_worker_survives(tmp
         handler.gates["g"].set()
         before, failed, after = await asyncio.gather(*tasks, return_exceptions=True)
         await held
-        assert isinstance(failed, EngineError) and (failed.status, failed.code) == (500, "inference_error")
+        assert isinstance(failed, EngineError) and failed.kind is Kind.FAILED
         assert before.outputs == [vector_for("before")] and after.outputs == [vector_for("after")]
         assert engine.alive
         assert (await engine.embed(["later"])).outputs == [vector_for("later")]
@@ -119,7 +120,7 @@ def test_a_batch_with_the_wrong_number_of_results_fails_alone(tmp_path: Path):
         await until(lambda: len(engine.queue) == 2)
         handler.gates["g"].set()
         outcomes = await asyncio.gather(*pair, return_exceptions=True)
-        assert [getattr(o, "status", None) for o in outcomes] == [500, 500]
+        assert [getattr(o, "kind", None) for o in outcomes] == [Kind.FAILED, Kind.FAILED]
         assert (await held).outputs == [vector_for("hold:g")]
         assert (await engine.embed(["alone"])).outputs == [vector_for("alone")]
 
@@ -135,8 +136,7 @@ def test_a_deadline_passing_while_queued_answers_504_at_once_and_never_computes(
         # The worker stays busy: the answer must come from the deadline, not from the worker coming back.
         with pytest.raises(EngineError) as info:
             await engine.embed(["too late"], timeout_ms=30)
-        assert (info.value.status, info.value.code) == (504, "deadline_exceeded")
-        assert rejected(engine, "deadline") == 1
+        assert info.value.kind is Kind.DEADLINE  # counted as a rejection where it becomes a 504 (api/errors.py)
         assert len(engine.queue) == 0  # its item left the queue with it
         handler.gates["g"].set()
         await held
@@ -176,8 +176,7 @@ def test_a_full_queue_refuses_with_retry_after_and_accepted_work_completes(tmp_p
         await until(lambda: len(engine.queue) == 4)
         with pytest.raises(EngineError) as info:
             await engine.embed(["one too many"])
-        assert (info.value.status, info.value.code) == (503, "queue_full") and info.value.retry_after
-        assert rejected(engine, "overloaded") == 1
+        assert info.value.kind is Kind.OVERLOADED  # a 503 with Retry-After (api/errors.py)
         handler.gates["g"].set()
         results = await asyncio.gather(held, *accepted)
         assert [r.outputs for r in results[1:]] == [[vector_for(f"q{i}")] for i in range(4)]
@@ -192,7 +191,7 @@ def test_a_request_larger_than_the_whole_queue_is_refused_as_invalid(tmp_path: P
     async def scenario(engine: InferenceEngine) -> None:
         with pytest.raises(EngineError) as info:
             await engine.embed([f"t{i}" for i in range(5)])
-        assert info.value.status == 422 and info.value.retry_after is None
+        assert (info.value.kind, info.value.code) == (Kind.INVALID_INPUT, "too_many_items")
         assert len((await engine.embed([f"t{i}" for i in range(4)])).outputs) == 4
 
     run(engine, scenario)
@@ -219,7 +218,7 @@ def test_an_oversize_text_runs_alone_or_is_refused_when_configured(tmp_path: Pat
     async def refused(engine: InferenceEngine) -> None:
         with pytest.raises(EngineError) as info:
             await engine.embed(["ok", long_text])
-        assert (info.value.status, info.value.code, info.value.param) == (422, "too_many_tokens", "1")
+        assert (info.value.kind, info.value.code, info.value.index) == (Kind.TOO_LONG, "too_many_tokens", 1)
 
     run(strict, refused)
 
@@ -256,7 +255,7 @@ def test_a_dead_worker_answers_every_waiting_request_and_health_says_so(tmp_path
     handler = HashHandler()
     settings = make_settings(tmp_path, max_batch_size=1)
     app = create_app(settings, loader=loader_for(handler))
-    engine: InferenceEngine = app.state.engine
+    engine: InferenceEngine = services_of(app).engine
 
     async def doomed(engine: InferenceEngine) -> None:
         held = await hold(engine, handler, "g")
@@ -267,7 +266,7 @@ def test_a_dead_worker_answers_every_waiting_request_and_health_says_so(tmp_path
         assert (await held).outputs == [vector_for("hold:g")]
         # Neither the request in the fatal batch nor the one queued behind it may wait for ever.
         for outcome in await asyncio.gather(dying, behind, return_exceptions=True):
-            assert isinstance(outcome, EngineError) and outcome.status == 503, outcome
+            assert isinstance(outcome, EngineError) and outcome.kind is Kind.WORKER_DEAD, outcome
         assert "behind" not in computed(handler)
 
     with TestClient(app) as client:

@@ -16,9 +16,9 @@ import torch
 from fakes import HashHandler, vector_for
 
 from inferd.config import BatchingSettings, CacheSettings, LimitSettings, ModelSettings, Settings
-from inferd.core import inference
+from inferd.core import admission
 from inferd.core.handler import ModelSpec
-from inferd.core.inference import ClientGone, EngineError, InferenceEngine
+from inferd.core.inference import ClientGone, EngineError, InferenceEngine, Kind
 from inferd.core.model_loader import ModelManager
 from inferd.core.preprocess import Encoded
 from inferd.core.work import Ticket
@@ -92,7 +92,7 @@ def test_a_batch_taken_from_the_queue_keeps_its_model_until_it_has_run(tmp_path:
     engine, manager, models = make(tmp_path)
     old = models.handlers["a"]
     taken, go = threading.Event(), threading.Event()
-    handle = engine._handle
+    handle = engine.worker._handle
 
     def paused(decision: Any) -> None:
         if decision.batch:
@@ -100,7 +100,7 @@ def test_a_batch_taken_from_the_queue_keeps_its_model_until_it_has_run(tmp_path:
             go.wait(10)
         handle(decision)
 
-    engine._handle = paused  # type: ignore[method-assign]
+    engine.worker._handle = paused  # type: ignore[method-assign]
 
     async def scenario() -> None:
         gone = asyncio.Event()
@@ -129,7 +129,7 @@ def test_only_the_event_loop_writes_a_requests_outcome(tmp_path: Path, monkeypat
                 writers.append((name, threading.get_ident()))
             super().__setattr__(name, value)
 
-    monkeypatch.setattr(inference, "Ticket", Watched)
+    monkeypatch.setattr(admission, "Ticket", Watched)  # where tickets are made
     engine, _, models = make(tmp_path)
     handler = models.handlers["a"]
     oom = {"oom:x"}
@@ -146,16 +146,16 @@ def test_only_the_event_loop_writes_a_requests_outcome(tmp_path: Path, monkeypat
         loop_thread = threading.get_ident()
         ok = await engine.embed(["one", "two", "three"])
         assert ok.outputs == [vector_for("a" + t) for t in ("one", "two", "three")]
-        for texts, status in ((["fail:x"], 500), (["oom:x"], 507)):
+        for texts, kind in ((["fail:x"], Kind.FAILED), (["oom:x"], Kind.OOM)):
             with pytest.raises(EngineError) as info:
                 await engine.embed(texts)
-            assert info.value.status == status
+            assert info.value.kind is kind
         handler.gates["g"] = threading.Event()
         held = asyncio.ensure_future(engine.embed(["hold:g"]))
         await until(lambda: any("hold:g" in b for b in handler.batches))
         with pytest.raises(EngineError) as info:  # expires while queued behind the held batch
             await engine.embed(["late"], timeout_ms=30)
-        assert info.value.status == 504
+        assert info.value.kind is Kind.DEADLINE
         handler.gates["g"].set()
         await held
         assert writers and {thread for _, thread in writers} == {loop_thread}

@@ -91,6 +91,33 @@ def test_info_needs_an_inference_key_when_keys_are_set(tmp_path: Path) -> None:
         assert c.get("/health/ready").status_code == 200  # health stays public
 
 
+def test_every_route_but_health_and_metrics_needs_a_key_by_its_router(tmp_path: Path) -> None:
+    # Auth is a router dependency: a route added to an inference or admin router later is covered unasked.
+    public = {"/health", "/health/live", "/health/ready", "/metrics"}
+    with app_client(tmp_path, server={"api_keys": ("k1",)}) as (c, _):
+        paths = c.get("/openapi.json").json()["paths"]
+        routes = [(method.upper(), path) for path, ops in paths.items() for method in ops]
+        assert len(routes) >= 14 and {p for _, p in routes} >= {"/v1/rerank", "/v1/classify", "/admin/models"}
+        for method, path in routes:
+            r = c.request(method, path, headers={"Authorization": "Bearer wrong"})
+            if path in public:
+                assert r.status_code == 200, (method, path)
+            else:
+                assert (r.status_code, r.headers.get("WWW-Authenticate")) == (401, "Bearer"), (method, path)
+                expected = "admin routes" if path.startswith("/admin") else "inference"
+                assert r.json()["error"]["message"].startswith(f"a valid API key is required for {expected}")
+        assert c.get("/v1/models", headers={"Authorization": "Bearer k1"}).status_code == 200
+
+
+def test_every_task_route_is_its_own_metric_label(tmp_path: Path) -> None:
+    with app_client(tmp_path) as (c, _):
+        for path in ("/v1/rerank", "/rerank", "/v1/classify"):  # the fake serves embeddings: 404 on these
+            assert c.post(path, json={}).status_code == 404
+        text = c.get("/metrics").text
+        for path in ("/v1/rerank", "/rerank", "/v1/classify"):
+            assert f'inferd_requests_total{{endpoint="{path}",status="404"}} 1.0' in text, path
+
+
 def test_a_failed_load_says_failed_publicly_and_its_cause_only_to_the_admin(tmp_path: Path) -> None:
     secret = str(tmp_path / "private" / "weights-folder")
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pytest
 from starlette.requests import Request
 
@@ -13,10 +11,9 @@ from inferd.api.security import bearer_token, key_matches, require_admin, requir
 from inferd.utils.metrics import Metrics
 
 
-def request(authorization: str | None = None, metrics: Metrics | None = None) -> Request:
+def request(authorization: str | None = None) -> Request:
     headers = [] if authorization is None else [(b"authorization", authorization.encode("latin-1"))]
-    app = SimpleNamespace(state=SimpleNamespace(metrics=metrics or Metrics()))
-    return Request({"type": "http", "method": "GET", "path": "/", "headers": headers, "app": app})
+    return Request({"type": "http", "method": "GET", "path": "/", "headers": headers})
 
 
 @pytest.mark.parametrize(("header", "token"), [
@@ -73,7 +70,7 @@ def test_no_keys_configured_means_open() -> None:
 def test_missing_wrong_and_malformed_keys_get_the_same_401(header: str | None) -> None:
     metrics = Metrics()
     with pytest.raises(APIError) as caught:
-        require_keys(request(header, metrics), ("k1",), "inference")
+        require_keys(request(header), ("k1",), "inference", metrics)
     err = caught.value
     assert (err.status, err.code, err.type) == (401, "invalid_api_key", "authentication_error")
     assert err.headers == {"WWW-Authenticate": "Bearer"}

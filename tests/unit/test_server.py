@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -24,10 +23,6 @@ class NeverCalled:
         raise AssertionError("nothing may be reloaded from a configuration that could not be read")
 
 
-def app_with(metrics: Metrics) -> Any:
-    return SimpleNamespace(state=SimpleNamespace(manager=NeverCalled(), metrics=metrics))
-
-
 def failed_reloads(metrics: Metrics) -> float:
     return metric_value(generate_latest(metrics.registry).decode(), "inferd_model_reloads_total", outcome="failed")
 
@@ -44,7 +39,7 @@ def test_a_sighup_whose_configuration_cannot_be_read_is_a_failed_reload_not_an_u
         raise error
 
     with caplog.at_level(logging.ERROR, logger="inferd.server"):
-        outcome = asyncio.run(reload_from_config(app_with(metrics), reread))
+        outcome = asyncio.run(reload_from_config(NeverCalled(), metrics, reread))
     assert outcome == "failed"
     assert failed_reloads(metrics) == 1
     assert any("SIGHUP reload failed" in r.getMessage() for r in caplog.records)

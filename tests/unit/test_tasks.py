@@ -59,9 +59,9 @@ def test_a_reranker_refuses_a_many_label_model_and_a_classifier_a_one_label_one(
     from inferd.core.tasks.base import ModelSpec
 
     with pytest.raises(ModelLoadError, match="one label, this model has 3"):
-        handler_for("rerank").load(ModelSpec(folders["cls"], "x", "1"), torch.device("cpu"))
+        handler_for("rerank").load(ModelSpec(folders["cls"], "1", name="x"), torch.device("cpu"))
     with pytest.raises(ModelLoadError, match="two labels or more"):
-        handler_for("classification").load(ModelSpec(folders["ce"], "x", "1"), torch.device("cpu"))
+        handler_for("classification").load(ModelSpec(folders["ce"], "1", name="x"), torch.device("cpu"))
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ from starlette.responses import Response
 from inferd.api.errors import APIError
 from inferd.api.routes import json_response, read_body
 from inferd.api.schemas import AdminModels, ModelChange, raw_body, request_body, responses
-from inferd.api.security import require_admin
+from inferd.api.services import admin_auth, services
 from inferd.core.handler import ModelLoadError
 from inferd.core.model_loader import (
     ManagerClosed,
@@ -29,11 +29,7 @@ from inferd.core.model_loader import (
 log = logging.getLogger(__name__)
 
 
-def _admin(request: Request) -> None:
-    require_admin(request, request.app.state.settings.server.admin_key)
-
-
-admin_router = APIRouter(prefix="/admin", dependencies=[Depends(_admin)])
+admin_router = APIRouter(prefix="/admin", dependencies=[Depends(admin_auth)])
 # Every admin route: 401 without the key, 404 when no key is configured (the routes do not exist).
 _CHANGE_ERRORS = (400, 401, 404, 409, 413, 422, 503)
 
@@ -54,7 +50,7 @@ def _describe(slot: ModelSlot) -> dict[str, Any]:
 
 async def _change(request: Request, action: str, fn: Callable[..., ModelSlot], *args: Any) -> dict[str, Any]:
     """Run one model change in a thread (loading blocks); map each way it can fail onto the error shape."""
-    metrics = request.app.state.metrics
+    metrics = services(request).metrics
     try:
         slot = await asyncio.to_thread(fn, *args)
     except ReloadInProgress as exc:
@@ -92,7 +88,7 @@ async def _change(request: Request, action: str, fn: Callable[..., ModelSlot], *
                    responses=responses(ModelChange, *_CHANGE_ERRORS))
 async def reload_model(request: Request) -> Response:
     body = await read_body(request, ReloadRequest)
-    manager = request.app.state.manager
+    manager = services(request).manager
     slot = await _change(request, "reload", manager.reload, body.path, body.version)
     return json_response({"status": "switched", "active": slot, "switches": manager.switches})
 
@@ -101,27 +97,27 @@ async def reload_model(request: Request) -> Response:
                    responses=responses(ModelChange, *_CHANGE_ERRORS))
 async def canary(request: Request) -> Response:
     body = await read_body(request, CanaryRequest)
-    manager = request.app.state.manager
+    manager = services(request).manager
     slot = await _change(request, "canary", manager.set_canary, body.path, body.version, body.weight)
     return json_response({"status": "canary", "canary": slot, "weight": manager.canary_weight})
 
 
 @admin_router.post("/models/promote", responses=responses(ModelChange, 401, 404, 409, 503))
 async def promote(request: Request) -> Response:
-    slot = await _change(request, "promote", request.app.state.manager.promote)
+    slot = await _change(request, "promote", services(request).manager.promote)
     return json_response({"status": "promoted", "active": slot})
 
 
 @admin_router.post("/models/rollback", responses=responses(ModelChange, 401, 404, 409, 503))
 async def rollback(request: Request) -> Response:
-    slot = await _change(request, "rollback", request.app.state.manager.rollback)
+    slot = await _change(request, "rollback", services(request).manager.rollback)
     return json_response({"status": "rolled_back", "active": slot})
 
 
 @admin_router.get("/models", responses=responses(AdminModels, 401, 404))
 async def list_models(request: Request) -> Response:
     """The slots, and the causes that public health answers only name (a failed load, a dead worker)."""
-    manager, engine = request.app.state.manager, request.app.state.engine
+    manager, engine = services(request).manager, services(request).engine
     return json_response({"state": manager.state, "switches": manager.switches,
                           "canary_weight": manager.canary_weight,
                           "slots": [{"role": role, **_describe(s), "in_use": s.refs}
@@ -132,5 +128,5 @@ async def list_models(request: Request) -> Response:
 @admin_router.get("/memory", responses=responses(raw_body("application/json", {"type": "object"}), 401, 404))
 async def memory(request: Request) -> Response:
     """The memory guard's figures; on a GPU also ``torch.cuda.memory_summary()`` (in a thread: it locks)."""
-    report = await asyncio.to_thread(request.app.state.memory_guard.report)
+    report = await asyncio.to_thread(services(request).memory_guard.report)
     return json_response(report)

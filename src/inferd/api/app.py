@@ -18,9 +18,10 @@ from inferd import __version__
 from inferd.api.admin import admin_router
 from inferd.api.errors import install_error_handlers
 from inferd.api.middleware import BodyLimitMiddleware, RequestContextMiddleware
-from inferd.api.routes import router
+from inferd.api.routes import health_router, router
 from inferd.api.schemas import raw_body, responses
 from inferd.api.security import require_keys
+from inferd.api.services import Services, services_of
 from inferd.api.task_routes import task_router
 from inferd.config import Settings
 from inferd.core.handler import Handler, ModelLoadError, ModelSpec
@@ -84,22 +85,19 @@ def create_app(settings: Settings, loader: Callable[[ModelSpec], Handler] = load
             manager.close()
 
     app = FastAPI(title="inferd", version=__version__, lifespan=lifespan)
-    app.state.settings = settings
-    app.state.manager = manager
-    app.state.engine = engine
-    app.state.metrics = metrics
-    app.state.memory_guard = memory_guard
-    app.state.started_at = time.time()
+    app.state.services = Services(settings=settings, manager=manager, engine=engine, metrics=metrics,
+                                  memory_guard=memory_guard, started_at=time.time())
     install_error_handlers(app)
     app.include_router(router)
     app.include_router(task_router)
+    app.include_router(health_router)
     if settings.server.admin_port is None:
         app.include_router(admin_router)
 
     @app.get("/metrics", responses=responses(raw_body(CONTENT_TYPE_LATEST, {"type": "string"}), 401))
     async def metrics_endpoint(request: Request) -> Response:
         key = settings.server.metrics_key
-        require_keys(request, (key,) if key else (), "metrics")
+        require_keys(request, (key,) if key else (), "metrics", metrics)
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.limits.max_body_bytes)
@@ -115,8 +113,9 @@ def create_admin_app(main: FastAPI) -> FastAPI:
     install_error_handlers(app)
     app.include_router(admin_router)
     # The same body limit as the main port: the admin port is local, not trusted with unbounded bodies.
-    app.add_middleware(BodyLimitMiddleware, max_bytes=main.state.settings.limits.max_body_bytes)
-    app.add_middleware(RequestContextMiddleware, metrics=main.state.metrics, access=True)
+    shared = services_of(main)
+    app.add_middleware(BodyLimitMiddleware, max_bytes=shared.settings.limits.max_body_bytes)
+    app.add_middleware(RequestContextMiddleware, metrics=shared.metrics, access=True)
     return app
 
 

@@ -1,15 +1,23 @@
-"""The one error shape: ``{"error": {"message", "type", "code", "param"}}``, request id in a header."""
+"""The one error shape: ``{"error": {"message", "type", "code", "param"}}``, request id in a header.
+
+Also the one table that says how each kind of engine refusal is answered over HTTP (``KINDS``): status,
+Retry-After, default code and the reason it is counted under in ``inferd_requests_rejected_total``.
+"""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
 
 import orjson
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
+
+from inferd.core.errors import EngineError, Kind
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +53,55 @@ class APIError(Exception):
         self.param = param
         self.headers = dict(headers or {})
         self.type = type_ or _TYPES.get(status, "server_error")
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """How one kind of refusal is answered: ``code`` unless the refusal names a more precise one, and the
+    rejection reason it is counted under (None: not a rejection the client caused or can act on by waiting)."""
+
+    status: int
+    code: str
+    retry_after: int | None = None
+    reason: str | None = None
+
+
+KINDS: dict[Kind, Answer] = {
+    Kind.INVALID_INPUT: Answer(422, "invalid_value", reason="invalid"),
+    Kind.TOO_LONG: Answer(422, "text_too_long", reason="too_long"),
+    Kind.WRONG_TASK: Answer(404, "wrong_task"),
+    Kind.NOT_READY: Answer(503, "model_not_ready", retry_after=1, reason="not_ready"),
+    # A failed load is not fixed by retrying at once: clients wait longer.
+    Kind.MODEL_FAILED: Answer(503, "model_failed", retry_after=5, reason="not_ready"),
+    Kind.MODEL_UNLOADED: Answer(503, "model_unloaded", retry_after=1),
+    Kind.WORKER_DEAD: Answer(503, "worker_dead", retry_after=5),
+    Kind.OVERLOADED: Answer(503, "queue_full", retry_after=1, reason="overloaded"),
+    Kind.DRAINING: Answer(503, "draining", retry_after=1, reason="draining"),
+    Kind.DEADLINE: Answer(504, "deadline_exceeded", reason="deadline"),
+    Kind.OOM: Answer(507, "out_of_memory", reason="oom"),
+    Kind.FAILED: Answer(500, "inference_error"),
+}
+
+
+def engine_refusal(exc: EngineError, field: str, listed: bool, metrics: Any = None) -> APIError:
+    """An engine refusal in the error shape, counted under its reason.
+
+    ``field`` is the request field that holds the inputs (``input``, ``documents``, ``texts``); ``listed``
+    whether it was sent as a list, so the input at fault is named ``field[i]``. A refusal that names
+    another field (``priority``) is reported under that field. Only a 422 names a field at all.
+    """
+    answer = KINDS[exc.kind]
+    if metrics is not None and answer.reason is not None:
+        metrics.rejected.labels(answer.reason).inc()
+    headers = {"Retry-After": str(answer.retry_after)} if answer.retry_after else None
+    code = exc.code or answer.code
+    if answer.status != 422:
+        return APIError(answer.status, exc.message, code, headers=headers)
+    if exc.field is not None:
+        param = exc.field
+    else:
+        param = f"{field}[{exc.index}]" if exc.index is not None and listed else field
+    return APIError(answer.status, f"{param}: {exc.message}", code, param, headers=headers)
 
 
 def excerpt(text: str, limit: int = 40) -> str:

@@ -10,12 +10,12 @@ from typing import Any, TypeVar
 
 import numpy as np
 import orjson
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel, ValidationError
 from starlette.responses import Response
 
 from inferd import __version__
-from inferd.api.errors import APIError, excerpt
+from inferd.api.errors import APIError, engine_refusal, excerpt
 from inferd.api.middleware import context
 from inferd.api.schemas import (
     EmbeddingsRequest,
@@ -28,10 +28,14 @@ from inferd.api.schemas import (
     request_body,
     responses,
 )
-from inferd.api.security import require_keys
-from inferd.core.work import ClientGone, EngineError, TaskResult
+from inferd.api.services import inference_auth, services
+from inferd.core.errors import ClientGone, EngineError, Kind
+from inferd.core.work import TaskResult
 
-router = APIRouter()
+# Inference, and what is served (/v1/models, /info): the inference keys, checked once for the whole router.
+router = APIRouter(dependencies=[Depends(inference_auth)])
+# Health answers load balancers and probes, which hold no key.
+health_router = APIRouter()
 B = TypeVar("B", bound=BaseModel)
 
 _INFERENCE_ERRORS = (400, 401, 404, 413, 422, 503, 504, 507)
@@ -92,23 +96,13 @@ async def read_body(request: Request, model: type[B], check: Callable[[B], None]
             gc.enable()
 
 
-def _refusal(exc: EngineError, field: str, listed: bool) -> APIError:
-    """An engine refusal in the error shape; ``param`` names the request field (and text) at fault."""
-    if exc.field is not None:
-        param: str | None = exc.field
-    else:
-        param = field if exc.param is None else (f"{field}[{exc.param}]" if listed else field)
-    headers = {"Retry-After": str(exc.retry_after)} if exc.retry_after else None
-    message = f"{param}: {exc.message}" if exc.status == 422 else exc.message
-    return APIError(exc.status, message, exc.code, param if exc.status == 422 else None, headers=headers)
-
-
 def _prechecked(request: Request, texts: Any, field: str, listed: bool) -> None:
     """The engine's model-free checks (types, counts, lengths), run while the body is parsed."""
+    s = services(request)
     try:
-        request.app.state.engine.precheck(texts)
+        s.engine.precheck(texts)
     except EngineError as exc:
-        raise _refusal(exc, field, listed) from None
+        raise engine_refusal(exc, field, listed, s.metrics) from None
 
 
 async def _disconnected(request: Request) -> None:
@@ -119,32 +113,33 @@ async def _disconnected(request: Request) -> None:
 
 def require_task(request: Request, task: str) -> None:
     """404 on a route of another task than the one this server serves, naming the served one."""
-    served = request.app.state.manager.task
+    served = services(request).manager.task
     if served is not None and served != task:
         raise APIError(404, f"{request.url.path} serves the {task} task; this server serves the {served} task",
                        "wrong_task")
 
 
 def served_task(request: Request) -> str:
-    return request.app.state.manager.task or "embedding"
+    return services(request).manager.task or "embedding"
 
 
 async def run_task(request: Request, texts: list[Any], body: Any, field: str, listed: bool,
                    task: str | None = None, admit: Callable[[Any], None] | None = None) -> TaskResult | Response:
-    """Hand a request's inputs to the engine; its refusals in the error shape, 499 for a client gone."""
-    engine = request.app.state.engine
-    if request.app.state.settings.server.log_inputs:
+    """Hand a request's inputs to the engine; its refusals in the error shape, 499 for a client gone.
+
+    ``field`` is the request field holding the inputs: an input at fault is named ``field[i]``.
+    """
+    s = services(request)
+    if s.settings.server.log_inputs:
         # Only when the operator asked for it: request text is user data and stays out of logs by default.
         context(request.scope)["inputs"] = texts
     try:
-        result = await engine.run(
+        result = await s.engine.run(
             texts, priority=body.priority, timeout_ms=body.timeout_ms, model=getattr(body, "model", None), task=task,
             admit=admit, routing_key=request.headers.get("x-routing-key"),
             disconnected=lambda: _disconnected(request))
     except EngineError as exc:
-        if exc.status == 404:  # the model serves another task (a reload raced the route's own check)
-            raise APIError(404, exc.message, exc.code) from None
-        raise _refusal(exc, field, listed) from None
+        raise engine_refusal(exc, field, listed, s.metrics) from None
     except ClientGone:
         return Response(status_code=499)
     ctx = context(request.scope)
@@ -165,8 +160,6 @@ async def predict(request: Request) -> Response:
     embedding: a vector per text; classification: ``{"label", "probs"}`` per text; rerank: ``texts`` holds
     ``[query, document]`` pairs and each gets its score.
     """
-    settings = request.app.state.settings
-    require_keys(request, settings.server.api_keys, "inference")
     task = served_task(request)
     if task == "rerank":
         from inferd.api.task_routes import predict_pairs
@@ -178,7 +171,8 @@ async def predict(request: Request) -> Response:
         return result
     outputs: list[Any] = result.outputs
     if task == "classification":
-        labels = request.app.state.manager.active.info["labels"] if request.app.state.manager.active else []
+        active = services(request).manager.active
+        labels = active.info["labels"] if active else []
         outputs = [{"label": labels[int(p.argmax())], "probs": p} for p in outputs]
     return json_response({"results": outputs, "model": served_name(result),
                           "usage": {"prompt_tokens": result.prompt_tokens}})
@@ -188,8 +182,6 @@ async def predict(request: Request) -> Response:
              responses=responses(EmbeddingsResponse, *_INFERENCE_ERRORS))
 async def embeddings(request: Request) -> Response:
     """OpenAI-compatible embeddings (the official ``openai`` client works against it)."""
-    settings = request.app.state.settings
-    require_keys(request, settings.server.api_keys, "inference")
     require_task(request, "embedding")
     body = await read_body(request, EmbeddingsRequest, lambda b: _check_input(request, b))
     listed = isinstance(body.input, list)
@@ -213,8 +205,8 @@ def _same_dimension(dimensions: int) -> Callable[[Any], None]:
     def admit(info: Any) -> None:
         dimension = info.get("dimension")
         if dimension is not None and dimensions != dimension:
-            raise EngineError(422, f"this model produces {dimension}-dimensional embeddings; {dimensions} "
-                              "was asked", "invalid_value", "invalid", field="dimensions")
+            raise EngineError(Kind.INVALID_INPUT, f"this model produces {dimension}-dimensional embeddings; "
+                              f"{dimensions} was asked", field="dimensions")
     return admit
 
 
@@ -229,21 +221,20 @@ def _check_input(request: Request, body: EmbeddingsRequest) -> None:
 
 @router.get("/v1/models", responses=responses(ModelList, 401))
 async def models(request: Request) -> Response:
-    settings = request.app.state.settings
-    require_keys(request, settings.server.api_keys, "inference")
+    s = services(request)
     data = []
-    for role, slot in request.app.state.manager.slots():
+    for role, slot in s.manager.slots():
         data.append({"id": f"{slot.spec.name}@{slot.version}", "object": "model",
-                     "created": int(request.app.state.started_at), "owned_by": "inferd", "role": role,
+                     "created": int(s.started_at), "owned_by": "inferd", "role": role,
                      "task": slot.task})
     return json_response({"object": "list", "data": data})
 
 
 @router.get("/info", responses=responses(Info, 401))
 async def info(request: Request) -> Response:
-    # What is served, on which device, with which limits: as much the inference keys' business as /v1/models.
-    require_keys(request, request.app.state.settings.server.api_keys, "inference")
-    manager = request.app.state.manager
+    # What is served, on which device, with which limits: as much the inference keys' business as /v1/models
+    # (the router checks them).
+    manager = services(request).manager
     out: dict[str, Any] = {"inferd_version": __version__, "state": manager.state, "models": []}
     for role, slot in manager.slots():
         h = slot.handler
@@ -264,8 +255,8 @@ async def info(request: Request) -> Response:
 
 def readiness(request: Request) -> tuple[int, dict[str, Any]]:
     """The state only; the cause of a failure (paths, exception text) goes to the log and /admin/models."""
-    state = request.app.state
-    engine, manager = state.engine, state.manager
+    s = services(request)
+    engine, manager = s.engine, s.manager
     if engine.draining:
         return 503, {"status": "draining"}
     if not engine.alive:
@@ -276,7 +267,7 @@ def readiness(request: Request) -> tuple[int, dict[str, Any]]:
                      "version": active.version if active else None}
     if manager.state == "failed":
         return 503, {"status": "failed", "reason": "model load failed"}
-    if manager.state == "not_loaded" and state.settings.model.load_mode == "lazy":
+    if manager.state == "not_loaded" and s.settings.model.load_mode == "lazy":
         # Lazy: the first request loads the model, so the instance must be routable before that.
         return 200, {"status": "ready", "loaded": False}
     return 503, {"status": "loading"}
@@ -285,16 +276,16 @@ def readiness(request: Request) -> tuple[int, dict[str, Any]]:
 _HEALTH = {200: {"model": Health}, 503: {"model": Health, "description": "Not ready (or dead); Retry-After"}}
 
 
-@router.get("/health", responses=_HEALTH)
-@router.get("/health/ready", responses=_HEALTH)
+@health_router.get("/health", responses=_HEALTH)
+@health_router.get("/health/ready", responses=_HEALTH)
 async def health_ready(request: Request) -> Response:
     status, body = readiness(request)
     return json_response(body, status, {"Retry-After": "1"} if status == 503 else None)
 
 
-@router.get("/health/live", responses=_HEALTH)
+@health_router.get("/health/live", responses=_HEALTH)
 async def health_live(request: Request) -> Response:
-    engine = request.app.state.engine
-    if not engine.alive and not engine.draining:
+    s = services(request)
+    if not s.engine.alive and not s.engine.draining:
         return json_response({"status": "dead", "reason": "inference worker stopped"}, 503)
-    return json_response({"status": "alive", "uptime_s": round(time.time() - request.app.state.started_at, 3)})
+    return json_response({"status": "alive", "uptime_s": round(time.time() - s.started_at, 3)})

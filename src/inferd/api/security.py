@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 from collections.abc import Iterable
+from typing import Any
 
 from starlette.requests import Request
 
@@ -40,23 +41,22 @@ def key_matches(token: str | None, keys: Iterable[str]) -> bool:
     return ok and token is not None
 
 
-def _unauthorized(request: Request, what: str) -> APIError:
-    metrics = getattr(request.app.state, "metrics", None)
+def _unauthorized(what: str, metrics: Any) -> APIError:
     if metrics is not None:
         metrics.rejected.labels("unauthorized").inc()
     return APIError(401, f"a valid API key is required for {what}: send 'Authorization: Bearer <key>'",
                     "invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
 
 
-def require_keys(request: Request, keys: tuple[str, ...], what: str) -> None:
-    """Open when no keys are configured; otherwise one of them, as a Bearer token."""
+def require_keys(request: Request, keys: tuple[str, ...], what: str, metrics: Any = None) -> None:
+    """Open when no keys are configured; otherwise one of them, as a Bearer token (refusals counted)."""
     if keys and not key_matches(bearer_token(request), keys):
-        raise _unauthorized(request, what)
+        raise _unauthorized(what, metrics)
 
 
-def require_admin(request: Request, admin_key: str | None) -> None:
+def require_admin(request: Request, admin_key: str | None, metrics: Any = None) -> None:
     if not admin_key:
         # No key configured: the admin surface does not exist (404, as for any unknown path).
         raise APIError(404, "not found", "not_found")
     if not key_matches(bearer_token(request), (admin_key,)):
-        raise _unauthorized(request, "admin routes")
+        raise _unauthorized("admin routes", metrics)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 from starlette.responses import Response
 
 from inferd.api.errors import APIError
@@ -33,15 +33,15 @@ from inferd.api.schemas import (
     request_body,
     responses,
 )
-from inferd.api.security import require_keys
+from inferd.api.services import inference_auth, services
 from inferd.core.work import TaskResult
 
-task_router = APIRouter()
+task_router = APIRouter(dependencies=[Depends(inference_auth)])  # the inference keys, as api/routes.py
 
 
 def _check_query(request: Request, query: Any, field: str = "query") -> str:
     """The query is one text shared by every pair: the same rules as a text, named by its own field."""
-    limit = request.app.state.settings.limits.max_chars_per_text
+    limit = services(request).settings.limits.max_chars_per_text
     if not isinstance(query, str):
         raise APIError(422, f"{field}: must be a string, not {type(query).__name__}", "invalid_type", field)
     if not query.strip():
@@ -59,7 +59,6 @@ def _pairs_checked(request: Request, query: Any, documents: list[Any], field: st
 
 
 async def _rerank(request: Request, body: Any, documents: list[str], field: str) -> TaskResult | Response:
-    require_keys(request, request.app.state.settings.server.api_keys, "inference")
     pairs = [(body.query, d) for d in documents]
     return await run_task(request, pairs, body, field, listed=True, task="rerank")
 
@@ -72,7 +71,6 @@ def _usage(result: TaskResult) -> dict[str, int]:
                   responses=responses(RerankResponse, *_INFERENCE_ERRORS))
 async def rerank(request: Request) -> Response:
     """Cohere / Jina / vLLM / infinity rerank: ``{"query", "documents", "top_n"?, "return_documents"?}``."""
-    require_keys(request, request.app.state.settings.server.api_keys, "inference")
     require_task(request, "rerank")
     body = await read_body(request, RerankRequest,
                            lambda b: _pairs_checked(request, b.query, b.documents, "documents"))
@@ -100,7 +98,6 @@ async def rerank(request: Request) -> Response:
                       *_INFERENCE_ERRORS))
 async def rerank_tei(request: Request) -> Response:
     """text-embeddings-inference's rerank: ``{"query", "texts", "raw_scores"?, "return_text"?}`` → a list."""
-    require_keys(request, request.app.state.settings.server.api_keys, "inference")
     require_task(request, "rerank")
     body = await read_body(request, TEIRerankRequest, lambda b: _pairs_checked(request, b.query, b.texts, "texts"))
     result = await _rerank(request, body, body.texts, "texts")
@@ -126,7 +123,6 @@ def _check_classify(request: Request, body: ClassifyRequest) -> None:
                   responses=responses(ClassifyResponse, *_INFERENCE_ERRORS))
 async def classify(request: Request) -> Response:
     """vLLM's classify: ``{"input": str | [str]}`` → a label and the probability of each label per text."""
-    require_keys(request, request.app.state.settings.server.api_keys, "inference")
     require_task(request, "classification")
     body = await read_body(request, ClassifyRequest, lambda b: _check_classify(request, b))
     listed = isinstance(body.input, list)
@@ -143,7 +139,7 @@ async def classify(request: Request) -> Response:
 
 def _labels(request: Request, result: TaskResult) -> list[str]:
     """The labels of the model that computed the result (the active or canary slot, by version)."""
-    for _, slot in request.app.state.manager.slots():
+    for _, slot in services(request).manager.slots():
         if slot.version == result.version:
             return list(slot.info["labels"])
     raise APIError(503, "the model that answered was unloaded meanwhile; retry", "model_unloaded",

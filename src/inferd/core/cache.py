@@ -25,7 +25,7 @@ def _key(owner: Hashable, text: str) -> CacheKey:
     return owner, hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
 
 
-class EmbeddingCache:
+class ResultCache:
     def __init__(self, max_entries: int, metrics: Any = None, name: str = "embeddings") -> None:
         if max_entries <= 0:
             raise ValueError("max_entries must be positive")

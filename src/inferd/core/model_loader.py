@@ -1,42 +1,31 @@
-"""Loading models into slots, and the ModelManager that swaps them while traffic flows.
+"""The ModelManager: which model slots serve (an active one, an optional canary), swapped under traffic.
 
-A slot is one loaded model with a reference count. Requests and running batches hold a reference; a
-swap replaces the pointer under a lock (atomic for every new request) and retires the old slot, which is
-freed only when its last reference is released, on the thread the manager's ``reaper`` names (the inference
-worker: a free runs ``handler.close`` and ``empty_cache``, which must not block the event loop).
-
-Every load gets its own ``load_id``: the version string is the operator's label, and two loads may carry the
-same one; whatever must never mix two models (the embedding cache) keys on the load, not on the label.
+A swap loads the new model beside the serving one, replaces the pointer under a lock (atomic for every new
+request) and retires the old slot, freed when its last request lets go (core/slots.py). A failed load, or
+a model the task's own rule refuses, leaves the serving model in place.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
-import itertools
 import logging
 import random
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
-from urllib.parse import urlparse
 
-import torch
-
-from inferd.config import Settings, resolve_model_path
-from inferd.core.tasks import detect_task, handler_for
-from inferd.core.tasks.base import (
-    Handler,
-    ModelLoadError,
-    ModelSpec,
-    describe,
-    incompatibility,
-    resolve_device,
-    task_of,
-)
+from inferd.config import Settings
+from inferd.core.loading import check_model_path, load_handler, spec_task
+from inferd.core.slots import ModelSlot
+from inferd.core.spec import ModelSpec, spec_from_settings
+from inferd.core.tasks.base import Handler, ModelLoadError, incompatibility
 from inferd.core.tasks.embedding import allows_change
+
+# Re-exported: callers (the CLI, bench, tests) import the loading names from here.
+__all__ = ["ManagerClosed", "ModelManager", "ModelNotReady", "ModelSlot", "ModelSpec", "NoCanary", "ReloadInProgress",
+           "TaskMismatch", "VersionInUse", "check_model_path", "load_handler", "spec_from_settings", "spec_task"]
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +35,7 @@ class ReloadInProgress(Exception):
 
 
 class VersionInUse(ModelLoadError):
-    """A model change under a version string that a served slot already carries (refused: 409)."""
+    """A model change under a version string that a served slot already carries (refused)."""
 
     def __init__(self, version: str, role: str) -> None:
         super().__init__(
@@ -57,7 +46,7 @@ class VersionInUse(ModelLoadError):
 
 
 class TaskMismatch(ModelLoadError):
-    """A model change to a model of another task (refused: 409): clients of one task's routes would break."""
+    """A model change to a model of another task (refused): clients of one task's routes would break."""
 
     def __init__(self, new: str, serving: str, role: str) -> None:
         super().__init__(f"the new model is a {new} model; this server serves the {serving} task (the {role} "
@@ -81,137 +70,6 @@ class ManagerClosed(ModelNotReady):
 
 class NoCanary(Exception):
     """promote/rollback with no canary slot: a state conflict, not a failed load."""
-
-
-def spec_from_settings(settings: Settings, path: Path | None = None, version: str | None = None) -> ModelSpec:
-    m = settings.model
-    return ModelSpec(
-        path=path or resolve_model_path(m), name=m.name, version=version or m.version, task=m.task,
-        device=m.device, dtype=m.dtype, pooling=m.pooling, normalize=m.normalize,
-        max_seq_length=m.max_seq_length, truncate=m.truncate, allow_pickle=m.allow_pickle, warmup=m.warmup,
-        backend=m.backend, quantize=m.quantize, cache_dir=m.cache_dir, calibration_file=m.calibration_file,
-        gate=tuple(m.gate.model_dump().items()))
-
-
-def spec_task(spec: ModelSpec) -> str:
-    """The task a spec will serve: as configured, or (``auto``) as the model folder says."""
-    return detect_task(spec.path) if spec.task == "auto" else spec.task
-
-
-def load_handler(spec: ModelSpec) -> Handler:
-    """Build the task's handler, load the weights on the device and warm it up."""
-    handler: Any = handler_for(spec_task(spec))
-    handler.load(spec, resolve_device(spec.device))
-    if spec.warmup and hasattr(handler, "warmup"):
-        handler.warmup()
-    return handler
-
-
-_load_ids = itertools.count(1)
-
-
-class ModelSlot:
-    def __init__(self, handler: Handler, spec: ModelSpec, load_seconds: float,
-                 reaper: Callable[[Callable[[], None]], None] | None = None,
-                 on_freed: Callable[[ModelSlot], None] | None = None) -> None:
-        self.handler = handler
-        self.spec = spec
-        self.version = spec.version
-        self.load_id = next(_load_ids)
-        self.load_seconds = load_seconds
-        # Where the free runs (None: on the thread that drops the last reference) and who hears of it.
-        self._reaper = reaper
-        self._on_freed = on_freed
-        # Read once: describing a slot must not touch a handler that a concurrent swap may be freeing.
-        self.task = task_of(handler)
-        # The task's own facts (an embedding's size, a classifier's labels) sit beside the common ones.
-        self.info: dict[str, Any] = {
-            "name": spec.name, "version": spec.version, "path": str(spec.path), "task": self.task,
-            **describe(handler),
-            "max_seq_length": getattr(handler, "max_seq_length", None),
-            "device": str(getattr(handler, "device", "")), "dtype": getattr(handler, "dtype", None),
-            "load_seconds": round(load_seconds, 3)}
-        self.freed = threading.Event()
-        self._refs = 0
-        self._retired = False
-        self._dead = False  # the free is decided (it may still be waiting for the reaper's thread)
-        self._lock = threading.Lock()
-
-    @property
-    def refs(self) -> int:
-        return self._refs
-
-    @property
-    def usable(self) -> bool:
-        """False once the free is decided: nothing may run on this slot any more."""
-        return not self._dead
-
-    def acquire(self) -> ModelSlot:
-        with self._lock:
-            self._refs += 1
-        return self
-
-    def release(self) -> None:
-        with self._lock:
-            self._refs -= 1
-            free = self._retired and self._refs == 0 and not self._dead
-            self._dead = self._dead or free
-        if free:
-            self._schedule_free()
-
-    def retire(self) -> None:
-        with self._lock:
-            self._retired = True
-            free = self._refs == 0 and not self._dead
-            self._dead = self._dead or free
-        if free:
-            self._schedule_free()
-
-    def _schedule_free(self) -> None:
-        if self._reaper is None:
-            self._free()
-        else:
-            self._reaper(self._free)
-
-    def _free(self) -> None:
-        if self.freed.is_set():
-            return
-        # close() drops the weights; the handler object itself (a few attributes) goes with the slot, so a
-        # reader that snapshotted the slot a moment before the swap still finds plain attributes on it.
-        # Reference counting frees the tensors here; no gc.collect(): with torch loaded a full collection
-        # holds the GIL for ~0.3 s.
-        try:
-            self.handler.close()
-            if torch.cuda.is_available():
-                torch.cuda.empty_cache()
-        finally:
-            self.freed.set()
-            log.info("model released", extra={"version": self.version})
-            if self._on_freed is not None:
-                self._on_freed(self)
-
-
-def check_model_path(raw: str, roots: list[Path]) -> Path:
-    """Accept only local folders under one of the allowed roots; no URLs, no '..' escapes."""
-    if not raw or not isinstance(raw, str):
-        raise ModelLoadError("path must be a non-empty string")
-    if any(ord(c) < 32 or ord(c) == 127 for c in raw):
-        # A NUL would make the OS calls below raise ValueError; no folder name needs control characters.
-        raise ModelLoadError("path must not contain control characters")
-    parsed = urlparse(raw)
-    if parsed.scheme and len(parsed.scheme) > 1:  # one letter would be a Windows drive
-        raise ModelLoadError(f"path {raw!r}: only local folders are allowed, not {parsed.scheme}:// URLs")
-    if ".." in Path(raw).parts:
-        raise ModelLoadError(f"path {raw!r}: '..' is not allowed")
-    try:
-        path = Path(raw).expanduser().resolve()
-    except (OSError, RuntimeError, ValueError) as exc:  # a name too long, a symlink loop, an unknown ~user
-        raise ModelLoadError(f"path {raw!r} cannot be resolved: {exc}") from None
-    for root in roots:
-        if path == root or root in path.parents:
-            return path
-    allowed = ", ".join(str(r) for r in roots) or "(none)"
-    raise ModelLoadError(f"path {raw!r} is not under an allowed model.root ({allowed})")
 
 
 class ModelManager:

@@ -1,9 +1,11 @@
-"""The units of work: a request's Ticket, the WorkItems it is split into, its result, and refusals.
+"""The units of work: a request's Ticket, the WorkItems it is split into, and the outcomes between the
+event loop (admission) and the worker thread.
 
-The engine's request side creates them on the event loop. The event loop is also the only writer of a
-ticket's outcome (results, error, closed): the worker thread reports what it computed as a BatchReport and
-the loop applies it, so an answer given by the loop (504, client gone, drain) can never be overwritten by
-a late result from the worker — the first outcome wins, and only one thread decides which was first.
+The admission side creates tickets and items on the event loop. The event loop is also the only writer of
+a ticket's outcome (results, error, closed): the worker thread reports what it computed as an ``Outcome``
+(a ``BatchReport``, or a ``Failure`` of whole requests) and the loop applies it, so an answer given by the
+loop (the deadline, client gone, drain) can never be overwritten by a late result from the worker — the first
+outcome wins, and only one thread decides which was first.
 """
 
 from __future__ import annotations
@@ -12,25 +14,12 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
-from inferd.core.model_loader import ModelSlot
+from inferd.core.errors import ClientGone, EngineError
 from inferd.core.preprocess import Encoded
+from inferd.core.slots import ModelSlot
 
-
-class EngineError(Exception):
-    """A refusal with an HTTP meaning; the API layer maps it onto the error shape.
-
-    ``param`` is the index of the text at fault; ``field`` names another request field at fault instead.
-    """
-
-    def __init__(self, status: int, message: str, code: str, reason: str | None = None,
-                 retry_after: int | None = None, param: str | None = None, field: str | None = None) -> None:
-        super().__init__(message)
-        self.status, self.message, self.code = status, message, code
-        self.reason, self.retry_after, self.param, self.field = reason, retry_after, param, field
-
-
-class ClientGone(Exception):
-    pass
+__all__ = ["BatchReport", "ClientGone", "EngineError", "Failure", "Outcome", "TaskResult", "Ticket", "WorkItem",
+           "tickets_of"]
 
 
 class Ticket:
@@ -110,6 +99,22 @@ class BatchReport:
                 t.close()
 
 
+@dataclass(slots=True)
+class Failure:
+    """Whole requests answered with one error (expired in the queue, a batch that could not run, a dead
+    worker, a drain that ran out of time): for the event loop to apply; an answered ticket keeps its answer."""
+
+    tickets: list[Ticket]
+    error: EngineError
+
+    def apply(self) -> None:
+        for t in self.tickets:
+            t.close(self.error)
+
+
+Outcome = BatchReport | Failure
+
+
 @dataclass
 class TaskResult:
     """A request's answer: one opaque result per input, in order (the task's routes shape them)."""
@@ -124,8 +129,6 @@ class TaskResult:
     def prompt_tokens(self) -> int:
         return sum(self.tokens)
 
-
-EmbedResult = TaskResult  # the name before tasks other than embedding were served
 
 
 def tickets_of(items: list[WorkItem]) -> list[Ticket]:

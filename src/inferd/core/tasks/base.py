@@ -11,13 +11,16 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
 import torch
 
 from inferd.core.preprocess import Encoded
+from inferd.core.spec import ModelSpec
+
+__all__ = ["BUILTIN_TASKS", "TOKENIZER_FILES", "Handler", "InputKind", "ModelLoadError", "ModelSpec", "check_weights",
+           "describe", "incompatibility", "inputs_of", "length_limit", "load_tokenizer", "resolve_device", "task_of"]
 
 log = logging.getLogger(__name__)
 
@@ -31,28 +34,6 @@ InputKind = Literal["texts", "pairs"]
 
 class ModelLoadError(Exception):
     """A model folder that cannot be served; the message names the cause."""
-
-
-@dataclass(frozen=True)
-class ModelSpec:
-    path: Path
-    name: str
-    version: str
-    task: str = "embedding"
-    device: str = "auto"
-    dtype: str = "float32"
-    pooling: str | None = None
-    normalize: bool | None = None
-    max_seq_length: int | None = None
-    truncate: bool = True
-    allow_pickle: bool = False
-    warmup: bool = True
-    # The forward pass's runtime (core/backends/): torch | onnx | openvino, quantisation, export cache.
-    backend: str = "torch"
-    quantize: str = "none"
-    cache_dir: str | None = None
-    calibration_file: str | None = None
-    gate: tuple[tuple[str, float], ...] = ()  # model.gate.* thresholds that differ from the defaults
 
 
 class Handler(Protocol):

@@ -1,0 +1,55 @@
+"""The services a request may use, as one typed object, and the router dependencies that check its keys.
+
+create_app builds the object once and stores it on the app; routes read it through ``services(request)``
+(typed, so a misspelt name is an error, not an AttributeError at run time). The admin app shares the
+main app's state, so both read the same object.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from starlette.requests import Request
+
+from inferd.api.security import require_admin, require_keys
+from inferd.config import Settings
+from inferd.core.inference import InferenceEngine
+from inferd.core.memory import MemoryGuard
+from inferd.core.model_loader import ModelManager
+from inferd.utils.metrics import Metrics
+
+
+@dataclass(frozen=True, slots=True)
+class Services:
+    settings: Settings
+    manager: ModelManager
+    engine: InferenceEngine
+    metrics: Metrics
+    memory_guard: MemoryGuard  # or a stand-in with its methods (tests)
+    started_at: float
+
+
+def services_of(app: Any) -> Services:
+    """The one place the app's state is read."""
+    found = app.state.services
+    assert isinstance(found, Services)
+    return found
+
+
+def services(request: Request) -> Services:
+    return services_of(request.app)
+
+
+# -- router dependencies: a router's routes all need the same key, so the router checks it -------------------
+
+def inference_auth(request: Request) -> None:
+    """The inference routes (and what is served, /v1/models, /info): one of ``server.api_keys``, if any."""
+    s = services(request)
+    require_keys(request, s.settings.server.api_keys, "inference", s.metrics)
+
+
+def admin_auth(request: Request) -> None:
+    """The admin routes: ``server.admin_key``; without one configured they do not exist (404)."""
+    s = services(request)
+    require_admin(request, s.settings.server.admin_key, s.metrics)

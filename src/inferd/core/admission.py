@@ -1,0 +1,298 @@
+"""Admission: the event loop's side of the engine, from a request's inputs to its answer.
+
+It validates the inputs, routes the request to a model slot (loading it first in lazy mode), answers what
+the result cache holds, tokenises the rest (cheap, and overlapping the running batch: the pipelining),
+queues one item per input and waits on one future per request, refusing at the deadline, dropping
+the queued work of a client that left, and refusing new work while draining. The worker thread reports
+outcomes (core/work.py) through ``deliver``; they are applied here, on the loop, the only writer of a
+request's outcome.
+
+A request holds its slot until it is answered, and takes its items out of the queue before it lets go:
+with the claim a batch takes as the queue hands it out, no slot can be freed under a batch about to run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+import orjson
+
+from inferd.config import Settings
+from inferd.core.batcher import BatchQueue, Policy, QueueClosed, QueueFull
+from inferd.core.cache import ResultCache
+from inferd.core.errors import ClientGone, EngineError, Kind, deadline_passed
+from inferd.core.model_loader import ModelManager, ModelNotReady
+from inferd.core.preprocess import InputError, check_texts
+from inferd.core.slots import ModelSlot
+from inferd.core.work import Failure, Outcome, TaskResult, Ticket, WorkItem
+from inferd.utils.metrics import Metrics
+
+# Below this many characters a request is tokenised on the event loop; above, in a thread.
+_INLINE_TOKENIZE_CHARS = 4096
+# Input checks whose refusal is about length, not about the input's kind.
+_TOO_LONG = frozenset({"context_length_exceeded", "too_many_tokens", "text_too_long"})
+
+Disconnected = Callable[[], Awaitable[Any]]
+
+
+def _chars(item: Any) -> int:
+    return len(item) if isinstance(item, str) else sum(map(len, item))
+
+
+def input_refusal(exc: InputError) -> EngineError:
+    kind = Kind.TOO_LONG if exc.code in _TOO_LONG else Kind.INVALID_INPUT
+    return EngineError(kind, exc.message, exc.code, index=exc.index)
+
+
+def not_ready(exc: ModelNotReady) -> EngineError:
+    # The state only: a failed load's reason names filesystem paths (it is in the log and /admin/models).
+    kind = Kind.MODEL_FAILED if exc.state == "failed" else Kind.NOT_READY
+    return EngineError(kind, f"the model is not ready ({exc.state})", f"model_{exc.state}")
+
+
+class Admission:
+    def __init__(self, manager: ModelManager, settings: Settings, metrics: Metrics, queue: BatchQueue,
+                 policy: Policy, cache: ResultCache | None, worker_alive: Callable[[], bool]) -> None:
+        self.manager = manager
+        self.settings = settings
+        self.metrics = metrics
+        self.queue = queue
+        self.policy = policy
+        self.cache = cache
+        self.worker_alive = worker_alive
+        self.in_flight = 0
+        self.draining = False
+        # A drain ran out of time with work still running: stopping need not wait for the worker.
+        self.abandoned = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._idle = asyncio.Event()
+        # Long texts are tokenised in the thread pool; this many requests at a time, the rest wait their turn
+        # (so a few senders of huge texts cannot keep every request in preprocessing at once).
+        self._preprocessing = asyncio.Semaphore(settings.limits.preprocess_concurrency)
+        # Accepted requests not yet answered (queued or running): a drain that times out answers them all.
+        self._open: set[Ticket] = set()
+
+    def bind(self) -> None:
+        """On the event loop that will run the requests (at start)."""
+        self._loop = asyncio.get_running_loop()
+        self._idle.set()
+
+    def on_loop(self, fn: Callable[..., None], *args: Any) -> None:
+        """From any thread: run ``fn`` on the event loop (a no-op once the loop is gone)."""
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(fn, *args)
+
+    def deliver(self, outcome: Outcome) -> None:
+        """From the worker thread: an outcome, applied on the loop."""
+        self.on_loop(outcome.apply)
+
+    async def drain(self, timeout: float) -> bool:
+        """Refuse new work, wait for what was accepted; past the timeout answer the rest (draining)."""
+        self.draining = True
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout)
+            return True
+        except TimeoutError:
+            # Queued and running alike: a request still unanswered now gets its refusal rather than hang.
+            stuck = {id(i.ticket): i.ticket for i in self.queue.drain_all()}
+            stuck.update((id(t), t) for t in self._open)
+            self.abandoned = any(not t.closed for t in stuck.values())
+            Failure(list(stuck.values()), EngineError(
+                Kind.DRAINING, "the server is shutting down; retry on another instance")).apply()
+            return False
+
+    # -- one request -----------------------------------------------------------------------------------
+
+    async def run(self, inputs: list[Any], *, priority: int = 0, timeout_ms: float | None = None,
+                  routing_key: str | None = None, model: str | None = None, task: str | None = None,
+                  admit: Callable[[Mapping[str, Any]], None] | None = None,
+                  disconnected: Disconnected | None = None) -> TaskResult:
+        """One request's inputs (texts, or (query, document) pairs) through the model, one result each.
+
+        ``task`` refuses a model of another task; ``admit`` sees the picked model's description before any
+        work and may refuse the request (an EngineError) for what the model is.
+        """
+        if self.draining:
+            raise EngineError(Kind.DRAINING, "the server is draining; retry on another instance")
+        if not self.worker_alive():
+            # The cause (an exception's text) is for the log and /admin/models, not for every client.
+            raise EngineError(Kind.WORKER_DEAD, "the inference worker is not running")
+        inputs = self.precheck(inputs)
+        ceiling = self.settings.batching.max_priority
+        if priority > ceiling:
+            raise EngineError(Kind.INVALID_INPUT, f"priority {priority} is above the highest allowed here, "
+                              f"{ceiling} (batching.max_priority)", "priority_not_allowed", field="priority")
+        slot = await self._route(routing_key, model)
+        self._enter()
+        try:
+            if task is not None and slot.task != task:
+                raise EngineError(Kind.WRONG_TASK, f"this server serves the {slot.task} task, not {task}")
+            if admit is not None:
+                admit(slot.info)  # known before any work: refuse now rather than compute in vain
+            if self.cache is None:
+                result = await self._run_on(slot, inputs, priority, timeout_ms, disconnected)
+            else:
+                result = await self._run_cached(slot, inputs, priority, timeout_ms, disconnected)
+            # While the slot is held: its version's series cannot have been removed (slot freed) under us.
+            self.metrics.version_requests.labels(slot.version).inc()
+            self.metrics.task_items.labels(slot.task).inc(len(inputs))
+            return result
+        finally:
+            slot.release()
+            self._leave()
+
+    def precheck(self, inputs: Any) -> list[Any]:
+        """The checks that need no model: types, emptiness, counts, lengths (the index names the input).
+
+        Pairs (query, document) are checked by their documents, each one item; their query is the same for
+        all and checked by the route. The HTTP layer runs these checks too, while it parses a body, so a
+        huge refused body never outlives parsing.
+        """
+        limits = self.settings.limits
+        try:
+            if not isinstance(inputs, list):
+                raise InputError(None, f"must be a list of strings, not {type(inputs).__name__}", "invalid_type")
+            if inputs and isinstance(inputs[0], tuple):
+                check_texts([d for _, d in inputs], limits.max_items_per_request, limits.max_chars_per_text)
+                checked: list[Any] = inputs
+            else:
+                checked = check_texts(inputs, limits.max_items_per_request, limits.max_chars_per_text)
+            if len(checked) > self.queue.max_queue:
+                # "Overloaded, retry" would promise a retry that can never fit in the queue.
+                raise InputError(None, f"{len(checked)} texts given; at most {self.queue.max_queue} "
+                                 "(batching.max_queue) per request", "too_many_items")
+        except InputError as exc:
+            raise input_refusal(exc) from None
+        return checked
+
+    async def _route(self, routing_key: str | None, model: str | None) -> ModelSlot:
+        """The slot this request runs on, with a reference taken; lazy mode loads the model first."""
+        try:
+            if self.settings.model.load_mode == "lazy":
+                await self.manager.ensure_loaded()
+            return self.manager.pick(routing_key, model)
+        except ModelNotReady as exc:
+            raise not_ready(exc) from None
+
+    async def _preprocess(self, slot: ModelSlot, inputs: list[Any]) -> list[Any]:
+        if sum(map(_chars, inputs)) <= _INLINE_TOKENIZE_CHARS:
+            return slot.handler.preprocess(inputs)
+        async with self._preprocessing:
+            return await asyncio.to_thread(slot.handler.preprocess, inputs)
+
+    async def _run_on(self, slot: ModelSlot, inputs: list[Any], priority: int, timeout_ms: float | None,
+                      disconnected: Disconnected | None) -> TaskResult:
+        t0 = time.perf_counter()
+        try:
+            encoded = await self._preprocess(slot, inputs)
+        except InputError as exc:
+            raise input_refusal(exc) from None
+        pre_s = time.perf_counter() - t0
+        version = slot.version
+        self.metrics.preprocess_duration.labels(version).observe(pre_s)
+        if self.settings.batching.oversize == "reject":
+            for i, enc in enumerate(encoded):
+                if enc.tokens > self.policy.max_batch_tokens:
+                    raise EngineError(Kind.TOO_LONG, f"has {enc.tokens} tokens, more than "
+                                      f"batching.max_batch_tokens ({self.policy.max_batch_tokens})",
+                                      "too_many_tokens", index=i)
+        assert self._loop is not None
+        ticket = Ticket(self._loop.create_future(), len(encoded), slot)
+        now = time.monotonic()
+        deadline = now + (timeout_ms or self.settings.batching.default_timeout_ms) / 1000.0
+        items = [WorkItem(ticket, i, enc, enc.tokens, priority, now, deadline, self.queue.next_seq(), slot)
+                 for i, enc in enumerate(encoded)]
+        try:
+            self.queue.put(items)
+        except QueueFull:
+            raise EngineError(Kind.OVERLOADED, "the request queue is full; retry shortly") from None
+        except QueueClosed:
+            raise EngineError(Kind.DRAINING, "the server is shutting down") from None
+        self.metrics.queue_depth.set(len(self.queue))
+        self._open.add(ticket)
+        try:
+            await self._wait(ticket, items, deadline, disconnected)
+        finally:
+            self._open.discard(ticket)
+            if ticket.remaining:
+                # Answered early (an error, the deadline) or abandoned: the items still queued leave the queue
+                # before the caller lets go of the slot, so no batch can be handed out on a slot being freed.
+                ticket.close()
+                if self.queue.remove(items):
+                    self.metrics.queue_depth.set(len(self.queue))
+        if ticket.error is not None:
+            raise ticket.error
+        return TaskResult(
+            outputs=ticket.results, tokens=[e.tokens for e in encoded], model=slot.spec.name, version=version,
+            timings={"preprocess_ms": pre_s * 1e3, "queue_ms": ticket.queue_s * 1e3,
+                     "inference_ms": ticket.infer_s * 1e3, "postprocess_ms": ticket.post_s * 1e3,
+                     "batch_size": ticket.batch_size, "items": len(encoded)})
+
+    async def _run_cached(self, slot: ModelSlot, inputs: list[Any], priority: int, timeout_ms: float | None,
+                          disconnected: Disconnected | None) -> TaskResult:
+        """Answer what the cache holds for this very slot; queue only the rest, then remember it."""
+        assert self.cache is not None
+        # A pair is keyed by both its texts; one slot serves one task, so a pair's key never meets a text's.
+        keys = [t if isinstance(t, str) else orjson.dumps(t).decode() for t in inputs]
+        hits = self.cache.lookup(slot.load_id, keys)
+        todo = [i for i in range(len(inputs)) if i not in hits]
+        fresh = TaskResult([], [], slot.spec.name, slot.version, {"batch_size": 0, "items": 0})
+        if todo:
+            try:
+                fresh = await self._run_on(slot, [inputs[i] for i in todo], priority, timeout_ms, disconnected)
+            except EngineError as exc:
+                if exc.index is not None:  # an index into the inputs sent on: map it back to the request's
+                    exc.index = todo[exc.index]
+                raise
+            self.cache.store(slot.load_id, [keys[i] for i in todo], fresh.outputs, fresh.tokens)
+        outputs: list[Any] = [None] * len(inputs)
+        tokens = [0] * len(inputs)
+        for i, (output, count) in hits.items():
+            outputs[i], tokens[i] = output, count
+        for j, i in enumerate(todo):
+            outputs[i], tokens[i] = fresh.outputs[j], fresh.tokens[j]
+        timings = {**fresh.timings, "items": len(inputs), "cache_hits": len(hits)}
+        return TaskResult(outputs, tokens, fresh.model, fresh.version, timings)
+
+    async def _wait(self, ticket: Ticket, items: list[WorkItem], deadline: float,
+                    disconnected: Disconnected | None) -> None:
+        watcher = asyncio.ensure_future(disconnected()) if disconnected is not None else None
+        waiting = {ticket.future} if watcher is None else {ticket.future, watcher}
+        timeout: float | None = max(0.0, deadline - time.monotonic())
+        try:
+            while not ticket.future.done():
+                done, _ = await asyncio.wait(waiting, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+                if ticket.future.done():
+                    return
+                if watcher is not None and watcher in done:
+                    # The client went away: its queued items are dropped (and counted) before they run.
+                    ticket.close()
+                    if self.queue.remove(items):
+                        self.metrics.rejected.labels("disconnected").inc()
+                        self.metrics.queue_depth.set(len(self.queue))
+                    raise ClientGone
+                # The deadline passed. A busy worker would notice only after its batch; answer now, and take
+                # the items still queued out (under the queue's lock) so they are never computed.
+                if self.queue.remove(items) and not ticket.closed:
+                    self.metrics.queue_depth.set(len(self.queue))
+                    ticket.close(deadline_passed())
+                    return
+                timeout = None  # nothing of it is queued any more: it is running, its answer is coming
+        finally:
+            if watcher is not None:
+                watcher.cancel()
+
+    def _enter(self) -> None:
+        self.in_flight += 1
+        self._idle.clear()
+        self.metrics.in_flight.set(self.in_flight)
+
+    def _leave(self) -> None:
+        self.in_flight -= 1
+        self.metrics.in_flight.set(self.in_flight)
+        if self.in_flight == 0:
+            self._idle.set()

@@ -1,0 +1,64 @@
+"""The one table from engine refusal kinds to HTTP (api/errors.py), alone: status, headers, code, param and
+the reason a refusal is counted under. The statuses clients see end to end are held in tests/integration."""
+
+from __future__ import annotations
+
+import pytest
+
+from inferd.api.errors import KINDS, engine_refusal
+from inferd.core.errors import EngineError, Kind
+from inferd.utils.metrics import Metrics
+
+
+def rejected(metrics: Metrics, reason: str) -> float:
+    return metrics.registry.get_sample_value("inferd_requests_rejected_total", {"reason": reason}) or 0.0
+
+
+def test_every_kind_has_an_answer() -> None:
+    assert set(KINDS) == set(Kind)
+
+
+@pytest.mark.parametrize(("kind", "status", "code", "retry_after", "reason"), [
+    (Kind.INVALID_INPUT, 422, "invalid_value", None, "invalid"),
+    (Kind.TOO_LONG, 422, "text_too_long", None, "too_long"),
+    (Kind.WRONG_TASK, 404, "wrong_task", None, None),
+    (Kind.NOT_READY, 503, "model_not_ready", "1", "not_ready"),
+    (Kind.MODEL_FAILED, 503, "model_failed", "5", "not_ready"),
+    (Kind.MODEL_UNLOADED, 503, "model_unloaded", "1", None),
+    (Kind.WORKER_DEAD, 503, "worker_dead", "5", None),
+    (Kind.OVERLOADED, 503, "queue_full", "1", "overloaded"),
+    (Kind.DRAINING, 503, "draining", "1", "draining"),
+    (Kind.DEADLINE, 504, "deadline_exceeded", None, "deadline"),
+    (Kind.OOM, 507, "out_of_memory", None, "oom"),
+    (Kind.FAILED, 500, "inference_error", None, None),
+])
+def test_a_kind_becomes_its_status_headers_code_and_counted_reason(
+        kind: Kind, status: int, code: str, retry_after: str | None, reason: str | None) -> None:
+    metrics = Metrics()
+    err = engine_refusal(EngineError(kind, "why"), "input", True, metrics)
+    assert (err.status, err.code, err.headers.get("Retry-After")) == (status, code, retry_after)
+    if status == 422:
+        assert (err.param, err.message) == ("input", "input: why")
+    else:
+        assert (err.param, err.message) == (None, "why")  # only a 422 names a field
+    counted = {r: rejected(metrics, r) for r in ("invalid", "too_long", "not_ready", "overloaded", "draining",
+                                                  "deadline", "oom")}
+    assert counted == {r: float(r == reason) for r in counted}
+
+
+def test_the_route_names_the_input_at_fault_in_its_own_terms() -> None:
+    too_long = EngineError(Kind.TOO_LONG, "is too long", "text_too_long", index=3)
+    for field in ("input", "documents", "texts"):
+        err = engine_refusal(too_long, field, listed=True)
+        assert (err.param, err.message, err.code) == (f"{field}[3]", f"{field}[3]: is too long", "text_too_long")
+    # A single string sent as such is named without an index.
+    assert engine_refusal(too_long, "input", listed=False).param == "input"
+    # A refusal about another field names that field, whatever the inputs' field is.
+    priority = EngineError(Kind.INVALID_INPUT, "too high", "priority_not_allowed", field="priority")
+    err = engine_refusal(priority, "documents", listed=True)
+    assert (err.param, err.message, err.code) == ("priority", "priority: too high", "priority_not_allowed")
+
+
+def test_a_precise_code_wins_over_the_kinds_default() -> None:
+    err = engine_refusal(EngineError(Kind.NOT_READY, "loading", "model_loading"), "input", True)
+    assert (err.status, err.code, err.headers) == (503, "model_loading", {"Retry-After": "1"})
