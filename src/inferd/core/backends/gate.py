@@ -1,6 +1,6 @@
 """The accuracy gate: how far a converted model's outputs are from torch fp32's, and whether that is enough.
 
-The task's own outputs are compared (for embeddings: pooled, normalised vectors), text by text, on a
+The task's own outputs are compared (for embeddings: pooled and normalised), text by text, on a
 multilingual calibration set, at several batch shapes: each text alone, sorted batches of 32, shuffled
 batches of 32 (mixed lengths), and small batches padded to the model's length limit. Figures:
 cosine min and mean to torch (the worst shape's), top-10 neighbour overlap (retrieval agreement: of each
@@ -103,7 +103,7 @@ def read_calibration_file(path: Path) -> list[str]:
 def at_limit(probe: Probe, texts: Sequence[str], start: int = 0) -> Encoded:
     """A long document that fills the model's length limit (truncated, or cut to fit): the texts from
     ``start`` on, joined. Distinct texts, not one text repeated: a phrase repeated a hundred times is an
-    input no encoder was trained on, and its vector says little about a long passage's."""
+    input no encoder was trained on, and its output says little about a long passage's."""
     parts: list[str] = []
     size = 0
     # 12 characters per token is more than any English word-piece takes, so the limit is always reached.
@@ -218,7 +218,7 @@ def measure(probe: Probe, reference: Runner, candidate: Runner, texts: Sequence[
     filler = at_limit(probe, texts)
     batch_plans = plans(seed)
     ref = outputs(probe, reference, items, batch_plans["32 sorted"](items), filler)
-    vectors = ref.ndim == 2 and ref.shape[1] > 1 and len(items) > OVERLAP_K
+    ranked = ref.ndim == 2 and ref.shape[1] > 1 and len(items) > OVERLAP_K
     shapes: dict[str, dict[str, float | None]] = {}
     per_shape: dict[str, np.ndarray] = {}
     for name, plan in batch_plans.items():
@@ -226,7 +226,7 @@ def measure(probe: Probe, reference: Runner, candidate: Runner, texts: Sequence[
         per_shape[name] = got
         cos = cosines(ref, got)
         shapes[name] = {"cosine_min": round(float(cos.min()), 7), "cosine_mean": round(float(cos.mean()), 7),
-                        "overlap_at_10": round(overlap_at_k(ref, got), 4) if vectors else None}
+                        "overlap_at_10": round(overlap_at_k(ref, got), 4) if ranked else None}
     alone = per_shape["1"]
     invariance = min(float(cosines(alone, v).min()) for name, v in per_shape.items() if name != "1")
     overlaps = [s["overlap_at_10"] for s in shapes.values() if s["overlap_at_10"] is not None]

@@ -2,12 +2,12 @@
 
 The export is torch's TorchScript exporter with ``dynamic_axes`` on every input and on the output, traced
 with a padded example: a graph traced without dynamic axes (or from an all-ones mask) bakes the example's
-shape or its masking in, and gives wrong vectors for other batches. The equivalence tests and the accuracy
+shape or its masking in, and gives wrong outputs for other batches. The equivalence tests and the accuracy
 gate check the graph at other shapes than the example's. (torch's newer dynamo exporter needs onnxscript,
 which this project does not install.)
 
 int8 is ONNX Runtime's static quantisation (QDQ, per-channel weights, activation ranges from calibration):
-dynamic quantisation computes activation scales over each batch, padding included, so a text's vector
+dynamic quantisation computes activation scales over each batch, padding included, so a text's output
 would change with the texts it is batched with (and it measured 0.976 cosine min on MiniLM).
 """
 
@@ -42,7 +42,7 @@ def _ort() -> Any:
 
 
 def export(model: torch.nn.Module, folder: Path) -> Path:
-    """Export to ``folder``/model.onnx with every batch and sequence dimension dynamic."""
+    """Export to ``folder``/model.onnx with every batch and sequence axis dynamic."""
     _ort()
     wrapper = ExportWrapper(model).eval()
     axes = {name: {0: "batch", 1: "sequence"} for name in (*wrapper.inputs, "last_hidden_state")}
@@ -123,6 +123,7 @@ def quantize_static(source: Path, folder: Path, samples: Iterable[dict[str, Any]
 class OnnxRunner:
     backend = "onnx"
     uses_torch_allocator = False
+    pads = True  # dynamic shapes, but every row runs to the batch's longest
 
     def __init__(self, graph_path: Path, dtype: str, quantize: str, threads: int = 0,
                  info: dict[str, Any] | None = None) -> None:

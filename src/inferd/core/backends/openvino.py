@@ -1,6 +1,6 @@
 """OpenVINO: the torch module converted directly (no ONNX in between), NNCF for int8, compiled for the CPU.
 
-Conversion traces the module once with dynamic batch and sequence dimensions, so one graph serves every
+Conversion traces the module once with dynamic batch and sequence axes, so one graph serves every
 batch shape. ``dtype`` is not baked into the graph: it is the CPU plugin's inference precision, chosen when
 the graph is compiled (the plugin would pick bf16 by itself on a CPU with native bf16, so float32 is asked
 for explicitly).
@@ -102,6 +102,7 @@ def quantize_static(graph: Any, samples: Iterable[dict[str, Any]], subset_size: 
 class OpenVINORunner:
     backend = "openvino"
     uses_torch_allocator = False
+    pads = True  # dynamic shapes, but every row runs to the batch's longest
 
     def __init__(self, graph_path: Path, dtype: str, quantize: str, threads: int = 0,
                  compile_cache: Path | None = None, info: dict[str, Any] | None = None) -> None:

@@ -46,6 +46,7 @@ class TorchRunner:
 
     backend = "torch"
     quantize = "none"
+    pads = True  # eager transformers computes every padded position
 
     def __init__(self, model: torch.nn.Module, device: torch.device, dtype: str = "float32",
                  info: dict[str, Any] | None = None) -> None:
