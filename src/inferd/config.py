@@ -71,6 +71,8 @@ class ModelSettings(_Section):
     # The forward pass's runtime; onnx and openvino export the model once into cache_dir.
     backend: Literal["torch", "onnx", "openvino"] = "torch"
     quantize: Literal["none", "int8-weights", "int8"] = "none"
+    # The torch backend on real tokens only (core/backends/varlen.py); auto: BERT encoders on the CPU.
+    unpadded: bool | Literal["auto"] = "auto"
     # None = $XDG_CACHE_HOME/inferd (~/.cache/inferd).
     cache_dir: str | None = None
     # Texts for int8 calibration and the gate (one per line, or JSON lines with "text"); None = built-in.

@@ -84,6 +84,8 @@ def test_cpu_flags_are_read_from_cpuinfo(tmp_path: Path) -> None:
     (BackendOptions(backend="torch", quantize="int8"), "needs model.backend onnx or openvino"),
     (BackendOptions(backend="onnx", quantize="int8-weights"), "OpenVINO's"),
     (BackendOptions(backend="openvino", quantize="int4"), "model.quantize 'int4'"),
+    (BackendOptions(unpadded="maybe"), "model.unpadded 'maybe'"),
+    (BackendOptions(backend="onnx", unpadded="true"), "model.unpadded true is the torch backend's"),
 ])
 def test_option_combinations_that_cannot_work_are_refused(options: BackendOptions, words: str) -> None:
     with pytest.raises(BackendError, match=words):
@@ -116,6 +118,39 @@ def test_bad_backend_settings_name_the_key() -> None:
         load_settings(overrides={"model.backend": "tensorrt"}, environ={})
     with pytest.raises(ConfigError, match="model.gate.int8_cosine_min"):
         load_settings(overrides={"model.gate.int8_cosine_min": 1.5}, environ={})
+
+
+def test_unpadded_reaches_the_options_as_auto_true_or_false() -> None:
+    def options(**overrides: object) -> BackendOptions:
+        return options_for(spec_from_settings(load_settings(overrides=overrides, environ={})))
+
+    assert options().unpadded == "auto"
+    assert options(**{"model.unpadded": True}).unpadded == "true"
+    assert options(**{"model.unpadded": False}).unpadded == "false"
+    env = load_settings(environ={"INFERD__MODEL__UNPADDED": "false"})
+    assert options_for(spec_from_settings(env)).unpadded == "false"
+    check_options(BackendOptions(backend="onnx", unpadded="auto"), CPU)  # auto leaves the graph runtimes be
+
+
+def test_a_bad_unpadded_setting_names_the_key() -> None:
+    from inferd.config import ConfigError
+
+    with pytest.raises(ConfigError, match="model.unpadded"):
+        load_settings(overrides={"model.unpadded": "sometimes"}, environ={})
+
+
+def test_every_runner_says_whether_padding_costs_compute() -> None:
+    """The scheduler's padding floor follows ``pads``: eager torch and both graph runtimes run every row to
+    the batch's longest text; the unpadded torch runner computes real tokens only (test_varlen.py shows it)."""
+    from inferd.core.backends.base import Runner
+    from inferd.core.backends.onnx import OnnxRunner
+    from inferd.core.backends.openvino import OpenVINORunner
+    from inferd.core.backends.torch import TorchRunner
+    from inferd.core.backends.varlen import VarlenRunner
+
+    assert "pads" in Runner.__annotations__
+    assert {c.__name__: c.pads for c in (TorchRunner, OnnxRunner, OpenVINORunner, VarlenRunner)} == {
+        "TorchRunner": True, "OnnxRunner": True, "OpenVINORunner": True, "VarlenRunner": False}
 
 
 def test_defaults_keep_torch_fp32() -> None:

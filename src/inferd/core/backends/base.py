@@ -20,6 +20,7 @@ from inferd.core.handler import ModelLoadError
 log = logging.getLogger(__name__)
 
 BACKENDS = ("torch", "onnx", "openvino")
+UNPADDED = ("auto", "true", "false")
 QUANTIZE = ("none", "int8-weights", "int8")
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 # The graph's inputs, in this order; a runner feeds zeros for token_type_ids when the task has none.
@@ -57,6 +58,8 @@ class BackendOptions:
     calibration_texts: int = 300
     # Intra-op threads for ONNX Runtime / OpenVINO; 0 = torch's count (runtime.torch_threads sets it).
     threads: int = 0
+    # The torch backend on real tokens only (varlen.py): auto | true | false.
+    unpadded: str = "auto"
 
 
 class Runner(Protocol):
@@ -66,6 +69,9 @@ class Runner(Protocol):
     device: torch.device
     # Whether memory lives in torch's (CUDA) caching allocator: only then may the memory guard empty it.
     uses_torch_allocator: bool
+    # Whether padded positions cost compute (a batch costs its size times its longest text): a padding floor
+    # is for runners that pad; a batch on one that does not costs its real tokens, whatever their lengths.
+    pads: bool
     # What /info shows about how this forward pass runs (cache, export, gate figures).
     info: dict[str, Any]
 
@@ -78,12 +84,15 @@ def options_for(spec: Any) -> BackendOptions:
     """The backend options a ModelSpec carries."""
     thresholds = dict(spec.gate)
     sizes = {k: int(thresholds.pop(k)) for k in ("texts", "calibration_texts") if k in thresholds}
+    # YAML and the environment give true/false as booleans; a spec without the field means auto.
+    unpadded = getattr(spec, "unpadded", "auto")
     return BackendOptions(
         backend=spec.backend, dtype=spec.dtype, quantize=spec.quantize,
         cache_dir=Path(spec.cache_dir).expanduser() if spec.cache_dir else None,
         calibration_file=Path(spec.calibration_file).expanduser() if spec.calibration_file else None,
         gate=GateThresholds(**thresholds), gate_texts=sizes.get("texts", 256),
-        calibration_texts=sizes.get("calibration_texts", 300))
+        calibration_texts=sizes.get("calibration_texts", 300),
+        unpadded=str(unpadded).lower() if isinstance(unpadded, bool) else str(unpadded))
 
 
 def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> set[str]:
@@ -139,6 +148,11 @@ def check_options(options: BackendOptions, device: torch.device) -> None:
     """Combinations that cannot work, refused before anything loads."""
     if options.backend not in BACKENDS:
         raise BackendError(f"model.backend {options.backend!r}: choose one of {', '.join(BACKENDS)}")
+    if options.unpadded not in UNPADDED:
+        raise BackendError(f"model.unpadded {options.unpadded!r}: choose one of {', '.join(UNPADDED)}")
+    if options.unpadded == "true" and options.backend != "torch":
+        raise BackendError(f"model.unpadded true is the torch backend's; {options.backend} runs every row to the "
+                           "batch's longest (set model.unpadded: auto)")
     if options.quantize not in QUANTIZE:
         raise BackendError(f"model.quantize {options.quantize!r}: choose one of {', '.join(QUANTIZE)}")
     if options.backend == "torch" and options.quantize != "none":

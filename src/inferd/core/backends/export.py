@@ -35,6 +35,7 @@ from inferd.core.backends.base import (
     resolve_dtype,
 )
 from inferd.core.backends.torch import TorchRunner, load_model
+from inferd.core.backends.varlen import VarlenRunner, choose
 
 log = logging.getLogger(__name__)
 
@@ -203,8 +204,11 @@ def open_backend(path: Path, options: BackendOptions, device: torch.device, prob
     dtype, why = resolve_dtype(options.dtype, options.backend, device, quantize=options.quantize)
     threads = options.threads or torch.get_num_threads()
     if options.backend == "torch":
-        log.info("backend torch, dtype %s (%s)", dtype, why)
-        return TorchRunner(load_model(path, safetensors), device, dtype, {"dtype_reason": why})
+        model = load_model(path, safetensors)
+        unpadded, how = choose(options.unpadded, model, device)
+        log.info("backend torch, dtype %s (%s), %s (%s)", dtype, why, "unpadded" if unpadded else "padded", how)
+        runner = VarlenRunner if unpadded else TorchRunner
+        return runner(model, device, dtype, {"dtype_reason": why, "unpadded": unpadded, "unpadded_reason": how})
     root = (options.cache_dir or default_cache_dir()).expanduser()
     _, _, calibration = _texts(options) if options.calibration_file else (None, None, "builtin:1")
     key = entry_key(folder_digest(path), options, dtype, probe.max_seq_length, calibration)

@@ -1,0 +1,199 @@
+"""Unpadded ("varlen") torch forward pass for BERT encoders: only the real tokens are computed.
+
+A padded batch pays for every padded position in every layer: a text of 20 tokens batched with one of 256
+costs as much as a text of 256. Here every token-wise layer (embeddings, the Q/K/V and output projections,
+the layer norms, the feed-forward) runs once over the real tokens of the whole batch, packed into one
+``[tokens, hidden]`` matrix, and attention, the only part that mixes tokens, runs per sequence on that
+sequence's slice. This is how text-embeddings-inference runs encoders on GPUs; bench/padding.py measures it
+against padded torch, ONNX Runtime, OpenVINO and nested tensors on the CPU.
+
+The forward pass is written over the loaded transformers ``BertModel``'s own modules (its weights, layer-norm
+epsilons and activation), in the same order of operations, so its outputs match the padded forward pass
+(cosine >= 0.9999, tests/unit/test_varlen.py). It is returned in the padded ``[batch, length, hidden]``
+shape the task pools, with zeros at padded positions, so the task calls it like any runner.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F  # noqa: N812 (torch's own convention)
+
+from inferd.core.backends.base import BackendError
+from inferd.core.backends.torch import TorchRunner
+
+# Architectures whose embeddings and layers are BERT's, position ids included (RoBERTa has BERT's modules
+# but counts positions from the padding id, which packing would change): checked, not guessed.
+ARCHITECTURES = ("bert",)
+
+
+@dataclass(frozen=True)
+class Packed:
+    """Where a padded batch's real tokens are: row-major flat positions and each row's slice."""
+
+    index: torch.Tensor  # flat positions (row * length + column) of the kept tokens, in row-major order
+    offsets: tuple[int, ...]  # row i's tokens are packed rows offsets[i]:offsets[i + 1]
+    keep: torch.Tensor  # the boolean mask, [batch, length]
+    full: bool  # no padding at all (one text, or texts of one length): packing is a reshape
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return int(self.keep.shape[0]), int(self.keep.shape[1])
+
+
+def pack(mask: torch.Tensor) -> Packed:
+    keep = mask.bool()
+    index = keep.reshape(-1).nonzero().squeeze(1)
+    offsets = (0, *torch.cumsum(keep.sum(dim=1), 0).tolist())
+    return Packed(index, offsets, keep, offsets[-1] == keep.numel())
+
+
+# attention(query, key, value, packed, heads) -> context; the projections are [tokens, hidden].
+Attention = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, Packed, int], torch.Tensor]
+
+
+def _batched(t: torch.Tensor, batch: int, heads: int) -> torch.Tensor:
+    """[batch * length, hidden] as [batch, heads, length, size] (a view)."""
+    return t.view(batch, -1, heads, t.shape[1] // heads).transpose(1, 2)
+
+
+def _unbatched(ctx: torch.Tensor) -> torch.Tensor:
+    batch, heads, length, size = ctx.shape
+    return ctx.transpose(1, 2).reshape(batch * length, heads * size)
+
+
+def attention_per_sequence(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, packed: Packed,
+                           heads: int) -> torch.Tensor:
+    """Each sequence attends over its own slice only: no mask, nothing padded; one call per sequence."""
+    if packed.full:  # rows of one length: one batched call is the same computation
+        batch = packed.shape[0]
+        return _unbatched(F.scaled_dot_product_attention(*(_batched(t, batch, heads) for t in (q, k, v))))
+    size = q.shape[1] // heads
+    out = torch.empty_like(q)
+    for start, end in zip(packed.offsets, packed.offsets[1:], strict=False):
+        n = end - start
+        if n == 0:
+            continue
+        # [heads, tokens, size] views of this sequence's slice: no copy before the kernel.
+        qs, ks, vs = (t[start:end].view(n, heads, size).transpose(0, 1) for t in (q, k, v))
+        out[start:end] = F.scaled_dot_product_attention(qs, ks, vs).transpose(0, 1).reshape(n, heads * size)
+    return out
+
+
+def attention_padded(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, packed: Packed,
+                     heads: int) -> torch.Tensor:
+    """One masked call over the projections scattered back to [batch, heads, longest, size]: the padded
+    positions cost attention (a small share of an encoder layer's work at these lengths), and none of the
+    per-sequence calls' overhead."""
+    batch = packed.shape[0]
+    if packed.full:
+        return _unbatched(F.scaled_dot_product_attention(*(_batched(t, batch, heads) for t in (q, k, v))))
+    ctx = F.scaled_dot_product_attention(*(_batched(unpack(t, packed).view(-1, t.shape[1]), batch, heads)
+                                           for t in (q, k, v)), attn_mask=packed.keep[:, None, None, :])
+    return _unbatched(ctx)[packed.index]
+
+
+def unsupported(model: torch.nn.Module) -> str | None:
+    """Why this module cannot run unpadded, or None."""
+    config = getattr(model, "config", None)
+    kind = getattr(config, "model_type", None)
+    if kind not in ARCHITECTURES:
+        return f"unpadded execution is written for {', '.join(ARCHITECTURES)} encoders; this model is {kind!r}"
+    if getattr(config, "is_decoder", False) or getattr(config, "add_cross_attention", False):
+        return "unpadded execution is for encoders; this BERT is configured as a decoder"
+    if getattr(config, "position_embedding_type", "absolute") != "absolute":
+        return f"unpadded execution needs absolute positions, not {config.position_embedding_type!r}"
+    if not (hasattr(model, "embeddings") and hasattr(model, "encoder")):
+        return f"{type(model).__name__} is not a bare encoder (no embeddings/encoder modules)"
+    return None
+
+
+def embed(model: Any, ids: torch.Tensor, token_type_ids: torch.Tensor | None, packed: Packed) -> torch.Tensor:
+    """BERT's embeddings for the kept tokens: word + segment + absolute position (the column), normalised."""
+    emb = model.embeddings
+    length = packed.shape[1]
+    x = emb.word_embeddings(ids.reshape(-1) if packed.full else ids.reshape(-1)[packed.index])
+    if token_type_ids is None:
+        x = x + emb.token_type_embeddings.weight[0]  # what transformers' all-zero segment buffer selects
+    else:
+        x = x + emb.token_type_embeddings(token_type_ids.reshape(-1)[packed.index])
+    x = x + emb.position_embeddings(packed.index % length)
+    return emb.LayerNorm(x)
+
+
+def encode(model: Any, x: torch.Tensor, packed: Packed, attention: Attention) -> torch.Tensor:
+    """The encoder layers over packed tokens, as transformers' BertLayer orders them (post-norm)."""
+    for layer in model.encoder.layer:
+        sa = layer.attention.self
+        ctx = attention(sa.query(x), sa.key(x), sa.value(x), packed, sa.num_attention_heads)
+        x = layer.attention.output.LayerNorm(layer.attention.output.dense(ctx) + x)
+        hidden = layer.intermediate.intermediate_act_fn(layer.intermediate.dense(x))
+        x = layer.output.LayerNorm(layer.output.dense(hidden) + x)
+    return x
+
+
+def unpack(x: torch.Tensor, packed: Packed) -> torch.Tensor:
+    """The packed rows back in the padded shape, zeros where the batch was padded."""
+    batch, length = packed.shape
+    if packed.full:
+        return x.view(batch, length, x.shape[1])
+    out = x.new_zeros(batch * length, x.shape[1])
+    out[packed.index] = x
+    return out.view(batch, length, x.shape[1])
+
+
+def forward(model: Any, ids: torch.Tensor, mask: torch.Tensor, token_type_ids: torch.Tensor | None = None,
+            attention: Attention = attention_per_sequence) -> torch.Tensor:
+    """The last hidden state of a padded batch, computed on its real tokens only."""
+    packed = pack(mask)
+    x = encode(model, embed(model, ids, token_type_ids, packed), packed, attention)
+    return unpack(x, packed)
+
+
+def choose(setting: str, model: torch.nn.Module, device: torch.device) -> tuple[bool, str]:
+    """Whether the torch backend runs this model unpadded (``model.unpadded``), and why (for the log and /info).
+
+    ``auto`` means: unpadded for a BERT encoder on the CPU, where bench/padding.py measured it; padded on a GPU
+    (not measured: a loop of small attention calls may cost more there than the padding it saves) and for
+    any other architecture. ``true`` insists and refuses a model it cannot run.
+    """
+    reason = unsupported(model)
+    if setting == "false":
+        return False, "model.unpadded: false"
+    if setting == "true":
+        if reason is not None:
+            raise BackendError(f"model.unpadded: true, but {reason} (set model.unpadded: auto or false)")
+        return True, "model.unpadded: true"
+    if reason is not None:
+        return False, f"auto: {reason}"
+    if device.type != "cpu":
+        return False, f"auto: padded on {device.type} (unpadded execution is measured on the CPU only)"
+    return True, "auto: a BERT encoder on the CPU runs on its real tokens only"
+
+
+class VarlenRunner(TorchRunner):
+    """The torch backend without padding cost (``model.unpadded``): same weights, dtype and autocast rules
+    as TorchRunner, a forward pass over real tokens only."""
+
+    pads = False
+
+    def __init__(self, model: torch.nn.Module, device: torch.device, dtype: str = "float32",
+                 info: dict[str, Any] | None = None) -> None:
+        reason = unsupported(model)
+        if reason is not None:
+            raise BackendError(f"model.unpadded: {reason} (set model.unpadded: false or auto)")
+        super().__init__(model, device, dtype, info)
+        self.info["unpadded"] = True
+
+    def __call__(self, ids: torch.Tensor, mask: torch.Tensor,
+                 token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
+        if self.model is None:
+            raise RuntimeError("the torch runner was closed")
+        segments = token_type_ids.to(self.device) if token_type_ids is not None and self._token_types else None
+        ctx = torch.autocast("cpu", dtype=torch.bfloat16) if self._autocast else contextlib.nullcontext()
+        with torch.inference_mode(), ctx:
+            return forward(self.model, ids.to(self.device), mask.to(self.device), segments)
