@@ -13,7 +13,15 @@ from inferd.bench.corpus import texts as corpus_texts
 from inferd.core.backends import open_backend
 from inferd.core.backends.base import BackendError, BackendOptions
 from inferd.core.backends.torch import TorchRunner
-from inferd.core.backends.varlen import VarlenRunner, choose, pack
+from inferd.core.backends.varlen import (
+    Attention,
+    VarlenRunner,
+    attention_padded,
+    attention_per_sequence,
+    choose,
+    forward,
+    pack,
+)
 from inferd.core.handler import EmbeddingHandler, ModelSpec
 from inferd.core.model_loader import load_handler
 
@@ -124,7 +132,21 @@ def test_pack_lists_each_rows_slice() -> None:
     packed = pack(mask)
     assert packed.offsets == (0, 3, 4, 8)
     assert packed.index.tolist() == [0, 1, 2, 4, 8, 9, 10, 11]
-    assert packed.shape == (3, 4)
+    assert packed.shape == (3, 4) and not packed.full
+    assert pack(torch.ones(2, 5)).full  # texts of one length: packing is a reshape
+
+
+@pytest.mark.parametrize("attention", [attention_per_sequence, attention_padded])
+def test_both_attention_layouts_give_transformers_outputs(handler: EmbeddingHandler, padded: TorchRunner,
+                                                          attention: Attention) -> None:
+    """Per-sequence calls (served) and one masked padded call (bench/padding.py compares them); a batch of
+    one length takes the single batched call either way."""
+    for texts in (MIXED, [MIXED[5]] * 3):
+        ids, mask = handler.collate(handler.preprocess(texts))
+        keep = mask.bool()
+        with torch.inference_mode():
+            got = forward(handler.runner.model, ids, mask, attention=attention)
+        torch.testing.assert_close(got[keep], padded(ids, mask)[keep], rtol=1e-4, atol=1e-5)
 
 
 def test_bf16_autocast_stays_within_the_half_gate(handler: EmbeddingHandler, padded: TorchRunner) -> None:
