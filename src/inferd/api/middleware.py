@@ -26,8 +26,8 @@ access_log = logging.getLogger("inferd.access")
 _SAFE_ID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
 # Known paths are metric labels as they are; anything else is one label, so 404 scans cannot explode them.
 KNOWN_PATHS = frozenset({
-    "/predict", "/v1/embeddings", "/v1/rerank", "/rerank", "/v1/classify", "/v1/models", "/info", "/health",
-    "/health/live", "/health/ready",
+    "/predict", "/v1/embeddings", "/v1/rerank", "/v2/rerank", "/rerank", "/v1/classify", "/v1/models", "/info",
+    "/health", "/health/live", "/health/ready",
     "/metrics", "/admin/memory", "/admin/models/reload", "/admin/models/canary", "/admin/models/promote",
     "/admin/models/rollback", "/admin/models",
 })

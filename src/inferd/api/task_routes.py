@@ -69,8 +69,12 @@ def _usage(result: TaskResult) -> dict[str, int]:
 
 @task_router.post("/v1/rerank", openapi_extra=request_body(RerankRequest),
                   responses=responses(RerankResponse, *_INFERENCE_ERRORS))
+@task_router.post("/v2/rerank", openapi_extra=request_body(RerankRequest),
+                  responses=responses(RerankResponse, *_INFERENCE_ERRORS))
 async def rerank(request: Request) -> Response:
-    """Cohere / Jina / vLLM / infinity rerank: ``{"query", "documents", "top_n"?, "return_documents"?}``."""
+    """Cohere / Jina / vLLM / infinity rerank: ``{"query", "documents", "top_n"?, "return_documents"?}``.
+
+    Also on /v2/rerank, where Cohere's v2 client (``cohere.ClientV2``) sends the same body."""
     require_task(request, "rerank")
     body = await read_body(request, RerankRequest,
                            lambda b: _pairs_checked(request, b.query, b.documents, "documents"))
