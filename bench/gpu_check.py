@@ -225,7 +225,9 @@ def oom_child(model: Path, fraction: float) -> int:
                 await engine.embed([long_texts[0]])
                 alone = 200
             except EngineError as exc:
-                alone = exc.status
+                from inferd.api.errors import KINDS
+
+                alone = KINDS[exc.kind].status  # core says what went wrong; the API table says the status
             torch.cuda.set_per_process_memory_fraction(1.0)
             after = await engine.embed(["short text after the storm"])
             return {"requests": len(results), "ok": len(ok), "oom": oom, "batch_sizes": sorted(set(sizes)),

@@ -336,3 +336,20 @@ def test_a_posted_chore_reaches_the_taker_even_with_nothing_queued():
     assert decision is not None and decision.empty and len(decision.chores) == 1
     decision.chores[0]()
     assert ran == ["freed"] and queue.take_chores() == []
+
+
+@dataclass(eq=False)
+class Unpadded:
+    pads: bool = False
+
+
+def test_the_padding_floor_follows_the_group_a_backend_without_padding_cost_has_none():
+    # The same 0.46 mix: a group that says padding costs it nothing (varlen) batches it; one that pads does not.
+    free, paying = Unpadded(), Unpadded(pads=True)
+    items = [Item(40, group=free), Item(36, group=free), Item(200, group=free)]
+    assert len(next_batch(items, 1.0, policy(min_padding_efficiency=0.8)).batch) == 3
+    items = [Item(40, group=paying), Item(36, group=paying), Item(200, group=paying)]
+    assert len(next_batch(items, 1.0, policy(min_padding_efficiency=0.8)).batch) == 2
+    # The token budget still holds without a floor.
+    items = [Item(40, group=free), Item(36, group=free), Item(200, group=free)]
+    assert len(next_batch(items, 1.0, policy(min_padding_efficiency=0.8, max_batch_tokens=450)).batch) == 2

@@ -3,7 +3,8 @@
 ``next_batch`` is a pure function of the pending items, the time and the policy: it decides which items
 run together, which have passed their deadline and which belong to requests that are gone. The queue
 only holds items and wakes the worker. Neither knows about HTTP or torch: an item is opaque work with a
-token cost, a priority, a deadline and a group (the model slot it must run on).
+token cost, a priority, a deadline and a group (the model slot it must run on). A group whose ``pads`` is
+False (a backend that computes real tokens only) gets no padding floor: padding costs it nothing.
 """
 
 from __future__ import annotations
@@ -91,12 +92,13 @@ def next_batch(pending: Sequence[Schedulable], now: float, policy: Policy) -> De
     window.sort(key=lambda it: abs(it.tokens - head.tokens))
     batch = [head]
     longest = real = head.tokens
+    floor = policy.min_padding_efficiency if getattr(head.group, "pads", True) else 0.0
     for item in window:
         if len(batch) >= policy.max_batch_size:
             break
         widest = max(longest, item.tokens)
         padded = widest * (len(batch) + 1)
-        if padded > policy.max_batch_tokens or real + item.tokens < policy.min_padding_efficiency * padded:
+        if padded > policy.max_batch_tokens or real + item.tokens < floor * padded:
             continue
         batch.append(item)
         longest = widest

@@ -40,13 +40,15 @@ class ModelSlot:
         self._on_freed = on_freed
         # Read once: describing a slot must not touch a handler that a concurrent swap may be freeing.
         self.task = task_of(handler)
+        # Whether padded positions cost this model compute (the scheduler's padding floor follows it).
+        self.pads = bool(getattr(getattr(handler, "runner", None), "pads", True))
         # The task's own facts (an embedding's size, a classifier's labels) sit beside the common ones.
         self.info: dict[str, Any] = {
             "name": spec.name, "version": spec.version, "path": str(spec.path), "task": self.task,
             **describe(handler),
             "max_seq_length": getattr(handler, "max_seq_length", None),
             "device": str(getattr(handler, "device", "")), "dtype": getattr(handler, "dtype", None),
-            "load_seconds": round(load_seconds, 3)}
+            "load_seconds": round(load_seconds, 3), "pads": self.pads}
         self.freed = threading.Event()
         self._refs = 0
         self._retired = False

@@ -1,0 +1,31 @@
+"""A slot says whether padding costs its model compute, from the backend the model runs on: the scheduler's
+padding floor (core/batcher.py) follows it, and /info shows it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from fakes import HashHandler
+
+from inferd.core.model_loader import load_handler
+from inferd.core.slots import ModelSlot
+from inferd.core.spec import ModelSpec
+
+
+@pytest.mark.parametrize(("unpadded", "pads"), [(True, False), (False, True)])
+def test_a_slot_pads_as_its_runner_does(tiny_model: Path, unpadded: bool, pads: bool) -> None:
+    spec = ModelSpec(tiny_model, "1", device="cpu", unpadded=unpadded, warmup=False)
+    handler = load_handler(spec)
+    try:
+        slot = ModelSlot(handler, spec, 0.0)
+        assert slot.pads is pads and slot.info["pads"] is pads
+        assert handler.runner.pads is pads  # type: ignore[attr-defined]
+    finally:
+        handler.close()
+
+
+def test_a_handler_without_a_runner_is_taken_to_pad(tmp_path: Path) -> None:
+    handler = HashHandler()
+    handler.load(ModelSpec(tmp_path, "1"), None)  # type: ignore[arg-type]
+    assert ModelSlot(handler, ModelSpec(tmp_path, "1"), 0.0).pads is True
