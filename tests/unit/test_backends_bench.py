@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 import pytest
 
@@ -16,11 +17,17 @@ def test_configurations_parse_in_any_order() -> None:
         Config("openvino", "bfloat16", "int8")]
     assert Config("openvino", "bfloat16", "int8").name == "openvino bf16 int8"
     assert Config("torch").name == "torch fp32"
+    assert parse_configs("torch:padded:bfloat16") == [Config("torch", "bfloat16", padded=True)]
+    assert Config("torch", padded=True).name == "torch fp32 padded"
+    assert Config("torch", padded=True).env(Path("/c"))["INFERD__MODEL__UNPADDED"] == "false"
+    assert "INFERD__MODEL__UNPADDED" not in Config("torch").env(Path("/c"))
 
 
 @pytest.mark.parametrize(("spec", "words"), [
     ("tensorrt", "backend must be one of"),
     ("openvino:int4", "at most one dtype"),
+    ("openvino:padded", "at most one dtype"),
+    ("torch:padded:padded", "at most one dtype"),
     ("openvino:bfloat16:float32", "at most one dtype"),
     (" , ", "no backend configuration"),
 ])

@@ -1,6 +1,7 @@
 """The backends phase of ``inferd bench``: every configured runtime on the same corpus, side by side.
 
-For each configuration (``backend[:dtype][:quantize]``, e.g. ``openvino:bfloat16`` or ``onnx:int8``):
+For each configuration (``backend[:dtype][:quantize]``, e.g. ``openvino:bfloat16`` or ``onnx:int8``; ``torch:padded``
+is torch with the padded forward pass instead of the default, unpadded on a CPU):
   cold start  ``inferd serve`` with an empty export cache: export, quantisation and the accuracy gate included;
   accuracy    its vectors against sentence-transformers' on the corpus, worst over four batch shapes (one
               text, sorted 32, shuffled 32, padded to the limit), and the top-10 neighbour overlap;
@@ -30,8 +31,8 @@ from inferd.bench.procs import ServerFailed, ServerProc, start_inferd
 from inferd.core.backends import gate
 from inferd.core.backends.base import BACKENDS, DTYPES, QUANTIZE
 
-DEFAULT_CONFIGS = ("torch,torch:bfloat16,onnx,onnx:int8,openvino,openvino:bfloat16,openvino:int8-weights,"
-                   "openvino:int8")
+DEFAULT_CONFIGS = ("torch,torch:padded,torch:bfloat16,onnx,onnx:int8,openvino,openvino:bfloat16,"
+                   "openvino:int8-weights,openvino:int8")
 _SHORT = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "auto": "auto"}
 
 
@@ -40,14 +41,19 @@ class Config:
     backend: str
     dtype: str = "float32"
     quantize: str = "none"
+    padded: bool = False  # torch only: the padded forward pass (model.unpadded: false) instead of auto
 
     @property
     def name(self) -> str:
-        return " ".join([self.backend, _SHORT[self.dtype], *([self.quantize] if self.quantize != "none" else [])])
+        return " ".join([self.backend, _SHORT[self.dtype], *([self.quantize] if self.quantize != "none" else []),
+                         *(["padded"] if self.padded else [])])
 
     def env(self, cache: Path) -> dict[str, str]:
-        return {"INFERD__MODEL__BACKEND": self.backend, "INFERD__MODEL__DTYPE": self.dtype,
-                "INFERD__MODEL__QUANTIZE": self.quantize, "INFERD__MODEL__CACHE_DIR": str(cache)}
+        env = {"INFERD__MODEL__BACKEND": self.backend, "INFERD__MODEL__DTYPE": self.dtype,
+               "INFERD__MODEL__QUANTIZE": self.quantize, "INFERD__MODEL__CACHE_DIR": str(cache)}
+        if self.padded:
+            env["INFERD__MODEL__UNPADDED"] = "false"
+        return env
 
 
 def parse_configs(spec: str) -> list[Config]:
@@ -59,13 +65,16 @@ def parse_configs(spec: str) -> list[Config]:
         backend, *rest = item.split(":")
         if backend not in BACKENDS:
             raise argparse.ArgumentTypeError(f"{item!r}: backend must be one of {', '.join(BACKENDS)}")
-        kw: dict[str, str] = {}
+        kw: dict[str, Any] = {}
         for part in rest:
+            if part == "padded" and backend == "torch" and "padded" not in kw:
+                kw["padded"] = True
+                continue
             key = "dtype" if part in DTYPES else "quantize" if part in QUANTIZE else None
             if key is None or key in kw:
                 raise argparse.ArgumentTypeError(
                     f"{item!r}: after the backend give at most one dtype ({', '.join(DTYPES)}) and one "
-                    f"quantisation ({', '.join(QUANTIZE)})")
+                    f"quantisation ({', '.join(QUANTIZE)}); torch also takes 'padded'")
             kw[key] = part
         out.append(Config(backend, **kw))
     if not out:
