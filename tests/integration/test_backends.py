@@ -282,3 +282,34 @@ def test_inferd_export_exits_1_with_the_figures_when_refused(tiny_model: Path, t
     err = capsys.readouterr().err
     assert "refused by the accuracy gate" in err and "< 1.0 (model.gate.int8_cosine_min)" in err
     assert cli.main(["export", "--model-path", str(tiny_model)]) == 2  # torch needs no export
+
+
+def test_a_canary_runs_another_runtime_beside_the_active_model(serve, tiny_model: Path, cache: Path,
+                                                               reference: EmbeddingHandler) -> None:
+    """Issue 11: a canary on OpenVINO int8 weights beside the active torch model, the same folder, each pinned
+    request served by the runtime it names; an unknown runtime is refused before any load."""
+    env = {"MODEL_PATH": str(tiny_model), "INFERD__MODEL__NAME": "tiny", "INFERD__MODEL__VERSION": "v1",
+           "INFERD__MODEL__ROOT": str(tiny_model.parent), "INFERD__MODEL__CACHE_DIR": str(cache),
+           "INFERD__MODEL__GATE__TEXTS": "64", "INFERD__MODEL__GATE__CALIBRATION_TEXTS": "64",
+           "INFERD__SERVER__ADMIN_KEY": "admin-secret", "INFERD__CACHE__MAX_ENTRIES": "0"}
+    server = serve(env=env, wait="/health/ready", timeout=240)
+    admin = {"Authorization": "Bearer admin-secret"}
+    with server.client(timeout=240) as c:
+        r = c.post("/admin/models/canary", headers=admin, json={
+            "path": str(tiny_model), "version": "ov8", "weight": 0.0, "backend": "openvino",
+            "dtype": "float32", "quantize": "int8-weights"})
+        assert r.status_code == 200, r.text
+        models = {m["role"]: m for m in c.get("/info").json()["models"]}
+        assert (models["active"]["backend"], models["active"]["quantize"]) == ("torch", "none")
+        assert (models["canary"]["backend"], models["canary"]["quantize"]) == ("openvino", "int8-weights")
+        assert models["canary"]["backend_info"]["gate"]["passed"]
+        want = embed(reference, MIXED[:6])
+        for pin, least in (("v1", 0.9999), ("ov8", 0.99)):
+            r = c.post("/v1/embeddings", json={"input": MIXED[:6], "model": pin})
+            assert r.status_code == 200 and r.headers["X-Model-Version"] == pin, r.text
+            assert cos(np.array([d["embedding"] for d in r.json()["data"]]), want).min() >= least
+        # A runtime value the API does not know is refused before any load, naming the field.
+        r = c.post("/admin/models/reload", headers=admin, json={"path": str(tiny_model), "version": "v2",
+                                                                 "backend": "tensorrt"})
+        assert r.status_code == 422 and r.json()["error"]["param"] == "backend", r.text
+        assert [m["version"] for m in c.get("/info").json()["models"]] == ["v1", "ov8"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel, ConfigDict, Field, StrictFloat
@@ -38,6 +38,13 @@ class ReloadRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
     path: str = Field(min_length=1)
     version: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._\-]+$")
+    # The runtime for this load only (a canary on int8 beside an active model on bf16); unset = the configured one.
+    backend: Literal["torch", "onnx", "openvino"] | None = None
+    dtype: Literal["auto", "float32", "float16", "bfloat16"] | None = None
+    quantize: Literal["none", "int8-weights", "int8"] | None = None
+
+    def runtime(self) -> dict[str, str]:
+        return {k: v for k in ("backend", "dtype", "quantize") if (v := getattr(self, k)) is not None}
 
 
 class CanaryRequest(ReloadRequest):
@@ -89,7 +96,7 @@ async def _change(request: Request, action: str, fn: Callable[..., ModelSlot], *
 async def reload_model(request: Request) -> Response:
     body = await read_body(request, ReloadRequest)
     manager = services(request).manager
-    slot = await _change(request, "reload", manager.reload, body.path, body.version)
+    slot = await _change(request, "reload", manager.reload, body.path, body.version, body.runtime())
     return json_response({"status": "switched", "active": slot, "switches": manager.switches})
 
 
@@ -98,7 +105,8 @@ async def reload_model(request: Request) -> Response:
 async def canary(request: Request) -> Response:
     body = await read_body(request, CanaryRequest)
     manager = services(request).manager
-    slot = await _change(request, "canary", manager.set_canary, body.path, body.version, body.weight)
+    slot = await _change(request, "canary", manager.set_canary, body.path, body.version, body.weight,
+                         body.runtime())
     return json_response({"status": "canary", "canary": slot, "weight": manager.canary_weight})
 
 

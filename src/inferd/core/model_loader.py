@@ -296,14 +296,17 @@ class ModelManager:
             old.retire()
         self.on_change()
 
-    def reload(self, path: str, version: str) -> ModelSlot:
-        """Load into standby, then switch atomically; the old slot is freed when its requests finish.
+    def _client_spec(self, path: str, version: str, runtime: dict[str, str] | None) -> ModelSpec:
+        """A client's load: ``path`` must lie under an allowed ``model.root``; ``runtime`` (backend, dtype,
+        quantize) overrides the configured runtime for this load only."""
+        spec = spec_from_settings(self.settings, check_model_path(path, self.roots), version)
+        return ModelSpec(spec.path, spec.version, spec.settings, **runtime) if runtime else spec
 
-        ``path`` comes from a client, so it must lie under an allowed ``model.root``.
-        """
+    def reload(self, path: str, version: str, runtime: dict[str, str] | None = None) -> ModelSlot:
+        """Load into standby, then switch atomically; the old slot is freed when its requests finish."""
         self._exclusive()
         try:
-            spec = spec_from_settings(self.settings, check_model_path(path, self.roots), version)
+            spec = self._client_spec(path, version, runtime)
             slot = self._load_standby(spec)
             self._switch(slot)
             return slot
@@ -326,15 +329,15 @@ class ModelManager:
         finally:
             self._reload_lock.release()
 
-    def set_canary(self, path: str, version: str, weight: float) -> ModelSlot:
+    def set_canary(self, path: str, version: str, weight: float,
+                   runtime: dict[str, str] | None = None) -> ModelSlot:
         if not 0.0 <= weight <= 1.0:
             raise ValueError(f"canary weight must lie in [0, 1], not {weight}")
         self._exclusive()
         try:
             if self.active is None and not self._closed:
                 raise ModelNotReady(self.state, self.reason)
-            spec = spec_from_settings(self.settings, check_model_path(path, self.roots), version)
-            slot = self._load_standby(spec)
+            slot = self._load_standby(self._client_spec(path, version, runtime))
             with self._lock:
                 closed = self._closed
                 if not closed:
