@@ -65,12 +65,18 @@ class TorchRunner:
                  token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
         if self.model is None:
             raise RuntimeError("the torch runner was closed")
-        kwargs: dict[str, torch.Tensor] = {"input_ids": ids.to(self.device), "attention_mask": mask.to(self.device)}
-        if token_type_ids is not None and self._token_types:
-            kwargs["token_type_ids"] = token_type_ids.to(self.device)
+        segments = token_type_ids.to(self.device) if token_type_ids is not None and self._token_types else None
         ctx = torch.autocast("cpu", dtype=torch.bfloat16) if self._autocast else contextlib.nullcontext()
         with torch.inference_mode(), ctx:
-            return self.model(**kwargs).last_hidden_state
+            return self._forward(ids.to(self.device), mask.to(self.device), segments)
+
+    def _forward(self, ids: torch.Tensor, mask: torch.Tensor, segments: torch.Tensor | None) -> torch.Tensor:
+        """The last hidden state of the padded batch (inputs already on the device, autocast already set)."""
+        assert self.model is not None
+        kwargs: dict[str, torch.Tensor] = {"input_ids": ids, "attention_mask": mask}
+        if segments is not None:
+            kwargs["token_type_ids"] = segments
+        return self.model(**kwargs).last_hidden_state
 
     def close(self) -> None:
         self.model = None

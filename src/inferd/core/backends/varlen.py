@@ -15,7 +15,6 @@ shape the task pools, with zeros at padded positions, so the task calls it like 
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -189,11 +188,6 @@ class VarlenRunner(TorchRunner):
         super().__init__(model, device, dtype, info)
         self.info["unpadded"] = True
 
-    def __call__(self, ids: torch.Tensor, mask: torch.Tensor,
-                 token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
-        if self.model is None:
-            raise RuntimeError("the torch runner was closed")
-        segments = token_type_ids.to(self.device) if token_type_ids is not None and self._token_types else None
-        ctx = torch.autocast("cpu", dtype=torch.bfloat16) if self._autocast else contextlib.nullcontext()
-        with torch.inference_mode(), ctx:
-            return forward(self.model, ids.to(self.device), mask.to(self.device), segments)
+    def _forward(self, ids: torch.Tensor, mask: torch.Tensor, segments: torch.Tensor | None) -> torch.Tensor:
+        assert self.model is not None
+        return forward(self.model, ids, mask, segments)
