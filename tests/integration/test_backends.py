@@ -156,6 +156,24 @@ def test_the_gate_refuses_a_too_strict_threshold_with_its_figures_and_the_cache_
     assert h.backend_info["cache"] == "hit" and h.backend_info["gate"]["passed"]
 
 
+def test_each_cpu_kind_gets_its_own_verdict_and_int8_without_dot_products_says_so(
+        tiny_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The gate's figures depend on the CPU's kernels: a cache filled where int8 has dot-product instructions
+    is not trusted where it has none, and there static int8 carries its warning (/info, refusal)."""
+    monkeypatch.setattr(export, "cpu_flags", lambda: {"fpu", "avx2", "avx512f", "avx512_vnni"})
+    vnni = load_handler(spec(tiny_model, tmp_path, "openvino", "int8")).backend_info
+    assert vnni["cache"] == "miss" and vnni["cpu"] == ["avx2", "avx512_vnni", "avx512f"]
+    assert "quantize_warning" not in vnni
+    monkeypatch.setattr(export, "cpu_flags", lambda: {"fpu", "avx2"})
+    avx2 = load_handler(spec(tiny_model, tmp_path, "openvino", "int8")).backend_info
+    assert avx2["cache"] == "miss" and avx2["cache_entry"] != vnni["cache_entry"] and avx2["cpu"] == ["avx2"]
+    assert "no int8 dot-product instructions" in avx2["quantize_warning"]
+    monkeypatch.setattr(export, "load_model", lambda *a, **k: pytest.fail("exported a third time"))
+    with pytest.raises(BackendError, match=r"\(model.gate.int8_cosine_min\)\. Figures .*Note: this CPU has no "
+                                           r"int8 dot-product instructions"):
+        load_handler(spec(tiny_model, tmp_path, "openvino", "int8", gate=(("int8_cosine_min", 1.0),)))
+
+
 def foreign_graph(tiny_model: Path, other_model: Path, tmp_path: Path, backend: str) -> Path:
     """A copy of the model folder holding a graph exported from another model's weights."""
     from inferd.core.backends import onnx, openvino

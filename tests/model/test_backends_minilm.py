@@ -13,6 +13,8 @@ import pytest
 
 from inferd.bench.corpus import texts as corpus_texts
 from inferd.config import ModelSettings, resolve_model_path
+from inferd.core.backends import BackendError
+from inferd.core.backends.base import cpu_flags, quantize_warning
 from inferd.core.handler import EmbeddingHandler, ModelSpec
 from inferd.core.model_loader import load_handler
 
@@ -88,7 +90,17 @@ def test_fp32_graphs_match_torch_at_every_batch_shape(model_path: Path, minilm_c
 def test_openvino_reduced_precision_passes_its_gate(model_path: Path, minilm_cache: Path,
                                                     torch_handler: EmbeddingHandler, quantize: str, dtype: str,
                                                     least_min: float, least_mean: float) -> None:
-    h = load(model_path, minilm_cache, "openvino", quantize, dtype)
+    warning = quantize_warning(quantize, cpu_flags())
+    try:
+        h = load(model_path, minilm_cache, "openvino", quantize, dtype)
+    except BackendError as exc:
+        # Without int8 dot-product instructions the 16-bit sums saturate: on an AMD EPYC (Zen 3, AVX2 only)
+        # static int8 measured cosine min 0.986, overlap@10 0.943 and was refused. Only there may the gate
+        # refuse it, and the refusal must give the figures and name the CPU as the reason.
+        assert warning is not None, str(exc)
+        assert "refused by the accuracy gate (int8 thresholds)" in str(exc) and f"Note: {warning}" in str(exc)
+        return
+    assert h.backend_info.get("quantize_warning") == warning
     gate = h.backend_info["gate"]
     assert gate["passed"] and gate["figures"]["cosine_min"] >= least_min
     assert gate["figures"]["cosine_mean"] >= least_mean and gate["figures"]["overlap_at_10"] >= 0.95

@@ -255,18 +255,35 @@ def test_every_option_that_changes_the_graph_changes_the_entry(tmp_path: Path) -
     base = BackendOptions(backend="openvino")
 
     def folder(options: BackendOptions = base, dtype: str = "float32", digest: str = "d", limit: int = 128,
-               calibration: str = "builtin:1") -> Path:
-        return export.entry_folder(tmp_path, export.entry_key(digest, options, dtype, limit, calibration))
+               calibration: str = "builtin:1", flags: frozenset[str] = frozenset({"avx2", "avx512f"})) -> Path:
+        return export.entry_folder(tmp_path, export.entry_key(digest, options, dtype, limit, calibration,
+                                                              set(flags)))
 
     first = folder()
     assert first == folder()
     assert first.parent == tmp_path and first.name.startswith("openvino-none-float32-")
     others = [folder(dtype="bfloat16"), folder(digest="e"), folder(limit=256), folder(calibration="file:ab"),
               folder(BackendOptions(backend="openvino", quantize="int8")), folder(BackendOptions(backend="onnx")),
-              folder(BackendOptions(backend="openvino", gate_texts=64))]
+              folder(BackendOptions(backend="openvino", gate_texts=64)),
+              # Another CPU kind runs other kernels (int8 dot products, native bf16): judged again.
+              folder(flags=frozenset({"avx2", "avx512f", "avx512_vnni"})), folder(flags=frozenset({"avx2"}))]
     assert len({first, *others}) == len(others) + 1
+    # Flags that pick no kernel do not split the cache.
+    assert folder(flags=frozenset({"avx2", "avx512f", "sse4_2", "rdrand"})) == first
     # Thresholds are not in the key: stored figures are judged against the current ones.
     assert folder(BackendOptions(backend="openvino", gate=GateThresholds(fp32_cosine_min=0.5))) == first
+
+
+def test_static_int8_without_int8_dot_products_is_warned_about() -> None:
+    from inferd.core.backends.base import kernel_flags, quantize_warning
+
+    warning = quantize_warning("int8", {"avx2", "fma", "avx512f"})
+    assert warning is not None and "avx512_vnni, avx_vnni or amx_int8" in warning and "int8-weights" in warning
+    for dot in ("avx512_vnni", "avx_vnni", "amx_int8"):
+        assert quantize_warning("int8", {"avx2", dot}) is None
+    # Weight-only int8 computes in floating point: nothing saturates.
+    assert quantize_warning("int8-weights", {"avx2"}) is None and quantize_warning("none", set()) is None
+    assert kernel_flags({"fpu", "avx2", "amx_bf16", "avx_vnni", "sse"}) == ["amx_bf16", "avx2", "avx_vnni"]
 
 
 def test_library_versions_are_part_of_the_key() -> None:

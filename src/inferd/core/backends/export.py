@@ -31,7 +31,10 @@ from inferd.core.backends.base import (
     BackendOptions,
     Runner,
     check_options,
+    cpu_flags,
     gate_kind,
+    kernel_flags,
+    quantize_warning,
     resolve_dtype,
 )
 from inferd.core.backends.torch import TorchRunner, load_model
@@ -85,11 +88,14 @@ def folder_graph(path: Path, backend: str) -> Path | None:
 
 
 def entry_key(model_digest: str, options: BackendOptions, dtype: str, max_seq_length: int,
-              calibration: str) -> dict[str, Any]:
+              calibration: str, flags: set[str] | None = None) -> dict[str, Any]:
+    """What the entry depends on. ``cpu``: the kernel-deciding CPU flags, since the gate's figures depend on
+    the kernels (a cache copied from a CPU with int8 dot products to one without is judged again)."""
     return {"format": FORMAT, "model": model_digest, "backend": options.backend, "dtype": dtype,
             "quantize": options.quantize, "calibration": calibration, "max_seq_length": max_seq_length,
             "gate_texts": options.gate_texts, "calibration_texts": options.calibration_texts,
-            "libraries": versions(options.backend)}
+            "libraries": versions(options.backend),
+            "cpu": kernel_flags(cpu_flags() if flags is None else flags)}
 
 
 def entry_folder(root: Path, key: dict[str, Any]) -> Path:
@@ -224,12 +230,17 @@ def open_backend(path: Path, options: BackendOptions, device: torch.device, prob
     kind = meta["gate"]["kind"]
     failures = gate.judge(figures, kind, options.gate)
     label = f"{options.backend} {dtype}" + (f" {options.quantize}" if options.quantize != "none" else "")
+    warning = quantize_warning(options.quantize, set(key["cpu"]))
     if failures:
         raise BackendError(f"{label} refused by the accuracy gate ({kind} thresholds): {'; '.join(failures)}. "
-                           f"Figures against torch fp32: {figures.summary()}")
+                           f"Figures against torch fp32: {figures.summary()}" + (f". Note: {warning}" if warning
+                                                                                  else ""))
+    if warning:
+        log.warning("%s: %s", label, warning)
     graph = Path(meta["graph"]) if meta.get("from_model_folder") else entry / meta["graph"]
     compile_cache = entry / "compiled" if os.access(entry, os.W_OK) else None
-    info = {"dtype_reason": why, "cache": cache, "cache_entry": str(entry),
+    info = {"dtype_reason": why, "cache": cache, "cache_entry": str(entry), "cpu": key["cpu"],
+            **({"quantize_warning": warning} if warning else {}),
             "export_seconds": meta.get("export_seconds"), "from_model_folder": meta.get("from_model_folder"),
             "gate": {"kind": kind, "passed": True, "figures": figures.as_dict(),
                      "thresholds": {setting: least for _, setting, least in gate.rules(kind, options.gate)}}}
