@@ -239,7 +239,7 @@ def server_env(model: Path, cache: Path, **extra: str) -> dict[str, str]:
 
 def test_a_server_on_openvino_serves_torchs_vectors_and_says_how(serve, tiny_model: Path, cache: Path,
                                                                  reference: EmbeddingHandler) -> None:
-    """dtype auto: bf16 where the CPU has it natively (this project's machine does), float32 elsewhere."""
+    """dtype auto: bf16 where the CPU has it natively, float32 elsewhere (CI machines vary: both must pass)."""
     from inferd.core.backends.base import cpu_flags, native_bf16
 
     dtype, least = ("bfloat16", 0.9995) if native_bf16(cpu_flags()) else ("float32", 0.9999)
@@ -254,7 +254,8 @@ def test_a_server_on_openvino_serves_torchs_vectors_and_says_how(serve, tiny_mod
     assert (info["backend"], info["quantize"], info["dtype"]) == ("openvino", "none", dtype)
     detail = info["models"][0]["backend_info"]
     assert detail["dtype_reason"].startswith("auto: ")
-    assert ("native bf16" in detail["dtype_reason"]) == (dtype == "bfloat16")
+    assert detail["dtype_reason"].startswith("auto: the CPU has native bf16" if dtype == "bfloat16"
+                                             else "auto: the CPU has no native bf16")
     assert f"backend openvino {dtype} (auto: " in server.log()  # the choice is logged with its reason
     gate = detail["gate"]
     assert gate["passed"] and gate["kind"] == ("half" if dtype == "bfloat16" else "fp32")
