@@ -86,6 +86,27 @@ def test_a_refusal_in_a_json_log_line_shows_just_the_verdict() -> None:
     assert _why("Traceback\nValueError: No onnx files found") == "failed: ValueError: No onnx files found"
 
 
+def test_without_a_bf16_row_the_int8_configurations_stand_in_and_a_refused_one_fails() -> None:
+    refusal = ('{"message":"model load failed: openvino fp32 int8 refused by the accuracy gate (int8 thresholds): '
+               'cosine min 0.985719 < 0.99 (model.gate.int8_cosine_min)","module":"x"}')
+    rows = {"torch fp32": {"rounds": [{"round": 0, "server": 50.0}, {"round": 1, "server": 40.0}]},
+            "openvino fp32 int8-weights": {"rounds": [{"round": 0, "server": 60.0}, {"round": 1, "server": 52.0}],
+                                           "accuracy": {"cosine_min": 0.998, "cosine_mean": 0.9994,
+                                                        "overlap_at_10": 0.969}},
+            "openvino fp32 int8": {"rounds": [], "error": refusal},
+            "infinity torch": {"rounds": [{"round": 0, "server": 25.0}, {"round": 1, "server": 20.0}]}}
+    found = {(t["config"], t["versus"], t["wanted"]): t for t in summarise(rows, "torch fp32", "st")["targets"]}
+    weights = found[("openvino fp32 int8-weights", "torch fp32", 1.8)]
+    assert weights["rounds"] == [1.2, 1.3] and not weights["met"]
+    assert "bf16: this CPU has none native" in weights["note"]
+    assert found[("openvino fp32 int8-weights", "infinity torch", 3.0)]["rounds"] == [2.4, 2.6]
+    refused = found[("openvino fp32 int8", "torch fp32", 2.5)]
+    assert refused["median"] is None and not refused["met"] and "refused by the gate" in refused["note"]
+    assert ("openvino fp32 int8", "infinity optimum", 1.2) not in found  # infinity optimum did not run
+    text = render(summarise(rows, "torch fp32", "st"), 2, 15)
+    assert "| openvino fp32 int8 (**refused by the gate** (int8 thresholds)) | torch fp32 | ≥ 2.5 | – | – |" in text
+
+
 def test_targets_are_judged_on_ratios_within_rounds() -> None:
     # openvino bf16 over infinity torch: 3.2 and 2.9 in the two rounds both engines ran; round 2 has no infinity.
     rows = {"torch fp32": {"rounds": [{"round": 0, "server": 50.0}, {"round": 1, "server": 40.0},
