@@ -107,6 +107,10 @@ def test_without_a_bf16_row_the_int8_configurations_stand_in_and_a_refused_one_f
     assert "| openvino fp32 int8 (**refused by the gate** (int8 thresholds)) | torch fp32 | ≥ 2.5 | – | – |" in text
 
 
+def by_pair(section: dict) -> dict:
+    return {(t["config"], t["versus"]): t for t in section["targets"]}
+
+
 def test_targets_are_judged_on_ratios_within_rounds() -> None:
     # openvino bf16 over infinity torch: 3.2 and 2.9 in the two rounds both engines ran; round 2 has no infinity.
     rows = {"torch fp32": {"rounds": [{"round": 0, "server": 50.0}, {"round": 1, "server": 40.0},
@@ -123,8 +127,11 @@ def test_targets_are_judged_on_ratios_within_rounds() -> None:
     assert by[("openvino bf16", "torch fp32")]["rounds"] == [1.92, 1.45, 2.0]
     assert by[("openvino bf16", "torch fp32")]["met"]  # median 1.92 >= 1.8
     assert ("openvino fp32 int8", "torch fp32") not in by  # not measured: no row, no verdict
+    assert ("openvino bf16 int8", "torch fp32") not in by
     assert section["rows"]["openvino bf16"]["versus"] == {"infinity torch": [3.2, 2.9]}
     text = render(section, 3, 15)
     assert "| openvino bf16 | infinity torch | ≥ 3 | 3.05 | 3.20, 2.90 | 0.99998 | 0.993 | yes |" in text
+    rows["openvino bf16 int8"] = {"rounds": [{"round": 0, "server": 130.0}, {"round": 1, "server": 100.0}]}
+    assert by_pair(summarise(rows, "torch fp32", "st"))[("openvino bf16 int8", "torch fp32")]["rounds"] == [2.6, 2.5]
     rows["openvino bf16"]["rounds"][2]["server"] = 90.0  # 1.92, 1.45, 1.5: median 1.5 < 1.8
     assert not next(t for t in summarise(rows, "torch fp32", "st")["targets"] if t["versus"] == "torch fp32")["met"]
