@@ -174,6 +174,39 @@ def test_each_cpu_kind_gets_its_own_verdict_and_int8_without_dot_products_says_s
         load_handler(spec(tiny_model, tmp_path, "openvino", "int8", gate=(("int8_cosine_min", 1.0),)))
 
 
+def test_auto_static_int8_keeps_bf16_float_parts_only_if_the_gate_passes_them(
+        tiny_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """On a CPU with native bf16, dtype auto tries static int8 with bf16 float parts (they passed on an AMD Zen 5
+    at 3.9x torch) and falls back to float32 parts when the gate refuses them (on a Xeon with AMX one MiniLM text
+    fell to cosine 0.66): that drift is played here by damaging the bf16 entry's figures in the cache."""
+    from inferd.core.backends import base
+
+    flags = {"fpu", "avx2", "avx512f", "avx512_vnni", "avx512_bf16"}
+    monkeypatch.setattr(base, "cpu_flags", lambda: flags)
+    monkeypatch.setattr(export, "cpu_flags", lambda: flags)
+    bf16 = load_handler(spec(tiny_model, tmp_path, "openvino", "int8", dtype="auto")).backend_info
+    assert (bf16["dtype"], bf16["cache"], bf16["gate"]["kind"]) == ("bfloat16", "miss", "int8")
+    assert "bf16 float parts, float32 if the accuracy gate refuses them" in bf16["dtype_reason"]
+    meta_file = Path(bf16["cache_entry"]) / "meta.json"
+    meta = json.loads(meta_file.read_text())
+    meta["gate"]["figures"]["cosine_min"] = 0.66
+    meta_file.write_text(json.dumps(meta))
+    with caplog.at_level("WARNING"):
+        fp32 = load_handler(spec(tiny_model, tmp_path, "openvino", "int8", dtype="auto")).backend_info
+    assert (fp32["dtype"], fp32["cache"], fp32["gate"]["passed"]) == ("float32", "miss", True)
+    assert fp32["cache_entry"] != bf16["cache_entry"]
+    assert fp32["dtype_reason"].startswith("auto: static int8's bf16 float parts were refused by the gate")
+    assert "cosine min 0.660000 < 0.99 (model.gate.int8_cosine_min)" in fp32["dtype_reason"]
+    assert "with bf16 float parts refused by the accuracy gate" in caplog.text
+    # Both verdicts are cached: the next start goes to the float32 entry without exporting anything.
+    monkeypatch.setattr(export, "load_model", lambda *a, **k: pytest.fail("exported again"))
+    again = load_handler(spec(tiny_model, tmp_path, "openvino", "int8", dtype="auto")).backend_info
+    assert (again["dtype"], again["cache"], again["cache_entry"]) == ("float32", "hit", fp32["cache_entry"])
+    # Where both are refused, the refusal names the float32 attempt, the last one made.
+    with pytest.raises(BackendError, match=r"openvino float32 int8 refused by the accuracy gate"):
+        load_handler(spec(tiny_model, tmp_path, "openvino", "int8", dtype="auto", gate=(("int8_cosine_min", 1.0),)))
+
+
 def foreign_graph(tiny_model: Path, other_model: Path, tmp_path: Path, backend: str) -> Path:
     """A copy of the model folder holding a graph exported from another model's weights."""
     from inferd.core.backends import onnx, openvino

@@ -12,6 +12,7 @@ import torch
 from inferd.config import Settings, load_settings
 from inferd.core.backends import export, gate
 from inferd.core.backends.base import (
+    INT8_BF16_FIRST,
     BackendError,
     BackendOptions,
     GateThresholds,
@@ -40,9 +41,13 @@ def test_auto_picks_bf16_only_on_a_cpu_with_native_bf16() -> None:
     assert dtype == "float32" and "no native bf16" in why
 
 
-def test_auto_keeps_static_int8_in_float32_but_not_weight_only_int8() -> None:
+def test_auto_tries_bf16_float_parts_for_static_int8_only_on_openvino_with_native_bf16() -> None:
     dtype, why = resolve_dtype("auto", "openvino", CPU, BF16, quantize="int8")
-    assert dtype == "float32" and "static int8" in why
+    assert dtype == "bfloat16" and INT8_BF16_FIRST in why and "avx512_bf16" in why  # the gate decides, see export
+    dtype, why = resolve_dtype("auto", "openvino", CPU, NO_BF16, quantize="int8")
+    assert dtype == "float32" and "static int8" in why and INT8_BF16_FIRST not in why
+    dtype, why = resolve_dtype("auto", "onnx", CPU, BF16, quantize="int8")
+    assert dtype == "float32" and INT8_BF16_FIRST not in why
     assert resolve_dtype("auto", "openvino", CPU, BF16, quantize="int8-weights")[0] == "bfloat16"
 
 

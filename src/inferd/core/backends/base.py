@@ -131,13 +131,19 @@ def quantize_warning(quantize: str, flags: set[str]) -> str | None:
             "or int8-weights")
 
 
+# The reason resolve_dtype gives when it tries bf16 float parts for static int8 (the caller's cue to fall back).
+INT8_BF16_FIRST = "static int8 with bf16 float parts, float32 if the accuracy gate refuses them"
+
+
 def resolve_dtype(requested: str, backend: str, device: torch.device,
                   flags: set[str] | None = None, quantize: str = "none") -> tuple[str, str]:
     """The precision to run at, and why (for the log and /info).
 
     ``auto`` means: float16 on CUDA; bfloat16 on a CPU that multiplies bf16 in hardware (AVX512-BF16 or
-    AMX), where it is near-lossless and about twice as fast; float32 anywhere else, and for static int8,
-    whose floating-point parts drifted in bf16 (one MiniLM text at cosine 0.66).
+    AMX), where it is near-lossless and about twice as fast; float32 anywhere else. Static int8 on OpenVINO
+    keeps bf16 float parts only if its gate passes them (the caller falls back to float32, see
+    ``INT8_BF16_FIRST``): on an AMD Zen 5 they passed (3.9x torch), on a Xeon with AMX one MiniLM text fell
+    to cosine 0.66.
     """
     if requested not in DTYPES:
         raise BackendError(f"model.dtype {requested!r}: choose one of {', '.join(DTYPES)}")
@@ -145,9 +151,11 @@ def resolve_dtype(requested: str, backend: str, device: torch.device,
     if requested == "auto":
         if cuda:
             return "float16", "auto: float16 on CUDA"
+        have = sorted(f for f in NATIVE_BF16_FLAGS if f in (cpu_flags() if flags is None else flags))
+        if quantize == "int8" and have and backend == "openvino":
+            return "bfloat16", f"auto: {INT8_BF16_FIRST} (the CPU has native bf16: {', '.join(have)})"
         if quantize == "int8":
             return "float32", "auto: static int8 keeps its floating-point parts in float32"
-        have = sorted(f for f in NATIVE_BF16_FLAGS if f in (cpu_flags() if flags is None else flags))
         if have and backend != "onnx":
             return "bfloat16", f"auto: the CPU has native bf16 ({', '.join(have)})"
         if have:

@@ -27,6 +27,7 @@ import torch
 
 from inferd.core.backends import gate
 from inferd.core.backends.base import (
+    INT8_BF16_FIRST,
     BackendError,
     BackendOptions,
     Runner,
@@ -217,18 +218,31 @@ def open_backend(path: Path, options: BackendOptions, device: torch.device, prob
         return runner(model, device, dtype, {"dtype_reason": why, "unpadded": unpadded, "unpadded_reason": how})
     root = (options.cache_dir or default_cache_dir()).expanduser()
     _, _, calibration = _texts(options) if options.calibration_file else (None, None, "builtin:1")
-    key = entry_key(folder_digest(path), options, dtype, probe.max_seq_length, calibration)
-    entry = entry_folder(root, key)
-    meta = read_meta(entry)
-    cache = "hit"
-    if meta is None:
-        cache = "miss"
-        log.info("exporting %s for %s (dtype %s, quantize %s) into %s", path, options.backend, dtype,
-                 options.quantize, entry)
-        meta = build(path, entry, key, options, probe, safetensors, threads)
-    figures = gate.GateFigures.from_dict(meta["gate"]["figures"])
+    digest = folder_digest(path)
+
+    def judged(dtype: str) -> tuple[dict[str, Any], Path, dict[str, Any], str, gate.GateFigures, list[str]]:
+        """The entry for this dtype (built on a miss) and the gate's verdict on it under today's thresholds."""
+        key = entry_key(digest, options, dtype, probe.max_seq_length, calibration)
+        entry = entry_folder(root, key)
+        meta = read_meta(entry)
+        cache = "hit"
+        if meta is None:
+            cache = "miss"
+            log.info("exporting %s for %s (dtype %s, quantize %s) into %s", path, options.backend, dtype,
+                     options.quantize, entry)
+            meta = build(path, entry, key, options, probe, safetensors, threads)
+        figures = gate.GateFigures.from_dict(meta["gate"]["figures"])
+        return key, entry, meta, cache, figures, gate.judge(figures, meta["gate"]["kind"], options.gate)
+
+    key, entry, meta, cache, figures, failures = judged(dtype)
+    if failures and INT8_BF16_FIRST in why:
+        # bf16 float parts drifted past the int8 gate on this CPU: the same quantisation in float32 parts.
+        # Both verdicts stay cached, so a warm start goes straight to the float32 entry without a new export.
+        log.warning("%s static int8 with bf16 float parts refused by the accuracy gate (%s); trying float32 "
+                    "float parts", options.backend, "; ".join(failures))
+        dtype, why = "float32", f"auto: static int8's bf16 float parts were refused by the gate ({'; '.join(failures)})"
+        key, entry, meta, cache, figures, failures = judged(dtype)
     kind = meta["gate"]["kind"]
-    failures = gate.judge(figures, kind, options.gate)
     label = f"{options.backend} {dtype}" + (f" {options.quantize}" if options.quantize != "none" else "")
     warning = quantize_warning(options.quantize, set(key["cpu"]))
     if failures:
