@@ -17,6 +17,11 @@ fp32 graph 0.99x, cosine 1.0; server's static int8 (down-projections kept, alpha
 overlap@10 0.923 (refused); every product quantised 0.73-0.84x (two runs), 0.9714 / 0.892; with overflow_fix
 enable 0.68x, 0.98997 / 0.937 (refused). bf16 float parts gave the float32 figures bit for bit: the CPU has no bf16, and
 OpenVINO ignores the hint. bench/RESULTS.md "Run D" has the context.
+
+Measured 2026-12-01 on an AMD EPYC (Zen 5: AVX512-BF16, AVX512-VNNI, no AMX), 3 rounds, torch ~130 texts/s:
+fp32 graph 1.79x, cosine 1.0; bf16 graph 3.15x, 0.99995 / 0.995; server's static int8 2.82x, 0.9952 / 0.957
+(passes); the same with bf16 float parts 3.92x, 0.9949 / 0.954 (passes: what dtype auto now tries first);
+every product quantised 4.25x (bf16 parts 4.59x) but 0.977 / 0.913 (refused). bench/RESULTS.md "Run E".
 """
 
 from __future__ import annotations
