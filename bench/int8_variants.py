@@ -48,28 +48,13 @@ DEFAULT = ('[{"name": "fp32"}, {"name": "server"}, {"name": "all", "keep_down": 
            '{"name": "overflow", "overflow": "enable"}]')
 
 
-def quantise(fp32: Path, out: Path, calib: list[dict[str, Any]], alpha: float = 0.8, keep_down: bool = True,
-             overflow: str | None = None, preset: str = "MIXED") -> Path:
-    import nncf
-    from nncf.quantization.advanced_parameters import (
-        AdvancedQuantizationParameters,
-        AdvancedSmoothQuantParameters,
-        OverflowFix,
-    )
-
+def quantise(fp32: Path, out: Path, calib: list[dict[str, Any]], **knobs: Any) -> Path:
+    """The server's static int8 (openvino.quantize_static) with this variant's knobs; kept in ``out``."""
     if (out / ovb.GRAPH).exists():
         return out / ovb.GRAPH
     graph = ovb.read(fp32)
     names = [i.get_any_name() for i in graph.inputs]
-    extra = {"overflow_fix": OverflowFix(overflow)} if overflow else {}
-    advanced = AdvancedQuantizationParameters(smooth_quant_alphas=AdvancedSmoothQuantParameters(matmul=alpha),
-                                              **extra)
-    quantised = nncf.quantize(graph, nncf.Dataset(gate.only_inputs(calib, names)),
-                              model_type=nncf.ModelType.TRANSFORMER, preset=getattr(nncf.QuantizationPreset, preset),
-                              subset_size=len(calib), advanced_parameters=advanced,
-                              ignored_scope=nncf.IgnoredScope(names=ovb.after_activation(graph) if keep_down else [],
-                                                              validate=False))
-    return ovb.save(quantised, out)
+    return ovb.save(ovb.quantize_static(graph, gate.only_inputs(calib, names), len(calib), **knobs), out)
 
 
 def main() -> int:

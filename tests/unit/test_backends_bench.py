@@ -120,7 +120,7 @@ def test_targets_are_judged_on_ratios_within_rounds() -> None:
                               "accuracy": {"cosine_min": 0.9999, "cosine_mean": 0.99998, "overlap_at_10": 0.993}},
             "infinity torch": {"rounds": [{"round": 0, "server": 30.0}, {"round": 1, "server": 20.0}]}}
     section = summarise(rows, "torch fp32", "sentence-transformers")
-    by = {(t["config"], t["versus"]): t for t in section["targets"]}
+    by = by_pair(section)
     assert by[("openvino bf16", "infinity torch")]["rounds"] == [3.2, 2.9]
     assert by[("openvino bf16", "infinity torch")]["median"] == pytest.approx(3.05)
     assert by[("openvino bf16", "infinity torch")]["met"]

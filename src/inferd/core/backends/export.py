@@ -27,7 +27,6 @@ import torch
 
 from inferd.core.backends import gate
 from inferd.core.backends.base import (
-    INT8_BF16_FIRST,
     BackendError,
     BackendOptions,
     Runner,
@@ -235,7 +234,7 @@ def open_backend(path: Path, options: BackendOptions, device: torch.device, prob
         return key, entry, meta, cache, figures, gate.judge(figures, meta["gate"]["kind"], options.gate)
 
     key, entry, meta, cache, figures, failures = judged(dtype)
-    if failures and INT8_BF16_FIRST in why:
+    if failures and options.dtype == "auto" and options.quantize == "int8" and dtype == "bfloat16":
         # bf16 float parts drifted past the int8 gate on this CPU: the same quantisation in float32 parts.
         # Both verdicts stay cached, so a warm start goes straight to the float32 entry without a new export.
         log.warning("%s static int8 with bf16 float parts refused by the accuracy gate (%s); trying float32 "

@@ -77,7 +77,8 @@ def after_activation(graph: Any) -> list[str]:
             if op.get_type_name() == "MatMul" and op.input_value(0).get_node().get_type_name() in _ACTIVATIONS]
 
 
-def quantize_static(graph: Any, samples: Iterable[dict[str, Any]], subset_size: int) -> Any:
+def quantize_static(graph: Any, samples: Iterable[dict[str, Any]], subset_size: int, alpha: float = 0.8,
+                    keep_down: bool = True, overflow: str | None = None, preset: str = "MIXED") -> Any:
     """Weights and activations in int8; activation ranges measured on the calibration samples.
 
     ModelType.TRANSFORMER keeps what int8 hurts most in an encoder (softmax, layer norms) in floating point
@@ -87,16 +88,24 @@ def quantize_static(graph: Any, samples: Iterable[dict[str, Any]], subset_size: 
     6 of 36 products), and SmoothQuant's alpha is 0.8 instead of NNCF's 0.95 (overlap@10 0.941 -> 0.957;
     0.5: 0.950, 0.7: 0.957). bf16 float parts depend on the CPU: on a Xeon with AMX one long text fell to
     cosine 0.66, on an AMD Zen 5 they passed (0.995) and ran 1.1x faster through the server; ``dtype: auto``
-    tries them and falls back to float32 when the gate refuses them (export.open_backend).
+    tries them and falls back to float32 when the gate refuses them (export.open_backend). The keyword
+    arguments are the knobs bench/int8_variants.py turns (``overflow``: NNCF's OverflowFix, its default when
+    None); the server uses the defaults.
     """
     import nncf
-    from nncf.quantization.advanced_parameters import AdvancedQuantizationParameters, AdvancedSmoothQuantParameters
+    from nncf.quantization.advanced_parameters import (
+        AdvancedQuantizationParameters,
+        AdvancedSmoothQuantParameters,
+        OverflowFix,
+    )
 
     data = list(samples)
-    advanced = AdvancedQuantizationParameters(smooth_quant_alphas=AdvancedSmoothQuantParameters(matmul=0.8))
+    advanced = AdvancedQuantizationParameters(smooth_quant_alphas=AdvancedSmoothQuantParameters(matmul=alpha),
+                                              **({"overflow_fix": OverflowFix(overflow)} if overflow else {}))
     return nncf.quantize(graph, nncf.Dataset(data), model_type=nncf.ModelType.TRANSFORMER,
-                         preset=nncf.QuantizationPreset.MIXED, subset_size=min(subset_size, len(data)),
-                         ignored_scope=nncf.IgnoredScope(names=after_activation(graph), validate=False),
+                         preset=getattr(nncf.QuantizationPreset, preset), subset_size=min(subset_size, len(data)),
+                         ignored_scope=nncf.IgnoredScope(names=after_activation(graph) if keep_down else [],
+                                                         validate=False),
                          advanced_parameters=advanced)
 
 
