@@ -228,8 +228,14 @@ class LimitedProtocol(HttpToolsProtocol):
     def _linger(self) -> None:
         self._lingering = True
         self._cancel_timers()
-        if self.transport.can_write_eof():
-            self.transport.write_eof()
+        try:
+            if self.transport.can_write_eof():
+                self.transport.write_eof()
+        except OSError:
+            # The peer went before its answer (a timer or a parser callback ran before the loop read the
+            # close): our write drew a reset, and the socket is no longer connected. Nothing to linger for.
+            self.transport.abort()
+            return
         self.loop.call_later(LINGER_S, self.transport.close)
 
     def shutdown(self) -> None:
