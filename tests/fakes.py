@@ -8,6 +8,8 @@ whether results crossed between requests. Marker prefixes steer a batch that con
 - ``fail:...``       infer raises RuntimeError (a failing batch);
 - ``die:...``        infer raises SystemExit, which the worker does not survive (in-process tests only).
 
+Loading is steerable too: while the file ``$FAKE_LOAD_HOLD`` exists, ``load`` waits (a worker still loading).
+
 Every infer call is recorded before it computes: in ``handler.batches`` and, when ``$FAKE_RECORD`` names a
 file, as one JSON line ``{"texts": [...]}`` there, so a test in another process sees what was computed.
 """
@@ -79,6 +81,12 @@ class HashHandler:
     def load(self, spec: ModelSpec, device: torch.device) -> None:
         self.name, self.version, self.device = spec.name, spec.version, device
         record, gate_dir = os.environ.get("FAKE_RECORD"), os.environ.get("FAKE_GATE_DIR")
+        hold = os.environ.get("FAKE_LOAD_HOLD")
+        give_up = time.monotonic() + HOLD_LIMIT_S
+        while hold and Path(hold).exists():
+            if time.monotonic() > give_up:
+                raise RuntimeError(f"load hold {hold} was never removed")
+            time.sleep(0.05)
         self.record = Path(record) if record else None
         self.gate_dir = Path(gate_dir) if gate_dir else None
 

@@ -198,8 +198,10 @@ def worker_environment(w: WorkerSlot) -> dict[str, str]:
     return env
 
 
-def render_nginx(fleet: Fleet, template: str | None = None) -> str:
+def render_nginx(fleet: Fleet, template: str | None = None, out_of_rotation: Mapping[str, str] | None = None) -> str:
+    """nginx.conf; ``out_of_rotation`` (worker name -> why) renders those workers ``down``."""
     s, layout = fleet.settings, fleet.layout
+    out = out_of_rotation or {}
     template = template if template is not None else read_template("nginx/nginx.conf")
     n = len(layout.workers)
     limit = s.server.limit_concurrency or 4096
@@ -212,7 +214,7 @@ def render_nginx(fleet: Fleet, template: str | None = None) -> str:
         "max_body_bytes": s.limits.max_body_bytes, "body_buffer_bytes": min(s.limits.max_body_bytes, 1 << 20),
         "max_header_bytes": s.server.max_header_bytes, "header_timeout_s": _secs(s.server.header_timeout_s),
         "body_timeout_s": _secs(s.server.body_timeout_s), "keepalive_timeout_s": _secs(s.server.keepalive_timeout_s),
-        "max_conns": limit, "upstream_keepalive": 16 * n,
+        "upstream_keepalive": 16 * n,
         "upstream_keepalive_timeout_s": max(1, _secs(s.server.keepalive_timeout_s) - 1),
         "listen": f"[{host}]:{s.fleet.port}" if ":" in host else f"{host}:{s.fleet.port}",
         "proxy_read_timeout_s": fleet.proxy_read_timeout_s, "next_upstream_timeout_s": 2 * fleet.proxy_read_timeout_s,
@@ -220,8 +222,21 @@ def render_nginx(fleet: Fleet, template: str | None = None) -> str:
         "targets_file": fleet.run_dir / "prometheus" / "targets.json",
     }
     each = {"worker": [{"worker_name": w.name, "worker_address": f"127.0.0.1:{w.port}",
-                        "worker_gpu": w.gpu or "cpu"} for w in layout.workers]}
+                        "worker_gpu": w.gpu or "cpu", "worker_down": " down" if w.name in out else "",
+                        "worker_note": f"; out of rotation: {_one_line(out[w.name])}" if w.name in out else ""}
+                       for w in layout.workers]}
     return fill(template, values, each)
+
+
+def _one_line(text: str) -> str:
+    """Text for an nginx comment: one line, none of the characters nginx reads specially."""
+    return " ".join(re.sub(r"[^A-Za-z0-9 ._()/:-]+", " ", text).split())[:120]
+
+
+def write_nginx(fleet: Fleet, out_of_rotation: Mapping[str, str] | None = None) -> Path:
+    path = fleet.run_dir / "nginx.conf"
+    _write(path, render_nginx(fleet, out_of_rotation=out_of_rotation), 0o644)
+    return path
 
 
 def _user_directive(fleet: Fleet) -> str:
@@ -365,7 +380,7 @@ def write_run_dir(fleet: Fleet, meta: Mapping[str, Any]) -> dict[str, Path]:
     files = {"nginx.conf": run / "nginx.conf", "supervisord.conf": run / "supervisord.conf",
              "config": run / "config" / "base.yaml", "targets": run / "prometheus" / "targets.json",
              "layout": run / "layout.json", "admin_key": run / "admin.key", "health": run / "health" / "fleet.json"}
-    _write(files["nginx.conf"], render_nginx(fleet), 0o644)
+    write_nginx(fleet)
     _write(files["supervisord.conf"], render_supervisord(fleet), 0o600)
     write_worker_config(run, fleet.settings.env, worker_settings(fleet))
     _write(files["targets"], json.dumps(targets(fleet), indent=2) + "\n", 0o644)
