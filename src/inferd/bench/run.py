@@ -89,6 +89,9 @@ def build_parser() -> argparse.ArgumentParser:
     from inferd.bench.rerank import add_arguments as add_rerank_arguments
 
     add_rerank_arguments(p)
+    from inferd.bench.compare import add_arguments as add_compare_arguments
+
+    add_compare_arguments(p)
     p.add_argument("--quick", action="store_true",
                    help="a smoke run in well under a minute: 1 s phases, a small ceiling; figures are noise")
     return p
@@ -311,6 +314,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         _apply_quick(args, argv)
     command = shlex.join(["inferd", "bench", *argv])
+    if args.compare:
+        from inferd.bench import compare
+
+        return compare.main(args, command, Progress())
     results = run(args, command)
     write_outputs(results, args.out, plot=not args.no_plot)
     for name, value, wanted, met in target_rows(results["ratios"]):
