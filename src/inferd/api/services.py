@@ -42,14 +42,16 @@ def services(request: Request) -> Services:
 
 
 # -- router dependencies: a router's routes all need the same key, so the router checks it -------------------
+# async def, though nothing in them awaits: FastAPI runs a plain def dependency in its thread pool, and that hop
+# (a thread woken, the GIL handed over and back, a loop wake-up) cost every request more CPU than the check itself.
 
-def inference_auth(request: Request) -> None:
+async def inference_auth(request: Request) -> None:
     """The inference routes (and what is served, /v1/models, /info): one of ``server.api_keys``, if any."""
     s = services(request)
     require_keys(request, s.settings.server.api_keys, "inference", s.metrics)
 
 
-def admin_auth(request: Request) -> None:
+async def admin_auth(request: Request) -> None:
     """The admin routes: ``server.admin_key``; without one configured they do not exist (404)."""
     s = services(request)
     require_admin(request, s.settings.server.admin_key, s.metrics)
