@@ -66,8 +66,8 @@ def thread_of(frames: list[str]) -> str:
     text = ";".join(frames)
     if "core/worker.py" in text:
         return "worker"
-    if "concurrent/futures/thread.py" in text:
-        return "thread pool"
+    if "concurrent/futures/thread.py" in text or "WorkerThread.run (anyio/" in text:
+        return "thread pool"  # asyncio.to_thread's, and anyio's (FastAPI runs plain-def dependencies there)
     if "asyncio" in text or "uvicorn" in text or "server.py" in text:
         return "event loop"
     return "other threads"
