@@ -22,7 +22,6 @@ from inferd import cli
 from inferd.api.errors import _TYPES
 from inferd.config import Settings, load_settings
 from inferd.fleet import render
-from inferd.fleet.control import out_of_rotation
 from inferd.fleet.layout import plan, visible_gpus
 from inferd.fleet.render import RenderError, find_nginx
 from inferd.fleet.runner import supervisor_env
@@ -143,27 +142,13 @@ def test_nginx_error_pages_speak_inferds_error_shape() -> None:
     assert "proxy_next_upstream error timeout http_503 non_idempotent;" in text and "least_conn;" in text
 
 
-def test_a_worker_not_ready_leaves_the_rotation_while_another_is_ready() -> None:
-    def w(name: str, ready: bool, status: str = "ready") -> dict[str, Any]:
-        return {"name": name, "ready": ready, "status": status}
-
-    assert out_of_rotation([w("worker-0", True), w("worker-1", False, "loading")]) == {"worker-1": "loading"}
-    assert out_of_rotation([w("worker-0", False, "draining"), w("worker-1", True)]) == {"worker-0": "draining"}
-    assert out_of_rotation([w("worker-0", True), w("worker-1", True)]) == {}
-    # None ready: all stay in, so each answers its own 503 + Retry-After instead of nginx's 502.
-    assert out_of_rotation([w("worker-0", False, "loading"), w("worker-1", False, "unreachable")]) == {}
-
-
-def test_nginx_never_marks_a_worker_failed_and_renders_the_fleets_rotation(tmp_path: Path) -> None:
+def test_nginx_never_marks_a_worker_failed_and_caps_no_connections(tmp_path: Path) -> None:
     settings = load_settings("dev", environ={"INFERD__FLEET__WORKERS": "2", "INFERD__FLEET__GPUS": ""})
     layout = plan(settings, visible_gpus(), 2)
     fleet = render.Fleet(settings, layout, tmp_path, 18990, "/usr/sbin/nginx", "key")
-    servers = re.findall(r"^\s*server 127\.0\.0\.1:(\d+) ([^;]*);(.*)$", render.render_nginx(fleet), re.M)
-    assert [(int(p), opts) for p, opts, _ in servers] == [(w.port, "max_fails=0") for w in layout.workers]
-    text = render.render_nginx(fleet, out_of_rotation={"worker-1": "unreachable (ConnectError); x\ny"})
-    servers = re.findall(r"^\s*server 127\.0\.0\.1:(\d+) ([^;]*);(.*)$", text, re.M)
-    assert [opts for _, opts, _ in servers] == ["max_fails=0", "max_fails=0 down"]
-    assert servers[1][2].endswith("out of rotation: unreachable (ConnectError) x y")  # one comment line
+    text = render.render_nginx(fleet)
+    servers = re.findall(r"^\s*server 127\.0\.0\.1:(\d+) ([^;]*);", text, re.M)
+    assert [(int(p), opts) for p, opts in servers] == [(w.port, "max_fails=0") for w in layout.workers]
     assert "zone inferd_workers" in text and "max_conns" not in text
 
 

@@ -112,21 +112,6 @@ class Supervisor:
     def restarts(self) -> dict[str, int]:
         return {name: max(0, n - 1) for name, n in self.spawns().items()}
 
-    def signal(self, name: str, sig: str) -> None:
-        """Send a signal ("HUP") to a program supervisord runs: to the process it tracks, not one found by name."""
-        self.rpc.supervisor.signalProcess(name, sig)
-
-
-def out_of_rotation(workers: list[dict[str, Any]]) -> dict[str, str]:
-    """The workers nginx must not send requests to (name -> why): every one not ready, while one is ready.
-
-    With none ready all stay in, so that each answers its own 503 (loading, draining) with Retry-After: an
-    upstream whose servers are all ``down`` answers 502.
-    """
-    if not any(w["ready"] for w in workers):
-        return {}
-    return {w["name"]: str(w["status"]) for w in workers if not w["ready"]}
-
 
 def probe(client: httpx.Client, w: WorkerSlot) -> dict[str, Any]:
     """A worker's readiness as its load balancer sees it: GET /health/ready."""

@@ -198,10 +198,8 @@ def worker_environment(w: WorkerSlot) -> dict[str, str]:
     return env
 
 
-def render_nginx(fleet: Fleet, template: str | None = None, out_of_rotation: Mapping[str, str] | None = None) -> str:
-    """nginx.conf; ``out_of_rotation`` (worker name -> why) renders those workers ``down``."""
+def render_nginx(fleet: Fleet, template: str | None = None) -> str:
     s, layout = fleet.settings, fleet.layout
-    out = out_of_rotation or {}
     template = template if template is not None else read_template("nginx/nginx.conf")
     n = len(layout.workers)
     limit = s.server.limit_concurrency or 4096
@@ -222,21 +220,8 @@ def render_nginx(fleet: Fleet, template: str | None = None, out_of_rotation: Map
         "targets_file": fleet.run_dir / "prometheus" / "targets.json",
     }
     each = {"worker": [{"worker_name": w.name, "worker_address": f"127.0.0.1:{w.port}",
-                        "worker_gpu": w.gpu or "cpu", "worker_down": " down" if w.name in out else "",
-                        "worker_note": f"; out of rotation: {_one_line(out[w.name])}" if w.name in out else ""}
-                       for w in layout.workers]}
+                        "worker_gpu": w.gpu or "cpu"} for w in layout.workers]}
     return fill(template, values, each)
-
-
-def _one_line(text: str) -> str:
-    """Text for an nginx comment: one line, none of the characters nginx reads specially."""
-    return " ".join(re.sub(r"[^A-Za-z0-9 ._()/:-]+", " ", text).split())[:120]
-
-
-def write_nginx(fleet: Fleet, out_of_rotation: Mapping[str, str] | None = None) -> Path:
-    path = fleet.run_dir / "nginx.conf"
-    _write(path, render_nginx(fleet, out_of_rotation=out_of_rotation), 0o644)
-    return path
 
 
 def _user_directive(fleet: Fleet) -> str:
@@ -380,7 +365,7 @@ def write_run_dir(fleet: Fleet, meta: Mapping[str, Any]) -> dict[str, Path]:
     files = {"nginx.conf": run / "nginx.conf", "supervisord.conf": run / "supervisord.conf",
              "config": run / "config" / "base.yaml", "targets": run / "prometheus" / "targets.json",
              "layout": run / "layout.json", "admin_key": run / "admin.key", "health": run / "health" / "fleet.json"}
-    write_nginx(fleet)
+    _write(files["nginx.conf"], render_nginx(fleet), 0o644)
     _write(files["supervisord.conf"], render_supervisord(fleet), 0o600)
     write_worker_config(run, fleet.settings.env, worker_settings(fleet))
     _write(files["targets"], json.dumps(targets(fleet), indent=2) + "\n", 0o644)

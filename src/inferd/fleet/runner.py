@@ -23,7 +23,7 @@ from types import FrameType
 from typing import Any, TextIO
 
 from inferd.config import Settings
-from inferd.fleet.control import RunDir, Supervisor, out_of_rotation, pid_alive, pointer_path, status
+from inferd.fleet.control import RunDir, pid_alive, pointer_path, status
 from inferd.fleet.layout import free_port, plan, usable_cores, visible_gpus
 from inferd.fleet.render import (
     Fleet,
@@ -38,7 +38,6 @@ from inferd.fleet.render import (
     supervisor_bin,
     worker_settings,
     write_health,
-    write_nginx,
     write_run_dir,
 )
 
@@ -124,7 +123,6 @@ class Runner:
         self.stopping = False
         self.ready_once = False
         self.failed: str | None = None
-        self.rotation: dict[str, str] = {}  # the workers nginx.conf renders `down` now (name -> why)
 
     def say(self, msg: str) -> None:
         self.out.write(f"inferd fleet: {msg}\n")
@@ -186,7 +184,6 @@ class Runner:
             return
         data = status(RunDir(self.fleet.run_dir), detailed=False, timeout=1.0)
         write_health(self.fleet.run_dir, public_health(data))
-        self._rotate(data)
         n = data["workers_total"]
         if not self.ready_once and data["ready"] == n and data["nginx"]["state"] == "RUNNING":
             self.ready_once = True
@@ -199,28 +196,6 @@ class Runner:
                 self.failed = (f"{', '.join(names)} could not start; see {self.fleet.logs}/{names[0]}.log:\n"
                                + _tail(self.fleet.logs / f"{names[0]}.log"))
                 self._signal(signal.SIGTERM, None)
-
-
-    def _rotate(self, data: dict[str, Any]) -> None:
-        """Take the workers that are not ready out of nginx's rotation, and put them back once they are.
-
-        nginx itself (open source) has no active health check, and its passive one cannot tell a worker's 503
-        (loading, draining, a full queue) from a fault; so this round's probes decide. nginx.conf is rendered
-        with those workers ``down`` and nginx reloaded (SIGHUP: requests in flight finish on the old nginx
-        workers). Between two rounds, a 503 from a worker that just stopped being ready is retried on another
-        (proxy_next_upstream).
-        """
-        wanted = out_of_rotation(data["workers"])
-        if set(wanted) == set(self.rotation):
-            return
-        write_nginx(self.fleet, wanted)
-        if data["nginx"]["state"] == "RUNNING":
-            Supervisor(self.fleet.socket).signal("nginx", "HUP")
-        gone = [f"{name} ({why})" for name, why in wanted.items() if name not in self.rotation]
-        back = [name for name in self.rotation if name not in wanted]
-        self.rotation = wanted
-        self.say("rotation: " + "; ".join([*([f"out {', '.join(gone)}"] if gone else []),
-                                           *([f"back {', '.join(back)}"] if back else [])]))
 
 
 def public_health(data: dict[str, Any]) -> dict[str, Any]:
