@@ -28,7 +28,7 @@ class Item:
     seq: int = field(default_factory=lambda: next(_seq))
 
 
-def policy(**kw: float) -> Policy:
+def policy(**kw: float | bool) -> Policy:
     base = {"max_batch_size": 32, "max_batch_tokens": 8192, "max_wait_ms": 0.0, "sort_window": 128,
             "ageing_ms": 1000.0}
     base.update(kw)
@@ -180,6 +180,31 @@ def test_max_wait_holds_a_partial_batch_for_companions():
     d = next_batch([first], 1.0005, p)
     assert d.batch == [] and d.wait == pytest.approx(0.0015)
     assert next_batch([first], 1.002, p).batch == [first]
+
+
+def test_adaptive_wait_runs_a_lone_request_when_no_companion_is_due():
+    first = Item(10, enqueued=1.0)
+    p = policy(max_wait_ms=2)
+    # Requests come 20 ms apart: the next one is due at 1.020, long after the wait would end (1.002).
+    assert next_batch([first], 1.0001, p, arrival_gap=0.020).batch == [first]
+    # 0.5 ms apart: one is due within the wait, so the batch waits for it as before.
+    d = next_batch([first], 1.0001, p, arrival_gap=0.0005)
+    assert d.batch == [] and d.wait == pytest.approx(0.0019)
+    # Off, or no estimate yet: the plain max_wait.
+    assert next_batch([first], 1.0001, policy(max_wait_ms=2, adaptive_wait=False), arrival_gap=0.020).batch == []
+    assert next_batch([first], 1.0001, p, arrival_gap=None).batch == []
+
+
+def test_the_queue_estimates_the_gap_between_requests():
+    q = BatchQueue(policy(), max_queue=8)
+    for t in (0.0, 0.010, 0.020, 0.030):
+        q._note_arrival(t)
+    assert q.arrival_gap == pytest.approx(0.010)
+    q._note_arrival(100.0)  # a long pause counts as ARRIVAL_GAP_CAP_S (1 s), weighted 0.2
+    assert q.arrival_gap == pytest.approx(0.2 * 1.0 + 0.8 * 0.010)
+    for i in range(1, 30):  # a burst 1 ms apart brings it back down
+        q._note_arrival(100.0 + i * 0.001)
+    assert q.arrival_gap < 0.002
 
 
 def test_no_waiting_when_max_wait_is_zero():
