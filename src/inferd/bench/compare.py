@@ -37,7 +37,7 @@ import psutil
 
 from inferd.bench import corpus as bench_corpus
 from inferd.bench.load import Target, TextSource, run_closed, run_open
-from inferd.bench.procs import ROOT, ServerFailed, ServerProc, _base_env, _spawn, free_port
+from inferd.bench.procs import ROOT, ServerFailed, ServerProc, start_inferd
 
 WORKTREE = "."
 # Figures compared, and whether more is better.
@@ -186,22 +186,10 @@ def prepare(rev: str, base: Path, say: Callable[[str], None]) -> Revision:
 
 def start(rev: Revision, logs: Path, model: Path | None, torch_threads: int | None,
           extra_env: dict[str, str], timeout: float = 300.0) -> ServerProc:
-    """That revision's ``inferd serve`` (its own code, configs and venv), prod overlay, quiet, on a free port."""
-    port = free_port()
-    env = _base_env(torch_threads)
-    env.update({"INFERD_ENV": "prod", "INFERD__SERVER__HOST": "127.0.0.1", "INFERD__SERVER__PORT": str(port),
-                "INFERD__SERVER__LOG_LEVEL": "WARNING", "INFERD_CONFIG_DIR": str(rev.tree / "configs"),
-                "PYTHONPATH": str(rev.tree / "src")})
-    if model is not None:
-        env["INFERD__MODEL__PATH"] = str(model)
-    if torch_threads:
-        env["INFERD__RUNTIME__TORCH_THREADS"] = str(torch_threads)
-    env.update(extra_env)
+    """That revision's ``inferd serve`` (its own code, configs and venv), as ``start_inferd`` starts ours."""
     label = rev.sha[:12] if rev.sha != "working tree" else "worktree"
-    server = _spawn(f"compare-{label}", [str(rev.python), "-m", "inferd.cli", "serve"], env, port, logs,
-                    cwd=rev.tree)
-    server.wait_ready("/health/ready", timeout)
-    return server
+    return start_inferd(logs, model, torch_threads, extra_env, timeout=timeout, tree=rev.tree, python=rev.python,
+                        name=f"compare-{label}")
 
 
 def _cpu_seconds(proc: psutil.Process) -> float:

@@ -82,13 +82,19 @@ def _spawn(name: str, cmd: list[str], env: dict[str, str], port: int, log_dir: P
 
 def start_inferd(log_dir: Path, model_path: Path | None, torch_threads: int | None,
                  extra_env: dict[str, str], config_dir: Path | None = None,
-                 timeout: float = 180.0) -> ServerProc:
-    """``inferd serve`` with the prod overlay, quiet logs, on a free port; returns once it is ready."""
+                 timeout: float = 180.0, tree: Path | None = None, python: Path | None = None,
+                 name: str = "inferd") -> ServerProc:
+    """``inferd serve`` with the prod overlay, quiet logs, on a free port; returns once it is ready.
+
+    ``tree`` and ``python``: another checkout's code and configs, run by another venv's Python (--compare).
+    """
     port = free_port()
     env = _base_env(torch_threads)
     env.update({"INFERD_ENV": "prod", "INFERD__SERVER__HOST": "127.0.0.1", "INFERD__SERVER__PORT": str(port),
                 "INFERD__SERVER__LOG_LEVEL": "WARNING"})
-    cfg = config_dir or (ROOT / "configs")
+    if tree is not None:
+        env["PYTHONPATH"] = str(tree / "src")
+    cfg = config_dir or ((tree or ROOT) / "configs")
     if (cfg / "base.yaml").is_file():
         env["INFERD_CONFIG_DIR"] = str(cfg)
     if model_path is not None:
@@ -96,7 +102,7 @@ def start_inferd(log_dir: Path, model_path: Path | None, torch_threads: int | No
     if torch_threads:
         env["INFERD__RUNTIME__TORCH_THREADS"] = str(torch_threads)
     env.update(extra_env)
-    server = _spawn("inferd", [sys.executable, "-m", "inferd.cli", "serve"], env, port, log_dir)
+    server = _spawn(name, [str(python or sys.executable), "-m", "inferd.cli", "serve"], env, port, log_dir, cwd=tree)
     server.wait_ready("/health/ready", timeout)
     return server
 
