@@ -27,10 +27,10 @@ from typing import Any
 import torch
 
 from inferd.config import Settings
-from inferd.core.handler import ModelSpec
 from inferd.core.inference import InferenceEngine
 from inferd.core.model_loader import ModelManager
 from inferd.core.preprocess import Encoded
+from inferd.core.spec import ModelSpec
 from inferd.utils.metrics import Metrics
 
 DIM = 8

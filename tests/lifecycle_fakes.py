@@ -15,8 +15,8 @@ from typing import Any
 
 import torch
 
-from inferd.core.handler import ModelSpec
 from inferd.core.preprocess import Encoded
+from inferd.core.spec import ModelSpec
 
 DIM = 4
 

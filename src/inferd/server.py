@@ -29,7 +29,7 @@ from typing import Any
 import uvicorn
 
 from inferd.config import ConfigError, Settings, load_settings
-from inferd.core.handler import ModelLoadError
+from inferd.core.errors import ModelLoadError
 from inferd.core.model_loader import ModelNotReady, ReloadInProgress
 
 log = logging.getLogger(__name__)

@@ -18,8 +18,9 @@ from conftest import metric_value, wait_for
 
 from inferd import cli
 from inferd.core.backends import BackendError, export
-from inferd.core.handler import EmbeddingHandler, ModelSpec
 from inferd.core.model_loader import load_handler
+from inferd.core.spec import ModelSpec
+from inferd.core.tasks.embedding import EmbeddingHandler
 
 SMALL = (("texts", 64), ("calibration_texts", 64))
 WORDS = "the cat and the dog read a long book about rivers mountains and cities"

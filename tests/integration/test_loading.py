@@ -15,8 +15,9 @@ import pytest
 from conftest import Server
 from tinymodel import write_tiny_bert
 
-from inferd.core.handler import ModelLoadError, ModelSpec
+from inferd.core.errors import ModelLoadError
 from inferd.core.model_loader import load_handler
+from inferd.core.spec import ModelSpec
 
 ERROR_KEYS = {"message", "type", "code", "param"}
 

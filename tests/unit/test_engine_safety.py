@@ -17,10 +17,10 @@ from fakes import HashHandler, vector_for
 
 from inferd.config import BatchingSettings, CacheSettings, LimitSettings, ModelSettings, Settings
 from inferd.core import admission
-from inferd.core.handler import ModelSpec
 from inferd.core.inference import ClientGone, EngineError, InferenceEngine, Kind
 from inferd.core.model_loader import ModelManager
 from inferd.core.preprocess import Encoded
+from inferd.core.spec import ModelSpec
 from inferd.core.work import Ticket
 from inferd.utils.metrics import Metrics
 

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from inferd.config import Settings, load_settings
-from inferd.core.handler import ModelLoadError, ModelSpec
+from inferd.core.errors import ModelLoadError
 from inferd.core.model_loader import (
     ManagerClosed,
     ModelManager,
@@ -21,6 +21,7 @@ from inferd.core.model_loader import (
     VersionInUse,
     check_model_path,
 )
+from inferd.core.spec import ModelSpec
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 

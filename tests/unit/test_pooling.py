@@ -10,15 +10,10 @@ import numpy as np
 import pytest
 import torch
 
-from inferd.core.handler import (
-    EmbeddingHandler,
-    ModelLoadError,
-    check_weights,
-    cls_pool,
-    mean_pool,
-    read_st_config,
-)
+from inferd.core.errors import ModelLoadError
 from inferd.core.preprocess import Encoded
+from inferd.core.tasks.base import check_weights
+from inferd.core.tasks.embedding import EmbeddingHandler, cls_pool, mean_pool, read_st_config
 
 # -- pooling ---------------------------------------------------------------------------------------------------
 
@@ -74,7 +69,7 @@ class FakeEncoder(torch.nn.Module):
 
 def fake_handler(pooling: str, normalize: bool) -> EmbeddingHandler:
     from inferd.core.backends.torch import TorchRunner
-    from inferd.core.handler import POOLERS
+    from inferd.core.tasks.embedding import POOLERS
 
     h = EmbeddingHandler()
     h.model, h.device, h.pad_id, h.normalize = FakeEncoder().eval(), torch.device("cpu"), 0, normalize

@@ -16,7 +16,8 @@ from fastapi.testclient import TestClient
 
 from inferd.api.app import create_admin_app, create_app
 from inferd.config import BatchingSettings, LimitSettings, ModelSettings, ServerSettings, Settings
-from inferd.core.handler import ModelLoadError, ModelSpec
+from inferd.core.errors import ModelLoadError
+from inferd.core.spec import ModelSpec
 
 ADMIN = {"Authorization": "Bearer admin-key"}
 

@@ -22,8 +22,9 @@ from inferd.core.backends.varlen import (
     forward,
     pack,
 )
-from inferd.core.handler import EmbeddingHandler, ModelSpec
 from inferd.core.model_loader import load_handler
+from inferd.core.spec import ModelSpec
+from inferd.core.tasks.embedding import EmbeddingHandler
 
 CPU = torch.device("cpu")
 MIXED = corpus_texts(32, seed=7)  # English, Chinese and mixed, 5 to 250 words: many hit the tiny limit

@@ -15,7 +15,7 @@ from inferd.api.errors import APIError
 from inferd.api.routes import json_response, read_body
 from inferd.api.schemas import AdminModels, ModelChange, raw_body, request_body, responses
 from inferd.api.services import admin_auth, services
-from inferd.core.handler import ModelLoadError
+from inferd.core.errors import ModelLoadError
 from inferd.core.model_loader import (
     ManagerClosed,
     ModelNotReady,

@@ -12,7 +12,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from inferd.core.handler import EmbeddingHandler, ModelSpec, resolve_device
+from inferd.core.spec import ModelSpec
+from inferd.core.tasks.base import resolve_device
+from inferd.core.tasks.embedding import EmbeddingHandler
 
 
 def load_handler(model_path: Path, device: str = "auto", torch_threads: int | None = None) -> EmbeddingHandler:

@@ -43,6 +43,10 @@ class EngineError(Exception):
         return f"EngineError({self.kind.value!r}, {self.message!r}, code={self.code!r}, index={self.index!r})"
 
 
+class ModelLoadError(Exception):
+    """A model folder (or a backend for it) that cannot be served; the message names the cause."""
+
+
 class ClientGone(Exception):
     """The client went away before its answer was ready; its queued work was dropped."""
 

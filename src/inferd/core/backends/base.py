@@ -15,7 +15,7 @@ from typing import Any, Protocol
 
 import torch
 
-from inferd.core.handler import ModelLoadError
+from inferd.core.errors import ModelLoadError
 
 log = logging.getLogger(__name__)
 

@@ -270,7 +270,7 @@ def export_command(settings: Any) -> int:
     """
     import sys
 
-    from inferd.core.handler import ModelLoadError
+    from inferd.core.errors import ModelLoadError
     from inferd.core.model_loader import load_handler, spec_from_settings
 
     if settings.model.backend == "torch":

@@ -16,6 +16,7 @@ from typing import Any, Literal, Protocol
 
 import torch
 
+from inferd.core.errors import ModelLoadError
 from inferd.core.preprocess import Encoded
 from inferd.core.spec import ModelSpec
 
@@ -30,10 +31,6 @@ TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "vocab.json", "tokenizer.model
 # The tasks served by the built-in handlers; a plug-in (``module:Class``) names its own.
 BUILTIN_TASKS = ("embedding", "rerank", "classification")
 InputKind = Literal["texts", "pairs"]
-
-
-class ModelLoadError(Exception):
-    """A model folder that cannot be served; the message names the cause."""
 
 
 class Handler(Protocol):
