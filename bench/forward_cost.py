@@ -11,8 +11,9 @@ from __future__ import annotations
 import time
 
 from inferd.config import load_settings
-from inferd.core.model_loader import load_handler, spec_from_settings
+from inferd.core.loading import load_handler
 from inferd.core.preprocess import Encoded
+from inferd.core.spec import spec_from_settings
 
 
 def main() -> None:

@@ -77,7 +77,8 @@ def cosine_min(a: Any, b: Any) -> float:
 
 
 def check_models(checks: Checks, model: Path, guard: Any) -> None:
-    from inferd.core.model_loader import load_handler, spec_from_settings
+    from inferd.core.loading import load_handler
+    from inferd.core.spec import spec_from_settings
 
     sample = texts(32)
     cpu = load_handler(spec_from_settings(settings_for(model, **{"model.device": "cpu"})))
@@ -142,7 +143,8 @@ def check_allocator(checks: Checks, guard: Any) -> None:
 
 def measure_oom_budget(model: Path) -> dict[str, int]:
     """Bytes for the weights, and the peak extra for one long text and for a batch of 64 long texts."""
-    from inferd.core.model_loader import load_handler, spec_from_settings
+    from inferd.core.loading import load_handler
+    from inferd.core.spec import spec_from_settings
 
     handler = load_handler(spec_from_settings(settings_for(model)))
     torch.cuda.synchronize()
@@ -183,9 +185,9 @@ def check_oom(checks: Checks, model: Path) -> None:
 
 def oom_child(model: Path, fraction: float) -> int:
     """Run in a fresh process: the per-process cap applies from the start, via configure_process."""
-    from inferd.core.inference import EngineError, InferenceEngine
+    from inferd.core.engine import EngineError, InferenceEngine
+    from inferd.core.manager import ModelManager
     from inferd.core.memory import configure_process
-    from inferd.core.model_loader import ModelManager
     from inferd.utils.metrics import Metrics
 
     settings = settings_for(model, **{"memory.per_process_fraction": fraction, "batching.max_batch_size": 64,

@@ -41,7 +41,7 @@ from inferd.config import ModelSettings, resolve_model_path
 from inferd.core.backends import gate
 from inferd.core.backends import openvino as ovb
 from inferd.core.backends.torch import TorchRunner, load_model
-from inferd.core.model_loader import load_handler
+from inferd.core.loading import load_handler
 from inferd.core.spec import ModelSpec
 
 DEFAULT = ('[{"name": "fp32"}, {"name": "server"}, {"name": "all", "keep_down": false}, '

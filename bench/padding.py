@@ -46,7 +46,7 @@ from inferd.bench.corpus import texts as corpus_texts
 from inferd.config import ModelSettings, resolve_model_path
 from inferd.core.backends import varlen
 from inferd.core.backends.torch import TorchRunner
-from inferd.core.model_loader import load_handler
+from inferd.core.loading import load_handler
 from inferd.core.preprocess import Encoded
 from inferd.core.spec import ModelSpec
 from inferd.core.tasks.embedding import EmbeddingHandler

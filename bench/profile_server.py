@@ -46,9 +46,9 @@ RULES: list[tuple[str, str]] = [
     ("logging", r"\(logging/|utils/logger\.py"),
     ("response encoding", r"orjson|json_response|responses\.py|render"),
     ("body decode + validation", r"_decode|read_body|pydantic|model_validate|check_texts|precheck"),
-    ("scheduling + queue", r"core/batcher\.py|core/admission\.py|core/work\.py|core/inference\.py|core/cache\.py"),
+    ("scheduling + queue", r"core/batcher\.py|core/admission\.py|core/work\.py|core/engine\.py|core/cache\.py"),
     ("routing + middleware", r"starlette/|fastapi/|api/middleware\.py|api/routes\.py|api/services\.py"),
-    ("HTTP parsing + transport", r"uvicorn/|httptools|inferd/protocol\.py|selector_events\.py|streams\.py"),
+    ("HTTP parsing + transport", r"uvicorn/|httptools|inferd/server/http\.py|selector_events\.py|streams\.py"),
     ("event loop + wake-ups", r"asyncio/|threading\.py|concurrent/futures"),
 ]
 _COMPILED = [(stage, re.compile(p)) for stage, p in RULES]
@@ -68,7 +68,7 @@ def thread_of(frames: list[str]) -> str:
         return "worker"
     if "concurrent/futures/thread.py" in text or "WorkerThread.run (anyio/" in text:
         return "thread pool"  # asyncio.to_thread's, and anyio's (FastAPI runs plain-def dependencies there)
-    if "asyncio" in text or "uvicorn" in text or "server.py" in text:
+    if "asyncio" in text or "uvicorn" in text or "inferd/server/" in text:
         return "event loop"
     return "other threads"
 

@@ -27,8 +27,8 @@ from typing import Any
 import torch
 
 from inferd.config import Settings
-from inferd.core.inference import InferenceEngine
-from inferd.core.model_loader import ModelManager
+from inferd.core.engine import InferenceEngine
+from inferd.core.manager import ModelManager
 from inferd.core.preprocess import Encoded
 from inferd.core.spec import ModelSpec
 from inferd.utils.metrics import Metrics

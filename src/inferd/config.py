@@ -37,7 +37,7 @@ class ServerSettings(_Section):
     log_format: Literal["json", "text"] = "text"
     access_log: bool = True
     log_inputs: bool = False
-    # Connection-level limits against slow or oversized clients, enforced by inferd.protocol whether or not
+    # Connection-level limits against slow or oversized clients, enforced by inferd.server.http whether or not
     # nginx is in front (README: Security). Header/body timeouts bound a whole head/body, not a gap between reads.
     max_header_bytes: int = Field(16_384, ge=1024)
     header_timeout_s: float = Field(10.0, gt=0)

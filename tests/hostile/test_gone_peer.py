@@ -25,7 +25,7 @@ import pytest
 import uvicorn
 from uvicorn.server import ServerState
 
-from inferd.protocol import LINGER_S, ConnectionLimits, LimitedProtocol, protocol_class
+from inferd.server.http import LINGER_S, ConnectionLimits, LimitedProtocol, protocol_class
 
 MAX_HEADER_BYTES = 1024
 HEAD = b"POST /predict HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"

@@ -18,7 +18,7 @@ from conftest import metric_value, wait_for
 
 from inferd import cli
 from inferd.core.backends import BackendError, export
-from inferd.core.model_loader import load_handler
+from inferd.core.loading import load_handler
 from inferd.core.spec import ModelSpec
 from inferd.core.tasks.embedding import EmbeddingHandler
 

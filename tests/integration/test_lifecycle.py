@@ -26,7 +26,8 @@ from conftest import ROOT, Server, metric_value, start_server, wait_for
 from tinymodel import write_tiny_bert
 
 from inferd.config import load_settings
-from inferd.core.model_loader import ModelManager, load_handler
+from inferd.core.loading import load_handler
+from inferd.core.manager import ModelManager
 from inferd.core.spec import ModelSpec
 
 ADMIN = {"Authorization": "Bearer admin-secret"}

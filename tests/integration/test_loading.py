@@ -16,7 +16,7 @@ from conftest import Server
 from tinymodel import write_tiny_bert
 
 from inferd.core.errors import ModelLoadError
-from inferd.core.model_loader import load_handler
+from inferd.core.loading import load_handler
 from inferd.core.spec import ModelSpec
 
 ERROR_KEYS = {"message", "type", "code", "param"}

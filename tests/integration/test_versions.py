@@ -19,7 +19,7 @@ import yaml
 from conftest import ROOT, Server, metric_value, start_server, wait_for
 from tinymodel import write_tiny_bert
 
-from inferd.core.model_loader import load_handler
+from inferd.core.loading import load_handler
 from inferd.core.spec import ModelSpec
 
 ADMIN = {"Authorization": "Bearer admin-secret"}

@@ -15,7 +15,7 @@ from inferd.bench.corpus import texts as corpus_texts
 from inferd.config import ModelSettings, resolve_model_path
 from inferd.core.backends import BackendError
 from inferd.core.backends.base import cpu_flags, quantize_warning
-from inferd.core.model_loader import load_handler
+from inferd.core.loading import load_handler
 from inferd.core.spec import ModelSpec
 from inferd.core.tasks.embedding import EmbeddingHandler
 

@@ -14,7 +14,8 @@ import pytest
 from conftest import Server, start_server
 
 from inferd.config import ModelSettings, Settings, resolve_model_path
-from inferd.core.model_loader import load_handler, spec_from_settings
+from inferd.core.loading import load_handler
+from inferd.core.spec import spec_from_settings
 from inferd.core.tasks.base import Handler
 from inferd.core.tasks.embedding import EmbeddingHandler
 

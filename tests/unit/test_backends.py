@@ -22,7 +22,7 @@ from inferd.core.backends.base import (
     options_for,
     resolve_dtype,
 )
-from inferd.core.model_loader import spec_from_settings
+from inferd.core.spec import spec_from_settings
 
 CPU = torch.device("cpu")
 CUDA = torch.device("cuda")

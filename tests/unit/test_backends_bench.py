@@ -80,7 +80,7 @@ def test_a_refusal_in_a_json_log_line_shows_just_the_verdict() -> None:
 
     tail = ('inferd exited with 3:\n{"time":"t","level":"ERROR","message":"model load failed: openvino float32 int8 '
             'refused by the accuracy gate (int8 thresholds): overlap@10 0.940600 < 0.95 '
-            '(model.gate.int8_overlap_at_10). Figures ...","module":"model_loader"}\n{"level":"CRITICAL"}')
+            '(model.gate.int8_overlap_at_10). Figures ...","module":"manager"}\n{"level":"CRITICAL"}')
     assert _why(tail) == ("**refused by the gate** (int8 thresholds): overlap@10 0.940600 < 0.95 "
                           "(model.gate.int8_overlap_at_10). Figures ...")
     assert _why("Traceback\nValueError: No onnx files found") == "failed: ValueError: No onnx files found"

@@ -19,8 +19,8 @@ from starlette.testclient import TestClient
 from inferd.api.app import create_app
 from inferd.api.services import services_of
 from inferd.config import BatchingSettings, ModelSettings, Settings
-from inferd.core.inference import ClientGone, EngineError, InferenceEngine, Kind
-from inferd.core.model_loader import ModelManager
+from inferd.core.engine import ClientGone, EngineError, InferenceEngine, Kind
+from inferd.core.manager import ModelManager
 from inferd.utils.metrics import Metrics
 
 

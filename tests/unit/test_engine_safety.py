@@ -17,8 +17,8 @@ from fakes import HashHandler, vector_for
 
 from inferd.config import BatchingSettings, CacheSettings, LimitSettings, ModelSettings, Settings
 from inferd.core import admission
-from inferd.core.inference import ClientGone, EngineError, InferenceEngine, Kind
-from inferd.core.model_loader import ModelManager
+from inferd.core.engine import ClientGone, EngineError, InferenceEngine, Kind
+from inferd.core.manager import ModelManager
 from inferd.core.preprocess import Encoded
 from inferd.core.spec import ModelSpec
 from inferd.core.work import Ticket

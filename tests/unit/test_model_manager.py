@@ -12,14 +12,14 @@ import pytest
 
 from inferd.config import Settings, load_settings
 from inferd.core.errors import ModelLoadError
-from inferd.core.model_loader import (
+from inferd.core.loading import check_model_path
+from inferd.core.manager import (
     ManagerClosed,
     ModelManager,
     ModelNotReady,
     NoCanary,
     ReloadInProgress,
     VersionInUse,
-    check_model_path,
 )
 from inferd.core.spec import ModelSpec
 

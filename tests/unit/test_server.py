@@ -1,4 +1,4 @@
-"""server.py alone: a SIGHUP reload that cannot read its configuration, and the shutdown watchdog."""
+"""inferd.server alone: a SIGHUP reload that cannot read its configuration, and the shutdown watchdog."""
 
 from __future__ import annotations
 

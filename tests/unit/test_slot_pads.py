@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from fakes import HashHandler
 
-from inferd.core.model_loader import load_handler
+from inferd.core.loading import load_handler
 from inferd.core.slots import ModelSlot
 from inferd.core.spec import ModelSpec
 

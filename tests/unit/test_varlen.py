@@ -22,7 +22,7 @@ from inferd.core.backends.varlen import (
     forward,
     pack,
 )
-from inferd.core.model_loader import load_handler
+from inferd.core.loading import load_handler
 from inferd.core.spec import ModelSpec
 from inferd.core.tasks.embedding import EmbeddingHandler
 

@@ -16,15 +16,15 @@ from inferd.api.routes import json_response, read_body
 from inferd.api.schemas import AdminModels, ModelChange, raw_body, request_body, responses
 from inferd.api.services import admin_auth, services
 from inferd.core.errors import ModelLoadError
-from inferd.core.model_loader import (
+from inferd.core.manager import (
     ManagerClosed,
     ModelNotReady,
-    ModelSlot,
     NoCanary,
     ReloadInProgress,
     TaskMismatch,
     VersionInUse,
 )
+from inferd.core.slots import ModelSlot
 
 log = logging.getLogger(__name__)
 

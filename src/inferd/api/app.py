@@ -24,10 +24,11 @@ from inferd.api.security import require_keys
 from inferd.api.services import Services, services_of
 from inferd.api.task_routes import task_router
 from inferd.config import Settings
+from inferd.core.engine import InferenceEngine
 from inferd.core.errors import ModelLoadError
-from inferd.core.inference import InferenceEngine
+from inferd.core.loading import load_handler
+from inferd.core.manager import ModelManager
 from inferd.core.memory import build_guard
-from inferd.core.model_loader import ModelManager, load_handler
 from inferd.core.spec import ModelSpec
 from inferd.core.tasks.base import Handler
 from inferd.utils.metrics import Metrics

@@ -32,7 +32,7 @@ KNOWN_PATHS = frozenset({
     "/admin/models/rollback", "/admin/models",
 })
 # Why the connection protocol ended a request the app was still reading, and the status it answered
-# (inferd.protocol writes the answer; the app only sees the client go). Anything else gone is 499.
+# (inferd.server.http writes the answer; the app only sees the client go). Anything else gone is 499.
 ABORT_STATUS = {"body_timeout": 408, "shutdown": 503}
 CLIENT_CLOSED = 499  # nginx's "client closed request": counted apart from the server's own errors
 
@@ -156,7 +156,7 @@ async def _send_error(send: Send, exc: APIError, close: bool = True) -> None:
 
 
 async def overloaded(scope: Scope, receive: Receive, send: Send) -> None:
-    """The answer past ``server.limit_concurrency`` (inferd.protocol routes requests here)."""
+    """The answer past ``server.limit_concurrency`` (inferd.server.http routes requests here)."""
     await _send_error(send, APIError(503, "the server is at its connection limit (server.limit_concurrency); "
                                      "retry shortly", "overloaded", headers={"Retry-After": "1"}))
 

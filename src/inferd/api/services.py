@@ -14,9 +14,9 @@ from starlette.requests import Request
 
 from inferd.api.security import require_admin, require_keys
 from inferd.config import Settings
-from inferd.core.inference import InferenceEngine
+from inferd.core.engine import InferenceEngine
+from inferd.core.manager import ModelManager
 from inferd.core.memory import MemoryGuard
-from inferd.core.model_loader import ModelManager
 from inferd.utils.metrics import Metrics
 
 

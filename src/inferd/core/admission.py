@@ -24,7 +24,7 @@ from inferd.config import Settings
 from inferd.core.batcher import BatchQueue, Policy, QueueClosed, QueueFull
 from inferd.core.cache import ResultCache
 from inferd.core.errors import ClientGone, EngineError, Kind, deadline_passed
-from inferd.core.model_loader import ModelManager, ModelNotReady
+from inferd.core.manager import ModelManager, ModelNotReady
 from inferd.core.preprocess import InputError, check_texts
 from inferd.core.slots import ModelSlot
 from inferd.core.work import Failure, Outcome, TaskResult, Ticket, WorkItem

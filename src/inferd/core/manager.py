@@ -23,10 +23,6 @@ from inferd.core.spec import ModelSpec, spec_from_settings
 from inferd.core.tasks.base import Handler, ModelLoadError, incompatibility
 from inferd.core.tasks.embedding import allows_change
 
-# Re-exported: callers (the CLI, bench, tests) import the loading names from here.
-__all__ = ["ManagerClosed", "ModelManager", "ModelNotReady", "ModelSlot", "ModelSpec", "NoCanary", "ReloadInProgress",
-           "TaskMismatch", "VersionInUse", "check_model_path", "load_handler", "spec_from_settings", "spec_task"]
-
 log = logging.getLogger(__name__)
 
 

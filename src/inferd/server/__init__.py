@@ -30,7 +30,7 @@ import uvicorn
 
 from inferd.config import ConfigError, Settings, load_settings
 from inferd.core.errors import ModelLoadError
-from inferd.core.model_loader import ModelNotReady, ReloadInProgress
+from inferd.core.manager import ModelNotReady, ReloadInProgress
 
 log = logging.getLogger(__name__)
 
@@ -157,7 +157,7 @@ def serve(settings: Settings, reread: Callable[[], Settings] | None = None) -> i
     from inferd.api.middleware import RequestContextMiddleware, overloaded
     from inferd.api.services import services_of
     from inferd.core.memory import configure_process
-    from inferd.protocol import ConnectionLimits, protocol_class
+    from inferd.server.http import ConnectionLimits, protocol_class
     from inferd.utils.logger import configure_logging
 
     configure_logging(settings.server.log_level, settings.server.log_format)

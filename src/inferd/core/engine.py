@@ -16,7 +16,7 @@ from inferd.core.admission import Admission
 from inferd.core.batcher import BatchQueue, Policy
 from inferd.core.cache import ResultCache
 from inferd.core.errors import ClientGone, EngineError, Kind
-from inferd.core.model_loader import ModelManager
+from inferd.core.manager import ModelManager
 from inferd.core.slots import ModelSlot
 from inferd.core.work import TaskResult, WorkItem
 from inferd.core.worker import BatchWorker
