@@ -47,7 +47,8 @@ RULES: list[tuple[str, str]] = [
     ("response encoding", r"orjson|json_response|responses\.py|render"),
     ("body decode + validation", r"_decode|read_body|pydantic|model_validate|check_texts|precheck"),
     ("scheduling + queue", r"core/batcher\.py|core/admission\.py|core/work\.py|core/engine\.py|core/cache\.py"),
-    ("routing + middleware", r"starlette/|fastapi/|api/middleware\.py|api/routes\.py|api/services\.py"),
+    ("routing + middleware", r"starlette/|fastapi/|api/middleware\.py|api/routes\.py|api/inference\.py|"
+                             r"api/services\.py"),
     ("HTTP parsing + transport", r"uvicorn/|httptools|inferd/server/http\.py|selector_events\.py|streams\.py"),
     ("event loop + wake-ups", r"asyncio/|threading\.py|concurrent/futures"),
 ]

@@ -11,8 +11,8 @@ from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel, ConfigDict, Field, StrictFloat
 from starlette.responses import Response
 
+from inferd.api.bodies import json_response, read_body
 from inferd.api.errors import APIError
-from inferd.api.routes import json_response, read_body
 from inferd.api.schemas import AdminModels, ModelChange, raw_body, request_body, responses
 from inferd.api.services import admin_auth, services
 from inferd.core.errors import ModelLoadError

@@ -1,22 +1,31 @@
-"""HTTP routes: parse and validate, hand texts to the engine, shape the answer. No model work here."""
+"""The seed's /predict, OpenAI's embeddings, what is served (/v1/models, /info) and health.
+
+Parse and validate, hand texts to the engine (api/inference.py), shape the answer; no model work here.
+"""
 
 from __future__ import annotations
 
 import base64
-import gc
 import time
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
-import orjson
 from fastapi import APIRouter, Depends, Request
-from pydantic import BaseModel, ValidationError
 from starlette.responses import Response
 
 from inferd import __version__
-from inferd.api.errors import APIError, engine_refusal, excerpt
-from inferd.api.middleware import context
+from inferd.api.bodies import json_response, read_body
+from inferd.api.errors import APIError
+from inferd.api.inference import (
+    INFERENCE_ERRORS,
+    check_query,
+    prechecked,
+    require_task,
+    run_task,
+    served_name,
+    served_task,
+)
 from inferd.api.schemas import (
     EmbeddingsRequest,
     EmbeddingsResponse,
@@ -29,131 +38,16 @@ from inferd.api.schemas import (
     responses,
 )
 from inferd.api.services import inference_auth, services
-from inferd.core.errors import ClientGone, EngineError, Kind
-from inferd.core.work import TaskResult
+from inferd.core.errors import EngineError, Kind
 
 # Inference, and what is served (/v1/models, /info): the inference keys, checked once for the whole router.
 router = APIRouter(dependencies=[Depends(inference_auth)])
 # Health answers load balancers and probes, which hold no key.
 health_router = APIRouter()
-B = TypeVar("B", bound=BaseModel)
-
-_INFERENCE_ERRORS = (400, 401, 404, 413, 422, 503, 504, 507)
-
-
-def json_response(content: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
-    return Response(orjson.dumps(content, option=orjson.OPT_SERIALIZE_NUMPY), status_code=status,
-                    headers=headers, media_type="application/json")
-
-
-def _decode(body: bytes, model: type[B], check: Callable[[B], None] | None) -> B:
-    if not body.strip():
-        raise APIError(400, "the request body is empty; send a JSON object", "invalid_json")
-    try:
-        data = orjson.loads(body)
-    except orjson.JSONDecodeError as exc:
-        raise APIError(400, f"the request body is not valid JSON (or not UTF-8): {exc}", "invalid_json") from None
-    if not isinstance(data, dict):
-        raise APIError(400, "the request body must be a JSON object", "invalid_json")
-    # Unknown keys first, in one pass: pydantic would build an error object for each of them (90,000 keys
-    # in a 1 MB body held the event loop for half a second) while only the first is ever reported.
-    fields = model.model_fields
-    unknown = next((key for key in data if key not in fields), None)
-    if unknown is not None:
-        # An unknown field's name is client input: echo only an excerpt of it.
-        param = excerpt(unknown)
-        raise APIError(422, f"{param}: unknown field", "invalid_value", param)
-    try:
-        parsed = model.model_validate(data)
-    except ValidationError as exc:
-        err = exc.errors(include_url=False, include_context=False, include_input=False)[0]
-        param = excerpt(".".join(str(p) for p in err["loc"])) or None
-        raise APIError(422, f"{param}: {err['msg']}", "invalid_value", param) from None
-    if check is not None:
-        check(parsed)
-    return parsed
-
-
-async def read_body(request: Request, model: type[B], check: Callable[[B], None] | None = None) -> B:
-    """Parse and validate a JSON body; ``check`` adds the route's own cheap checks (counts, types).
-
-    All of it runs with the garbage collector paused: 1 MB of ``[],`` is 300,000 lists, and collections
-    triggered while they are built (and walked again while they are alive) held the event loop for over a
-    second. A refused body is dropped before the collector resumes, so reference counting frees it alone;
-    an accepted one has passed ``check``, so it is small.
-    """
-    body = await request.body()
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        return _decode(body, model, check)
-    except APIError as exc:
-        # The traceback and the chained exception hold the decoding frame, and with it the parsed data.
-        exc.__context__ = exc.__cause__ = None
-        raise exc.with_traceback(None) from None
-    finally:
-        if enabled:
-            gc.enable()
-
-
-def _prechecked(request: Request, texts: Any, field: str, listed: bool) -> None:
-    """The engine's model-free checks (types, counts, lengths), run while the body is parsed."""
-    s = services(request)
-    try:
-        s.engine.precheck(texts)
-    except EngineError as exc:
-        raise engine_refusal(exc, field, listed, s.metrics) from None
-
-
-async def _disconnected(request: Request) -> None:
-    # The body is already read, so the next message can only be the client going away.
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
-
-
-def require_task(request: Request, task: str) -> None:
-    """404 on a route of another task than the one this server serves, naming the served one."""
-    served = services(request).manager.task
-    if served is not None and served != task:
-        raise APIError(404, f"{request.url.path} serves the {task} task; this server serves the {served} task",
-                       "wrong_task")
-
-
-def served_task(request: Request) -> str:
-    return services(request).manager.task or "embedding"
-
-
-async def run_task(request: Request, texts: list[Any], body: Any, field: str, listed: bool,
-                   task: str | None = None, admit: Callable[[Any], None] | None = None) -> TaskResult | Response:
-    """Hand a request's inputs to the engine; its refusals in the error shape, 499 for a client gone.
-
-    ``field`` is the request field holding the inputs: an input at fault is named ``field[i]``.
-    """
-    s = services(request)
-    if s.settings.server.log_inputs:
-        # Only when the operator asked for it: request text is user data and stays out of logs by default.
-        context(request.scope)["inputs"] = texts
-    try:
-        result = await s.engine.run(
-            texts, priority=body.priority, timeout_ms=body.timeout_ms, model=getattr(body, "model", None), task=task,
-            admit=admit, routing_key=request.headers.get("x-routing-key"),
-            disconnected=lambda: _disconnected(request))
-    except EngineError as exc:
-        raise engine_refusal(exc, field, listed, s.metrics) from None
-    except ClientGone:
-        return Response(status_code=499)
-    ctx = context(request.scope)
-    ctx.update(result.timings)
-    ctx["version"] = result.version
-    return result
-
-
-def served_name(result: TaskResult) -> str:
-    return f"{result.model}@{result.version}"
 
 
 @router.post("/predict", openapi_extra=request_body(PredictRequest),
-             responses=responses(PredictResponse, *_INFERENCE_ERRORS))
+             responses=responses(PredictResponse, *INFERENCE_ERRORS))
 async def predict(request: Request) -> Response:
     """The seed's endpoint, each task's natural result: ``{"texts": [...]}`` → ``{"results": [...], "model"}``.
 
@@ -162,10 +56,8 @@ async def predict(request: Request) -> Response:
     """
     task = served_task(request)
     if task == "rerank":
-        from inferd.api.task_routes import predict_pairs
-
-        return await predict_pairs(request)
-    body = await read_body(request, PredictRequest, lambda b: _prechecked(request, b.texts, "texts", True))
+        return await _predict_pairs(request)
+    body = await read_body(request, PredictRequest, lambda b: prechecked(request, b.texts, "texts", True))
     result = await run_task(request, body.texts, body, "texts", listed=True, task=task)
     if isinstance(result, Response):
         return result
@@ -178,8 +70,28 @@ async def predict(request: Request) -> Response:
                           "usage": {"prompt_tokens": result.prompt_tokens}})
 
 
+async def _predict_pairs(request: Request) -> Response:
+    """/predict on a reranker: ``{"texts": [[query, document], ...]}`` → ``{"results": [score, ...]}``."""
+
+    def check(body: PredictRequest) -> None:
+        for i, pair in enumerate(body.texts):
+            if not (isinstance(pair, list) and len(pair) == 2):
+                raise APIError(422, f"texts[{i}]: must be a [query, document] pair on a rerank model",
+                               "invalid_type", f"texts[{i}]")
+            check_query(request, pair[0], f"texts[{i}][0]")
+        prechecked(request, [p[1] for p in body.texts], "texts", True)
+
+    body = await read_body(request, PredictRequest, check)
+    pairs = [(q, d) for q, d in body.texts]
+    result = await run_task(request, pairs, body, "texts", listed=True, task="rerank")
+    if isinstance(result, Response):
+        return result
+    return json_response({"results": [float(o[0]) for o in result.outputs], "model": served_name(result),
+                          "usage": {"prompt_tokens": result.prompt_tokens}})
+
+
 @router.post("/v1/embeddings", openapi_extra=request_body(EmbeddingsRequest),
-             responses=responses(EmbeddingsResponse, *_INFERENCE_ERRORS))
+             responses=responses(EmbeddingsResponse, *INFERENCE_ERRORS))
 async def embeddings(request: Request) -> Response:
     """OpenAI-compatible embeddings (the official ``openai`` client works against it)."""
     require_task(request, "embedding")
@@ -216,7 +128,7 @@ def _check_input(request: Request, body: EmbeddingsRequest) -> None:
     # The first item decides, in constant time: a long list of numbers must not be walked on the event loop.
     if listed and body.input and isinstance(body.input[0], int | list) and not isinstance(body.input[0], bool):
         raise APIError(422, "input: token arrays are not supported; send text", "unsupported_input", "input")
-    _prechecked(request, body.input if listed else [body.input], "input", listed)
+    prechecked(request, body.input if listed else [body.input], "input", listed)
 
 
 @router.get("/v1/models", responses=responses(ModelList, 401))

@@ -12,20 +12,12 @@ from typing import Any
 from fastapi import APIRouter, Depends, Request
 from starlette.responses import Response
 
+from inferd.api.bodies import json_response, read_body
 from inferd.api.errors import APIError
-from inferd.api.routes import (
-    _INFERENCE_ERRORS,
-    _prechecked,
-    json_response,
-    read_body,
-    require_task,
-    run_task,
-    served_name,
-)
+from inferd.api.inference import INFERENCE_ERRORS, check_query, prechecked, require_task, run_task, served_name
 from inferd.api.schemas import (
     ClassifyRequest,
     ClassifyResponse,
-    PredictRequest,
     RerankRequest,
     RerankResponse,
     TEIRerankRequest,
@@ -39,23 +31,10 @@ from inferd.core.work import TaskResult
 task_router = APIRouter(dependencies=[Depends(inference_auth)])  # the inference keys, as api/routes.py
 
 
-def _check_query(request: Request, query: Any, field: str = "query") -> str:
-    """The query is one text shared by every pair: the same rules as a text, named by its own field."""
-    limit = services(request).settings.limits.max_chars_per_text
-    if not isinstance(query, str):
-        raise APIError(422, f"{field}: must be a string, not {type(query).__name__}", "invalid_type", field)
-    if not query.strip():
-        raise APIError(422, f"{field}: must not be empty or only whitespace", "empty_string", field)
-    if len(query) > limit:
-        raise APIError(422, f"{field}: is {len(query)} characters long; the limit is {limit}", "text_too_long",
-                       field)
-    return query
-
-
 def _pairs_checked(request: Request, query: Any, documents: list[Any], field: str) -> None:
-    _check_query(request, query)
+    check_query(request, query)
     # Each document is an item: counts toward limits.max_items_per_request, named documents[i] when at fault.
-    _prechecked(request, documents, field, True)
+    prechecked(request, documents, field, True)
 
 
 async def _rerank(request: Request, body: Any, documents: list[str], field: str) -> TaskResult | Response:
@@ -68,9 +47,9 @@ def _usage(result: TaskResult) -> dict[str, int]:
 
 
 @task_router.post("/v1/rerank", openapi_extra=request_body(RerankRequest),
-                  responses=responses(RerankResponse, *_INFERENCE_ERRORS))
+                  responses=responses(RerankResponse, *INFERENCE_ERRORS))
 @task_router.post("/v2/rerank", openapi_extra=request_body(RerankRequest),
-                  responses=responses(RerankResponse, *_INFERENCE_ERRORS))
+                  responses=responses(RerankResponse, *INFERENCE_ERRORS))
 async def rerank(request: Request) -> Response:
     """Cohere / Jina / vLLM / infinity rerank: ``{"query", "documents", "top_n"?, "return_documents"?}``.
 
@@ -99,7 +78,7 @@ async def rerank(request: Request) -> Response:
                   responses=responses({"description": "Scored texts, best first", "content": {
                       "application/json": {"schema": {"type": "array",
                                                       "items": TEIRerankResult.model_json_schema()}}}},
-                      *_INFERENCE_ERRORS))
+                      *INFERENCE_ERRORS))
 async def rerank_tei(request: Request) -> Response:
     """text-embeddings-inference's rerank: ``{"query", "texts", "raw_scores"?, "return_text"?}`` → a list."""
     require_task(request, "rerank")
@@ -120,11 +99,11 @@ async def rerank_tei(request: Request) -> Response:
 
 def _check_classify(request: Request, body: ClassifyRequest) -> None:
     listed = isinstance(body.input, list)
-    _prechecked(request, body.input if listed else [body.input], "input", listed)
+    prechecked(request, body.input if listed else [body.input], "input", listed)
 
 
 @task_router.post("/v1/classify", openapi_extra=request_body(ClassifyRequest),
-                  responses=responses(ClassifyResponse, *_INFERENCE_ERRORS))
+                  responses=responses(ClassifyResponse, *INFERENCE_ERRORS))
 async def classify(request: Request) -> Response:
     """vLLM's classify: ``{"input": str | [str]}`` → a label and the probability of each label per text."""
     require_task(request, "classification")
@@ -148,23 +127,3 @@ def _labels(request: Request, result: TaskResult) -> list[str]:
             return list(slot.info["labels"])
     raise APIError(503, "the model that answered was unloaded meanwhile; retry", "model_unloaded",
                    headers={"Retry-After": "1"})
-
-
-async def predict_pairs(request: Request) -> Response:
-    """/predict on a reranker: ``{"texts": [[query, document], ...]}`` → ``{"results": [score, ...]}``."""
-
-    def check(body: PredictRequest) -> None:
-        for i, pair in enumerate(body.texts):
-            if not (isinstance(pair, list) and len(pair) == 2):
-                raise APIError(422, f"texts[{i}]: must be a [query, document] pair on a rerank model",
-                               "invalid_type", f"texts[{i}]")
-            _check_query(request, pair[0], f"texts[{i}][0]")
-        _prechecked(request, [p[1] for p in body.texts], "texts", True)
-
-    body = await read_body(request, PredictRequest, check)
-    pairs = [(q, d) for q, d in body.texts]
-    result = await run_task(request, pairs, body, "texts", listed=True, task="rerank")
-    if isinstance(result, Response):
-        return result
-    return json_response({"results": [float(o[0]) for o in result.outputs], "model": served_name(result),
-                          "usage": {"prompt_tokens": result.prompt_tokens}})

@@ -1,0 +1,92 @@
+"""The steps every inference route shares: the engine's checks while the body is parsed, the task the route
+serves, the hand-off of a request's inputs to the engine, and the name of the model that answered.
+
+The routes of each wire API (api/routes.py: the seed's /predict and OpenAI's embeddings; api/task_routes.py:
+the rerank and classification shapes) build on these and never on each other.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from fastapi import Request
+from starlette.responses import Response
+
+from inferd.api.errors import APIError, engine_refusal
+from inferd.api.middleware import context
+from inferd.api.services import services
+from inferd.core.errors import ClientGone, EngineError
+from inferd.core.work import TaskResult
+
+# The statuses an inference route may answer (its OpenAPI ``responses``).
+INFERENCE_ERRORS = (400, 401, 404, 413, 422, 503, 504, 507)
+
+
+def prechecked(request: Request, texts: Any, field: str, listed: bool) -> None:
+    """The engine's model-free checks (types, counts, lengths), run while the body is parsed."""
+    s = services(request)
+    try:
+        s.engine.precheck(texts)
+    except EngineError as exc:
+        raise engine_refusal(exc, field, listed, s.metrics) from None
+
+
+def check_query(request: Request, query: Any, field: str = "query") -> str:
+    """A rerank query is one text shared by every pair: the same rules as a text, named by its own field."""
+    limit = services(request).settings.limits.max_chars_per_text
+    if not isinstance(query, str):
+        raise APIError(422, f"{field}: must be a string, not {type(query).__name__}", "invalid_type", field)
+    if not query.strip():
+        raise APIError(422, f"{field}: must not be empty or only whitespace", "empty_string", field)
+    if len(query) > limit:
+        raise APIError(422, f"{field}: is {len(query)} characters long; the limit is {limit}", "text_too_long",
+                       field)
+    return query
+
+
+async def _disconnected(request: Request) -> None:
+    # The body is already read, so the next message can only be the client going away.
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+def require_task(request: Request, task: str) -> None:
+    """404 on a route of another task than the one this server serves, naming the served one."""
+    served = services(request).manager.task
+    if served is not None and served != task:
+        raise APIError(404, f"{request.url.path} serves the {task} task; this server serves the {served} task",
+                       "wrong_task")
+
+
+def served_task(request: Request) -> str:
+    return services(request).manager.task or "embedding"
+
+
+async def run_task(request: Request, texts: list[Any], body: Any, field: str, listed: bool,
+                   task: str | None = None, admit: Callable[[Any], None] | None = None) -> TaskResult | Response:
+    """Hand a request's inputs to the engine; its refusals in the error shape, 499 for a client gone.
+
+    ``field`` is the request field holding the inputs: an input at fault is named ``field[i]``.
+    """
+    s = services(request)
+    if s.settings.server.log_inputs:
+        # Only when the operator asked for it: request text is user data and stays out of logs by default.
+        context(request.scope)["inputs"] = texts
+    try:
+        result = await s.engine.run(
+            texts, priority=body.priority, timeout_ms=body.timeout_ms, model=getattr(body, "model", None), task=task,
+            admit=admit, routing_key=request.headers.get("x-routing-key"),
+            disconnected=lambda: _disconnected(request))
+    except EngineError as exc:
+        raise engine_refusal(exc, field, listed, s.metrics) from None
+    except ClientGone:
+        return Response(status_code=499)
+    ctx = context(request.scope)
+    ctx.update(result.timings)
+    ctx["version"] = result.version
+    return result
+
+
+def served_name(result: TaskResult) -> str:
+    return f"{result.model}@{result.version}"
