@@ -10,6 +10,7 @@ import yaml
 
 from inferd import cli
 from inferd.config import Settings
+from inferd.config_flags import FLAGS
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
@@ -62,14 +63,14 @@ FLAG_VALUES = {
 
 
 def test_every_flag_is_covered() -> None:
-    assert set(FLAG_VALUES) == set(cli.FLAGS)
+    assert set(FLAG_VALUES) == set(FLAGS)
 
 
 @pytest.mark.parametrize("flag", sorted(FLAG_VALUES))
 def test_each_flag_lands_on_its_key(ran: list[Settings], flag: str) -> None:
     raw, expected = FLAG_VALUES[flag]
     assert cli.main(["serve", f"--{flag.replace('_', '-')}", raw]) == 7
-    section, key = cli.FLAGS[flag].split(".")
+    section, key = FLAGS[flag].split(".")
     assert getattr(getattr(ran[0], section), key) == expected
 
 

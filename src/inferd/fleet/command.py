@@ -10,22 +10,19 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import httpx
 
 from inferd.config import ConfigError, Settings, load_settings
+from inferd.config_flags import add_config_flags, overrides
 from inferd.fleet.control import FleetNotFound, RunDir, find_run_dir, format_status, status
 from inferd.fleet.render import RenderError
 from inferd.fleet.rollout import Change, ChangeFailed, Rollout, change_lock
 
-# Flags of `inferd serve` that mean something else here (nginx's address) or are per worker.
-WORKER_ONLY = ("host", "port", "admin_port")
 
-
-def add_parser(sub: Any, add_config_flags: Callable[..., None]) -> argparse.ArgumentParser:
+def add_parser(sub: Any) -> argparse.ArgumentParser:
     p = sub.add_parser("fleet", help="run N workers behind nginx under supervisord (see README)",
                        description="Run N `inferd serve` workers behind nginx, under supervisord, in the "
                                    "foreground; Ctrl-C / SIGTERM stops everything, drained.")
@@ -63,11 +60,10 @@ def add_parser(sub: Any, add_config_flags: Callable[..., None]) -> argparse.Argu
 
 
 def fleet_settings(args: argparse.Namespace) -> Settings:
-    from inferd.cli import FLAGS
-
-    overrides = {key: getattr(args, flag, None) for flag, key in FLAGS.items() if flag not in WORKER_ONLY}
-    overrides.update({"fleet.port": args.port, "fleet.host": args.host, "fleet.workers": args.workers})
-    return load_settings(args.env, overrides, config_dir=args.config_dir)
+    # The workers' address flags are not taken (each worker gets its own); --host/--port are nginx's.
+    given = overrides(args, server=False)
+    given.update({"fleet.port": args.port, "fleet.host": args.host, "fleet.workers": args.workers})
+    return load_settings(args.env, given, config_dir=args.config_dir)
 
 
 def _run_dir(args: argparse.Namespace) -> RunDir:

@@ -1,0 +1,63 @@
+"""The configuration flags every command that builds Settings takes (``inferd serve``, ``check-config``,
+``export``, ``fleet``): their argparse definitions and the settings key each one sets.
+
+Its own module so that the CLI and ``inferd fleet`` (fleet/command.py) both build on it, not on each other.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+# flag name -> dotted settings key
+FLAGS = {
+    "host": "server.host",
+    "port": "server.port",
+    "admin_port": "server.admin_port",
+    "log_format": "server.log_format",
+    "log_level": "server.log_level",
+    "model_path": "model.path",
+    "model_version": "model.version",
+    "load_mode": "model.load_mode",
+    "device": "model.device",
+    "dtype": "model.dtype",
+    "backend": "model.backend",
+    "quantize": "model.quantize",
+    "cache_dir": "model.cache_dir",
+    "calibration_file": "model.calibration_file",
+    "max_batch_size": "batching.max_batch_size",
+    "max_wait_ms": "batching.max_wait_ms",
+    "torch_threads": "runtime.torch_threads",
+}
+# The flags of a server's own address: `inferd fleet` gives every worker its own, and its --host/--port are nginx's.
+SERVER_ONLY = ("host", "port", "admin_port")
+
+
+def add_config_flags(p: argparse.ArgumentParser, server: bool = True) -> None:
+    p.add_argument("--env", help="configuration overlay (default: $INFERD_ENV or dev)")
+    p.add_argument("--config-dir", type=Path, help="folder holding base.yaml and the overlays")
+    if server:
+        p.add_argument("--host")
+        p.add_argument("--port", type=int)
+        p.add_argument("--admin-port", type=int)
+    p.add_argument("--log-format", choices=["json", "text"])
+    p.add_argument("--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    p.add_argument("--model-path", help="a local Hugging Face model folder")
+    p.add_argument("--model-version")
+    p.add_argument("--load-mode", choices=["background", "eager", "lazy"])
+    p.add_argument("--device")
+    p.add_argument("--dtype", choices=["auto", "float32", "float16", "bfloat16"])
+    p.add_argument("--backend", choices=["torch", "onnx", "openvino"])
+    p.add_argument("--quantize", choices=["none", "int8-weights", "int8"])
+    p.add_argument("--cache-dir", help="where exported graphs are kept (model.cache_dir)")
+    p.add_argument("--calibration-file", help="texts for int8 calibration and the accuracy gate, one per line")
+    p.add_argument("--max-batch-size", type=int)
+    p.add_argument("--max-wait-ms", type=float)
+    p.add_argument("--torch-threads", type=int)
+
+
+def overrides(args: argparse.Namespace, server: bool = True) -> dict[str, Any]:
+    """The dotted settings keys the flags set (None where a flag was not given); without ``server``, the
+    SERVER_ONLY flags are left out (a fleet's --host/--port mean nginx's address)."""
+    return {key: getattr(args, flag, None) for flag, key in FLAGS.items() if server or flag not in SERVER_ONLY}
