@@ -31,7 +31,7 @@ SETTINGS = {
 CHILD = r"""
 import json, random, resource, sys, psutil, torch
 from inferd.bench.ceiling import load_handler
-from inferd.bench.corpus import texts as corpus_texts
+from inferd.corpus import texts as corpus_texts
 from inferd.config import ModelSettings, resolve_model_path
 from inferd.core.memory import NativeHeap
 threshold, trim_every, batches, seed = (int(a) for a in sys.argv[1:5])

@@ -40,10 +40,10 @@ import orjson
 import yaml
 from hpa_model import Controller, Decision, HpaSpec, spec_from_manifest
 
-from inferd.bench.corpus import texts as corpus_texts
 from inferd.bench.http import CLIENT_ERRORS, LeanClient
 from inferd.bench.procs import free_port
 from inferd.bench.stats import percentile
+from inferd.corpus import texts as corpus_texts
 
 ROOT = Path(__file__).resolve().parents[1]
 SYNC_S = 15.0  # kube-controller-manager --horizontal-pod-autoscaler-sync-period

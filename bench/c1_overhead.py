@@ -21,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from inferd.bench import corpus as bench_corpus
+from inferd import corpus as bench_corpus
 from inferd.bench.procs import start_inferd
 
 

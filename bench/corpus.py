@@ -4,7 +4,7 @@
     python bench/corpus.py --out c.jsonl   # write {"text", "lang", "tokens"} lines
     python bench/corpus.py --count 5000 --seed 1
 
-The generator itself is ``inferd.bench.corpus`` (so ``inferd bench`` and loadtest/locustfile.py use it
+The generator itself is ``inferd.corpus`` (so ``inferd bench`` and loadtest/locustfile.py use it
 without reaching into this folder); it is deterministic for a seed and downloads nothing.
 """
 
@@ -16,8 +16,8 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-from inferd.bench.corpus import DEFAULT_COUNT, DEFAULT_SEED, estimate_tokens, generate
 from inferd.bench.stats import describe
+from inferd.corpus import DEFAULT_COUNT, DEFAULT_SEED, estimate_tokens, generate
 
 
 def _tokenizer_counts(texts: list[str]) -> list[int] | None:

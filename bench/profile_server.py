@@ -31,7 +31,7 @@ import time
 from collections import Counter, defaultdict
 from pathlib import Path
 
-from inferd.bench import corpus as bench_corpus
+from inferd import corpus as bench_corpus
 from inferd.bench.load import Target, TextSource, run_closed
 from inferd.bench.procs import start_inferd
 

@@ -33,8 +33,8 @@ from typing import Any
 import httpx
 import psutil
 
-from inferd.bench.corpus import texts as corpus_texts
 from inferd.bench.procs import start_inferd
+from inferd.corpus import texts as corpus_texts
 
 ADMIN_KEY = "soak-admin-key"
 

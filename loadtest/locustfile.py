@@ -23,7 +23,7 @@ import random
 
 from locust import FastHttpUser, between, constant, task
 
-from inferd.bench.corpus import texts as corpus_texts
+from inferd.corpus import texts as corpus_texts
 
 TEXTS_PER_REQUEST = int(os.environ.get("LOCUST_TEXTS_PER_REQUEST", "1"))
 EMBEDDINGS_SHARE = float(os.environ.get("LOCUST_EMBEDDINGS_SHARE", "0.25"))

@@ -19,7 +19,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from inferd.bench import corpus as bench_corpus
+from inferd import corpus as bench_corpus
 from inferd.bench.http import LeanClient, _read_response
 from inferd.bench.stats import describe, latency_summary, parse_metrics, percentile, ratio, server_figures
 

@@ -35,7 +35,7 @@ from typing import Any
 
 import psutil
 
-from inferd.bench import corpus as bench_corpus
+from inferd import corpus as bench_corpus
 from inferd.bench.load import Target, TextSource, run_closed, run_open
 from inferd.bench.procs import ROOT, ServerFailed, ServerProc, start_inferd
 

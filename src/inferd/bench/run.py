@@ -27,7 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from inferd.bench import corpus as bench_corpus
+from inferd import corpus as bench_corpus
 from inferd.bench.load import Target, TextSource, run_closed, run_open
 from inferd.bench.procs import ROOT, ServerFailed, start_inferd, start_naive
 from inferd.bench.report import machine_info, render_markdown, target_rows, write_plot
