@@ -9,12 +9,30 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 ENV_PREFIX = "INFERD__"
+
+# The settings' enumerations, declared once: the settings' types, the CLI's choices, the admin API's per-load
+# overrides and the backends' checks all read them from here.
+Backend = Literal["torch", "onnx", "openvino"]
+Dtype = Literal["auto", "float32", "float16", "bfloat16"]
+Quantize = Literal["none", "int8-weights", "int8"]
+LoadMode = Literal["background", "eager", "lazy"]
+LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR"]
+LogFormat = Literal["json", "text"]
+BACKENDS: tuple[str, ...] = get_args(Backend)
+DTYPES: tuple[str, ...] = get_args(Dtype)
+QUANTIZE: tuple[str, ...] = get_args(Quantize)
+LOAD_MODES: tuple[str, ...] = get_args(LoadMode)
+LOG_LEVELS: tuple[str, ...] = get_args(LogLevel)
+LOG_FORMATS: tuple[str, ...] = get_args(LogFormat)
+# model.unpadded is a bool or "auto" (YAML and the environment give booleans); the backends read it as text,
+# one of these.
+UNPADDED = ("auto", "true", "false")
 
 
 class ConfigError(Exception):
@@ -33,8 +51,8 @@ class ServerSettings(_Section):
     api_keys: tuple[str, ...] = ()
     metrics_key: str | None = None
     drain_timeout_s: float = Field(30.0, gt=0)
-    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
-    log_format: Literal["json", "text"] = "text"
+    log_level: LogLevel = "INFO"
+    log_format: LogFormat = "text"
     access_log: bool = True
     log_inputs: bool = False
     # Connection-level limits against slow or oversized clients, enforced by inferd.server.http whether or not
@@ -67,10 +85,10 @@ class ModelSettings(_Section):
     # auto: as the model folder says (core/tasks/); or embedding, rerank, classification, pkg.mod:Class
     task: str = "auto"
     device: str = "auto"
-    dtype: Literal["auto", "float32", "float16", "bfloat16"] = "float32"
+    dtype: Dtype = "float32"
     # The forward pass's runtime; onnx and openvino export the model once into cache_dir.
-    backend: Literal["torch", "onnx", "openvino"] = "torch"
-    quantize: Literal["none", "int8-weights", "int8"] = "none"
+    backend: Backend = "torch"
+    quantize: Quantize = "none"
     # The torch backend on real tokens only (core/backends/varlen.py); auto: BERT encoders on the CPU.
     unpadded: bool | Literal["auto"] = "auto"
     # None = $XDG_CACHE_HOME/inferd (~/.cache/inferd).
@@ -78,7 +96,7 @@ class ModelSettings(_Section):
     # Texts for int8 calibration and the gate (one per line, or JSON lines with "text"); None = built-in.
     calibration_file: str | None = None
     gate: GateSettings = GateSettings()
-    load_mode: Literal["background", "eager", "lazy"] = "background"
+    load_mode: LoadMode = "background"
     exit_on_load_failure: bool = False
     allow_pickle: bool = False
     pooling: Literal["cls", "mean"] | None = None

@@ -10,6 +10,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from inferd.config import BACKENDS, DTYPES, LOAD_MODES, LOG_FORMATS, LOG_LEVELS, QUANTIZE
+
 # flag name -> dotted settings key
 FLAGS = {
     "host": "server.host",
@@ -41,15 +43,15 @@ def add_config_flags(p: argparse.ArgumentParser, server: bool = True) -> None:
         p.add_argument("--host")
         p.add_argument("--port", type=int)
         p.add_argument("--admin-port", type=int)
-    p.add_argument("--log-format", choices=["json", "text"])
-    p.add_argument("--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    p.add_argument("--log-format", choices=LOG_FORMATS)
+    p.add_argument("--log-level", choices=LOG_LEVELS)
     p.add_argument("--model-path", help="a local Hugging Face model folder")
     p.add_argument("--model-version")
-    p.add_argument("--load-mode", choices=["background", "eager", "lazy"])
+    p.add_argument("--load-mode", choices=LOAD_MODES)
     p.add_argument("--device")
-    p.add_argument("--dtype", choices=["auto", "float32", "float16", "bfloat16"])
-    p.add_argument("--backend", choices=["torch", "onnx", "openvino"])
-    p.add_argument("--quantize", choices=["none", "int8-weights", "int8"])
+    p.add_argument("--dtype", choices=DTYPES)
+    p.add_argument("--backend", choices=BACKENDS)
+    p.add_argument("--quantize", choices=QUANTIZE)
     p.add_argument("--cache-dir", help="where exported graphs are kept (model.cache_dir)")
     p.add_argument("--calibration-file", help="texts for int8 calibration and the accuracy gate, one per line")
     p.add_argument("--max-batch-size", type=int)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Any
 
 from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel, ConfigDict, Field, StrictFloat
@@ -15,6 +15,7 @@ from inferd.api.bodies import json_response, read_body
 from inferd.api.errors import APIError
 from inferd.api.schemas import AdminModels, ModelChange, raw_body, request_body, responses
 from inferd.api.services import admin_auth, services
+from inferd.config import Backend, Dtype, Quantize
 from inferd.core.errors import ModelLoadError
 from inferd.core.manager import (
     ManagerClosed,
@@ -39,9 +40,9 @@ class ReloadRequest(BaseModel):
     path: str = Field(min_length=1)
     version: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._\-]+$")
     # The runtime for this load only (a canary on int8 beside an active model on bf16); unset = the configured one.
-    backend: Literal["torch", "onnx", "openvino"] | None = None
-    dtype: Literal["auto", "float32", "float16", "bfloat16"] | None = None
-    quantize: Literal["none", "int8-weights", "int8"] | None = None
+    backend: Backend | None = None
+    dtype: Dtype | None = None
+    quantize: Quantize | None = None
 
     def runtime(self) -> dict[str, str]:
         return {k: v for k in ("backend", "dtype", "quantize") if (v := getattr(self, k)) is not None}
