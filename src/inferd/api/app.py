@@ -44,10 +44,10 @@ def _publish_models(manager: ModelManager, metrics: Metrics) -> None:
     metrics.model_info.clear()
     metrics.model_gate.clear()
     for role, slot in manager.slots():
-        h = slot.handler
-        metrics.model_info.labels(role, slot.spec.name, slot.version, str(h.device), h.dtype,
-                                  getattr(h, "backend", "torch"), getattr(h, "quantize", "none")).set(1)
-        gate = (getattr(h, "backend_info", None) or {}).get("gate") or {}
+        d = slot.info  # the model's description, built at load (core/slots.py)
+        metrics.model_info.labels(role, d["name"], d["version"], d["device"], d["dtype"], d["backend"],
+                                  d["quantize"]).set(1)
+        gate = (d["backend_info"] or {}).get("gate") or {}
         for figure in ("cosine_min", "cosine_mean", "overlap_at_10", "invariance_min"):
             value = gate.get("figures", {}).get(figure)
             if value is not None:

@@ -136,9 +136,9 @@ async def models(request: Request) -> Response:
     s = services(request)
     data = []
     for role, slot in s.manager.slots():
-        data.append({"id": f"{slot.spec.name}@{slot.version}", "object": "model",
+        data.append({"id": f"{slot.info['name']}@{slot.info['version']}", "object": "model",
                      "created": int(s.started_at), "owned_by": "inferd", "role": role,
-                     "task": slot.task})
+                     "task": slot.info["task"]})
     return json_response({"object": "list", "data": data})
 
 
@@ -149,16 +149,13 @@ async def info(request: Request) -> Response:
     manager = services(request).manager
     out: dict[str, Any] = {"inferd_version": __version__, "state": manager.state, "models": []}
     for role, slot in manager.slots():
-        h = slot.handler
+        d = slot.info  # the model's description, built at load (core/slots.py)
         out["models"].append({
-            "role": role, "name": slot.spec.name, "version": slot.version, "task": slot.task,
-            "labels": slot.info.get("labels"), "dimension": slot.info.get("dimension"),
-            "max_seq_length": h.max_seq_length, "device": str(h.device), "dtype": h.dtype,
-            "pooling": getattr(h, "pooling", None), "normalize": getattr(h, "normalize", None),
-            "load_seconds": round(slot.load_seconds, 3),
-            "weight": manager.canary_weight if role == "canary" else None,
-            "backend": getattr(h, "backend", "torch"), "quantize": getattr(h, "quantize", "none"),
-            "backend_info": getattr(h, "backend_info", None)})
+            "role": role, "name": d["name"], "version": d["version"], "task": d["task"],
+            "labels": d.get("labels"), "dimension": d.get("dimension"), "max_seq_length": d["max_seq_length"],
+            "device": d["device"], "dtype": d["dtype"], "pooling": d.get("pooling"), "normalize": d.get("normalize"),
+            "load_seconds": d["load_seconds"], "weight": manager.canary_weight if role == "canary" else None,
+            "backend": d["backend"], "quantize": d["quantize"], "backend_info": d["backend_info"]})
     if out["models"]:
         out.update({k: out["models"][0][k] for k in ("task", "name", "version", "dimension", "max_seq_length",
                                                      "device", "dtype", "backend", "quantize")})

@@ -26,6 +26,24 @@ log = logging.getLogger(__name__)
 _load_ids = itertools.count(1)
 
 
+def describe_model(handler: Handler, spec: ModelSpec, task: str, load_seconds: float, pads: bool) -> dict[str, Any]:
+    """What is served, as /info, /v1/models, the admin API and the metrics show it: built once per load.
+
+    The one place a handler's optional attributes get their defaults (a plug-in handler may have no
+    ``backend``, ``dtype``, ``quantize`` or ``backend_info``). The task's own facts (an embedding's size and
+    pooling, a classifier's labels) sit beside the common ones, which they cannot override.
+    """
+    return {
+        "pooling": getattr(handler, "pooling", None), "normalize": getattr(handler, "normalize", None),
+        **describe(handler),
+        "name": spec.name, "version": spec.version, "path": str(spec.path), "task": task,
+        "max_seq_length": getattr(handler, "max_seq_length", None),
+        "device": str(getattr(handler, "device", "")), "dtype": getattr(handler, "dtype", None),
+        "backend": getattr(handler, "backend", "torch"), "quantize": getattr(handler, "quantize", "none"),
+        "backend_info": getattr(handler, "backend_info", None),
+        "load_seconds": round(load_seconds, 3), "pads": pads}
+
+
 class ModelSlot:
     def __init__(self, handler: Handler, spec: ModelSpec, load_seconds: float,
                  reaper: Callable[[Callable[[], None]], None] | None = None,
@@ -42,13 +60,7 @@ class ModelSlot:
         self.task = task_of(handler)
         # Whether padded positions cost this model compute (the scheduler's padding floor follows it).
         self.pads = bool(getattr(getattr(handler, "runner", None), "pads", True))
-        # The task's own facts (an embedding's size, a classifier's labels) sit beside the common ones.
-        self.info: dict[str, Any] = {
-            "name": spec.name, "version": spec.version, "path": str(spec.path), "task": self.task,
-            **describe(handler),
-            "max_seq_length": getattr(handler, "max_seq_length", None),
-            "device": str(getattr(handler, "device", "")), "dtype": getattr(handler, "dtype", None),
-            "load_seconds": round(load_seconds, 3), "pads": self.pads}
+        self.info = describe_model(handler, spec, self.task, load_seconds, self.pads)
         self.freed = threading.Event()
         self._refs = 0
         self._retired = False

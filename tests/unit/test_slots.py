@@ -1,0 +1,91 @@
+"""A slot's description of its model, built once at load: what /info, /v1/models, the admin API and the
+metrics show, with the defaults a plug-in handler without the optional attributes gets."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from conftest import metric_value
+from fakes import DIM, HashHandler, loader_for
+from fastapi.testclient import TestClient
+
+from inferd.api.app import create_app
+from inferd.config import ModelSettings, Settings
+from inferd.core.slots import ModelSlot
+from inferd.core.spec import ModelSpec
+
+ADMIN = {"Authorization": "Bearer admin-key"}
+
+
+class BareHandler:
+    """The smallest plug-in: the three stages and close, none of the optional attributes."""
+
+    def preprocess(self, texts: list[str]) -> list[Any]:
+        return texts
+
+    def infer(self, batch: list[Any]) -> list[Any]:
+        return batch
+
+    def postprocess(self, outputs: list[Any]) -> list[Any]:
+        return [[0.0] for _ in outputs]
+
+    def close(self) -> None:
+        pass
+
+
+def settings_for(tmp_path: Path) -> Settings:
+    return Settings(model=ModelSettings(path=str(tmp_path / "m1"), version="v1", warmup=False, load_mode="eager",
+                                        root=(str(tmp_path),)), server={"admin_key": "admin-key"})
+
+
+def test_a_plugin_handler_gets_the_defaults_in_its_description(tmp_path: Path) -> None:
+    spec = ModelSpec(tmp_path / "m1", "v1")
+    info = ModelSlot(BareHandler(), spec, 1.23456).info  # type: ignore[arg-type]
+    assert (info["name"], info["version"], info["path"], info["task"]) == (spec.name, "v1", str(spec.path),
+                                                                           "embedding")
+    assert (info["backend"], info["quantize"], info["backend_info"]) == ("torch", "none", None)
+    assert (info["dtype"], info["device"], info["max_seq_length"]) == (None, "", None)
+    assert info["load_seconds"] == 1.235 and info["pads"] is True
+
+
+def test_the_task_s_facts_sit_beside_the_common_ones_and_cannot_replace_them(tmp_path: Path) -> None:
+    class Describing(HashHandler):
+        def describe(self) -> dict[str, Any]:
+            return {"dimension": DIM, "version": "not-the-load's", "pooling": "mean"}
+
+    info = ModelSlot(Describing(), ModelSpec(tmp_path / "m1", "v1"), 0.0).info  # type: ignore[arg-type]
+    assert (info["dimension"], info["pooling"], info["version"]) == (DIM, "mean", "v1")
+
+
+def test_info_models_admin_and_metrics_show_the_description_built_at_load(tmp_path: Path) -> None:
+    handler = HashHandler()
+    with TestClient(create_app(settings_for(tmp_path), loader=loader_for(handler))) as client:
+        handler.dtype = "changed after load"  # what is served was described at load: nothing reads it again
+        info = client.get("/info").json()
+        (model,) = info["models"]
+        assert {k: model[k] for k in ("name", "version", "task", "dimension", "dtype", "device", "backend",
+                                      "quantize", "backend_info")} == {
+            "name": "all-MiniLM-L6-v2", "version": "v1", "task": "embedding", "dimension": DIM,
+            "dtype": "float32", "device": "cpu", "backend": "torch", "quantize": "none", "backend_info": None}
+        assert (info["dtype"], info["backend"]) == ("float32", "torch")
+        (listed,) = client.get("/v1/models").json()["data"]
+        assert (listed["id"], listed["task"]) == ("all-MiniLM-L6-v2@v1", "embedding")
+        (slot,) = client.get("/admin/models", headers=ADMIN).json()["slots"]
+        assert (slot["name"], slot["version"], slot["dimension"]) == ("all-MiniLM-L6-v2", "v1", DIM)
+        exposition = client.get("/metrics").text
+        assert metric_value(exposition, "inferd_model_info", slot="active", version="v1", device="cpu",
+                            dtype="float32", backend="torch", quantize="none") == 1
+        assert 'name="all-MiniLM-L6-v2"' in next(line for line in exposition.splitlines()
+                                                 if line.startswith("inferd_model_info{"))
+
+
+def test_a_bare_plugin_handler_is_described_too(tmp_path: Path) -> None:
+    with TestClient(create_app(settings_for(tmp_path), loader=lambda spec: BareHandler())) as client:
+        r = client.get("/info")
+        assert r.status_code == 200, r.text
+        (model,) = r.json()["models"]
+        assert (model["dtype"], model["device"], model["max_seq_length"], model["backend"]) == (None, "", None,
+                                                                                               "torch")
+        assert metric_value(client.get("/metrics").text, "inferd_model_info", slot="active", version="v1",
+                            backend="torch", quantize="none") == 1
