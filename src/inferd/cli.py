@@ -64,12 +64,39 @@ def main(argv: list[str] | None = None) -> int:
         print(yaml.safe_dump(redacted(settings), sort_keys=False), end="")
         return 0
     if args.command == "export":
-        from inferd.core.backends.export import export_command
-
-        return export_command(settings)
+        return export(settings)
     global _reread
     _reread = functools.partial(settings_from_args, args)
     return run(settings)
+
+
+def export(settings: Settings) -> int:
+    """``inferd export``: fill the cache for the configured model and backend, print the entry, exit.
+
+    Exit status 0 when the graph passed the gate (a later start with the same settings is a cache hit),
+    1 when it was refused or could not be made; the figures are printed either way.
+    """
+    import dataclasses
+    import json
+
+    # The model's stack (torch, transformers) is imported only for the commands that load a model.
+    from inferd.core.errors import ModelLoadError
+    from inferd.core.loading import load_handler
+    from inferd.core.spec import spec_from_settings
+
+    if settings.model.backend == "torch":
+        print("inferd export: model.backend is torch, which needs no export (give --backend onnx or openvino)",
+              file=sys.stderr)
+        return 2
+    try:
+        handler = load_handler(dataclasses.replace(spec_from_settings(settings), warmup=False))
+    except ModelLoadError as exc:
+        print(f"inferd export: {exc}", file=sys.stderr)
+        return 1
+    info = dict(getattr(handler, "backend_info", {}))
+    handler.close()
+    print(json.dumps(info, indent=2))
+    return 0
 
 
 def run(settings: Settings) -> int:

@@ -72,6 +72,18 @@ class GateSettings(_Section):
     int8_cosine_mean: float = Field(0.995, ge=0.0, le=1.0)
     int8_cosine_min: float = Field(0.99, ge=0.0, le=1.0)
     int8_overlap_at_10: float = Field(0.95, ge=0.0, le=1.0)
+    # Rerank: each query's ranking of its documents as torch fp32's (Spearman, mean over queries; top-3
+    # agreement), and the largest score difference as a share of torch's score range over the gate's pairs.
+    rerank_spearman_min: float = Field(0.995, ge=0.0, le=1.0)
+    rerank_top3_min: float = Field(0.95, ge=0.0, le=1.0)
+    fp32_score_diff_max: float = Field(0.001, ge=0.0)
+    half_score_diff_max: float = Field(0.03, ge=0.0)
+    int8_score_diff_max: float = Field(0.06, ge=0.0)
+    # Classification: the share of texts given torch fp32's label, and the largest probability difference.
+    classification_agreement_min: float = Field(0.995, ge=0.0, le=1.0)
+    fp32_probability_diff_max: float = Field(0.001, ge=0.0, le=1.0)
+    half_probability_diff_max: float = Field(0.03, ge=0.0, le=1.0)
+    int8_probability_diff_max: float = Field(0.06, ge=0.0, le=1.0)
     # Built-in texts the gate compares on, and int8 calibration measures activation ranges on.
     texts: int = Field(256, ge=32)
     calibration_texts: int = Field(300, ge=16)

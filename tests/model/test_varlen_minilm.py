@@ -8,13 +8,13 @@ import numpy as np
 import pytest
 import torch
 
-from inferd.bench.corpus import texts as corpus_texts
 from inferd.config import ModelSettings, resolve_model_path
 from inferd.core.backends.torch import TorchRunner
 from inferd.core.backends.varlen import VarlenRunner
 from inferd.core.loading import load_handler
 from inferd.core.spec import ModelSpec
 from inferd.core.tasks.embedding import EmbeddingHandler
+from inferd.corpus import texts as corpus_texts
 
 pytestmark = pytest.mark.model
 
@@ -61,7 +61,7 @@ def test_fp32_matches_the_padded_forward_at_every_shape(handler: EmbeddingHandle
     runner = VarlenRunner(handler.runner.model, CPU)
     for name, batch in shapes(handler).items():
         assert cos(handler.run(padded, batch), handler.run(runner, batch)).min() >= 0.9999, name
-    ids, mask = handler.collate(shapes(handler)["32 mixed"])
+    ids, mask, _ = handler.collate(shapes(handler)["32 mixed"])
     keep = mask.bool()
     torch.testing.assert_close(runner(ids, mask)[keep], padded(ids, mask)[keep], rtol=1e-3, atol=1e-4)
 

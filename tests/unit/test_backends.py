@@ -9,13 +9,12 @@ import numpy as np
 import pytest
 import torch
 
-from inferd.config import Settings, load_settings
+from inferd.config import GateSettings, Settings, load_settings
 from inferd.core.backends import export, gate
 from inferd.core.backends.base import (
     INT8_BF16_FIRST,
     BackendError,
     BackendOptions,
-    GateThresholds,
     check_options,
     cpu_flags,
     gate_kind,
@@ -112,8 +111,8 @@ def test_settings_reach_the_backend_options(tmp_path: Path) -> None:
     assert (options.backend, options.quantize, options.dtype) == ("openvino", "int8", "auto")
     assert options.cache_dir == tmp_path
     assert options.gate.int8_cosine_min == 0.98
-    assert options.gate.int8_overlap_at_10 == GateThresholds().int8_overlap_at_10
-    assert (options.gate_texts, options.calibration_texts) == (64, 300)
+    assert options.gate.int8_overlap_at_10 == GateSettings().int8_overlap_at_10
+    assert (options.gate.texts, options.gate.calibration_texts) == (64, 300)
 
 
 def test_bad_backend_settings_name_the_key() -> None:
@@ -186,7 +185,7 @@ def test_each_kind_has_its_thresholds() -> None:
     assert gate_kind("bfloat16", "none") == "half"
     assert gate_kind("float16", "none") == "half"
     assert gate_kind("bfloat16", "int8") == "int8"
-    t = GateThresholds()
+    t = GateSettings()
     assert gate.judge(figures(0.99995, 0.99999, 0.99), "fp32", t) == []
     assert gate.judge(figures(0.9998, 0.99999, 1.0), "fp32", t) == [
         "cosine min 0.999800 < 0.9999 (model.gate.fp32_cosine_min)"]
@@ -195,14 +194,14 @@ def test_each_kind_has_its_thresholds() -> None:
 
 
 def test_int8_is_judged_on_min_mean_and_overlap_with_every_failure_named() -> None:
-    t = GateThresholds()
+    t = GateSettings()
     assert gate.judge(figures(0.9935, 0.998, 0.952), "int8", t) == []
     failures = gate.judge(figures(0.976, 0.993, 0.903), "int8", t)
     assert failures == ["cosine min 0.976000 < 0.99 (model.gate.int8_cosine_min)",
                         "cosine mean 0.993000 < 0.995 (model.gate.int8_cosine_mean)",
                         "overlap@10 0.903000 < 0.95 (model.gate.int8_overlap_at_10)"]
     assert gate.judge(figures(0.976, 0.993, 0.903), "int8",
-                      GateThresholds(int8_cosine_min=0.97, int8_cosine_mean=0.99, int8_overlap_at_10=0.9)) == []
+                      GateSettings(int8_cosine_min=0.97, int8_cosine_mean=0.99, int8_overlap_at_10=0.9)) == []
 
 
 def test_figures_survive_the_cache_round_trip() -> None:
@@ -266,17 +265,21 @@ def test_every_option_that_changes_the_graph_changes_the_entry(tmp_path: Path) -
 
     first = folder()
     assert first == folder()
-    assert first.parent == tmp_path and first.name.startswith("openvino-none-float32-")
-    others = [folder(dtype="bfloat16"), folder(digest="e"), folder(limit=256), folder(calibration="file:ab"),
+    assert first.parent == tmp_path and first.name.startswith("embedding-openvino-none-float32-")
+    # The task and its head: a cross-encoder's logits graph and its gate are not an encoder's.
+    rerank = folder(BackendOptions(task="rerank", head="logits", backend="openvino"))
+    assert rerank.name.startswith("rerank-openvino-none-float32-")
+    others = [rerank, folder(BackendOptions(task="classification", head="logits", backend="openvino")),
+              folder(dtype="bfloat16"), folder(digest="e"), folder(limit=256), folder(calibration="file:ab"),
               folder(BackendOptions(backend="openvino", quantize="int8")), folder(BackendOptions(backend="onnx")),
-              folder(BackendOptions(backend="openvino", gate_texts=64)),
+              folder(BackendOptions(backend="openvino", gate=GateSettings(texts=64))),
               # Another CPU kind runs other kernels (int8 dot products, native bf16): judged again.
               folder(flags=frozenset({"avx2", "avx512f", "avx512_vnni"})), folder(flags=frozenset({"avx2"}))]
     assert len({first, *others}) == len(others) + 1
     # Flags that pick no kernel do not split the cache.
     assert folder(flags=frozenset({"avx2", "avx512f", "sse4_2", "rdrand"})) == first
     # Thresholds are not in the key: stored figures are judged against the current ones.
-    assert folder(BackendOptions(backend="openvino", gate=GateThresholds(fp32_cosine_min=0.5))) == first
+    assert folder(BackendOptions(backend="openvino", gate=GateSettings(fp32_cosine_min=0.5))) == first
 
 
 def test_static_int8_without_int8_dot_products_is_warned_about() -> None:
@@ -317,6 +320,7 @@ def test_an_entry_of_another_format_is_not_read(tmp_path: Path) -> None:
 class WordProbe:
     """A tokenizer of whitespace words plus [CLS]/[SEP], truncating or refusing past the limit."""
 
+    task = "embedding"
     max_seq_length = 20
 
     def __init__(self, truncate: bool) -> None:

@@ -81,7 +81,7 @@ def fake_handler(pooling: str, normalize: bool) -> EmbeddingHandler:
 def test_collate_pads_with_the_pad_id_and_masks_it() -> None:
     h = fake_handler("mean", False)
     h.pad_id = 9
-    ids, mask = h.collate([Encoded([2, 5, 3], False), Encoded([2, 3], False)])
+    ids, mask, _ = h.collate([Encoded([2, 5, 3], False), Encoded([2, 3], False)])
     assert ids.tolist() == [[2, 5, 3], [2, 3, 9]]
     assert mask.tolist() == [[1, 1, 1], [1, 1, 0]]
 

@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 import torch
 
-from inferd.bench.corpus import texts as corpus_texts
 from inferd.core.backends import open_backend
 from inferd.core.backends.base import BackendError, BackendOptions
 from inferd.core.backends.torch import TorchRunner
@@ -25,6 +24,7 @@ from inferd.core.backends.varlen import (
 from inferd.core.loading import load_handler
 from inferd.core.spec import ModelSpec
 from inferd.core.tasks.embedding import EmbeddingHandler
+from inferd.corpus import texts as corpus_texts
 
 CPU = torch.device("cpu")
 MIXED = corpus_texts(32, seed=7)  # English, Chinese and mixed, 5 to 250 words: many hit the tiny limit
@@ -74,7 +74,7 @@ def test_pooled_outputs_match_the_padded_forward_at_every_shape(handler: Embeddi
 
 def test_every_real_token_matches_and_padding_is_zero(handler: EmbeddingHandler, padded: TorchRunner,
                                                       unpadded: VarlenRunner) -> None:
-    ids, mask = handler.collate(handler.preprocess(MIXED))
+    ids, mask, _ = handler.collate(handler.preprocess(MIXED))
     want, got = padded(ids, mask), unpadded(ids, mask)
     assert got.shape == want.shape
     keep = mask.bool()
@@ -94,7 +94,7 @@ def test_a_text_gets_the_same_output_alone_and_in_any_batch(handler: EmbeddingHa
 
 def test_segment_ids_reach_the_embeddings(handler: EmbeddingHandler, padded: TorchRunner,
                                           unpadded: VarlenRunner) -> None:
-    ids, mask = handler.collate(handler.preprocess(MIXED[:4]))
+    ids, mask, _ = handler.collate(handler.preprocess(MIXED[:4]))
     segments = (torch.arange(ids.shape[1]) >= 3).long().expand_as(ids) * mask
     keep = mask.bool()
     want = padded(ids, mask, segments)
@@ -105,7 +105,7 @@ def test_segment_ids_reach_the_embeddings(handler: EmbeddingHandler, padded: Tor
 def test_any_mask_works_not_only_right_padding(handler: EmbeddingHandler, padded: TorchRunner,
                                                unpadded: VarlenRunner) -> None:
     """Positions are the column, as transformers numbers them: left padding gives transformers' outputs too."""
-    ids, mask = handler.collate(handler.preprocess(MIXED[:6]))
+    ids, mask, _ = handler.collate(handler.preprocess(MIXED[:6]))
     lengths = mask.sum(dim=1)
     left_ids, left_mask = torch.zeros_like(ids), torch.zeros_like(mask)
     for row, n in enumerate(lengths.tolist()):
@@ -121,7 +121,7 @@ def test_padded_positions_are_never_computed(handler: EmbeddingHandler, padded: 
     """What ``pads`` says: an id no embedding table holds, at every padded position, breaks the padded
     forward pass (it looks padding up) and changes nothing in the unpadded one (it never reads it)."""
     assert padded.pads is True and unpadded.pads is False
-    ids, mask = handler.collate(handler.preprocess(MIXED[:8]))
+    ids, mask, _ = handler.collate(handler.preprocess(MIXED[:8]))
     poisoned = ids.masked_fill(~mask.bool(), 10**9)
     with pytest.raises(IndexError):
         padded(poisoned, mask)
@@ -143,7 +143,7 @@ def test_both_attention_layouts_give_transformers_outputs(handler: EmbeddingHand
     """Per-sequence calls (served) and one masked padded call (bench/padding.py compares them); a batch of
     one length takes the single batched call either way."""
     for texts in (MIXED, [MIXED[5]] * 3):
-        ids, mask = handler.collate(handler.preprocess(texts))
+        ids, mask, _ = handler.collate(handler.preprocess(texts))
         keep = mask.bool()
         with torch.inference_mode():
             got = forward(handler.runner.model, ids, mask, attention=attention)
@@ -169,7 +169,7 @@ def test_an_architecture_it_was_not_written_for_is_refused() -> None:
 def test_a_closed_runner_says_so(handler: EmbeddingHandler) -> None:
     runner = VarlenRunner(handler.runner.model, CPU)
     runner.close()
-    ids, mask = handler.collate(handler.preprocess(MIXED[:1]))
+    ids, mask, _ = handler.collate(handler.preprocess(MIXED[:1]))
     with pytest.raises(RuntimeError, match="closed"):
         runner(ids, mask)
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from inferd.core.backends.base import BackendError, BackendOptions, GateThresholds, Runner, options_for
+from inferd.core.backends.base import BackendError, BackendOptions, Runner, options_for
 from inferd.core.backends.export import open_backend
 
-__all__ = ["BackendError", "BackendOptions", "GateThresholds", "Runner", "open_backend", "options_for"]
+__all__ = ["BackendError", "BackendOptions", "Runner", "open_backend", "options_for"]

@@ -1,9 +1,16 @@
 """The backend contract: a runner is the forward pass of one model on one runtime, and nothing else.
 
-A task (the embedding handler today) tokenises, collates, pools and normalises; it hands the runner the
-padded ``input_ids`` and ``attention_mask`` (and ``token_type_ids`` where the task has them) and gets the
-last hidden state back as a torch tensor, whatever runtime computed it. Which runtime, at which precision
-and with which quantisation, is a setting (``model.backend``, ``model.dtype``, ``model.quantize``).
+A task tokenises and collates (``tasks.base.collate``, one for every task); it hands the runner the padded
+``input_ids`` and ``attention_mask`` (and ``token_type_ids`` where the inputs are pairs) and gets back, as a
+torch tensor whatever runtime computed it, what the task's *head* is:
+
+- ``hidden``: the encoder's last hidden state ``[batch, length, hidden]``, which the embedding task pools;
+- ``logits``: a sequence-classification head's float32 logits ``[batch, labels]``, which rerank and
+  classification turn into scores and probabilities.
+
+Every backend serves both heads: torch eager (padded, or unpadded for BERT), ONNX Runtime and OpenVINO (the
+head exported with the encoder, through the same exporter). Which runtime, at which precision and with
+which quantisation, is a setting (``model.backend``, ``model.dtype``, ``model.quantize``).
 """
 
 from __future__ import annotations
@@ -15,10 +22,13 @@ from typing import Any, Protocol
 
 import torch
 
+from inferd.config import GateSettings
 from inferd.core.errors import ModelLoadError
 
 log = logging.getLogger(__name__)
 
+# What a runner returns (see above); a task names its head when it opens a backend.
+HEADS = ("hidden", "logits")
 BACKENDS = ("torch", "onnx", "openvino")
 UNPADDED = ("auto", "true", "false")
 QUANTIZE = ("none", "int8-weights", "int8")
@@ -41,28 +51,18 @@ class BackendError(ModelLoadError):
 
 
 @dataclass(frozen=True)
-class GateThresholds:
-    """The accuracy gate: the least a converted model must agree with torch fp32 (model.gate.*)."""
-
-    fp32_cosine_min: float = 0.9999
-    half_cosine_min: float = 0.9995
-    int8_cosine_mean: float = 0.995
-    int8_cosine_min: float = 0.99
-    int8_overlap_at_10: float = 0.95
-
-
-@dataclass(frozen=True)
 class BackendOptions:
+    # The task the runner serves (its gate and its cache entry) and the head that task reads.
+    task: str = "embedding"
+    head: str = "hidden"
     backend: str = "torch"
     dtype: str = "float32"
     quantize: str = "none"
     # None: $XDG_CACHE_HOME/inferd (or ~/.cache/inferd).
     cache_dir: Path | None = None
     calibration_file: Path | None = None
-    gate: GateThresholds = field(default_factory=GateThresholds)
-    # Texts the gate compares (and the int8 calibration uses) from the built-in multilingual set.
-    gate_texts: int = 256
-    calibration_texts: int = 300
+    # The gate's thresholds, and how many built-in texts it compares on (and int8 calibration measures).
+    gate: GateSettings = field(default_factory=GateSettings)
     # Intra-op threads for ONNX Runtime / OpenVINO; 0 = torch's count (runtime.torch_threads sets it).
     threads: int = 0
     # The torch backend on real tokens only (varlen.py): auto | true | false.
@@ -70,6 +70,7 @@ class BackendOptions:
 
 
 class Runner(Protocol):
+    head: str
     backend: str
     dtype: str
     quantize: str
@@ -87,19 +88,15 @@ class Runner(Protocol):
     def close(self) -> None: ...
 
 
-def options_for(spec: Any) -> BackendOptions:
-    """The backend options a ModelSpec carries."""
-    thresholds = dict(spec.gate)
-    sizes = {k: int(thresholds.pop(k)) for k in ("texts", "calibration_texts") if k in thresholds}
+def options_for(spec: Any, task: str = "embedding", head: str = "hidden") -> BackendOptions:
+    """The backend options a ModelSpec carries, for a task reading ``head``."""
     # YAML and the environment give true/false as booleans; a spec without the field means auto.
     unpadded = getattr(spec, "unpadded", "auto")
     return BackendOptions(
-        backend=spec.backend, dtype=spec.dtype, quantize=spec.quantize,
+        task=task, head=head, backend=spec.backend, dtype=spec.dtype, quantize=spec.quantize,
         cache_dir=Path(spec.cache_dir).expanduser() if spec.cache_dir else None,
         calibration_file=Path(spec.calibration_file).expanduser() if spec.calibration_file else None,
-        gate=GateThresholds(**thresholds), gate_texts=sizes.get("texts", 256),
-        calibration_texts=sizes.get("calibration_texts", 300),
-        unpadded=str(unpadded).lower() if isinstance(unpadded, bool) else str(unpadded))
+        gate=spec.gate, unpadded=str(unpadded).lower() if isinstance(unpadded, bool) else str(unpadded))
 
 
 def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> set[str]:
@@ -174,6 +171,8 @@ def resolve_dtype(requested: str, backend: str, device: torch.device,
 
 def check_options(options: BackendOptions, device: torch.device) -> None:
     """Combinations that cannot work, refused before anything loads."""
+    if options.head not in HEADS:
+        raise BackendError(f"head {options.head!r}: a runner returns one of {', '.join(HEADS)}")
     if options.backend not in BACKENDS:
         raise BackendError(f"model.backend {options.backend!r}: choose one of {', '.join(BACKENDS)}")
     if options.unpadded not in UNPADDED:
@@ -208,3 +207,50 @@ def graph_inputs(ids: torch.Tensor, mask: torch.Tensor, token_type_ids: torch.Te
         feed["token_type_ids"] = (token_type_ids.numpy() if token_type_ids is not None
                                   else torch.zeros_like(ids).numpy())
     return {name: feed[name] for name in names}
+
+
+class GraphRunner:
+    """What the ONNX Runtime and OpenVINO runners share: an exported graph (either head) run on the CPU.
+
+    A subclass opens its runtime's session for ``graph_path`` in ``_open`` (returning the graph's input
+    names) and runs one feed in ``_run``; checking the inputs, the info /info shows and the conversion to a
+    torch tensor are here, once.
+    """
+
+    backend = "graph"
+    uses_torch_allocator = False
+    pads = True  # dynamic shapes, but every row runs to the batch's longest
+
+    def __init__(self, graph_path: Path, head: str, dtype: str, quantize: str, threads: int = 0,
+                 info: dict[str, Any] | None = None, compile_cache: Path | None = None) -> None:
+        self.device = torch.device("cpu")
+        self.head, self.dtype, self.quantize, self.graph_path = head, dtype, quantize, graph_path
+        self._names = self._open(graph_path, threads or torch.get_num_threads(), compile_cache)
+        if set(self._names) - set(INPUT_NAMES):
+            raise BackendError(f"{graph_path}: unexpected graph inputs {self._names}")
+        self.info: dict[str, Any] = {"backend": self.backend, "head": head, "dtype": dtype, "quantize": quantize,
+                                     "graph": str(graph_path), **(info or {})}
+        self._open_now = True
+
+    @property
+    def input_names(self) -> tuple[str, ...]:
+        return self._names
+
+    def _open(self, graph_path: Path, threads: int, compile_cache: Path | None) -> tuple[str, ...]:
+        raise NotImplementedError
+
+    def _run(self, feed: dict[str, Any]) -> Any:
+        raise NotImplementedError
+
+    def _release(self) -> None:
+        raise NotImplementedError
+
+    def __call__(self, ids: torch.Tensor, mask: torch.Tensor,
+                 token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
+        if not self._open_now:
+            raise RuntimeError(f"the {self.backend} runner was closed")
+        return torch.from_numpy(self._run(graph_inputs(ids, mask, token_type_ids, self._names)))
+
+    def close(self) -> None:
+        self._open_now = False
+        self._release()

@@ -1,7 +1,8 @@
 """Opening a backend: export, quantise, judge and cache once; later starts load the cached graph.
 
 A cache entry is a folder under ``model.cache_dir`` named by a key over everything that could change the
-graph or its accuracy: the model folder's content digest, the backend, dtype and quantisation, the
+graph or its accuracy: the model folder's content digest, the task and the head it reads (an encoder's
+hidden states, or a classification head's logits), the backend, dtype and quantisation, the
 calibration texts, the length limit, and the versions of the libraries that export and run it. The entry
 holds the graph and ``meta.json`` with the gate's figures, so a warm start needs neither torch weights nor
 a new comparison: the stored figures are judged against the current ``model.gate.*`` thresholds.
@@ -11,7 +12,6 @@ graph; the model folder itself is only read (read-only model folders work).
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import logging
@@ -42,7 +42,7 @@ from inferd.core.backends.varlen import VarlenRunner, choose
 
 log = logging.getLogger(__name__)
 
-FORMAT = 3  # bump when what an entry holds, or how it is made, changes
+FORMAT = 4  # bump when what an entry holds, or how it is made, changes
 META = "meta.json"
 _LIBRARIES = {"torch": ("torch", "transformers"),
               "onnx": ("torch", "transformers", "onnx", "onnxruntime"),
@@ -91,16 +91,17 @@ def entry_key(model_digest: str, options: BackendOptions, dtype: str, max_seq_le
               calibration: str, flags: set[str] | None = None) -> dict[str, Any]:
     """What the entry depends on. ``cpu``: the kernel-deciding CPU flags, since the gate's figures depend on
     the kernels (a cache copied from a CPU with int8 dot products to one without is judged again)."""
-    return {"format": FORMAT, "model": model_digest, "backend": options.backend, "dtype": dtype,
+    return {"format": FORMAT, "model": model_digest, "task": options.task, "head": options.head,
+            "backend": options.backend, "dtype": dtype,
             "quantize": options.quantize, "calibration": calibration, "max_seq_length": max_seq_length,
-            "gate_texts": options.gate_texts, "calibration_texts": options.calibration_texts,
+            "gate_texts": options.gate.texts, "calibration_texts": options.gate.calibration_texts,
             "libraries": versions(options.backend),
             "cpu": kernel_flags(cpu_flags() if flags is None else flags)}
 
 
 def entry_folder(root: Path, key: dict[str, Any]) -> Path:
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24]
-    return root / f"{key['backend']}-{key['quantize']}-{key['dtype']}-{digest}"
+    return root / f"{key['task']}-{key['backend']}-{key['quantize']}-{key['dtype']}-{digest}"
 
 
 def read_meta(entry: Path) -> dict[str, Any] | None:
@@ -118,19 +119,19 @@ def _texts(options: BackendOptions) -> tuple[list[str], list[str], str]:
         digest = hashlib.sha256("\n".join(texts).encode()).hexdigest()[:16]
         # The operator's own texts serve both purposes: they are what the model will see.
         return texts, texts, f"file:{digest}"
-    return (gate.builtin_texts(options.gate_texts), gate.builtin_texts(options.calibration_texts,
+    return (gate.builtin_texts(options.gate.texts), gate.builtin_texts(options.gate.calibration_texts,
                                                                          gate.CALIBRATION_SEED), "builtin:1")
 
 
-def open_runner(backend: str, graph: Path, dtype: str, quantize: str, threads: int,
+def open_runner(backend: str, graph: Path, head: str, dtype: str, quantize: str, threads: int,
                 info: dict[str, Any] | None = None, compile_cache: Path | None = None) -> Runner:
     if backend == "openvino":
         from inferd.core.backends.openvino import OpenVINORunner
 
-        return OpenVINORunner(graph, dtype, quantize, threads, compile_cache, info)
+        return OpenVINORunner(graph, head, dtype, quantize, threads, info, compile_cache)
     from inferd.core.backends.onnx import OnnxRunner
 
-    return OnnxRunner(graph, dtype, quantize, threads, info)
+    return OnnxRunner(graph, head, dtype, quantize, threads, info)
 
 
 def _convert(model: torch.nn.Module, options: BackendOptions, work: Path, given: Path | None,
@@ -139,7 +140,7 @@ def _convert(model: torch.nn.Module, options: BackendOptions, work: Path, given:
     if options.backend == "openvino":
         from inferd.core.backends import openvino as ov
 
-        source = given or ov.export(model, work if options.quantize == "none" else work / "fp32")
+        source = given or ov.export(model, work if options.quantize == "none" else work / "fp32", options.head)
         if options.quantize == "none":
             return source
         graph = ov.read(source)
@@ -149,7 +150,7 @@ def _convert(model: torch.nn.Module, options: BackendOptions, work: Path, given:
         return ov.save(ov.quantize_static(graph, gate.only_inputs(samples, names), len(samples)), work)
     from inferd.core.backends import onnx
 
-    source = given or onnx.export(model, work if options.quantize == "none" else work / "fp32")
+    source = given or onnx.export(model, work if options.quantize == "none" else work / "fp32", options.head)
     if options.quantize == "none":
         return source
     import onnx as onnx_lib
@@ -170,15 +171,15 @@ def build(path: Path, entry: Path, key: dict[str, Any], options: BackendOptions,
                            "model.cache_dir to a writable folder, or prepare it with `inferd export`") from exc
     try:
         gate_texts, calibration_texts, _ = _texts(options)
-        model = load_model(path, safetensors)
-        reference = TorchRunner(model, torch.device("cpu"), "float32")
+        model = load_model(path, safetensors, options.head)
+        reference = TorchRunner(model, torch.device("cpu"), "float32", head=options.head)
         samples = []
         if options.quantize == "int8":
             samples = gate.calibration_samples(probe, gate.encode_set(probe, calibration_texts))
-        given = folder_graph(path, options.backend)
+        given = folder_graph(path, options.backend) if options.head == "hidden" else None
         graph = _convert(model, options, work, given, samples)
         exported = time.perf_counter() - started
-        candidate = open_runner(options.backend, graph, key["dtype"], options.quantize, threads)
+        candidate = open_runner(options.backend, graph, options.head, key["dtype"], options.quantize, threads)
         try:
             figures = gate.measure(probe, reference, candidate, gate_texts)
         finally:
@@ -189,7 +190,8 @@ def build(path: Path, entry: Path, key: dict[str, Any], options: BackendOptions,
         meta = {"format": FORMAT, "key": key, "graph": str(graph if in_folder else graph.relative_to(work)),
                 "from_model_folder": in_folder, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                 "export_seconds": round(exported, 3), "build_seconds": round(time.perf_counter() - started, 3),
-                "gate": {"kind": gate_kind(key["dtype"], options.quantize), "figures": figures.as_dict()}}
+                "gate": {"kind": gate_kind(key["dtype"], options.quantize), "task": options.task,
+                         "figures": figures.as_dict()}}
         (work / META).write_text(json.dumps(meta, indent=2))
         try:
             os.rename(work, entry)
@@ -210,16 +212,17 @@ def open_backend(path: Path, options: BackendOptions, device: torch.device, prob
     dtype, why = resolve_dtype(options.dtype, options.backend, device, quantize=options.quantize)
     threads = options.threads or torch.get_num_threads()
     if options.backend == "torch":
-        model = load_model(path, safetensors)
-        unpadded, how = choose(options.unpadded, model, device)
+        model = load_model(path, safetensors, options.head)
+        unpadded, how = choose(options.unpadded, model, device, options.head)
         log.info("backend torch, dtype %s (%s), %s (%s)", dtype, why, "unpadded" if unpadded else "padded", how)
         runner = VarlenRunner if unpadded else TorchRunner
-        return runner(model, device, dtype, {"dtype_reason": why, "unpadded": unpadded, "unpadded_reason": how})
+        return runner(model, device, dtype, {"dtype_reason": why, "unpadded": unpadded, "unpadded_reason": how},
+                      options.head)
     root = (options.cache_dir or default_cache_dir()).expanduser()
     _, _, calibration = _texts(options) if options.calibration_file else (None, None, "builtin:1")
     digest = folder_digest(path)
 
-    def judged(dtype: str) -> tuple[dict[str, Any], Path, dict[str, Any], str, gate.GateFigures, list[str]]:
+    def judged(dtype: str) -> tuple[dict[str, Any], Path, dict[str, Any], str, gate.Figures, list[str]]:
         """The entry for this dtype (built on a miss) and the gate's verdict on it under today's thresholds."""
         key = entry_key(digest, options, dtype, probe.max_seq_length, calibration)
         entry = entry_folder(root, key)
@@ -230,7 +233,7 @@ def open_backend(path: Path, options: BackendOptions, device: torch.device, prob
             log.info("exporting %s for %s (dtype %s, quantize %s) into %s", path, options.backend, dtype,
                      options.quantize, entry)
             meta = build(path, entry, key, options, probe, safetensors, threads)
-        figures = gate.GateFigures.from_dict(meta["gate"]["figures"])
+        figures = gate.figures_from_dict(meta["gate"]["figures"])
         return key, entry, meta, cache, figures, gate.judge(figures, meta["gate"]["kind"], options.gate)
 
     key, entry, meta, cache, figures, failures = judged(dtype)
@@ -256,34 +259,7 @@ def open_backend(path: Path, options: BackendOptions, device: torch.device, prob
             **({"quantize_warning": warning} if warning else {}),
             "export_seconds": meta.get("export_seconds"), "from_model_folder": meta.get("from_model_folder"),
             "gate": {"kind": kind, "passed": True, "figures": figures.as_dict(),
-                     "thresholds": {setting: least for _, setting, least in gate.rules(kind, options.gate)}}}
-    runner = open_runner(options.backend, graph, dtype, options.quantize, threads, info, compile_cache)
+                     "thresholds": {rule.setting: rule.bound for rule in gate.rules(kind, options.gate, options.task)}}}
+    runner = open_runner(options.backend, graph, options.head, dtype, options.quantize, threads, info, compile_cache)
     log.info("backend %s (%s); cache %s %s; gate %s passed: %s", label, why, cache, entry, kind, figures.summary())
     return runner
-
-
-def export_command(settings: Any) -> int:
-    """``inferd export``: fill the cache for the configured model and backend, print the entry, exit.
-
-    Exit status 0 when the graph passed the gate (a later start with the same settings is a cache hit),
-    1 when it was refused or could not be made; the figures are printed either way.
-    """
-    import sys
-
-    from inferd.core.errors import ModelLoadError
-    from inferd.core.model_loader import load_handler, spec_from_settings
-
-    if settings.model.backend == "torch":
-        print("inferd export: model.backend is torch, which needs no export (give --backend onnx or openvino)",
-              file=sys.stderr)
-        return 2
-    spec = spec_from_settings(settings)
-    try:
-        handler = load_handler(dataclasses.replace(spec, warmup=False))
-    except ModelLoadError as exc:
-        print(f"inferd export: {exc}", file=sys.stderr)
-        return 1
-    info = dict(getattr(handler, "backend_info", {}))
-    handler.close()
-    print(json.dumps(info, indent=2))
-    return 0

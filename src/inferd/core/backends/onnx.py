@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from inferd.core.backends.base import BackendError, graph_inputs
+from inferd.core.backends.base import BackendError, GraphRunner
 from inferd.core.backends.torch import ExportWrapper
 
 log = logging.getLogger(__name__)
@@ -41,11 +41,13 @@ def _ort() -> Any:
     return onnxruntime
 
 
-def export(model: torch.nn.Module, folder: Path) -> Path:
-    """Export to ``folder``/model.onnx with every batch and sequence axis dynamic."""
+def export(model: torch.nn.Module, folder: Path, head: str = "hidden") -> Path:
+    """Export to ``folder``/model.onnx with every batch and sequence axis dynamic (the logits of a
+    classification head have a batch axis only)."""
     _ort()
-    wrapper = ExportWrapper(model).eval()
-    axes = {name: {0: "batch", 1: "sequence"} for name in (*wrapper.inputs, "last_hidden_state")}
+    wrapper = ExportWrapper(model, head).eval()
+    axes = {name: {0: "batch", 1: "sequence"} for name in wrapper.inputs}
+    axes[wrapper.output] = {0: "batch", 1: "sequence"} if head == "hidden" else {0: "batch"}
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / GRAPH
     with warnings.catch_warnings():
@@ -54,7 +56,7 @@ def export(model: torch.nn.Module, folder: Path) -> Path:
         warnings.simplefilter("ignore")
         with torch.inference_mode(False), torch.no_grad():
             torch.onnx.export(wrapper, wrapper.example(), str(path), input_names=list(wrapper.inputs),
-                              output_names=["last_hidden_state"], dynamic_axes=axes, opset_version=OPSET,
+                              output_names=[wrapper.output], dynamic_axes=axes, opset_version=OPSET,
                               do_constant_folding=True, dynamo=False)
     return path
 
@@ -120,21 +122,14 @@ def quantize_static(source: Path, folder: Path, samples: Iterable[dict[str, Any]
     return out
 
 
-class OnnxRunner:
+class OnnxRunner(GraphRunner):
     backend = "onnx"
-    uses_torch_allocator = False
-    pads = True  # dynamic shapes, but every row runs to the batch's longest
 
-    def __init__(self, graph_path: Path, dtype: str, quantize: str, threads: int = 0,
-                 info: dict[str, Any] | None = None) -> None:
+    def _open(self, graph_path: Path, threads: int, compile_cache: Path | None) -> tuple[str, ...]:
         ort = _ort()
-        self.device = torch.device("cpu")
-        self.dtype = dtype
-        self.quantize = quantize
-        self.graph_path = graph_path
         options = ort.SessionOptions()
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        options.intra_op_num_threads = threads or torch.get_num_threads()
+        options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1
         # The inference worker is the only caller; spinning threads would steal the event loop's core.
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
@@ -142,22 +137,10 @@ class OnnxRunner:
             self._session = ort.InferenceSession(str(graph_path), options, providers=["CPUExecutionProvider"])
         except Exception as exc:  # onnxruntime raises its own exception types for a broken graph
             raise BackendError(f"ONNX Runtime cannot load {graph_path}: {exc}") from exc
-        self._names = tuple(i.name for i in self._session.get_inputs())
-        if set(self._names) - {"input_ids", "attention_mask", "token_type_ids"}:
-            raise BackendError(f"{graph_path}: unexpected graph inputs {self._names}")
-        self.info: dict[str, Any] = {"backend": "onnx", "dtype": dtype, "quantize": quantize,
-                                     "graph": str(graph_path), **(info or {})}
+        return tuple(i.name for i in self._session.get_inputs())
 
-    @property
-    def input_names(self) -> tuple[str, ...]:
-        return self._names
+    def _run(self, feed: dict[str, Any]) -> Any:
+        return self._session.run(None, feed)[0]
 
-    def __call__(self, ids: torch.Tensor, mask: torch.Tensor,
-                 token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
-        if self._session is None:
-            raise RuntimeError("the ONNX Runtime runner was closed")
-        out = self._session.run(None, graph_inputs(ids, mask, token_type_ids, self._names))[0]
-        return torch.from_numpy(out)
-
-    def close(self) -> None:
+    def _release(self) -> None:
         self._session = None

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from inferd.core.backends.base import BackendError, graph_inputs
+from inferd.core.backends.base import BackendError, GraphRunner
 from inferd.core.backends.torch import ExportWrapper
 
 log = logging.getLogger(__name__)
@@ -36,10 +36,11 @@ def _ov() -> Any:
     return openvino
 
 
-def export(model: torch.nn.Module, folder: Path) -> Path:
-    """Convert the torch module to an OpenVINO IR in ``folder``; weights stay fp32."""
+def export(model: torch.nn.Module, folder: Path, head: str = "hidden") -> Path:
+    """Convert the torch module (the encoder, or the encoder with its classification head) to an OpenVINO IR
+    in ``folder``; weights stay fp32."""
     ov = _ov()
-    wrapper = ExportWrapper(model).eval()
+    wrapper = ExportWrapper(model, head).eval()
     example = dict(zip(wrapper.inputs, wrapper.example(), strict=True))
     shapes = [(name, [-1, -1], ov.Type.i64) for name in wrapper.inputs]
     with warnings.catch_warnings():
@@ -109,49 +110,29 @@ def quantize_static(graph: Any, samples: Iterable[dict[str, Any]], subset_size: 
                          advanced_parameters=advanced)
 
 
-class OpenVINORunner:
+class OpenVINORunner(GraphRunner):
     backend = "openvino"
-    uses_torch_allocator = False
-    pads = True  # dynamic shapes, but every row runs to the batch's longest
 
-    def __init__(self, graph_path: Path, dtype: str, quantize: str, threads: int = 0,
-                 compile_cache: Path | None = None, info: dict[str, Any] | None = None) -> None:
+    def _open(self, graph_path: Path, threads: int, compile_cache: Path | None) -> tuple[str, ...]:
         ov = _ov()
-        self.device = torch.device("cpu")
-        self.dtype = dtype
-        self.quantize = quantize
-        self.graph_path = graph_path
         core = ov.Core()
         if compile_cache is not None:
             # The compiled blob: a warm start skips the graph compilation as well as the export.
             core.set_property({"CACHE_DIR": str(compile_cache)})
-        config: dict[str, Any] = {"INFERENCE_PRECISION_HINT": _PRECISION[dtype], "PERFORMANCE_HINT": "LATENCY",
-                                  "NUM_STREAMS": "1"}
-        if threads > 0:
-            config["INFERENCE_NUM_THREADS"] = threads
+        config: dict[str, Any] = {"INFERENCE_PRECISION_HINT": _PRECISION[self.dtype], "PERFORMANCE_HINT": "LATENCY",
+                                  "NUM_STREAMS": "1", "INFERENCE_NUM_THREADS": threads}
         try:
             self._compiled = core.compile_model(str(graph_path), "CPU", config)
         except RuntimeError as exc:
             raise BackendError(f"OpenVINO cannot compile {graph_path}: {exc}") from exc
-        self._names = tuple(i.get_any_name() for i in self._compiled.inputs)
-        if set(self._names) - {"input_ids", "attention_mask", "token_type_ids"}:
-            raise BackendError(f"{graph_path}: unexpected graph inputs {self._names}")
         # One request, used by the one inference worker thread; results are copied out of it.
         self._request = self._compiled.create_infer_request()
-        self.info: dict[str, Any] = {"backend": "openvino", "dtype": dtype, "quantize": quantize,
-                                     "graph": str(graph_path), **(info or {})}
+        return tuple(i.get_any_name() for i in self._compiled.inputs)
 
-    @property
-    def input_names(self) -> tuple[str, ...]:
-        return self._names
+    def _run(self, feed: dict[str, Any]) -> Any:
+        self._request.infer(feed)
+        return self._request.get_output_tensor(0).data.copy()
 
-    def __call__(self, ids: torch.Tensor, mask: torch.Tensor,
-                 token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
-        if self._request is None:
-            raise RuntimeError("the OpenVINO runner was closed")
-        self._request.infer(graph_inputs(ids, mask, token_type_ids, self._names))
-        return torch.from_numpy(self._request.get_output_tensor(0).data.copy())
-
-    def close(self) -> None:
+    def _release(self) -> None:
         self._request = None
         self._compiled = None

@@ -13,25 +13,33 @@ from inferd.core.backends.base import BackendError
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
-def load_model(path: Path, safetensors: bool, dtype: str = "float32") -> torch.nn.Module:
-    """The encoder with its weights checked against the architecture config.json names."""
-    from transformers import AutoModel
+def load_model(path: Path, safetensors: bool, head: str = "hidden", dtype: str = "float32") -> torch.nn.Module:
+    """The encoder (head ``hidden``) or the encoder with its sequence-classification head (``logits``), its
+    weights checked against the architecture config.json names."""
+    from transformers import AutoModel, AutoModelForSequenceClassification
 
+    auto = AutoModelForSequenceClassification if head == "logits" else AutoModel
     try:
-        model, loading = AutoModel.from_pretrained(
+        model, loading = auto.from_pretrained(
             path, local_files_only=True, use_safetensors=safetensors, dtype=_DTYPES[dtype],
             output_loading_info=True)
     except (OSError, ValueError, KeyError, RuntimeError) as exc:
         raise BackendError(f"cannot load {path}: {exc}") from exc
     # Weights that do not fit the architecture config.json names are left random, with only a warning:
-    # a model that would serve noise. The pooler is unused by embedding pooling and often absent.
-    missing = sorted(k for k in loading["missing_keys"] if not k.startswith("pooler."))
+    # a model that would serve noise. The pooler is unused by embedding pooling and often absent (a
+    # classification head reads it, so there it must be there).
+    missing = sorted(k for k in loading["missing_keys"] if head == "logits" or not k.startswith("pooler."))
     if missing or loading["mismatched_keys"]:
         raise BackendError(
             f"{path}: the weights do not fit the {model.config.model_type!r} architecture config.json names "
             f"({len(missing)} missing, e.g. {missing[:2]}; {len(loading['mismatched_keys'])} of the wrong "
             "shape): wrong architecture or a damaged checkpoint")
     return model.eval()
+
+
+def output_of(out: Any, head: str) -> torch.Tensor:
+    """What a transformers model's output holds for ``head``: the last hidden state, or float32 logits."""
+    return out.logits.float() if head == "logits" else out.last_hidden_state
 
 
 def accepts_token_type_ids(model: torch.nn.Module) -> bool:
@@ -49,7 +57,8 @@ class TorchRunner:
     pads = True  # eager transformers computes every padded position
 
     def __init__(self, model: torch.nn.Module, device: torch.device, dtype: str = "float32",
-                 info: dict[str, Any] | None = None) -> None:
+                 info: dict[str, Any] | None = None, head: str = "hidden") -> None:
+        self.head = head
         self.device = device
         self.dtype = dtype
         self.uses_torch_allocator = device.type == "cuda"
@@ -57,7 +66,8 @@ class TorchRunner:
         weights = torch.float32 if self._autocast else _DTYPES[dtype]
         self.model: torch.nn.Module | None = model.to(device=device, dtype=weights).eval()
         self._token_types = accepts_token_type_ids(model)
-        self.info: dict[str, Any] = {"backend": "torch", "dtype": dtype, "quantize": "none", **(info or {})}
+        self.info: dict[str, Any] = {"backend": "torch", "head": head, "dtype": dtype, "quantize": "none",
+                                     **(info or {})}
         if self._autocast:
             self.info["autocast"] = "bfloat16"
 
@@ -71,26 +81,29 @@ class TorchRunner:
             return self._forward(ids.to(self.device), mask.to(self.device), segments)
 
     def _forward(self, ids: torch.Tensor, mask: torch.Tensor, segments: torch.Tensor | None) -> torch.Tensor:
-        """The last hidden state of the padded batch (inputs already on the device, autocast already set)."""
+        """The head's output for the padded batch (inputs already on the device, autocast already set)."""
         assert self.model is not None
         kwargs: dict[str, torch.Tensor] = {"input_ids": ids, "attention_mask": mask}
         if segments is not None:
             kwargs["token_type_ids"] = segments
-        return self.model(**kwargs).last_hidden_state
+        return output_of(self.model(**kwargs), self.head)
 
     def close(self) -> None:
         self.model = None
 
 
 class ExportWrapper(torch.nn.Module):
-    """What the exporters trace: positional int64 inputs in, the last hidden state (one tensor) out.
+    """What the exporters trace: positional int64 inputs in, one tensor out (the head's: the last hidden
+    state, or the classification head's float32 logits).
 
-    The pooler output and the attentions are left out of the graph; the task pools on its own.
+    The pooler output and the attentions of an encoder are left out of the graph; the task pools on its own.
     """
 
-    def __init__(self, model: torch.nn.Module) -> None:
+    def __init__(self, model: torch.nn.Module, head: str = "hidden") -> None:
         super().__init__()
         self.model = model
+        self.head = head
+        self.output = "logits" if head == "logits" else "last_hidden_state"
         self.inputs = ("input_ids", "attention_mask", "token_type_ids") if accepts_token_type_ids(model) \
             else ("input_ids", "attention_mask")
 
@@ -99,7 +112,7 @@ class ExportWrapper(torch.nn.Module):
         kwargs = {"input_ids": input_ids, "attention_mask": attention_mask}
         if token_type_ids is not None:
             kwargs["token_type_ids"] = token_type_ids
-        return self.model(**kwargs).last_hidden_state
+        return output_of(self.model(**kwargs), self.head)
 
     def example(self, batch: int = 2, length: int = 8) -> tuple[torch.Tensor, ...]:
         """Trace inputs whose mask holds padding: a mask of all ones could let a library skip masking."""

@@ -10,7 +10,9 @@ against padded torch, ONNX Runtime, OpenVINO and nested tensors on the CPU.
 The forward pass is written over the loaded transformers ``BertModel``'s own modules (its weights, layer-norm
 epsilons and activation), in the same order of operations, so its outputs match the padded forward pass
 (cosine >= 0.9999, tests/unit/test_varlen.py). It is returned in the padded ``[batch, length, hidden]``
-shape the task pools, with zeros at padded positions, so the task calls it like any runner.
+shape the task pools, with zeros at padded positions, so the task calls it like any runner. A
+``BertForSequenceClassification`` (the ``logits`` head: cross-encoders, classifiers) runs its encoder the
+same way and its own pooler and classifier on each sequence's first token, which is all that head reads.
 """
 
 from __future__ import annotations
@@ -96,8 +98,23 @@ def attention_padded(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, packed: 
     return _unbatched(ctx)[packed.index]
 
 
-def unsupported(model: torch.nn.Module) -> str | None:
+# The sequence-classification heads whose pooler and classifier read the first token only.
+HEADS = ("BertForSequenceClassification",)
+
+
+def encoder_of(model: torch.nn.Module) -> Any:
+    """The bare encoder inside a sequence classifier, or the model itself."""
+    return model.bert if type(model).__name__ in HEADS else model
+
+
+def unsupported(model: torch.nn.Module, head: str = "hidden") -> str | None:
     """Why this module cannot run unpadded, or None."""
+    if head == "logits" and type(model).__name__ not in HEADS:
+        return f"unpadded execution of a classification head is written for {', '.join(HEADS)}, not " \
+               f"{type(model).__name__}"
+    if head == "logits" and getattr(encoder_of(model), "pooler", None) is None:
+        return "the classification head reads BERT's pooler, and this model has none"
+    model = encoder_of(model)
     config = getattr(model, "config", None)
     kind = getattr(config, "model_type", None)
     if kind not in ARCHITECTURES:
@@ -153,14 +170,26 @@ def forward(model: Any, ids: torch.Tensor, mask: torch.Tensor, token_type_ids: t
     return unpack(x, packed)
 
 
-def choose(setting: str, model: torch.nn.Module, device: torch.device) -> tuple[bool, str]:
+def classify(model: Any, ids: torch.Tensor, mask: torch.Tensor, token_type_ids: torch.Tensor | None = None,
+             attention: Attention = attention_per_sequence) -> torch.Tensor:
+    """A BertForSequenceClassification's float32 logits, its encoder run on real tokens only: BERT's pooler
+    (dense + tanh over the first token) and the classifier, as transformers' forward (dropout is off in eval)."""
+    bert = model.bert
+    packed = pack(mask)
+    x = encode(bert, embed(bert, ids, token_type_ids, packed), packed, attention)
+    first = x[list(packed.offsets[:-1])]  # each sequence's first token ([CLS]); every row has one
+    pooled = bert.pooler.activation(bert.pooler.dense(first))
+    return model.classifier(pooled).float()
+
+
+def choose(setting: str, model: torch.nn.Module, device: torch.device, head: str = "hidden") -> tuple[bool, str]:
     """Whether the torch backend runs this model unpadded (``model.unpadded``), and why (for the log and /info).
 
     ``auto`` means: unpadded for a BERT encoder on the CPU, where bench/padding.py measured it; padded on a GPU
     (not measured: a loop of small attention calls may cost more there than the padding it saves) and for
     any other architecture. ``true`` insists and refuses a model it cannot run.
     """
-    reason = unsupported(model)
+    reason = unsupported(model, head)
     if setting == "false":
         return False, "model.unpadded: false"
     if setting == "true":
@@ -181,13 +210,15 @@ class VarlenRunner(TorchRunner):
     pads = False
 
     def __init__(self, model: torch.nn.Module, device: torch.device, dtype: str = "float32",
-                 info: dict[str, Any] | None = None) -> None:
-        reason = unsupported(model)
+                 info: dict[str, Any] | None = None, head: str = "hidden") -> None:
+        reason = unsupported(model, head)
         if reason is not None:
             raise BackendError(f"model.unpadded: {reason} (set model.unpadded: false or auto)")
-        super().__init__(model, device, dtype, info)
+        super().__init__(model, device, dtype, info, head)
         self.info["unpadded"] = True
 
     def _forward(self, ids: torch.Tensor, mask: torch.Tensor, segments: torch.Tensor | None) -> torch.Tensor:
         assert self.model is not None
+        if self.head == "logits":
+            return classify(self.model, ids, mask, segments)
         return forward(self.model, ids, mask, segments)

@@ -14,14 +14,13 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
+import numpy as np
 import torch
 
+from inferd.core.backends import Runner, open_backend, options_for
 from inferd.core.errors import ModelLoadError
 from inferd.core.preprocess import Encoded
 from inferd.core.spec import ModelSpec
-
-__all__ = ["BUILTIN_TASKS", "TOKENIZER_FILES", "Handler", "InputKind", "ModelLoadError", "ModelSpec", "check_weights",
-           "describe", "incompatibility", "inputs_of", "length_limit", "load_tokenizer", "resolve_device", "task_of"]
 
 log = logging.getLogger(__name__)
 
@@ -63,25 +62,33 @@ def inputs_of(handler: Any) -> InputKind:
     return "pairs" if getattr(handler, "inputs", "texts") == "pairs" else "texts"
 
 
+def dimension_refusal(dimension: int | None, serving: Mapping[str, Any], allow_change: bool) -> str | None:
+    """Vectors of another size cannot be compared with those clients already stored."""
+    old = serving.get("dimension")
+    if old is None or old == dimension or allow_change:
+        return None
+    return (f"embedding dimension is {dimension}, the serving model's is {old}; "
+            "set model.allow_dimension_change: true to allow it")
+
+
 def describe(handler: Any) -> dict[str, Any]:
+    """What the handler says of its model; a plug-in written to the first contract (no ``describe``) is an
+    embedding handler whose ``dimension`` attribute is its description."""
     fn = getattr(handler, "describe", None)
     if callable(fn):
         return dict(fn())
-    if task_of(handler) == "embedding":
-        from inferd.core.tasks.embedding import plugin_description
-
-        return plugin_description(handler)
-    return {}
+    dimension = getattr(handler, "dimension", None) if task_of(handler) == "embedding" else None
+    return {} if dimension is None else {"dimension": int(dimension)}
 
 
 def incompatibility(handler: Any, serving: Mapping[str, Any], allow_change: bool) -> str | None:
+    """Why this handler's model may not replace the serving one; a plug-in without the method is held to
+    the dimension rule when it is an embedding handler."""
     fn = getattr(handler, "incompatibility", None)
     if callable(fn):
         return fn(serving, allow_change)
     if task_of(handler) == "embedding":
-        from inferd.core.tasks.embedding import plugin_incompatibility
-
-        return plugin_incompatibility(handler, serving, allow_change)
+        return dimension_refusal(describe(handler).get("dimension"), serving, allow_change)
     return None
 
 
@@ -135,3 +142,56 @@ def length_limit(config: Any, tokenizer: Any, wanted: int | None) -> int:
     limit = min(int(getattr(config, "max_position_embeddings", 512)),
                 int(tokenizer.model_max_length) if tokenizer.model_max_length < 1e6 else 512)
     return min(wanted or limit, limit)
+
+
+def collate(batch: list[Encoded], pad_id: int, segments: bool = False
+            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """The padded batch every runner takes: ``input_ids``, ``attention_mask`` and (``segments``: for a model
+    that reads them) ``token_type_ids``. Padding is masked, so a row never sees another."""
+    longest = max(e.tokens for e in batch)
+    ids = np.full((len(batch), longest), pad_id, dtype=np.int64)
+    mask = np.zeros((len(batch), longest), dtype=np.int64)
+    types = np.zeros((len(batch), longest), dtype=np.int64) if segments else None
+    for row, enc in enumerate(batch):
+        ids[row, : enc.tokens] = enc.ids
+        mask[row, : enc.tokens] = 1
+        if types is not None and enc.type_ids is not None:
+            types[row, : enc.tokens] = enc.type_ids
+    return torch.from_numpy(ids), torch.from_numpy(mask), None if types is None else torch.from_numpy(types)
+
+
+class ModelTask:
+    """What the built-in tasks share: a tokenizer's padding id, a runner for the task's head (``hidden`` or
+    ``logits``, see backends/base.py) on the configured backend, one collate, and closing the runner.
+
+    A subclass sets ``task``, ``head``, ``pad_id`` and its encoder before ``open_runner``: exporting a graph
+    and its accuracy gate run the task's own tokenising and outputs (``run``).
+    """
+
+    task: str
+    head: str
+    pad_id: int = 0
+    segments: bool = False
+    runner: Runner
+
+    def open_runner(self, spec: ModelSpec, device: torch.device, safetensors: bool) -> None:
+        if spec.backend != "torch" and spec.device == "auto":
+            device = torch.device("cpu")  # ONNX Runtime and OpenVINO run on the CPU here, GPU or not
+        self.runner = open_backend(spec.path, options_for(spec, self.task, self.head), device, self, safetensors)
+        self.device = self.runner.device
+        self.dtype = self.runner.dtype
+        self.backend, self.quantize, self.backend_info = self.runner.backend, self.runner.quantize, self.runner.info
+
+    def collate(self, batch: list[Encoded]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        return collate(batch, self.pad_id, self.segments)
+
+    def run(self, runner: Runner, batch: list[Encoded]) -> np.ndarray:
+        raise NotImplementedError
+
+    def infer(self, batch: list[Encoded]) -> np.ndarray:
+        return self.run(self.runner, batch)
+
+    def close(self) -> None:
+        runner = getattr(self, "runner", None)
+        if runner is not None:
+            runner.close()

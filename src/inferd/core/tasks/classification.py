@@ -12,8 +12,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from inferd.core.errors import ModelLoadError
 from inferd.core.preprocess import Encoded, TextEncoder
-from inferd.core.tasks.base import ModelLoadError, ModelSpec
+from inferd.core.spec import ModelSpec
 from inferd.core.tasks.sequence import SequenceClassifier
 
 
@@ -21,8 +22,7 @@ class ClassificationHandler(SequenceClassifier):
     task = "classification"
     inputs = "texts"
 
-    def load(self, spec: ModelSpec, device: torch.device) -> None:
-        super().load(spec, device)
+    def configure(self, spec: ModelSpec) -> None:
         if self.num_labels < 2:
             raise ModelLoadError(f"{spec.path}: a classifier needs two labels or more, this model has "
                                  f"{self.num_labels}; a one-label model is a cross-encoder (model.task: rerank)")
@@ -44,10 +44,8 @@ class ClassificationHandler(SequenceClassifier):
     def preprocess(self, texts: list[str]) -> list[Encoded]:
         return self.encoder.encode(texts)
 
-    def infer(self, batch: list[Encoded]) -> np.ndarray:
-        logits = self.logits(batch)
-        probs = torch.sigmoid(logits) if self.multi_label else torch.softmax(logits, dim=-1)
-        return probs.cpu().numpy()
+    def scores(self, logits: torch.Tensor) -> torch.Tensor:
+        return torch.sigmoid(logits) if self.multi_label else torch.softmax(logits, dim=-1)
 
     def postprocess(self, outputs: np.ndarray) -> list[np.ndarray]:
         return list(outputs)

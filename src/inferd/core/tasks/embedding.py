@@ -10,8 +10,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from inferd.core.errors import ModelLoadError
 from inferd.core.preprocess import Encoded, TextEncoder
-from inferd.core.tasks.base import ModelLoadError, ModelSpec, check_weights, length_limit, load_tokenizer
+from inferd.core.spec import ModelSpec
+from inferd.core.tasks.base import ModelTask, check_weights, dimension_refusal, length_limit, load_tokenizer
 
 
 def mean_pool(hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -50,37 +52,18 @@ def read_st_config(path: Path) -> tuple[str | None, bool, int | None]:
     return pooling, normalize, max_len
 
 
-def dimension_refusal(dimension: int | None, serving: Mapping[str, Any], allow_change: bool) -> str | None:
-    """Vectors of another size cannot be compared with those clients already stored."""
-    old = serving.get("dimension")
-    if old is None or old == dimension or allow_change:
-        return None
-    return (f"embedding dimension is {dimension}, the serving model's is {old}; "
-            "set model.allow_dimension_change: true to allow it")
-
-
-def plugin_description(handler: Any) -> dict[str, Any]:
-    """A plug-in written to the first contract (no ``describe``) is an embedding handler with a
-    ``dimension`` attribute: that attribute is its description, and the dimension rule its reload rule."""
-    dimension = getattr(handler, "dimension", None)
-    return {} if dimension is None else {"dimension": int(dimension)}
-
-
-def plugin_incompatibility(handler: Any, serving: Mapping[str, Any], allow_change: bool) -> str | None:
-    return dimension_refusal(plugin_description(handler).get("dimension"), serving, allow_change)
-
-
 def allows_change(model: Any) -> bool:
     """The operator's consent to a model whose results are not comparable with the serving one's (the
     setting is named for the embedding task, where it first mattered; the other tasks' rules ignore it)."""
     return bool(model.allow_dimension_change)
 
 
-class EmbeddingHandler:
+class EmbeddingHandler(ModelTask):
     """Sentence embeddings from a Hugging Face encoder, pooled as the model's own configuration says."""
 
     task = "embedding"
     inputs = "texts"
+    head = "hidden"
 
     def load(self, spec: ModelSpec, device: torch.device) -> None:
         safetensors = check_weights(spec.path, spec.allow_pickle)
@@ -96,15 +79,7 @@ class EmbeddingHandler:
         self.pad_id = tokenizer.pad_token_id or 0
         self.encoder = TextEncoder(tokenizer.backend_tokenizer, self.max_seq_length, spec.truncate)
         self._pool = POOLERS[self.pooling]
-        # Last: exporting a graph and its accuracy gate run this task's own tokenising and pooling.
-        from inferd.core.backends import open_backend, options_for
-
-        if spec.backend != "torch" and spec.device == "auto":
-            device = torch.device("cpu")  # ONNX Runtime and OpenVINO run on the CPU here, GPU or not
-        self.runner = open_backend(spec.path, options_for(spec), device, self, safetensors)
-        self.device = self.runner.device
-        self.dtype = self.runner.dtype
-        self.backend, self.quantize, self.backend_info = self.runner.backend, self.runner.quantize, self.runner.info
+        self.open_runner(spec, device, safetensors)  # last: see ModelTask
 
     def describe(self) -> dict[str, Any]:
         return {"dimension": self.dimension, "pooling": self.pooling, "normalize": self.normalize}
@@ -115,21 +90,9 @@ class EmbeddingHandler:
     def preprocess(self, texts: list[str]) -> list[Encoded]:
         return self.encoder.encode(texts)
 
-    def collate(self, batch: list[Encoded]) -> tuple[torch.Tensor, torch.Tensor]:
-        longest = max(e.tokens for e in batch)
-        ids = np.full((len(batch), longest), self.pad_id, dtype=np.int64)
-        mask = np.zeros((len(batch), longest), dtype=np.int64)
-        for row, enc in enumerate(batch):
-            ids[row, : enc.tokens] = enc.ids
-            mask[row, : enc.tokens] = 1
-        return torch.from_numpy(ids), torch.from_numpy(mask)
-
-    def infer(self, batch: list[Encoded]) -> np.ndarray:
-        return self.run(self.runner, batch)
-
     def run(self, runner: Any, batch: list[Encoded]) -> np.ndarray:
         """Pooled vectors for a batch, the forward pass on ``runner`` (the accuracy gate passes torch's)."""
-        ids, mask = self.collate(batch)
+        ids, mask, _ = self.collate(batch)
         with torch.inference_mode():
             hidden = runner(ids, mask)
             pooled = self._pool(hidden, mask.to(hidden.device)).float()
@@ -144,8 +107,3 @@ class EmbeddingHandler:
         sample = self.preprocess(["warm up", "a somewhat longer sentence to warm up the padded path"])
         self.infer(sample)
         self.infer(sample[:1])
-
-    def close(self) -> None:
-        runner = getattr(self, "runner", None)
-        if runner is not None:
-            runner.close()

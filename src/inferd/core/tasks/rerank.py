@@ -13,8 +13,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from inferd.core.errors import ModelLoadError
 from inferd.core.preprocess import Encoded, PairEncoder
-from inferd.core.tasks.base import ModelLoadError, ModelSpec
+from inferd.core.spec import ModelSpec
 from inferd.core.tasks.sequence import SequenceClassifier
 
 # The activations sentence-transformers writes (by class path); anything else is refused, not guessed.
@@ -33,8 +34,7 @@ class RerankHandler(SequenceClassifier):
     task = "rerank"
     inputs = "pairs"
 
-    def load(self, spec: ModelSpec, device: torch.device) -> None:
-        super().load(spec, device)
+    def configure(self, spec: ModelSpec) -> None:
         if self.num_labels != 1:
             raise ModelLoadError(f"{spec.path}: a reranker (cross-encoder) has one label, this model has "
                                  f"{self.num_labels}; serve it as model.task: classification")
@@ -54,9 +54,9 @@ class RerankHandler(SequenceClassifier):
     def preprocess(self, pairs: list[tuple[str, str]]) -> list[Encoded]:
         return self.encoder.encode(pairs)
 
-    def infer(self, batch: list[Encoded]) -> np.ndarray:
-        raw = self.logits(batch)[:, 0]
-        return torch.stack([self._activate(raw), raw], dim=1).cpu().numpy()
+    def scores(self, logits: torch.Tensor) -> torch.Tensor:
+        raw = logits[:, 0]
+        return torch.stack([self._activate(raw), raw], dim=1)
 
     def postprocess(self, outputs: np.ndarray) -> list[np.ndarray]:
         """Per pair: [score, raw logit] (TEI's ``raw_scores`` asks for the second)."""
