@@ -186,7 +186,6 @@ def check_oom(checks: Checks, model: Path) -> None:
 def oom_child(model: Path, fraction: float) -> int:
     """Run in a fresh process: the per-process cap applies from the start, via configure_process."""
     from inferd.core.engine import EngineError, InferenceEngine
-    from inferd.core.manager import ModelManager
     from inferd.core.memory import configure_process
     from inferd.utils.metrics import Metrics
 
@@ -195,9 +194,9 @@ def oom_child(model: Path, fraction: float) -> int:
     guard = configure_process(settings)
     metrics = Metrics(64)
     guard.bind(metrics)
-    manager = ModelManager(settings)
+    engine = InferenceEngine(settings, metrics, guard)
+    manager = engine.manager
     manager.load_initial()
-    engine = InferenceEngine(manager, settings, metrics, guard)
     long_texts = texts(64, words=400)
     sizes: list[int] = []
     handler = manager.active.handler

@@ -28,7 +28,6 @@ import torch
 
 from inferd.config import Settings
 from inferd.core.engine import InferenceEngine
-from inferd.core.manager import ModelManager
 from inferd.core.preprocess import Encoded
 from inferd.core.spec import ModelSpec
 from inferd.utils.metrics import Metrics
@@ -149,9 +148,9 @@ def loader_for(handler: Any) -> Any:
 
 def engine_for(handler: Any, settings: Settings, guard: Any = None) -> InferenceEngine:
     """An in-process engine whose active model is ``handler`` (loaded on the CPU), with fresh metrics."""
-    manager = ModelManager(settings, loader_for(handler))
-    manager.load_initial()
     metrics = Metrics(settings.batching.max_batch_size)
     if guard is not None:
         guard.bind(metrics)
-    return InferenceEngine(manager, settings, metrics, guard)
+    engine = InferenceEngine(settings, metrics, guard, loader=loader_for(handler))
+    engine.manager.load_initial()
+    return engine

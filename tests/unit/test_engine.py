@@ -20,7 +20,6 @@ from inferd.api.app import create_app
 from inferd.api.services import services_of
 from inferd.config import BatchingSettings, ModelSettings, Settings
 from inferd.core.engine import ClientGone, EngineError, InferenceEngine, Kind
-from inferd.core.manager import ModelManager
 from inferd.utils.metrics import Metrics
 
 
@@ -238,9 +237,8 @@ class _FailingGuard:
 def test_the_worker_survives_an_error_outside_the_handler(tmp_path: Path):
     handler = HashHandler()
     settings = make_settings(tmp_path)
-    manager = ModelManager(settings, loader_for(handler))
-    manager.load_initial()
-    engine = InferenceEngine(manager, settings, Metrics(), memory_guard=_FailingGuard())
+    engine = InferenceEngine(settings, Metrics(), memory_guard=_FailingGuard(), loader=loader_for(handler))
+    engine.manager.load_initial()
 
     async def scenario(engine: InferenceEngine) -> None:
         for text in ("first", "second"):
@@ -280,3 +278,50 @@ def test_a_dead_worker_answers_every_waiting_request_and_health_says_so(tmp_path
         r = client.post("/predict", json={"texts": ["anyone?"]})
         assert r.status_code == 503 and r.json()["error"]["code"] == "worker_dead" and r.headers["Retry-After"]
         assert "inferd_worker_alive 0.0" in client.get("/metrics").text
+
+
+def test_dimensions_other_than_the_model_s_are_refused_before_any_work(tmp_path: Path):
+    """OpenAI's ``dimensions`` is the engine's rule: known from the model's description, refused unrun."""
+    handler = HashHandler()
+    engine = make_engine(tmp_path, handler)
+
+    async def scenario(engine: InferenceEngine) -> None:
+        with pytest.raises(EngineError) as refused:
+            await engine.run(["a"], dimensions=handler.dimension + 1)
+        assert (refused.value.kind, refused.value.field) == (Kind.INVALID_INPUT, "dimensions")
+        assert f"{handler.dimension}-dimensional" in str(refused.value) and handler.batches == []
+        assert (await engine.run(["a"], dimensions=handler.dimension)).outputs == [vector_for("a")]
+
+    run(engine, scenario)
+
+
+def test_the_engine_builds_its_manager_with_the_callbacks_it_is_given(tmp_path: Path):
+    """The manager is told its callbacks when it is built (the app's metrics, the lazy-failure exit)."""
+    changes: list[list[str]] = []
+    failures: list[str] = []
+    settings = Settings(model=ModelSettings(path=str(tmp_path / "absent"), warmup=False, load_mode="lazy"))
+
+    def broken(spec: Any) -> Any:
+        raise RuntimeError("no model here")
+
+    engine = InferenceEngine(settings, Metrics(), loader=broken, on_lazy_failure=failures.append,
+                             on_change=lambda slots: changes.append([s.version for _, s in slots]))
+
+    async def scenario(engine: InferenceEngine) -> None:
+        with pytest.raises(EngineError):
+            await engine.run(["a"])
+        assert len(failures) == 1 and "no model here" in failures[0] and changes == []
+
+    asyncio.run(_started(engine, scenario))
+    ok = InferenceEngine(make_settings(tmp_path), Metrics(), loader=loader_for(HashHandler()),
+                         on_change=lambda slots: changes.append([s.version for _, s in slots]))
+    ok.manager.load_initial()
+    assert changes == [["1"]]
+
+
+async def _started(engine: InferenceEngine, scenario: Callable[[InferenceEngine], Awaitable[None]]) -> None:
+    engine.start()
+    try:
+        await asyncio.wait_for(scenario(engine), 20)
+    finally:
+        engine.stop()

@@ -65,9 +65,9 @@ def make(tmp_path: Path, cache: int = 0, **limits: Any) -> tuple[InferenceEngine
                         batching=BatchingSettings(max_wait_ms=0.0), cache=CacheSettings(max_entries=cache),
                         limits=LimitSettings(**limits))
     models = Models()
-    manager = ModelManager(settings, models)
-    manager.load_initial()
-    return InferenceEngine(manager, settings, Metrics()), manager, models
+    engine = InferenceEngine(settings, Metrics(), loader=models)
+    engine.manager.load_initial()
+    return engine, engine.manager, models
 
 
 def run(engine: InferenceEngine, scenario: Callable[[], Awaitable[None]]) -> None:

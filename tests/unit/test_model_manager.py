@@ -96,15 +96,18 @@ def use(manager: ModelManager, **kw: Any) -> str:
 
 
 def test_reload_switches_new_requests_and_frees_the_old_model_after_its_last_request(
-        manager: ModelManager, tmp_path: Path) -> None:
+        loader: Loader, tmp_path: Path) -> None:
+    changes: list[list[tuple[str, str]]] = []  # the served slots, as the manager tells them after each change
+    manager = ModelManager(settings_for(tmp_path), loader,
+                           on_change=lambda slots: changes.append([(role, s.version) for role, s in slots]))
+    manager.load_initial()
     held = manager.pick()  # a request running on v1 during the swap
     old_handler = held.handler
-    changes: list[str] = []
-    manager.on_change = lambda: changes.append(manager.active.version)  # type: ignore[union-attr]
 
     manager.reload(str(tmp_path / "m2"), "v2")
 
-    assert use(manager) == "v2" and manager.switches == 1 and changes == ["v2"]
+    assert use(manager) == "v2" and manager.switches == 1
+    assert changes == [[("active", "v1")], [("active", "v2")]]
     assert held.version == "v1" and not held.freed.is_set() and not old_handler.closed
     held.release()
     assert held.freed.is_set() and old_handler.closed
@@ -216,9 +219,11 @@ def test_a_reload_under_a_served_version_is_refused_before_loading(with_canary: 
 
 
 def test_every_load_has_its_own_identity_and_freeing_says_whether_its_version_is_gone(
-        manager: ModelManager, tmp_path: Path) -> None:
+        loader: Loader, tmp_path: Path) -> None:
     freed: list[tuple[str, int, bool]] = []
-    manager.on_freed = lambda slot, last: freed.append((slot.version, slot.load_id, last))
+    manager = ModelManager(settings_for(tmp_path), loader,
+                           on_freed=lambda slot, last: freed.append((slot.version, slot.load_id, last)))
+    manager.load_initial()
     first = manager.pick()  # a request still on the first v1 when v1 is loaded again
     manager.reload(str(tmp_path / "m2"), "v2")
     manager.reload(str(tmp_path / "m3"), "v1")  # v1 is not served any more: the label may be reused
@@ -230,9 +235,10 @@ def test_every_load_has_its_own_identity_and_freeing_says_whether_its_version_is
     assert freed[1][1] == first.load_id and freed[2][1] == again.load_id
 
 
-def test_frees_run_where_the_reaper_says(manager: ModelManager, tmp_path: Path) -> None:
+def test_frees_run_where_the_reaper_says(loader: Loader, tmp_path: Path) -> None:
     chores: list[Any] = []
-    manager.reaper = chores.append  # the engine posts them to its worker thread
+    manager = ModelManager(settings_for(tmp_path), loader, reaper=chores.append)  # the engine's: its worker
+    manager.load_initial()
     old = manager.active
     assert old is not None
     manager.reload(str(tmp_path / "m2"), "v2")

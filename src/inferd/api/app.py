@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import time
@@ -29,6 +30,7 @@ from inferd.core.errors import ModelLoadError
 from inferd.core.loading import load_handler
 from inferd.core.manager import ModelManager
 from inferd.core.memory import build_guard
+from inferd.core.slots import ModelSlot
 from inferd.core.spec import ModelSpec
 from inferd.core.tasks.base import Handler
 from inferd.utils.metrics import Metrics
@@ -40,10 +42,10 @@ class LoadFailed(SystemExit):
     """Raised out of start-up when the model fails and ``model.exit_on_load_failure`` is set."""
 
 
-def _publish_models(manager: ModelManager, metrics: Metrics) -> None:
+def _publish_models(slots: list[tuple[str, ModelSlot]], metrics: Metrics) -> None:
     metrics.model_info.clear()
     metrics.model_gate.clear()
-    for role, slot in manager.slots():
+    for role, slot in slots:
         d = slot.info  # the model's description, built at load (core/slots.py)
         metrics.model_info.labels(role, d["name"], d["version"], d["device"], d["dtype"], d["backend"],
                                   d["quantize"]).set(1)
@@ -59,15 +61,14 @@ def create_app(settings: Settings, loader: Callable[[ModelSpec], Handler] = load
                memory_guard: Any = None) -> FastAPI:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach a model hub, whatever a library tries
     metrics = Metrics(settings.batching.max_batch_size)
-    manager = ModelManager(settings, loader)
-    manager.on_change = lambda: _publish_models(manager, metrics)
     if memory_guard is None:
         # Tests and embedders that pass no guard still get one (and /admin/memory); no process-wide settings.
         memory_guard = build_guard(settings)
     memory_guard.bind(metrics)
-    engine = InferenceEngine(manager, settings, metrics, memory_guard)
-    if settings.model.exit_on_load_failure:
-        manager.on_lazy_failure = _exit_soon
+    engine = InferenceEngine(settings, metrics, memory_guard, loader=loader,
+                             on_change=functools.partial(_publish_models, metrics=metrics),
+                             on_lazy_failure=_exit_soon if settings.model.exit_on_load_failure else None)
+    manager = engine.manager
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

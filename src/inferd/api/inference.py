@@ -7,7 +7,6 @@ the rerank and classification shapes) build on these and never on each other.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 from fastapi import Request
@@ -64,10 +63,12 @@ def served_task(request: Request) -> str:
 
 
 async def run_task(request: Request, texts: list[Any], body: Any, field: str, listed: bool,
-                   task: str | None = None, admit: Callable[[Any], None] | None = None) -> TaskResult | Response:
+                   task: str | None = None, dimensions: int | None = None) -> TaskResult | Response:
     """Hand a request's inputs to the engine; its refusals in the error shape, 499 for a client gone.
 
     ``field`` is the request field holding the inputs: an input at fault is named ``field[i]``.
+    ``dimensions`` is the embedding size the client asked for (OpenAI's field), refused by the engine
+    unless the model produces it.
     """
     s = services(request)
     if s.settings.server.log_inputs:
@@ -76,7 +77,7 @@ async def run_task(request: Request, texts: list[Any], body: Any, field: str, li
     try:
         result = await s.engine.run(
             texts, priority=body.priority, timeout_ms=body.timeout_ms, model=getattr(body, "model", None), task=task,
-            admit=admit, routing_key=request.headers.get("x-routing-key"),
+            dimensions=dimensions, routing_key=request.headers.get("x-routing-key"),
             disconnected=lambda: _disconnected(request))
     except EngineError as exc:
         raise engine_refusal(exc, field, listed, s.metrics) from None

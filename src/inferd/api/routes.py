@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import base64
 import time
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -38,7 +37,6 @@ from inferd.api.schemas import (
     responses,
 )
 from inferd.api.services import inference_auth, services
-from inferd.core.errors import EngineError, Kind
 
 # Inference, and what is served (/v1/models, /info): the inference keys, checked once for the whole router.
 router = APIRouter(dependencies=[Depends(inference_auth)])
@@ -99,7 +97,7 @@ async def embeddings(request: Request) -> Response:
     listed = isinstance(body.input, list)
     texts = body.input if listed else [body.input]
     result = await run_task(request, texts, body, "input", listed, task="embedding",
-                            admit=None if body.dimensions is None else _same_dimension(body.dimensions))
+                            dimensions=body.dimensions)
     if isinstance(result, Response):
         return result
     if body.encoding_format == "base64":
@@ -111,15 +109,6 @@ async def embeddings(request: Request) -> Response:
     return json_response({"object": "list", "data": data, "model": served_name(result),
                           "usage": {"prompt_tokens": result.prompt_tokens,
                                     "total_tokens": result.prompt_tokens}})
-
-
-def _same_dimension(dimensions: int) -> Callable[[Any], None]:
-    def admit(info: Any) -> None:
-        dimension = info.get("dimension")
-        if dimension is not None and dimensions != dimension:
-            raise EngineError(Kind.INVALID_INPUT, f"this model produces {dimension}-dimensional embeddings; "
-                              f"{dimensions} was asked", field="dimensions")
-    return admit
 
 
 def _check_input(request: Request, body: EmbeddingsRequest) -> None:

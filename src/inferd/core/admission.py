@@ -47,6 +47,15 @@ def input_refusal(exc: InputError) -> EngineError:
     return EngineError(kind, exc.message, exc.code, index=exc.index)
 
 
+def wrong_dimensions(info: Mapping[str, Any], dimensions: int) -> EngineError | None:
+    """OpenAI's ``dimensions`` on a model that produces another size: embeddings are not shortened here."""
+    dimension = info.get("dimension")
+    if dimension is None or dimensions == dimension:
+        return None
+    return EngineError(Kind.INVALID_INPUT, f"this model produces {dimension}-dimensional embeddings; "
+                       f"{dimensions} was asked", field="dimensions")
+
+
 def not_ready(exc: ModelNotReady) -> EngineError:
     # The state only: a failed load's reason names filesystem paths (it is in the log and /admin/models).
     kind = Kind.MODEL_FAILED if exc.state == "failed" else Kind.NOT_READY
@@ -109,12 +118,11 @@ class Admission:
 
     async def run(self, inputs: list[Any], *, priority: int = 0, timeout_ms: float | None = None,
                   routing_key: str | None = None, model: str | None = None, task: str | None = None,
-                  admit: Callable[[Mapping[str, Any]], None] | None = None,
-                  disconnected: Disconnected | None = None) -> TaskResult:
+                  dimensions: int | None = None, disconnected: Disconnected | None = None) -> TaskResult:
         """One request's inputs (texts, or (query, document) pairs) through the model, one result each.
 
-        ``task`` refuses a model of another task; ``admit`` sees the picked model's description before any
-        work and may refuse the request (an EngineError) for what the model is.
+        ``task`` refuses a model of another task, ``dimensions`` an embedding model of another size: both
+        are known from the picked model's description, before any work.
         """
         if self.draining:
             raise EngineError(Kind.DRAINING, "the server is draining; retry on another instance")
@@ -131,8 +139,9 @@ class Admission:
         try:
             if task is not None and slot.task != task:
                 raise EngineError(Kind.WRONG_TASK, f"this server serves the {slot.task} task, not {task}")
-            if admit is not None:
-                admit(slot.info)  # known before any work: refuse now rather than compute in vain
+            refusal = None if dimensions is None else wrong_dimensions(slot.info, dimensions)
+            if refusal is not None:
+                raise refusal  # known before any work: refuse now rather than compute in vain
             if self.cache is None:
                 result = await self._run_on(slot, inputs, priority, timeout_ms, disconnected)
             else:

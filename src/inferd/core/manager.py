@@ -15,6 +15,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TypeAlias
 
 from inferd.config import Settings
 from inferd.core.loading import check_model_path, load_handler, spec_task
@@ -24,6 +25,11 @@ from inferd.core.tasks.base import Handler, ModelLoadError, incompatibility
 from inferd.core.tasks.embedding import allows_change
 
 log = logging.getLogger(__name__)
+
+# Told the served slots after every change (the app publishes them as metrics).
+OnChange: TypeAlias = Callable[[list[tuple[str, ModelSlot]]], None]
+# Told when a slot is freed, and whether it was the last loaded slot of its version.
+OnFreed: TypeAlias = Callable[[ModelSlot, bool], None]
 
 
 class ReloadInProgress(Exception):
@@ -71,18 +77,21 @@ class NoCanary(Exception):
 class ModelManager:
     """Holds the active slot (and an optional canary), loads new models beside them, swaps atomically."""
 
-    def __init__(self, settings: Settings, loader: Callable[[ModelSpec], Handler] = load_handler,
-                 on_change: Callable[[], None] | None = None) -> None:
+    def __init__(self, settings: Settings, loader: Callable[[ModelSpec], Handler] = load_handler, *,
+                 on_change: OnChange | None = None,
+                 reaper: Callable[[Callable[[], None]], None] | None = None,
+                 on_freed: OnFreed | None = None,
+                 on_lazy_failure: Callable[[str], None] | None = None) -> None:
         self.settings = settings
         self.loader = loader
-        self.on_change = on_change or (lambda: None)
-        # Runs a slot's free on the right thread (the engine sets it: its worker); None = where it is released.
-        self.reaper: Callable[[Callable[[], None]], None] | None = None
+        self._on_change: OnChange = on_change or (lambda slots: None)
+        # Runs a slot's free on the right thread (the engine's: its worker); None = where it is released.
+        self._reaper = reaper
         # Told when a slot is freed, and whether it was the last loaded slot of its version (then the
         # version's labelled metric series can go).
-        self.on_freed: Callable[[ModelSlot, bool], None] = lambda slot, last_of_version: None
+        self._on_freed: OnFreed = on_freed or (lambda slot, last_of_version: None)
         # Told when a lazy first load fails (the app exits there if model.exit_on_load_failure is set).
-        self.on_lazy_failure: Callable[[str], None] = lambda reason: None
+        self._on_lazy_failure: Callable[[str], None] = on_lazy_failure or (lambda reason: None)
         self.state = "not_loaded"
         self.reason: str | None = None
         self.active: ModelSlot | None = None
@@ -111,24 +120,17 @@ class ModelManager:
             raise
         except Exception as exc:  # a broken model folder can raise nearly anything from transformers
             raise ModelLoadError(f"cannot load {spec.path}: {type(exc).__name__}: {exc}") from exc
-        slot = ModelSlot(handler, spec, time.perf_counter() - started, reaper=self._reap, on_freed=self._freed)
+        slot = ModelSlot(handler, spec, time.perf_counter() - started, reaper=self._reaper, on_freed=self._freed)
         with self._lock:
             self._live[slot.load_id] = slot
         return slot
-
-    def _reap(self, free: Callable[[], None]) -> None:
-        reaper = self.reaper
-        if reaper is None:
-            free()
-        else:
-            reaper(free)
 
     def _freed(self, slot: ModelSlot) -> None:
         with self._lock:
             self._live.pop(slot.load_id, None)
             # A version can be loaded again while its old slot still drains; its series stay until both go.
             last = all(s.version != slot.version for s in self._live.values())
-        self.on_freed(slot, last)
+        self._on_freed(slot, last)
 
     def load_initial(self) -> None:
         """Load the configured model (and canary); record failure instead of raising."""
@@ -171,7 +173,7 @@ class ModelManager:
             return
         log.info("model ready", extra={"model": slot.spec.name, "version": slot.version,
                                         "load_seconds": round(slot.load_seconds, 3)})
-        self.on_change()
+        self._changed()
 
     async def ensure_loaded(self) -> None:
         """Lazy mode: the first request loads the model, exactly once however many arrive together."""
@@ -182,9 +184,12 @@ class ModelManager:
                 try:
                     await asyncio.to_thread(self.load_initial)
                 except ModelLoadError as exc:
-                    self.on_lazy_failure(str(exc))
+                    self._on_lazy_failure(str(exc))
         if self.state != "ready":
             raise ModelNotReady(self.state, self.reason)
+
+    def _changed(self) -> None:
+        self._on_change(self.slots())
 
     # -- routing ---------------------------------------------------------------------------------------
 
@@ -290,7 +295,7 @@ class ModelManager:
                                            "load_seconds": round(slot.load_seconds, 3)})
         if old is not None:
             old.retire()
-        self.on_change()
+        self._changed()
 
     def _client_spec(self, path: str, version: str, runtime: dict[str, str] | None) -> ModelSpec:
         """A client's load: ``path`` must lie under an allowed ``model.root``; ``runtime`` (backend, dtype,
@@ -343,7 +348,7 @@ class ModelManager:
             log.info("canary set", extra={"version": slot.version, "weight": weight})
             if old is not None:
                 old.retire()
-            self.on_change()
+            self._changed()
             return slot
         finally:
             self._reload_lock.release()
@@ -361,7 +366,7 @@ class ModelManager:
             log.info("canary promoted", extra={"version": new.version, "previous": old.version if old else None})
             if old is not None:
                 old.retire()
-            self.on_change()
+            self._changed()
             return new
         finally:
             self._reload_lock.release()
@@ -377,7 +382,7 @@ class ModelManager:
                 active = self.active
             log.info("canary rolled back", extra={"version": old.version})
             old.retire()
-            self.on_change()
+            self._changed()
             return active  # type: ignore[return-value]
         finally:
             self._reload_lock.release()
