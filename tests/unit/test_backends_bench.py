@@ -76,14 +76,14 @@ def test_the_table_shows_figures_and_refusals() -> None:
 
 
 def test_a_refusal_in_a_json_log_line_shows_just_the_verdict() -> None:
-    from inferd.bench.backends import _why
+    from inferd.bench.backends import why_failed
 
     tail = ('inferd exited with 3:\n{"time":"t","level":"ERROR","message":"model load failed: openvino float32 int8 '
             'refused by the accuracy gate (int8 thresholds): overlap@10 0.940600 < 0.95 '
             '(model.gate.int8_overlap_at_10). Figures ...","module":"manager"}\n{"level":"CRITICAL"}')
-    assert _why(tail) == ("**refused by the gate** (int8 thresholds): overlap@10 0.940600 < 0.95 "
+    assert why_failed(tail) == ("**refused by the gate** (int8 thresholds): overlap@10 0.940600 < 0.95 "
                           "(model.gate.int8_overlap_at_10). Figures ...")
-    assert _why("Traceback\nValueError: No onnx files found") == "failed: ValueError: No onnx files found"
+    assert why_failed("Traceback\nValueError: No onnx files found") == "failed: ValueError: No onnx files found"
 
 
 def test_without_a_bf16_row_the_int8_configurations_stand_in_and_a_refused_one_fails() -> None:
@@ -135,3 +135,25 @@ def test_targets_are_judged_on_ratios_within_rounds() -> None:
     assert by_pair(summarise(rows, "torch fp32", "st"))[("openvino bf16 int8", "torch fp32")]["rounds"] == [2.6, 2.5]
     rows["openvino bf16"]["rounds"][2]["server"] = 90.0  # 1.92, 1.45, 1.5: median 1.5 < 1.8
     assert not next(t for t in summarise(rows, "torch fp32", "st")["targets"] if t["versus"] == "torch fp32")["met"]
+
+
+def test_rerank_summary_takes_ratios_within_rounds_and_judges_the_targets() -> None:
+    from inferd.bench.rerank import summarise
+    from inferd.bench.report import rerank_backends_table
+
+    def rounds(*values: float) -> list[dict]:
+        return [{"round": r, "pairs_per_s": v, "p99_ms": 100.0} for r, v in enumerate(values)]
+
+    rows = {"torch fp32": {"rounds": rounds(100, 50, 80)}, "openvino bf16": {"rounds": rounds(250, 90, 200)},
+            "openvino fp32 int8": {"rounds": [], "error": "**refused by the gate** (int8 thresholds): Spearman"},
+            "infinity torch": {"rounds": rounds(50, 40, 60)}}
+    out = summarise(rows, "torch fp32")
+    bf16 = out["rows"]["openvino bf16"]
+    # Round by round (2.5, 1.8, 2.5), not the ratio of medians (200 / 80).
+    assert bf16["ratio"] == {"median": 2.5, "min": 1.8, "max": 2.5}
+    assert bf16["versus"]["infinity torch"] == [5.0, 2.25, 3.333]
+    targets = {(t["configuration"], t["versus"]): t for t in out["targets"]}
+    assert targets["openvino bf16", "torch fp32"]["met"] is True
+    assert targets["openvino bf16", "infinity torch"]["median"] == 3.333
+    table = "\n".join(rerank_backends_table(out))
+    assert "| openvino fp32 int8 | **refused by the gate**" in table and "| openvino bf16 / infinity torch | 3.0 |" in table

@@ -192,7 +192,8 @@ def run_phase(args: argparse.Namespace, model: Path, texts: Sequence[str], sourc
               say: Callable[[str], None], logs: Path) -> dict[str, Any]:
     """Everything in the module docstring; returns the per-configuration figures and the per-round raw ones."""
     from inferd.config import load_settings
-    from inferd.core.model_loader import load_handler, spec_from_settings
+    from inferd.core.loading import load_handler
+    from inferd.core.spec import spec_from_settings
 
     configs: list[Config] = args.backend
     corpus = list(texts[: args.backend_texts])
@@ -212,7 +213,7 @@ def run_phase(args: argparse.Namespace, model: Path, texts: Sequence[str], sourc
             server = start_inferd(logs, model, threads, {**base, **c.env(cache)}, timeout=1800)
         except ServerFailed as exc:
             rows[c.name]["error"] = str(exc)[-3000:]
-            say(f"backends: {c.name}: FAILED to start: {_why(rows[c.name]['error'])}")
+            say(f"backends: {c.name}: FAILED to start: {why_failed(rows[c.name]['error'])}")
             continue
         rows[c.name]["cold_start_s"] = round(time.monotonic() - t0, 2)
         server.stop()
@@ -257,7 +258,7 @@ def run_phase(args: argparse.Namespace, model: Path, texts: Sequence[str], sourc
                 server = start()
             except (ServerFailed, OSError) as exc:
                 row["error"] = str(exc)[-3000:]
-                say(f"backends: {name}: FAILED to start: {_why(row['error'])}")
+                say(f"backends: {name}: FAILED to start: {why_failed(row['error'])}")
                 continue
             warm = time.monotonic() - t0
             try:
@@ -335,7 +336,7 @@ def targets(rows: dict[str, dict[str, Any]], baseline: str | None) -> list[dict[
         row = rows[name]
         if not row["rounds"]:
             # Configured but never served (refused by the gate, failed to start): a target it did not meet.
-            why = _why(row.get("error", "")).split(":")[0] if row.get("error") else "not measured"
+            why = why_failed(row.get("error", "")).split(":")[0] if row.get("error") else "not measured"
             out.append({"config": name, "versus": other, "wanted": least, "rounds": [], "median": None,
                         "met": False, "accuracy": {}, "note": ", ".join(filter(None, [note, why]))})
             continue
@@ -355,7 +356,7 @@ def _cell(s: dict[str, float | None], digits: int = 1) -> str:
     return f"{s['median']:.{digits}f} ({s['min']:.{digits}f}–{s['max']:.{digits}f})"
 
 
-def _why(error: str) -> str:
+def why_failed(error: str) -> str:
     """The gate's verdict (or the last error line) out of a failed server's log tail."""
     lines = error.splitlines()
     line = next((ln for ln in lines if "refused by the accuracy gate" in ln),
@@ -377,7 +378,7 @@ def render(section: dict[str, Any], rounds: int, duration: float) -> str:
            "| cold start s | warm start s |", "|---|---|---|---|---|---|---|---|---|"]
     for name, row in rows.items():
         if "error" in row and not row.get("rounds"):
-            out.append(f"| {name} | {_why(row['error'])} | | | | | | | |")
+            out.append(f"| {name} | {why_failed(row['error'])} | | | | | | | |")
             continue
         acc = row.get("accuracy") or {}
         cos = f"{acc['cosine_min']:.5f} / {acc['cosine_mean']:.5f}" if acc else "–"

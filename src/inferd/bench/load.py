@@ -64,15 +64,17 @@ class Target:
     """One server under test: its base URL, the JSON body shape it takes, the client kind to load it with."""
 
     def __init__(self, url: str, path: str = "/predict", field_name: str = "texts", client: str = "lean",
-                 query: str | None = None) -> None:
+                 query: str | None = None, extra: dict[str, Any] | None = None) -> None:
         self.url, self.path, self.field, self.client = url.rstrip("/"), path, field_name, client
         # A rerank target: every request sends this query with its texts as documents (one pair each).
         self.query = query
+        # Fields every request carries besides (another server's "model" name, say).
+        self.extra = dict(extra or {})
 
 
 async def _send(client: HTTPClient, target: Target, source: TextSource, ids: list[int],
                 samples: Samples, t0: float) -> None:
-    fields: dict[str, Any] = {target.field: [source.texts[i] for i in ids]}
+    fields: dict[str, Any] = {**target.extra, target.field: [source.texts[i] for i in ids]}
     if target.query is not None:
         fields["query"] = target.query
     body = orjson.dumps(fields)

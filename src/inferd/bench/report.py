@@ -147,6 +147,9 @@ def render_markdown(results: dict[str, Any]) -> str:
         out += [f"| {n} | {_fmt(phases[n]['pairs_per_s'])} | {_fmt(peak)} | {_fmt(phases[n].get('p50_ms'))} | "
                 f"{_fmt(phases[n].get('p99_ms'))} |" for n in by_kind["rerank"]]
         out += ["", "Each document is one pair and one batch item; a pair carries the query's tokens as well.", ""]
+        for n in by_kind["rerank"]:
+            if phases[n].get("backends"):
+                out += rerank_backends_table(phases[n]["backends"])
     inferd = [n for n in by_kind["closed"] + by_kind["open"] if phases[n].get("server") == "inferd"]
     if inferd:
         out += ["## Where inferd's time goes (means from its /metrics over each phase)", ""]
@@ -207,3 +210,34 @@ def write_plot(results: dict[str, Any], path: Path) -> Path:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def rerank_backends_table(summary: dict[str, Any]) -> list[str]:
+    """The rerank phase's configurations side by side: pairs/s, P99, ratios within rounds, the targets."""
+    def spread(d: dict[str, Any] | None) -> str:
+        if not d or d.get("median") is None:
+            return "–"
+        return f"{d['median']:g} ({d['min']:g}–{d['max']:g})"
+
+    others = sorted({o for row in summary["rows"].values() for o in row.get("versus", {})})
+    out = [f"### Rerank by backend (ratios to {summary['baseline']} and to {', '.join(others) or 'no other server'}"
+           ", round by round)", "",
+           "| configuration | cold start s | pairs/s | P99 ms | ratio to baseline | " + " | ".join(
+               f"× {o}" for o in others) + " |", "|---|---|---|---|---|" + "---|" * len(others)]
+    for name, row in summary["rows"].items():
+        if row.get("error"):
+            out.append(f"| {name} | {row['error'].replace('|', '/')} |" + " |" * (3 + len(others)))
+            continue
+        versus = [", ".join(f"{r:g}" for r in row.get("versus", {}).get(o, [])) or "–" for o in others]
+        out.append(f"| {name} | {row.get('cold_start_s', '–')} | {spread(row.get('pairs_per_s'))} | "
+                   f"{spread(row.get('p99_ms'))} | {spread(row.get('ratio'))} | " + " | ".join(versus) + " |")
+    lost = [f"{name} round {e['round'] + 1}: {e['error']}" for name, row in summary["rows"].items()
+            for e in row.get("round_errors", [])]
+    if lost:
+        out += ["", "Rounds lost: " + "; ".join(lost)]
+    if summary.get("targets"):
+        out += ["", "| target | at least | ratios | median | met |", "|---|---|---|---|---|"]
+        out += [f"| {t['configuration']} / {t['versus']} | {t['least']} | {', '.join(f'{r:g}' for r in t['ratios'])} "
+                f"| {t['median'] if t['median'] is None else round(t['median'], 2)} | {'yes' if t['met'] else 'no'} |"
+                for t in summary["targets"]]
+    return [*out, ""]
