@@ -11,7 +11,8 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import APIRouter, FastAPI, Request
+from fastapi.routing import APIRoute
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.responses import Response
 
@@ -22,7 +23,7 @@ from inferd.api.middleware import BodyLimitMiddleware, RequestContextMiddleware
 from inferd.api.routes import health_router, router
 from inferd.api.schemas import raw_body, responses
 from inferd.api.security import require_keys
-from inferd.api.services import Services, services_of
+from inferd.api.services import Services, services, services_of
 from inferd.api.task_routes import task_router
 from inferd.config import Settings
 from inferd.core.engine import InferenceEngine
@@ -40,6 +41,32 @@ log = logging.getLogger(__name__)
 
 class LoadFailed(SystemExit):
     """Raised out of start-up when the model fails and ``model.exit_on_load_failure`` is set."""
+
+
+metrics_router = APIRouter()
+
+
+@metrics_router.get("/metrics", responses=responses(raw_body(CONTENT_TYPE_LATEST, {"type": "string"}), 401))
+async def metrics_endpoint(request: Request) -> Response:
+    s = services(request)
+    key = s.settings.server.metrics_key
+    require_keys(request, (key,) if key else (), "metrics", s.metrics)
+    return Response(generate_latest(s.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+
+def _routers(settings: Settings, admin: bool = False) -> list[APIRouter]:
+    """The routers of the main app (``admin``: of the admin app), in the order they are included."""
+    if admin:
+        return [admin_router]
+    own_port = settings.server.admin_port is not None  # then the admin routes are the admin app's only
+    return [router, task_router, health_router, *([] if own_port else [admin_router]), metrics_router]
+
+
+def route_paths(settings: Settings, admin: bool = False) -> frozenset[str]:
+    """The paths the main app (``admin``: the admin app) serves: the request metrics' endpoint labels, any
+    other path being one label, "other", so 404 scans cannot explode the series."""
+    return frozenset(route.path for included in _routers(settings, admin) for route in included.routes
+                     if isinstance(route, APIRoute))
 
 
 def _publish_models(slots: list[tuple[str, ModelSlot]], metrics: Metrics) -> None:
@@ -92,20 +119,11 @@ def create_app(settings: Settings, loader: Callable[[ModelSpec], Handler] = load
     app.state.services = Services(settings=settings, manager=manager, engine=engine, metrics=metrics,
                                   memory_guard=memory_guard, started_at=time.time())
     install_error_handlers(app)
-    app.include_router(router)
-    app.include_router(task_router)
-    app.include_router(health_router)
-    if settings.server.admin_port is None:
-        app.include_router(admin_router)
-
-    @app.get("/metrics", responses=responses(raw_body(CONTENT_TYPE_LATEST, {"type": "string"}), 401))
-    async def metrics_endpoint(request: Request) -> Response:
-        key = settings.server.metrics_key
-        require_keys(request, (key,) if key else (), "metrics", metrics)
-        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
-
+    for included in _routers(settings):
+        app.include_router(included)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.limits.max_body_bytes)
-    app.add_middleware(RequestContextMiddleware, metrics=metrics, access=settings.server.access_log)
+    app.add_middleware(RequestContextMiddleware, metrics=metrics, paths=route_paths(settings),
+                       access=settings.server.access_log)
     return app
 
 
@@ -115,11 +133,13 @@ def create_admin_app(main: FastAPI) -> FastAPI:
     # The same State object: assigning to app.state._state would only store a key named "_state".
     app.state = main.state
     install_error_handlers(app)
-    app.include_router(admin_router)
-    # The same body limit as the main port: the admin port is local, not trusted with unbounded bodies.
     shared = services_of(main)
+    for included in _routers(shared.settings, admin=True):
+        app.include_router(included)
+    # The same body limit as the main port: the admin port is local, not trusted with unbounded bodies.
     app.add_middleware(BodyLimitMiddleware, max_bytes=shared.settings.limits.max_body_bytes)
-    app.add_middleware(RequestContextMiddleware, metrics=shared.metrics, access=True)
+    app.add_middleware(RequestContextMiddleware, metrics=shared.metrics, paths=route_paths(shared.settings, admin=True),
+                       access=True)
     return app
 
 

@@ -24,13 +24,6 @@ log = logging.getLogger(__name__)
 access_log = logging.getLogger("inferd.access")
 
 _SAFE_ID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
-# Known paths are metric labels as they are; anything else is one label, so 404 scans cannot explode them.
-KNOWN_PATHS = frozenset({
-    "/predict", "/v1/embeddings", "/v1/rerank", "/v2/rerank", "/rerank", "/v1/classify", "/v1/models", "/info",
-    "/health", "/health/live", "/health/ready",
-    "/metrics", "/admin/memory", "/admin/models/reload", "/admin/models/canary", "/admin/models/promote",
-    "/admin/models/rollback", "/admin/models",
-})
 # Why the connection protocol ended a request the app was still reading, and the status it answered
 # (inferd.server.http writes the answer; the app only sees the client go). Anything else gone is 499.
 ABORT_STATUS = {"body_timeout": 408, "shutdown": 503}
@@ -43,9 +36,13 @@ def context(scope: Scope) -> dict[str, Any]:
 
 
 class RequestContextMiddleware:
-    def __init__(self, app: ASGIApp, metrics: Metrics, access: bool = True) -> None:
+    """``paths`` are the app's routes (api/app.py ``route_paths``): metric labels as they are; any other path
+    is one label, "other", so 404 scans cannot explode the series."""
+
+    def __init__(self, app: ASGIApp, metrics: Metrics, paths: frozenset[str], access: bool = True) -> None:
         self.app = app
         self.metrics = metrics
+        self.paths = paths
         self.access = access
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -99,7 +96,7 @@ class RequestContextMiddleware:
         finally:
             elapsed = time.perf_counter() - started
             path = scope.get("path", "")
-            endpoint = path if path in KNOWN_PATHS else "other"
+            endpoint = path if path in self.paths else "other"
             self.metrics.requests.labels(endpoint, str(status[0])).inc()
             self.metrics.request_duration.labels(endpoint).observe(elapsed)
             if self.access:

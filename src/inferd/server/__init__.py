@@ -153,7 +153,7 @@ def _install_sighup(loop: asyncio.AbstractEventLoop, manager: Any, metrics: Any,
 
 def serve(settings: Settings, reread: Callable[[], Settings] | None = None) -> int:
     """Serve until SIGTERM/SIGINT; ``reread`` rebuilds the settings on SIGHUP (the CLI passes its flags)."""
-    from inferd.api.app import create_admin_app, create_app
+    from inferd.api.app import create_admin_app, create_app, route_paths
     from inferd.api.middleware import RequestContextMiddleware, overloaded
     from inferd.api.services import services_of
     from inferd.core.memory import configure_process
@@ -169,20 +169,21 @@ def serve(settings: Settings, reread: Callable[[], Settings] | None = None) -> i
     shared = services_of(app)
     metrics = shared.metrics
 
-    def config(asgi: Any, host: str, port: int, lifespan: str) -> uvicorn.Config:
-        busy = RequestContextMiddleware(overloaded, metrics=metrics, access=srv.access_log)
+    def config(asgi: Any, host: str, port: int, lifespan: str, paths: frozenset[str]) -> uvicorn.Config:
+        # Refused at the connection limit: counted under the path asked for, as the app counts its requests.
+        busy = RequestContextMiddleware(overloaded, metrics=metrics, paths=paths, access=srv.access_log)
         return uvicorn.Config(
             asgi, host=host, port=port, lifespan=lifespan, log_config=None, access_log=False,
             http=protocol_class(limits, metrics, busy), ws="none", timeout_keep_alive=srv.keepalive_timeout_s,
             # Float seconds work (asyncio.wait_for); the type hint says int.
             timeout_graceful_shutdown=CLOSE_S)  # type: ignore[arg-type]
 
-    leader = DrainingServer(config(app, srv.host, srv.port, "on"),
+    leader = DrainingServer(config(app, srv.host, srv.port, "on", route_paths(settings)),
                             drain=lambda: shared.engine.drain(srv.drain_timeout_s),
                             drain_timeout_s=srv.drain_timeout_s)
     servers: list[uvicorn.Server] = [leader]
     if srv.admin_port is not None:
-        admin = config(create_admin_app(app), "127.0.0.1", srv.admin_port, "off")
+        admin = config(create_admin_app(app), "127.0.0.1", srv.admin_port, "off", route_paths(settings, admin=True))
         leader.followers.append(FollowerServer(admin, leader))
         servers += leader.followers
 
