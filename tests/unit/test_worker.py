@@ -51,7 +51,7 @@ def run_worker(handler: HashHandler, tmp_path: Path, loop: asyncio.AbstractEvent
     tickets = []
     queue.pause(True)
     for texts in requests:
-        ticket = Ticket(loop.create_future(), len(texts), slot)
+        ticket = Ticket(loop.create_future(), len(texts))
         tickets.append(ticket)
         queue.put([WorkItem(ticket, i, encode(t), len(t), 0, now, now + deadline_s, queue.next_seq(), slot)
                    for i, t in enumerate(texts)])

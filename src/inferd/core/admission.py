@@ -210,7 +210,7 @@ class Admission:
                                       f"batching.max_batch_tokens ({self.policy.max_batch_tokens})",
                                       "too_many_tokens", index=i)
         assert self._loop is not None
-        ticket = Ticket(self._loop.create_future(), len(encoded), slot)
+        ticket = Ticket(self._loop.create_future(), len(encoded))
         now = time.monotonic()
         deadline = now + (timeout_ms or self.settings.batching.default_timeout_ms) / 1000.0
         items = [WorkItem(ticket, i, enc, enc.tokens, priority, now, deadline, self.queue.next_seq(), slot)

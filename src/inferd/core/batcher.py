@@ -191,10 +191,6 @@ class BatchQueue:
             self._pending = [it for it in self._pending if id(it) not in ids]
             return before - len(self._pending)
 
-    def wake(self) -> None:
-        with self._cond:
-            self._cond.notify()
-
     def post(self, chore: Callable[[], None]) -> None:
         """Run ``chore`` on the thread that calls ``take`` (it comes back as ``Decision.chores``)."""
         with self._cond:

@@ -16,7 +16,6 @@ from typing import Any
 
 from inferd.core.errors import ClientGone, EngineError
 from inferd.core.preprocess import Encoded
-from inferd.core.slots import ModelSlot
 
 __all__ = ["BatchReport", "ClientGone", "EngineError", "Failure", "Outcome", "TaskResult", "Ticket", "WorkItem",
            "tickets_of"]
@@ -25,16 +24,15 @@ __all__ = ["BatchReport", "ClientGone", "EngineError", "Failure", "Outcome", "Ta
 class Ticket:
     """One request's share of the queue: its future, its results in order, and its stage timings."""
 
-    __slots__ = ("future", "results", "remaining", "closed", "error", "slot", "queue_s",
-                 "infer_s", "post_s", "batch_size", "_batches")
+    __slots__ = ("future", "results", "remaining", "closed", "error", "queue_s", "infer_s", "post_s",
+                 "batch_size", "_batches")
 
-    def __init__(self, future: asyncio.Future, n: int, slot: ModelSlot) -> None:
+    def __init__(self, future: asyncio.Future, n: int) -> None:
         self.future = future
         self.results: list[Any] = [None] * n
         self.remaining = n
         self.closed = False  # answered or abandoned: its queued items are dropped (the worker only reads it)
         self.error: EngineError | None = None
-        self.slot = slot
         self.queue_s = self.infer_s = self.post_s = 0.0
         self.batch_size = 0
         self._batches: set[int] = set()
