@@ -13,28 +13,10 @@ mean nothing.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
-
-def build(out: Path, seed: int = 0) -> Path:
-    import torch
-    from transformers import AutoTokenizer, BertForSequenceClassification
-
-    from inferd.config import ModelSettings, resolve_model_path
-
-    source = resolve_model_path(ModelSettings())
-    torch.manual_seed(seed)
-    # The encoder's weights come from MiniLM; only the head (classifier.*, pooler.*) is new.
-    model = BertForSequenceClassification.from_pretrained(source, num_labels=1, local_files_only=True)
-    model.eval().save_pretrained(out, safe_serialization=True)
-    tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=True)
-    tokenizer.save_pretrained(out)
-    cfg = json.loads((out / "config.json").read_text())
-    cfg["sentence_transformers"] = {"activation_fn": "torch.nn.modules.activation.Sigmoid", "version": "4.0.0"}
-    (out / "config.json").write_text(json.dumps(cfg, indent=2))
-    return out
+from inferd.bench.cross_encoder import build
 
 
 def main(argv: list[str] | None = None) -> int:
