@@ -22,17 +22,13 @@ from typing import Any, Protocol
 
 import torch
 
-from inferd.config import GateSettings
+from inferd.config import BACKENDS, DTYPES, QUANTIZE, UNPADDED, GateSettings
 from inferd.core.errors import ModelLoadError
 
 log = logging.getLogger(__name__)
 
 # What a runner returns (see above); a task names its head when it opens a backend.
 HEADS = ("hidden", "logits")
-BACKENDS = ("torch", "onnx", "openvino")
-UNPADDED = ("auto", "true", "false")
-QUANTIZE = ("none", "int8-weights", "int8")
-DTYPES = ("auto", "float32", "float16", "bfloat16")
 # The graph's inputs, in this order; a runner feeds zeros for token_type_ids when the task has none.
 INPUT_NAMES = ("input_ids", "attention_mask", "token_type_ids")
 # CPU flags that mean bf16 matrix multiplication in hardware (otherwise bf16 is emulated and slow).
