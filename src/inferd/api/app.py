@@ -77,9 +77,9 @@ def _publish_models(slots: list[tuple[str, ModelSlot]], metrics: Metrics) -> Non
         metrics.model_info.labels(role, d["name"], d["version"], d["device"], d["dtype"], d["backend"],
                                   d["quantize"]).set(1)
         gate = (d["backend_info"] or {}).get("gate") or {}
-        for figure in ("cosine_min", "cosine_mean", "overlap_at_10", "invariance_min"):
-            value = gate.get("figures", {}).get(figure)
-            if value is not None:
+        for figure, value in (gate.get("figures") or {}).items():
+            # Every figure of the task's gate (cosines and overlap; rank and label agreement, differences).
+            if isinstance(value, int | float) and not isinstance(value, bool) and figure != "texts":
                 metrics.model_gate.labels(slot.version, figure).set(value)
         metrics.model_load.labels(slot.version).set(slot.load_seconds)
 
