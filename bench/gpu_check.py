@@ -185,7 +185,8 @@ def check_oom(checks: Checks, model: Path) -> None:
 
 def oom_child(model: Path, fraction: float) -> int:
     """Run in a fresh process: the per-process cap applies from the start, via configure_process."""
-    from inferd.core.engine import EngineError, InferenceEngine
+    from inferd.core.engine import InferenceEngine
+    from inferd.core.errors import EngineError
     from inferd.core.memory import configure_process
     from inferd.utils.metrics import Metrics
 

@@ -11,7 +11,8 @@ from fakes import HashHandler, engine_for, vector_for
 
 from inferd.config import BatchingSettings, CacheSettings, ModelSettings, Settings
 from inferd.core.cache import ResultCache
-from inferd.core.engine import EngineError, InferenceEngine, Kind
+from inferd.core.engine import InferenceEngine
+from inferd.core.errors import EngineError, Kind
 from inferd.utils.metrics import Metrics
 
 

@@ -17,7 +17,8 @@ from fakes import HashHandler, vector_for
 
 from inferd.config import BatchingSettings, CacheSettings, LimitSettings, ModelSettings, Settings
 from inferd.core import admission
-from inferd.core.engine import ClientGone, EngineError, InferenceEngine, Kind
+from inferd.core.engine import InferenceEngine
+from inferd.core.errors import ClientGone, EngineError, Kind
 from inferd.core.manager import ModelManager
 from inferd.core.preprocess import Encoded
 from inferd.core.spec import ModelSpec

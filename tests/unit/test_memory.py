@@ -21,7 +21,8 @@ from fastapi.testclient import TestClient
 from inferd.api.app import create_app
 from inferd.config import Settings, load_settings
 from inferd.core import memory
-from inferd.core.engine import EngineError, InferenceEngine, Kind
+from inferd.core.engine import InferenceEngine
+from inferd.core.errors import EngineError, Kind
 from inferd.core.memory import CudaStats, MemoryGuard, MemoryStats, ProcessStats, build_guard, configure_process
 from inferd.core.preprocess import Encoded
 from inferd.utils.metrics import Metrics

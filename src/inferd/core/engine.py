@@ -18,7 +18,6 @@ from inferd.config import Settings
 from inferd.core.admission import Admission
 from inferd.core.batcher import BatchQueue, Policy
 from inferd.core.cache import ResultCache
-from inferd.core.errors import ClientGone, EngineError, Kind
 from inferd.core.loading import load_handler
 from inferd.core.manager import ModelManager, OnChange
 from inferd.core.slots import ModelSlot
@@ -27,8 +26,6 @@ from inferd.core.tasks.base import Handler
 from inferd.core.work import TaskResult, WorkItem
 from inferd.core.worker import BatchWorker
 from inferd.utils.metrics import Metrics
-
-__all__ = ["ClientGone", "EngineError", "InferenceEngine", "Kind", "TaskResult"]
 
 
 def _claim(batch: list[WorkItem]) -> None:

@@ -14,11 +14,8 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
-from inferd.core.errors import ClientGone, EngineError
+from inferd.core.errors import EngineError
 from inferd.core.preprocess import Encoded
-
-__all__ = ["BatchReport", "ClientGone", "EngineError", "Failure", "Outcome", "TaskResult", "Ticket", "WorkItem",
-           "tickets_of"]
 
 
 class Ticket:
