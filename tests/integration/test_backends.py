@@ -17,7 +17,8 @@ import pytest
 from conftest import metric_value, wait_for
 
 from inferd import cli
-from inferd.core.backends import BackendError, export
+from inferd.core.backends import factory
+from inferd.core.backends.base import BackendError
 from inferd.core.loading import load_handler
 from inferd.core.spec import ModelSpec
 from inferd.core.tasks.embedding import EmbeddingHandler
@@ -115,12 +116,12 @@ def test_a_warm_start_loads_the_cached_graph_without_torch(tiny_model: Path, tmp
     cold = load_handler(spec(tiny_model, tmp_path, "openvino"))
     assert cold.backend_info["cache"] == "miss"
     entry = Path(cold.backend_info["cache_entry"])
-    assert (entry / "model.xml").is_file() and (entry / export.META).is_file()
+    assert (entry / "model.xml").is_file() and (entry / factory.META).is_file()
 
     def no_torch(*_: object, **__: object) -> None:
         raise AssertionError("a warm start loaded the torch weights")
 
-    monkeypatch.setattr(export, "load_model", no_torch)
+    monkeypatch.setattr(factory, "load_model", no_torch)
     warm = load_handler(spec(tiny_model, tmp_path, "openvino"))
     assert warm.backend_info["cache"] == "hit" and warm.backend_info["cache_entry"] == str(entry)
     assert warm.backend_info["gate"]["figures"] == cold.backend_info["gate"]["figures"]
@@ -152,7 +153,7 @@ def test_the_gate_refuses_a_too_strict_threshold_with_its_figures_and_the_cache_
     assert "< 1.0 (model.gate.int8_cosine_min)" in message
     assert "cosine min 0.99" in message and "overlap@10" in message and "64 texts" in message
     # The figures were kept: the same graph under the default thresholds is served without a new export.
-    monkeypatch.setattr(export, "load_model", lambda *a, **k: pytest.fail("exported twice"))
+    monkeypatch.setattr(factory, "load_model", lambda *a, **k: pytest.fail("exported twice"))
     h = load_handler(spec(tiny_model, tmp_path, "openvino", "int8-weights"))
     assert h.backend_info["cache"] == "hit" and h.backend_info["gate"]["passed"]
 
@@ -161,15 +162,15 @@ def test_each_cpu_kind_gets_its_own_verdict_and_int8_without_dot_products_says_s
         tiny_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The gate's figures depend on the CPU's kernels: a cache filled where int8 has dot-product instructions
     is not trusted where it has none, and there static int8 carries its warning (/info, refusal)."""
-    monkeypatch.setattr(export, "cpu_flags", lambda: {"fpu", "avx2", "avx512f", "avx512_vnni"})
+    monkeypatch.setattr(factory, "cpu_flags", lambda: {"fpu", "avx2", "avx512f", "avx512_vnni"})
     vnni = load_handler(spec(tiny_model, tmp_path, "openvino", "int8")).backend_info
     assert vnni["cache"] == "miss" and vnni["cpu"] == ["avx2", "avx512_vnni", "avx512f"]
     assert "quantize_warning" not in vnni
-    monkeypatch.setattr(export, "cpu_flags", lambda: {"fpu", "avx2"})
+    monkeypatch.setattr(factory, "cpu_flags", lambda: {"fpu", "avx2"})
     avx2 = load_handler(spec(tiny_model, tmp_path, "openvino", "int8")).backend_info
     assert avx2["cache"] == "miss" and avx2["cache_entry"] != vnni["cache_entry"] and avx2["cpu"] == ["avx2"]
     assert "no int8 dot-product instructions" in avx2["quantize_warning"]
-    monkeypatch.setattr(export, "load_model", lambda *a, **k: pytest.fail("exported a third time"))
+    monkeypatch.setattr(factory, "load_model", lambda *a, **k: pytest.fail("exported a third time"))
     with pytest.raises(BackendError, match=r"\(model.gate.int8_cosine_min\)\. Figures .*Note: this CPU has no "
                                            r"int8 dot-product instructions"):
         load_handler(spec(tiny_model, tmp_path, "openvino", "int8", gate=(("int8_cosine_min", 1.0),)))
@@ -184,7 +185,7 @@ def test_auto_static_int8_keeps_bf16_float_parts_only_if_the_gate_passes_them(
 
     flags = {"fpu", "avx2", "avx512f", "avx512_vnni", "avx512_bf16"}
     monkeypatch.setattr(base, "cpu_flags", lambda: flags)
-    monkeypatch.setattr(export, "cpu_flags", lambda: flags)
+    monkeypatch.setattr(factory, "cpu_flags", lambda: flags)
     bf16 = load_handler(spec(tiny_model, tmp_path, "openvino", "int8", dtype="auto")).backend_info
     assert (bf16["dtype"], bf16["cache"], bf16["gate"]["kind"]) == ("bfloat16", "miss", "int8")
     assert "bf16 float parts, float32 if the accuracy gate refuses them" in bf16["dtype_reason"]
@@ -200,7 +201,7 @@ def test_auto_static_int8_keeps_bf16_float_parts_only_if_the_gate_passes_them(
     assert "cosine min 0.660000 < 0.99 (model.gate.int8_cosine_min)" in fp32["dtype_reason"]
     assert "with bf16 float parts refused by the accuracy gate" in caplog.text
     # Both verdicts are cached: the next start goes to the float32 entry without exporting anything.
-    monkeypatch.setattr(export, "load_model", lambda *a, **k: pytest.fail("exported again"))
+    monkeypatch.setattr(factory, "load_model", lambda *a, **k: pytest.fail("exported again"))
     again = load_handler(spec(tiny_model, tmp_path, "openvino", "int8", dtype="auto")).backend_info
     assert (again["dtype"], again["cache"], again["cache_entry"]) == ("float32", "hit", fp32["cache_entry"])
     # Where both are refused, the refusal names the float32 attempt, the last one made.

@@ -12,8 +12,7 @@ import numpy as np
 import pytest
 
 from inferd.config import ModelSettings, resolve_model_path
-from inferd.core.backends import BackendError
-from inferd.core.backends.base import cpu_flags, quantize_warning
+from inferd.core.backends.base import BackendError, cpu_flags, quantize_warning
 from inferd.core.loading import load_handler
 from inferd.core.spec import ModelSpec
 from inferd.core.tasks.embedding import EmbeddingHandler

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from inferd.config import GateSettings, Settings, load_settings
-from inferd.core.backends import export, gate
+from inferd.core.backends import factory, gate
 from inferd.core.backends.base import (
     INT8_BF16_FIRST,
     BackendError,
@@ -246,13 +246,13 @@ def test_folder_digest_follows_content_not_timestamps(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text("{}")
     (tmp_path / "sub").mkdir()
     (tmp_path / "sub" / "w.bin").write_bytes(b"\x00" * 10)
-    first = export.folder_digest(tmp_path)
+    first = factory.folder_digest(tmp_path)
     (tmp_path / "config.json").write_text("{}")  # rewritten, same bytes
     (tmp_path / ".cache").mkdir()
     (tmp_path / ".cache" / "lock").write_text("x")  # hidden: the hub's lock files do not count
-    assert export.folder_digest(tmp_path) == first
+    assert factory.folder_digest(tmp_path) == first
     (tmp_path / "sub" / "w.bin").write_bytes(b"\x00" * 9 + b"\x01")
-    assert export.folder_digest(tmp_path) != first
+    assert factory.folder_digest(tmp_path) != first
 
 
 def test_every_option_that_changes_the_graph_changes_the_entry(tmp_path: Path) -> None:
@@ -260,7 +260,7 @@ def test_every_option_that_changes_the_graph_changes_the_entry(tmp_path: Path) -
 
     def folder(options: BackendOptions = base, dtype: str = "float32", digest: str = "d", limit: int = 128,
                calibration: str = "builtin:1", flags: frozenset[str] = frozenset({"avx2", "avx512f"})) -> Path:
-        return export.entry_folder(tmp_path, export.entry_key(digest, options, dtype, limit, calibration,
+        return factory.entry_folder(tmp_path, factory.entry_key(digest, options, dtype, limit, calibration,
                                                               set(flags)))
 
     first = folder()
@@ -295,26 +295,26 @@ def test_static_int8_without_int8_dot_products_is_warned_about() -> None:
 
 
 def test_library_versions_are_part_of_the_key() -> None:
-    versions = export.versions("openvino")
+    versions = factory.versions("openvino")
     assert set(versions) == {"torch", "transformers", "openvino", "nncf"}
     assert all(v != "missing" for v in versions.values())
-    assert set(export.versions("onnx")) == {"torch", "transformers", "onnx", "onnxruntime"}
+    assert set(factory.versions("onnx")) == {"torch", "transformers", "onnx", "onnxruntime"}
 
 
 def test_default_cache_dir_follows_xdg(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    assert export.default_cache_dir() == tmp_path / "inferd"
+    assert factory.default_cache_dir() == tmp_path / "inferd"
     monkeypatch.delenv("XDG_CACHE_HOME")
-    assert export.default_cache_dir() == Path.home() / ".cache" / "inferd"
+    assert factory.default_cache_dir() == Path.home() / ".cache" / "inferd"
 
 
 def test_an_entry_of_another_format_is_not_read(tmp_path: Path) -> None:
-    (tmp_path / export.META).write_text(json.dumps({"format": export.FORMAT + 1}))
-    assert export.read_meta(tmp_path) is None
-    (tmp_path / export.META).write_text("{half")
-    assert export.read_meta(tmp_path) is None
-    (tmp_path / export.META).write_text(json.dumps({"format": export.FORMAT, "graph": "model.xml"}))
-    assert export.read_meta(tmp_path) == {"format": export.FORMAT, "graph": "model.xml"}
+    (tmp_path / factory.META).write_text(json.dumps({"format": factory.FORMAT + 1}))
+    assert factory.read_meta(tmp_path) is None
+    (tmp_path / factory.META).write_text("{half")
+    assert factory.read_meta(tmp_path) is None
+    (tmp_path / factory.META).write_text(json.dumps({"format": factory.FORMAT, "graph": "model.xml"}))
+    assert factory.read_meta(tmp_path) == {"format": factory.FORMAT, "graph": "model.xml"}
 
 
 class WordProbe:

@@ -8,7 +8,7 @@ import pytest
 from pydantic import ValidationError
 
 from inferd.config import ModelSettings, Settings
-from inferd.core.backends import options_for
+from inferd.core.backends.base import options_for
 from inferd.core.spec import ModelSpec, spec_from_settings
 
 

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from inferd.core.backends import open_backend
 from inferd.core.backends.base import BackendError, BackendOptions
+from inferd.core.backends.factory import open_backend
 from inferd.core.backends.torch import TorchRunner
 from inferd.core.backends.varlen import (
     Attention,

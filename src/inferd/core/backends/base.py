@@ -124,7 +124,7 @@ def quantize_warning(quantize: str, flags: set[str]) -> str | None:
             "or int8-weights")
 
 
-# The reason resolve_dtype gives when it tries bf16 float parts for static int8 (export.open_backend falls back).
+# The reason resolve_dtype gives when it tries bf16 float parts for static int8 (factory.open_backend falls back).
 INT8_BF16_FIRST = "static int8 with bf16 float parts, float32 if the accuracy gate refuses them"
 
 

@@ -89,7 +89,7 @@ def quantize_static(graph: Any, samples: Iterable[dict[str, Any]], subset_size: 
     6 of 36 products), and SmoothQuant's alpha is 0.8 instead of NNCF's 0.95 (overlap@10 0.941 -> 0.957;
     0.5: 0.950, 0.7: 0.957). bf16 float parts depend on the CPU: on a Xeon with AMX one long text fell to
     cosine 0.66, on an AMD Zen 5 they passed (0.995) and ran 1.1x faster through the server; ``dtype: auto``
-    tries them and falls back to float32 when the gate refuses them (export.open_backend). The keyword
+    tries them and falls back to float32 when the gate refuses them (factory.open_backend). The keyword
     arguments are the knobs bench/int8_variants.py turns (``overflow``: NNCF's OverflowFix, its default when
     None); the server uses the defaults.
     """

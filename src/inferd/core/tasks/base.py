@@ -17,7 +17,8 @@ from typing import Any, Literal, Protocol
 import numpy as np
 import torch
 
-from inferd.core.backends import Runner, open_backend, options_for
+from inferd.core.backends.base import Runner, options_for
+from inferd.core.backends.factory import open_backend
 from inferd.core.errors import ModelLoadError
 from inferd.core.preprocess import Encoded
 from inferd.core.spec import ModelSpec

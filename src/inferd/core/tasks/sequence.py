@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from inferd.core.backends import Runner
+from inferd.core.backends.base import Runner
 from inferd.core.preprocess import Encoded
 from inferd.core.spec import ModelSpec
 from inferd.core.tasks.base import ModelTask, check_weights, length_limit, load_tokenizer
