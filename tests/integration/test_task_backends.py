@@ -189,7 +189,9 @@ def test_the_server_serves_rerank_on_openvino_and_shows_the_score_gate(models: P
     server = start_server(tmp_path, {
         "INFERD__MODEL__PATH": str(models / "ce"), "INFERD__MODEL__LOAD_MODE": "eager",
         "INFERD__MODEL__BACKEND": "openvino", "INFERD__MODEL__CACHE_DIR": str(cache),
-        "INFERD__MODEL__GATE__TEXTS": "64", "INFERD__CACHE__MAX_ENTRIES": "0"}, wait="/health/ready")
+        # The gate's sizes of the configurations above: run after them, the server starts from their cache entry.
+        "INFERD__MODEL__GATE__TEXTS": "64", "INFERD__MODEL__GATE__CALIBRATION_TEXTS": "64",
+        "INFERD__CACHE__MAX_ENTRIES": "0"}, wait="/health/ready")
     try:
         pairs = rerank_pairs()[:8]
         r = httpx.post(server.url + "/v1/rerank", json={"query": pairs[0][0], "documents": [d for _, d in pairs]},

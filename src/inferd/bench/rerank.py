@@ -91,6 +91,7 @@ def run_phase(args: argparse.Namespace, source: TextSource, say: Callable[[str],
 
     rows: dict[str, dict[str, Any]] = {name_of(c): {"rounds": []} for c in configs}
     servers: list[tuple[str, Callable[[], ServerProc], Target]] = []
+    kept: ServerProc | None = None
     for c in configs:  # cold starts: each export and score gate, timed as a server start
         name = name_of(c)
         say(f"rerank: {name}: cold start on the cross-encoder {model}")
@@ -102,7 +103,10 @@ def run_phase(args: argparse.Namespace, source: TextSource, say: Callable[[str],
             say(f"rerank: {name}: {rows[name]['error']}")
             continue
         rows[name]["cold_start_s"] = round(time.monotonic() - t0, 2)
-        server.stop()
+        if len(configs) == 1 and getattr(args, "infinity", None) is None:
+            kept = server  # nothing to alternate with: the cold-started server serves the first round
+        else:
+            server.stop()
         servers.append((name, lambda c=c: start_inferd(logs, model, args.torch_threads, env_of(c), timeout=600),
                         Target("", path="/v1/rerank", field_name="documents", client=args.client, query=QUERY)))
     if getattr(args, "infinity", None) is not None:
@@ -115,7 +119,7 @@ def run_phase(args: argparse.Namespace, source: TextSource, say: Callable[[str],
     for r in range(args.rerank_rounds):
         for name, start, target in servers[r % len(servers):] + servers[:r % len(servers)]:
             try:
-                server = start()
+                server, kept = (kept, None) if kept is not None else (start(), None)
             except (ServerFailed, OSError) as exc:
                 # A round lost is recorded, the rounds measured still count.
                 rows[name].setdefault("round_errors", []).append({"round": r, "error": why_failed(str(exc)[-6000:])})
