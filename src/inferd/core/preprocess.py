@@ -5,10 +5,14 @@ Kept apart from the model so it can be tested with a tokenizer built in memory, 
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 from tokenizers import Encoding, Tokenizer
+
+Direction = Literal["right", "left"]
 
 
 class InputError(Exception):
@@ -48,10 +52,45 @@ class Encoded:
     ids: list[int]
     truncated: bool
     type_ids: list[int] | None = None
+    # Leading tokens pooling leaves out: the prompt's, on a model whose pooling excludes it (include_prompt).
+    skip: int = 0
 
     @property
     def tokens(self) -> int:
         return len(self.ids)
+
+
+class TextInput(str):
+    """A text and a request's choices of how to encode it; a plain ``str`` encodes as the model's settings say.
+
+    The value is what is tokenised: a prompt, when there is one, is already prepended (``prompt`` holds it), so
+    the result cache, which keys by the value, never answers a prompted text with an unprompted one's vector.
+    ``direction`` is the side cut from a text that is too long (``left`` keeps its end, and the prompt),
+    ``truncate`` overrides ``model.truncate`` for this request, ``max_tokens`` cuts below the model's limit.
+    """
+
+    prompt: str
+    direction: Direction
+    truncate: bool | None
+    max_tokens: int | None
+
+    def __new__(cls, text: str, prompt: str = "", direction: Direction = "right", truncate: bool | None = None,
+                max_tokens: int | None = None) -> TextInput:
+        self = super().__new__(cls, prompt + text)
+        self.prompt, self.direction, self.truncate, self.max_tokens = prompt, direction, truncate, max_tokens
+        return self
+
+    @property
+    def cut_by_hand(self) -> bool:
+        """Cut from the whole text's tokens (see TextEncoder), not by the tokenizer's own right-side truncation."""
+        return self.direction == "left" or self.max_tokens is not None
+
+
+def _choices(text: str, truncate: bool) -> tuple[bool, str]:
+    """(truncate, prompt) for a text: a TextInput's own, else the model's setting and no prompt."""
+    if isinstance(text, TextInput):
+        return (truncate if text.truncate is None else text.truncate), text.prompt
+    return truncate, ""
 
 
 # Characters tokenised per token kept, before checking that the cut changed nothing (see TextEncoder).
@@ -78,16 +117,55 @@ class TextEncoder:
     word, the kept tokens are the whole text's. When that does not hold (the prefix made too few tokens —
     whitespace, control characters or combining marks make none — or its last word reaches into the kept
     tokens, as a text with no word boundaries always does) a longer prefix is tried, up to the whole text.
+
+    A ``TextInput`` may ask for the other side (``left``) or a shorter limit (``max_tokens``): those texts are
+    tokenised whole (at most ``limits.max_chars_per_text``) and cut by hand, keeping the special tokens and the
+    prompt: ``[CLS] prompt …end of the text [SEP]``. ``exclude_prompt`` (a pooling with ``include_prompt:
+    false``) marks a prompt's tokens to be left out of pooling (``Encoded.skip``), counted as
+    sentence-transformers counts them: the prompt tokenised alone, less a trailing special token.
     """
 
-    def __init__(self, tokenizer: Tokenizer, max_length: int, truncate: bool) -> None:
+    def __init__(self, tokenizer: Tokenizer, max_length: int, truncate: bool, exclude_prompt: bool = False) -> None:
         self._tok = tokenizer
         self.max_length = max_length
         self.truncate = truncate
+        self.exclude_prompt = exclude_prompt
         self.prefix_chars = max(64, CHARS_PER_TOKEN * max_length)
         self._tok.no_padding()
         # The tokenizer's own truncation keeps the special tokens right; ``overflowing`` tells us it cut.
         self._tok.enable_truncation(max_length)
+        # Built on first use (most requests never need it): a copy that never truncates, for texts cut by hand,
+        # the prompt's own length and /tokenize. A tokenizer's truncation is its state, shared by threads.
+        self._whole_tok: Tokenizer | None = None
+        self._edges: tuple[int, int] = (0, 0)
+        self._prompt_tokens: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def whole(self) -> Tokenizer:
+        """The tokenizer without truncation."""
+        if self._whole_tok is None:
+            with self._lock:
+                if self._whole_tok is None:
+                    tok = Tokenizer.from_str(self._tok.to_str())
+                    tok.no_padding()
+                    tok.no_truncation()
+                    # Where the special tokens of one text go: before and after its own tokens.
+                    mask = tok.encode("a").special_tokens_mask
+                    content = [i for i, m in enumerate(mask) if not m]
+                    self._edges = (content[0], len(mask) - 1 - content[-1]) if content else (0, 0)
+                    self._whole_tok = tok
+        return self._whole_tok
+
+    def prompt_tokens(self, prompt: str) -> int:
+        """Tokens of a prompt as sentence-transformers counts them for pooling: alone, with the special tokens,
+        less a trailing special one (the leading ones are left out of pooling with it)."""
+        n = self._prompt_tokens.get(prompt)
+        if n is None:
+            enc = self.whole.encode(prompt)
+            n = len(enc.ids) - (1 if enc.special_tokens_mask and enc.special_tokens_mask[-1] else 0)
+            self._prompt_tokens[prompt] = n
+        return n
 
     def _encode_all(self, texts: list[str]) -> list[Encoding]:
         return self._tok.encode_batch(texts) if len(texts) > 1 else [self._tok.encode(texts[0])]
@@ -110,16 +188,53 @@ class TextEncoder:
         return out  # type: ignore[return-value]
 
     def encode(self, texts: Sequence[str]) -> list[Encoded]:
-        encodings = self._encode_cut(texts)
-        out = []
-        for i, enc in enumerate(encodings):
-            truncated = bool(enc.overflowing)
-            if truncated and not self.truncate:
-                raise InputError(
-                    i, f"is longer than the model's limit of {self.max_length} tokens (truncation is off)",
-                    "context_length_exceeded")
-            out.append(Encoded(enc.ids, truncated))
-        return out
+        out: list[Encoded | None] = [None] * len(texts)
+        by_hand = [i for i, t in enumerate(texts) if isinstance(t, TextInput) and t.cut_by_hand]
+        fast = [i for i in range(len(texts)) if not (isinstance(texts[i], TextInput) and texts[i].cut_by_hand)]
+        if fast:
+            for i, enc in zip(fast, self._encode_cut([texts[i] for i in fast]), strict=True):
+                truncate, prompt = _choices(texts[i], self.truncate)
+                skip = self.prompt_tokens(prompt) if prompt and self.exclude_prompt else 0
+                out[i] = self._checked(i, enc.ids, bool(enc.overflowing), truncate, min(skip, len(enc.ids)))
+        if by_hand:
+            whole = self.whole.encode_batch([texts[i] for i in by_hand])
+            for i, enc in zip(by_hand, whole, strict=True):
+                out[i] = self._cut(i, texts[i], enc)  # type: ignore[arg-type]
+        return out  # type: ignore[return-value]
+
+    def _checked(self, i: int, ids: list[int], truncated: bool, truncate: bool, skip: int,
+                 limit: int | None = None) -> Encoded:
+        if truncated and not truncate:
+            what = f"the limit of {limit} tokens asked" if limit else f"the model's limit of {self.max_length} tokens"
+            raise InputError(i, f"is longer than {what} (truncation is off)", "context_length_exceeded")
+        return Encoded(ids, truncated, skip=skip)
+
+    def _cut(self, i: int, text: TextInput, enc: Encoding) -> Encoded:
+        """A whole text's tokens cut to its limit on its side, special tokens and prompt kept."""
+        truncate, prompt = _choices(text, self.truncate)
+        limit = min(self.max_length, text.max_tokens or self.max_length)
+        ids = enc.ids
+        lead, trail = self._edges
+        content = ids[lead: len(ids) - trail]
+        # The prompt's tokens: those that start inside it (offsets are characters of the value, prompt first).
+        n_prompt = sum(1 for start, _ in enc.offsets[lead: len(ids) - trail] if start < len(prompt)) if prompt else 0
+        truncated = len(ids) > limit
+        if truncated:
+            room = max(1, limit - lead - trail)
+            if text.direction == "right":
+                kept = content[:room]
+                kept_prompt = min(n_prompt, room)
+            elif room > n_prompt:
+                kept = content[:n_prompt] + content[len(content) - (room - n_prompt):]
+                kept_prompt = n_prompt
+            else:  # the prompt alone fills the limit: only its end remains
+                kept = content[len(content) - room:]
+                kept_prompt = max(0, n_prompt - (len(content) - room))
+            ids = ids[:lead] + kept + ids[len(ids) - trail:]
+        else:
+            kept_prompt = n_prompt
+        skip = lead + kept_prompt if prompt and self.exclude_prompt and kept_prompt else 0
+        return self._checked(i, ids, truncated, truncate, skip, limit if limit < self.max_length else None)
 
 
 class PairEncoder:

@@ -1,8 +1,19 @@
-"""The embedding task: texts in, one pooled vector per text out (served on /v1/embeddings and /predict)."""
+"""The embedding task: texts in, one pooled vector per text out (/v1/embeddings, /predict, TEI's /embed, Cohere's
+/v1/embed and /v2/embed).
+
+Beside pooling and normalisation, a sentence-transformers folder says two more things its clients rely on:
+its **prompts** (``config_sentence_transformers.json``: ``prompts`` and ``default_prompt_name``; the routes
+prepend the one a request names, see core/preprocess.py TextInput, and a pooling with ``include_prompt: false``
+leaves the prompt's tokens out, as ``SentenceTransformer.encode(prompt_name=...)`` does), and whether its
+vectors may be cut short (**Matryoshka**): ``model.matryoshka_dimensions`` (a list, or ``any``), else its
+model card when it was trained with ``MatryoshkaLoss`` (the ``loss:MatryoshkaLoss`` tag and the loss's
+``matryoshka_dims`` that sentence-transformers writes into README.md), else none.
+"""
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -23,7 +34,9 @@ def mean_pool(hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 
 def cls_pool(hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    return hidden[:, 0]
+    """The first token the mask keeps (the first of all, unless a prompt is left out: sentence-transformers')."""
+    first = mask.to(torch.int).argmax(dim=1)
+    return hidden[torch.arange(hidden.shape[0], device=hidden.device), first.to(hidden.device)]
 
 
 POOLERS = {"mean": mean_pool, "cls": cls_pool}
@@ -52,6 +65,67 @@ def read_st_config(path: Path) -> tuple[str | None, bool, int | None]:
     return pooling, normalize, max_len
 
 
+def read_prompts(path: Path) -> tuple[dict[str, str], str | None, bool]:
+    """The folder's prompts, its default prompt's name, and whether pooling keeps the prompt's tokens
+    (sentence-transformers' ``Pooling.include_prompt``, true unless its config says otherwise)."""
+    prompts: dict[str, str] = {}
+    default = None
+    cfg = path / "config_sentence_transformers.json"
+    if cfg.is_file():
+        data = json.loads(cfg.read_text())
+        raw = data.get("prompts") or {}
+        if not isinstance(raw, dict) or not all(isinstance(k, str) and isinstance(v, str | None)
+                                                for k, v in raw.items()):
+            raise ModelLoadError(f"{cfg}: 'prompts' must map names to prompt texts")
+        prompts = {k: v or "" for k, v in raw.items()}
+        default = data.get("default_prompt_name")
+        if default is not None and default not in prompts:
+            raise ModelLoadError(f"{cfg}: default_prompt_name {default!r} is not one of its prompts "
+                                 f"{sorted(prompts)}")
+    include = True
+    modules = path / "modules.json"
+    if modules.is_file():
+        for module in json.loads(modules.read_text()):
+            if module.get("type", "").endswith("Pooling"):
+                pooling_cfg = path / module["path"] / "config.json"
+                include = bool(json.loads(pooling_cfg.read_text()).get("include_prompt", True))
+    return prompts, default, include
+
+
+_MATRYOSHKA_TAG = re.compile(r"^\s*-\s*loss:Matryoshka(2d)?Loss\s*$", re.MULTILINE)
+_MATRYOSHKA_DIMS = re.compile(r'"matryoshka_dims"\s*:\s*\[([\d\s,]+)\]')
+
+
+def card_matryoshka(path: Path) -> list[int] | None:
+    """The Matryoshka sizes a sentence-transformers model card declares (README.md: the ``loss:MatryoshkaLoss``
+    tag in its front matter, and the loss's ``matryoshka_dims``), or None."""
+    card = path / "README.md"
+    if not card.is_file():
+        return None
+    text = card.read_text(encoding="utf-8", errors="replace")
+    parts = text.split("---", 2) if text.startswith("---") else []
+    if len(parts) < 3 or not _MATRYOSHKA_TAG.search(parts[1]):
+        return None
+    found = _MATRYOSHKA_DIMS.search(text)
+    if found is None:
+        return None
+    return sorted({int(d) for d in found.group(1).split(",") if d.strip()})
+
+
+def matryoshka(setting: Any, path: Path, dimension: int) -> list[int] | str | None:
+    """The sizes ``dimensions`` may ask for besides the model's own: the setting (a list, or ``any``: 1 to the
+    model's size), else the model card's; None: only the model's own size."""
+    if setting is None:
+        setting = card_matryoshka(path)
+    if setting is None or setting == "any":
+        return setting
+    sizes = sorted({int(d) for d in setting})
+    wrong = [d for d in sizes if not 0 < d <= dimension]
+    if wrong:
+        raise ModelLoadError(f"Matryoshka dimensions {wrong} are not between 1 and the model's {dimension}")
+    return sizes or None
+
+
 def allows_change(model: Any) -> bool:
     """The operator's consent to a model whose results are not comparable with the serving one's (the
     setting is named for the embedding task, where it first mattered; the other tasks' rules ignore it)."""
@@ -77,12 +151,21 @@ class EmbeddingHandler(ModelTask):
         self.pooling = spec.pooling or st_pooling or "mean"
         self.normalize = spec.normalize if spec.normalize is not None else st_normalize
         self.pad_id = tokenizer.pad_token_id or 0
-        self.encoder = TextEncoder(tokenizer.backend_tokenizer, self.max_seq_length, spec.truncate)
+        self.prompts, self.default_prompt_name, include_prompt = read_prompts(spec.path)
+        # Read defensively: the setting is declared in config.py (model.matryoshka_dimensions).
+        self.matryoshka = matryoshka(getattr(spec.settings, "matryoshka_dimensions", None), spec.path,
+                                     self.dimension)
+        self.tokenizer = tokenizer.backend_tokenizer
+        self.encoder = TextEncoder(self.tokenizer, self.max_seq_length, spec.truncate,
+                                   exclude_prompt=not include_prompt)
         self._pool = POOLERS[self.pooling]
         self.open_runner(spec, device, safetensors)  # last: see ModelTask
 
     def describe(self) -> dict[str, Any]:
-        return {"dimension": self.dimension, "pooling": self.pooling, "normalize": self.normalize}
+        return {"dimension": self.dimension, "pooling": self.pooling, "normalize": self.normalize,
+                "matryoshka_dimensions": self.matryoshka, "prompts": dict(self.prompts),
+                "default_prompt_name": self.default_prompt_name,
+                "include_prompt": not self.encoder.exclude_prompt}
 
     def incompatibility(self, serving: Mapping[str, Any], allow_change: bool) -> str | None:
         return dimension_refusal(self.dimension, serving, allow_change)
@@ -93,9 +176,14 @@ class EmbeddingHandler(ModelTask):
     def run(self, runner: Any, batch: list[Encoded]) -> np.ndarray:
         """Pooled vectors for a batch, the forward pass on ``runner`` (the accuracy gate passes torch's)."""
         ids, mask, _ = self.collate(batch)
+        pool_mask = mask
+        if any(e.skip for e in batch):  # prompts left out of pooling (include_prompt: false)
+            pool_mask = mask.clone()
+            for row, enc in enumerate(batch):
+                pool_mask[row, : enc.skip] = 0
         with torch.inference_mode():
             hidden = runner(ids, mask)
-            pooled = self._pool(hidden, mask.to(hidden.device)).float()
+            pooled = self._pool(hidden, pool_mask.to(hidden.device)).float()
             if self.normalize:
                 pooled = torch.nn.functional.normalize(pooled, p=2, dim=1)
             return pooled.cpu().numpy()

@@ -1,0 +1,126 @@
+"""A request's encoding choices (core/preprocess.py TextInput), the model folder's prompts and Matryoshka sizes
+(core/tasks/embedding.py), and the size rule (core/admission.py wrong_dimensions): no weights."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from prompted import CARD
+from tokenizers import Tokenizer, pre_tokenizers, processors
+from tokenizers.models import WordLevel
+
+from inferd.core.admission import wrong_dimensions
+from inferd.core.errors import ModelLoadError
+from inferd.core.preprocess import InputError, TextEncoder, TextInput
+from inferd.core.tasks.embedding import card_matryoshka, matryoshka, read_prompts
+
+WORDS = ["one", "two", "three", "four", "five", "six", "seven", "eight", "query:", "passage:"]
+VOCAB = {"[PAD]": 0, "[UNK]": 1, "[CLS]": 2, "[SEP]": 3, **{w: i + 4 for i, w in enumerate(WORDS)}}
+
+
+def tokenizer() -> Tokenizer:
+    tok = Tokenizer(WordLevel(VOCAB, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", special_tokens=[("[CLS]", VOCAB["[CLS]"]), ("[SEP]", VOCAB["[SEP]"])])
+    return tok
+
+
+def ids(text: str) -> list[int]:
+    return [VOCAB[w] for w in text.split()]
+
+
+TEXT = "one two three four five six seven eight"
+
+
+def test_a_text_input_is_its_prompted_text_and_plain_texts_encode_as_before() -> None:
+    t = TextInput("one two", prompt="query: ")
+    assert t == "query: one two" and isinstance(t, str) and t.prompt == "query: "
+    assert t.strip() == "query: one two"  # str methods work: the engine's checks treat it as the text it is
+    encoder = TextEncoder(tokenizer(), 6, truncate=True)
+    plain, prompted = encoder.encode(["one two", t])
+    assert plain.ids == [2, *ids("one two"), 3] and plain.skip == 0
+    assert prompted.ids == [2, *ids("query: one two"), 3]
+
+
+def test_the_left_cut_is_the_tokenizers_own_and_keeps_the_prompt() -> None:
+    encoder = TextEncoder(tokenizer(), 6, truncate=True)
+    reference = tokenizer()
+    reference.enable_truncation(6, direction="left")
+    (left,) = encoder.encode([TextInput(TEXT, direction="left")])
+    assert left.ids == reference.encode(TEXT).ids == [2, *ids("five six seven eight"), 3] and left.truncated
+    (prompted,) = encoder.encode([TextInput(TEXT, prompt="query: ", direction="left")])
+    assert prompted.ids == [2, VOCAB["query:"], *ids("six seven eight"), 3]
+    (short,) = encoder.encode([TextInput("one two", prompt="query: ", direction="left")])
+    assert short.ids == [2, *ids("query: one two"), 3] and not short.truncated
+    (right,) = encoder.encode([TextInput(TEXT, max_tokens=4)])
+    assert right.ids == [2, *ids("one two"), 3] and right.truncated
+
+
+def test_truncate_per_text_overrides_the_model_setting() -> None:
+    strict = TextEncoder(tokenizer(), 6, truncate=False)
+    (cut,) = strict.encode([TextInput(TEXT, truncate=True)])
+    assert cut.tokens == 6
+    lenient = TextEncoder(tokenizer(), 6, truncate=True)
+    with pytest.raises(InputError) as refused:
+        lenient.encode(["one", TextInput(TEXT, truncate=False)])
+    assert refused.value.index == 1 and refused.value.code == "context_length_exceeded"
+    assert "model's limit of 6 tokens" in refused.value.message
+    with pytest.raises(InputError, match="limit of 4 tokens asked"):
+        lenient.encode([TextInput(TEXT, truncate=False, max_tokens=4)])
+
+
+def test_a_prompt_left_out_of_pooling_counts_as_sentence_transformers_counts_it() -> None:
+    encoder = TextEncoder(tokenizer(), 16, truncate=True, exclude_prompt=True)
+    # [CLS] query: -> 2 tokens (the prompt alone is [CLS] query: [SEP], less the trailing special one).
+    assert encoder.prompt_tokens("query: ") == 2
+    fast, by_hand = encoder.encode([TextInput("one two", prompt="query: "),
+                                    TextInput("one two", prompt="query: ", direction="left")])
+    assert fast.skip == by_hand.skip == 2 and fast.ids == by_hand.ids
+    (plain,) = encoder.encode(["query: one two"])  # a text that merely starts like the prompt: all pooled
+    assert plain.skip == 0
+
+
+def test_prompts_and_the_default_prompt_are_read_from_the_folder(tmp_path: Path) -> None:
+    assert read_prompts(tmp_path) == ({}, None, True)
+    (tmp_path / "config_sentence_transformers.json").write_text(json.dumps(
+        {"prompts": {"query": "query: ", "empty": None}, "default_prompt_name": "query"}))
+    (tmp_path / "modules.json").write_text(json.dumps([{"type": "sentence_transformers.models.Pooling",
+                                                        "path": "1_Pooling"}]))
+    (tmp_path / "1_Pooling").mkdir()
+    (tmp_path / "1_Pooling" / "config.json").write_text(json.dumps({"pooling_mode_mean_tokens": True,
+                                                                    "include_prompt": False}))
+    assert read_prompts(tmp_path) == ({"query": "query: ", "empty": ""}, "query", False)
+    (tmp_path / "config_sentence_transformers.json").write_text(json.dumps(
+        {"prompts": {"query": "query: "}, "default_prompt_name": "passage"}))
+    with pytest.raises(ModelLoadError, match="passage"):
+        read_prompts(tmp_path)
+
+
+def test_matryoshka_sizes_come_from_the_setting_else_the_model_card(tmp_path: Path) -> None:
+    assert card_matryoshka(tmp_path) is None and matryoshka(None, tmp_path, 32) is None
+    (tmp_path / "README.md").write_text(CARD)
+    assert card_matryoshka(tmp_path) == [8, 16, 32]
+    assert matryoshka(None, tmp_path, 32) == [8, 16, 32]
+    assert matryoshka([16, 4], tmp_path, 32) == [4, 16] and matryoshka("any", tmp_path, 32) == "any"
+    assert matryoshka([], tmp_path, 32) is None  # an empty list turns the card's sizes off
+    with pytest.raises(ModelLoadError, match="64"):
+        matryoshka([64], tmp_path, 32)
+    # A card that mentions matryoshka_dims but was not trained with the loss (no tag) declares nothing.
+    (tmp_path / "README.md").write_text(CARD.replace("- loss:MatryoshkaLoss\n", ""))
+    assert card_matryoshka(tmp_path) is None
+
+
+def test_the_size_rule_allows_the_models_own_and_its_matryoshka_sizes() -> None:
+    assert wrong_dimensions({"dimension": 32}, 32) is None
+    refused = wrong_dimensions({"dimension": 32}, 16)
+    assert refused is not None and refused.field == "dimensions" and "no Matryoshka sizes" in refused.message
+    listed = {"dimension": 32, "matryoshka_dimensions": [8, 16, 32]}
+    assert wrong_dimensions(listed, 16) is None
+    refused = wrong_dimensions(listed, 12)
+    assert refused is not None and "[8, 16]" in refused.message
+    anything = {"dimension": 32, "matryoshka_dimensions": "any"}
+    assert wrong_dimensions(anything, 1) is None and wrong_dimensions(anything, 31) is None
+    assert wrong_dimensions(anything, 33) is not None
