@@ -1,0 +1,103 @@
+"""Cohere's embed: ``POST /v1/embed`` (``cohere.Client().embed``) and ``POST /v2/embed`` (``cohere.ClientV2()``).
+
+The bodies and answers are the SDK's (cohere/v2/raw_client.py, cohere/types/embed_*response*.py): v1 without
+``embedding_types`` answers ``embeddings_floats`` (a list of vectors), with them, and v2 always, answers
+``embeddings_by_type`` (an object with one list per type asked: float, int8, uint8, binary, ubinary, base64).
+``input_type`` picks the model's prompt (api/vectors.py input_type_prompt); ``truncate`` NONE refuses texts over
+the limit, START cuts their start, END their end; ``output_dimension`` is a Matryoshka size the model declares;
+``model`` is a served model's name, as on every route; Cohere's ``priority`` (lower first) runs at -priority.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from fastapi import APIRouter, Depends, Request
+from starlette.responses import Response
+
+from inferd.api import vectors
+from inferd.api.bodies import json_response, read_body
+from inferd.api.client_schemas import CohereEmbedRequest, CohereEmbedResponse
+from inferd.api.errors import APIError
+from inferd.api.inference import INFERENCE_ERRORS, prechecked, require_task, run_task
+from inferd.api.middleware import context
+from inferd.api.schemas import request_body, responses
+from inferd.api.services import inference_auth
+from inferd.core import quantize
+from inferd.core.preprocess import Direction
+
+cohere_router = APIRouter(dependencies=[Depends(inference_auth)])  # the inference keys, as api/routes.py
+
+_TRUNCATE: dict[str | None, tuple[Direction, bool | None]] = {
+    None: ("right", None), "END": ("right", True), "START": ("left", True), "NONE": ("right", False)}
+
+
+@dataclass(frozen=True, slots=True)
+class _EngineBody:
+    """What run_task reads of a body: Cohere's priority (lower first) as inferd's (higher first)."""
+
+    priority: int
+    timeout_ms: float | None
+    model: str | None
+
+
+def _check(request: Request, body: CohereEmbedRequest) -> None:
+    if body.images or body.inputs:
+        field = "images" if body.images else "inputs"
+        raise APIError(422, f"{field}: only texts are embedded here (send texts)", "unsupported_input", field)
+    if body.input_type == "image":
+        raise APIError(422, "input_type: image is not supported: only texts are embedded here", "invalid_value",
+                       "input_type")
+    prechecked(request, body.texts, "texts", True)
+
+
+async def _embed(request: Request, version: int) -> Response:
+    require_task(request, "embedding")
+    body = await read_body(request, CohereEmbedRequest, lambda b: _check(request, b))
+    served, info = await vectors.describe(request, body.model)
+    vectors.check_dimensions(info, body.output_dimension, "output_dimension")
+    prompt = vectors.input_type_prompt(served, info, body.input_type)
+    side, truncate = _TRUNCATE[body.truncate]
+    inputs = vectors.inputs_of(body.texts, prompt, side, truncate, body.max_tokens)
+    engine_body = _EngineBody(-body.priority, body.timeout_ms, body.model)
+    result = await run_task(request, inputs, engine_body, "texts", True, task="embedding",
+                            dimensions=body.output_dimension)
+    if isinstance(result, Response):
+        return result
+    v = vectors.shaped(result, info, body.output_dimension)
+    types = list(dict.fromkeys(body.embedding_types or ["float"]))
+    by_type: dict[str, Any] = {}
+    for kind in types:
+        if kind == "float":
+            by_type["float"] = v
+        elif kind == "base64":
+            by_type["base64"] = quantize.as_base64(v)
+        elif kind in ("int8", "uint8"):
+            ranges = await vectors.ranges_for(request, result, info, body.output_dimension, engine_body)
+            by_type[kind] = quantize.quantize(v, kind, ranges).astype(np.int16)
+        else:
+            by_type[kind] = quantize.quantize(v, kind).astype(np.int16)
+    floats_only = version == 1 and body.embedding_types is None
+    return json_response({
+        "response_type": "embeddings_floats" if floats_only else "embeddings_by_type",
+        "id": context(request.scope).get("request_id", ""),
+        "embeddings": v if floats_only else by_type,
+        "texts": list(body.texts),
+        "meta": {"api_version": {"version": str(version)},
+                 "billed_units": {"input_tokens": result.prompt_tokens}}})
+
+
+@cohere_router.post("/v1/embed", openapi_extra=request_body(CohereEmbedRequest),
+                    responses=responses(CohereEmbedResponse, *INFERENCE_ERRORS))
+async def embed_v1(request: Request) -> Response:
+    """Cohere's v1 embed (``cohere.Client(base_url=URL).embed(texts=..., input_type=..., embedding_types=...)``)."""
+    return await _embed(request, 1)
+
+
+@cohere_router.post("/v2/embed", openapi_extra=request_body(CohereEmbedRequest),
+                    responses=responses(CohereEmbedResponse, *INFERENCE_ERRORS))
+async def embed_v2(request: Request) -> Response:
+    """Cohere's v2 embed (``cohere.ClientV2(base_url=URL).embed(model=..., input_type=..., embedding_types=...)``)."""
+    return await _embed(request, 2)
