@@ -33,6 +33,10 @@ KEY = "fuzz-key"
 EXAMPLES = 100
 # Health answers 503 with its own documented shape (a state); every other error is the one error shape.
 HEALTH = {"/health", "/health/ready", "/health/live"}
+# text-embeddings-inference's routes answer in its shape, {"error": str, "error_type": str} (api/tei_routes.py),
+# except a refusal before the route runs (401, 413, 405 for another method), which keeps the one shape.
+TEI = {"/embed", "/similarity", "/tokenize", "/decode", "/"}
+TEI_TYPES = {"validation", "tokenizer", "empty", "overloaded", "unhealthy", "backend"}
 
 MODELS = Path(tempfile.gettempdir()) / "inferd-fuzz-models"  # only a name: the fake loader reads nothing
 
@@ -61,7 +65,11 @@ def no_server_fault(ctx: Any, response: Any, case: Any) -> bool | None:
         return None
     chose_deadline = isinstance(case.body, dict) and case.body.get("timeout_ms") is not None
     assert response.status_code == 504 and chose_deadline, f"{response.status_code}: {response.text[:300]}"
-    assert response.json()["error"]["code"] == "deadline_exceeded", response.text
+    body = response.json()
+    if case.path in TEI:  # TEI's shape: the kind is its error_type
+        assert body["error_type"] == "overloaded" and "deadline" in body["error"], response.text
+    else:
+        assert body["error"]["code"] == "deadline_exceeded", response.text
     return True
 
 
@@ -70,6 +78,11 @@ def one_error_shape(ctx: Any, response: Any, case: Any) -> bool | None:
     if response.status_code < 400 or case.path in HEALTH:
         return None
     body = response.json()
+    if case.path in TEI and case.method.upper() == "POST" and response.status_code not in (401, 413):
+        assert isinstance(body, dict) and set(body) == {"error", "error_type"}, body
+        assert isinstance(body["error"], str) and body["error"] and body["error_type"] in TEI_TYPES, body
+        assert "Traceback" not in body["error"], body
+        return True
     assert isinstance(body, dict) and set(body) == {"error"}, body
     error = body["error"]
     assert set(error) == {"message", "type", "code", "param"}, error
@@ -113,6 +126,7 @@ def test_the_schema_declares_every_routes_bodies() -> None:
             for status, response in responses.items():
                 if status != "200" and path not in HEALTH:
                     ref = response["content"]["application/json"]["schema"]["$ref"]
-                    assert ref.endswith("/ErrorResponse"), (method, path, status)
+                    tei = path in TEI and status not in ("401", "413")
+                    assert ref.endswith("/TEIError" if tei else "/ErrorResponse"), (method, path, status)
     assert {"ErrorResponse", "PredictResponse", "EmbeddingsResponse", "Info", "Health"} <= set(
         doc["components"]["schemas"])

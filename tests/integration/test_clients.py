@@ -175,7 +175,7 @@ def test_tei_client_classify_and_rerank(classifier: Server, reranker: Server) ->
 @pytest.fixture(scope="module")
 def calibrated(st: Any) -> np.ndarray:
     """The calibration texts embedded by sentence-transformers: the ranges int8/uint8 must be measured on."""
-    return st.encode(quantize.calibration_texts(None))
+    return st.encode(quantize.calibration_texts(None), prompt="")  # as they are: no prompt
 
 
 def _close_buckets(got: Any, want: np.ndarray) -> None:
