@@ -11,8 +11,8 @@ engine takes, and the answer's size and precision.
   text's entry serves every size.
 - **int8 / uint8** need per-component ranges: measured once per model load on the calibration texts
   (``model.calibration_file``, else a built-in multilingual set), embedded as they are (no prompt) through the
-  engine on the very slot that answered, the first time a request asks; kept per load, as full vectors, so each size gets its
-  ranges from the calibration vectors cut the same way.
+  engine on the very slot that answered, the first time a request asks; kept per load, as full vectors, so
+  each size gets its ranges from the calibration vectors cut the same way.
 """
 
 from __future__ import annotations
