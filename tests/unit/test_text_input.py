@@ -45,6 +45,14 @@ def test_a_text_input_is_its_prompted_text_and_plain_texts_encode_as_before() ->
     assert prompted.ids == [2, *ids("query: one two"), 3]
 
 
+def test_the_cache_key_tells_apart_what_can_change_a_vector() -> None:
+    assert TextInput("one two").cache_key == "one two"  # no choices: a plain text's key
+    keys = {TextInput("one two", prompt="query: ").cache_key, TextInput("query: one two").cache_key,
+            TextInput("one two", direction="left").cache_key, TextInput("one two", truncate=False).cache_key,
+            TextInput("one two", max_tokens=4).cache_key, "one two"}
+    assert len(keys) == 6
+
+
 def test_the_left_cut_is_the_tokenizers_own_and_keeps_the_prompt() -> None:
     encoder = TextEncoder(tokenizer(), 6, truncate=True)
     reference = tokenizer()

@@ -81,6 +81,15 @@ class TextInput(str):
         return self
 
     @property
+    def cache_key(self) -> str:
+        """What a result cache must key this text by: its value (prompt included), and the choices that can
+        change its vector or its refusal when it is too long (the side cut, truncate, max_tokens, and where the
+        prompt ends, for a pooling that leaves it out)."""
+        if not self.prompt and self.direction == "right" and self.truncate is None and self.max_tokens is None:
+            return str(self)
+        return f"{self}\x00{len(self.prompt)}:{self.direction}:{self.truncate}:{self.max_tokens}"
+
+    @property
     def cut_by_hand(self) -> bool:
         """Cut from the whole text's tokens (see TextEncoder), not by the tokenizer's own right-side truncation."""
         return self.direction == "left" or self.max_tokens is not None
