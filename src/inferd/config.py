@@ -6,7 +6,9 @@ Every leaf remembers where it came from, so a bad value is reported with its key
 
 from __future__ import annotations
 
+import copy
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal, get_args
@@ -33,6 +35,10 @@ LOG_FORMATS: tuple[str, ...] = get_args(LogFormat)
 # model.unpadded is a bool or "auto" (YAML and the environment give booleans); the backends read it as text,
 # one of these.
 UNPADDED = ("auto", "true", "false")
+
+
+class RawValue(str):
+    """A setting's value as text (``--set KEY=VALUE``), read by the key's type as an environment variable is."""
 
 
 class ConfigError(Exception):
@@ -121,6 +127,12 @@ class ModelSettings(_Section):
     # Folders that reload/canary paths must lie under; empty = the initial model's parent folder.
     root: tuple[str, ...] = ()
     allow_dimension_change: bool = False
+    # Sizes dimensions / output_dimension may ask for below the model's own (Matryoshka: the first components,
+    # renormalised): a list, or "any"; None = as the model card says (MatryoshkaLoss's matryoshka_dims), else none.
+    matryoshka_dimensions: tuple[int, ...] | Literal["any"] | None = None
+    # Cohere's input_type -> a prompt name of the folder's config_sentence_transformers.json, over the built-in
+    # mapping (search_query -> search_query or query, search_document -> search_document, document, passage...).
+    input_type_prompts: dict[str, str] = {}
 
     @field_validator("device")
     @classmethod
@@ -227,6 +239,36 @@ class FleetSettings(_Section):
         return v
 
 
+# A served model's name, as clients send it in ``model``: OpenAI's ids (letters, digits, - _ . : /), no spaces,
+# no "@" (``name@version`` pins a version).
+MODEL_NAME = r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$"
+# The keys of a ``models:`` entry beside the model settings themselves.
+ENTRY_KEYS = ("name", "batching", "cache", "canary", "required", "default", "share")
+
+
+class ModelEntry(_Section):
+    """One served model: its model settings (``model:`` is every entry's defaults) and its own batching
+    rules, result cache and canary. Built by load_settings from a ``models:`` entry, or from the ``model:``
+    block alone (a list of one)."""
+
+    name: str = Field(pattern=MODEL_NAME)
+    model: ModelSettings = ModelSettings()
+    batching: BatchingSettings = BatchingSettings()
+    cache: CacheSettings = CacheSettings()
+    canary: CanarySettings = CanarySettings()
+    # /health/ready answers 200 only when every required model is ready.
+    required: bool = True
+    # The model a route of its task runs when a request names none (else the task's first model).
+    default: bool = False
+    # Its share of the device when several models have work queued (the scheduler's weight, core/batcher.py).
+    share: float = Field(1.0, gt=0.0, le=100.0)
+
+
+def env_name(name: str) -> str:
+    """A model's name as an environment variable spells it: INFERD__MODELS__<this>__KEY (case-insensitive)."""
+    return re.sub(r"[^a-z0-9]", "_", name.lower())
+
+
 class Settings(_Section):
     env: str = "dev"
     server: ServerSettings = ServerSettings()
@@ -238,6 +280,53 @@ class Settings(_Section):
     memory: MemorySettings = MemorySettings()
     cache: CacheSettings = CacheSettings()
     fleet: FleetSettings = FleetSettings()
+    # Every served model, in order; empty = the ``model:`` block alone (``served`` builds the list of one).
+    models: tuple[ModelEntry, ...] = ()
+
+    @model_validator(mode="after")
+    def _unique(self) -> Settings:
+        seen: dict[str, str] = {}
+        for entry in self.models:
+            key = env_name(entry.name)
+            if key in seen:
+                raise ValueError(f"models: the names {seen[key]!r} and {entry.name!r} are one model to clients or "
+                                 "to environment variables (case, and - . : / as _); give each its own name")
+            seen[key] = entry.name
+        for task_defaults in _defaults_by_task(self.models).values():
+            if len(task_defaults) > 1:
+                raise ValueError(f"models: {', '.join(task_defaults)} are all marked default; one per task")
+        return self
+
+    def served(self) -> tuple[ModelEntry, ...]:
+        """The models this server serves: the ``models:`` list, or the ``model:`` block as a list of one."""
+        if self.models:
+            return self.models
+        return (ModelEntry(name=self.model.name, model=self.model, batching=self.batching, cache=self.cache,
+                           canary=self.canary),)
+
+    def for_model(self, entry: ModelEntry) -> Settings:
+        """These settings as one model sees them: its model, batching, cache and canary in the sections'
+        places (what a single-model server reads), everything else shared."""
+        return self.model_copy(update={"model": entry.model, "batching": entry.batching, "cache": entry.cache,
+                                       "canary": entry.canary, "models": (entry,)})
+
+
+def entry_tree(entry: ModelEntry) -> dict[str, Any]:
+    """A served model as a ``models:`` entry in full (what ``inferd fleet`` writes for its workers); load_settings
+    reads it back as the same ModelEntry, whatever the ``model:`` block beside it says."""
+    model = entry.model.model_dump(mode="json")
+    model.pop("name", None)
+    return {"name": entry.name, **model, "batching": entry.batching.model_dump(mode="json"),
+            "cache": entry.cache.model_dump(mode="json"), "canary": entry.canary.model_dump(mode="json"),
+            "required": entry.required, "default": entry.default, "share": entry.share}
+
+
+def _defaults_by_task(entries: tuple[ModelEntry, ...]) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for e in entries:
+        if e.default:
+            out.setdefault(e.model.task, []).append(e.name)
+    return out
 
 
 def default_config_dir() -> Path:
@@ -276,6 +365,14 @@ def _merge(dst: dict[str, Any], src: Mapping[str, Any], sources: dict[str, str],
             sources[path] = origin
 
 
+def _record_leaves(sources: dict[str, str], prefix: str, tree: Mapping[str, Any], origin: str) -> None:
+    for key, value in tree.items():
+        if isinstance(value, Mapping):
+            _record_leaves(sources, f"{prefix}.{key}", value, origin)
+        else:
+            sources[f"{prefix}.{key}"] = origin
+
+
 def _env_value(raw: str, kind: str) -> Any:
     if kind == "list" and not raw.lstrip().startswith("["):
         return [part.strip() for part in raw.split(",") if part.strip()]
@@ -312,7 +409,15 @@ def _field_kind(path: list[str]) -> str:
     return "str?" if model == (str | None) else "other"
 
 
-def _env_layer(environ: Mapping[str, str]) -> list[tuple[list[str], Any, str]]:
+def _entry_kind(rest: list[str]) -> str:
+    """``_field_kind`` for a key under one ``models:`` entry (its own sections, or a model setting)."""
+    if rest and rest[0] in ("batching", "cache", "canary"):
+        return _field_kind(rest)
+    return _field_kind(["model", *rest])
+
+
+def _env_layer(environ: Mapping[str, str]) -> list[tuple[list[str], str, str]]:
+    """(key path, raw value, origin) per variable; values are read once the path's model is known."""
     out = []
     if environ.get("MODEL_PATH"):
         out.append((["model", "path"], environ["MODEL_PATH"], "env MODEL_PATH"))
@@ -322,8 +427,92 @@ def _env_layer(environ: Mapping[str, str]) -> list[tuple[list[str], Any, str]]:
         parts = [p.lower() for p in name[len(ENV_PREFIX):].split("__") if p]
         if not parts:
             raise ConfigError(f"environment variable {name} names no configuration key")
-        out.append((parts, _env_value(environ[name], _field_kind(parts)), f"env {name}"))
+        out.append((parts, environ[name], f"env {name}"))
     return out
+
+
+def _models_by_name(data: dict[str, Any], origin: str) -> None:
+    """A layer's ``models:`` list as a mapping by name, so that overlays, environment variables and flags reach
+    one entry by its name (an overlay's entry of a known name changes it; of a new name, adds it)."""
+    models = data.get("models")
+    if models is None:
+        return
+    if isinstance(models, Mapping):  # already by name
+        entries = [{**(e if isinstance(e, Mapping) else {"": e}), "name": str(n)} for n, e in models.items()]
+    elif isinstance(models, list):
+        entries = models
+    else:
+        raise ConfigError(f"models in {origin}: must be a list of models, each a mapping with a name")
+    out: dict[str, Any] = {}
+    for i, entry in enumerate(entries):
+        if not isinstance(entry, Mapping) or "" in entry:
+            raise ConfigError(f"models[{i}] in {origin}: must be a mapping of settings with a name")
+        name = entry.get("name")
+        if not isinstance(name, str) or not name:
+            raise ConfigError(f"models[{i}] in {origin}: needs a name (the model clients ask for)")
+        if name in out:
+            raise ConfigError(f"models[{i}] in {origin}: a second model named {name!r}")
+        out[name] = dict(entry)
+    data["models"] = out
+
+
+def _model_path(tree: dict[str, Any], parts: list[str], origin: str, dotted: bool) -> list[str]:
+    """``models.<name>.<key>`` with ``<name>`` as configured: an environment variable spells it as env_name
+    does; a flag's dotted key holds it as written (a name may hold dots, so the longest name that fits wins)."""
+    names = list(tree.get("models") or {})
+    if dotted:
+        rest = ".".join(parts[1:])
+        for name in sorted(names, key=len, reverse=True):
+            if rest.startswith(name + "."):
+                return ["models", name, *rest[len(name) + 1:].split(".")]
+        wanted = parts[1] if len(parts) > 1 else ""
+    else:
+        wanted = parts[1] if len(parts) > 2 else ""
+        for name in names:
+            if env_name(name) == wanted:
+                return ["models", name, *parts[2:]]
+    served = ", ".join(names) or "none: no models: list is configured"
+    raise ConfigError(f"{origin}: names no configured model (models.{wanted or '?'}...; the models: {served})")
+
+
+def _alias_sources(sources: dict[str, str], src: str, dst: str) -> None:
+    for key, origin in list(sources.items()):
+        if key == src or key.startswith(src + "."):
+            sources[dst + key[len(src):]] = origin
+
+
+def _build_models(tree: dict[str, Any], sources: dict[str, str]) -> list[str]:
+    """Each ``models:`` entry as ModelEntry's fields: the ``model:`` block under the entry's own model keys,
+    the ``batching:`` and ``cache:`` sections under the entry's own. Returns the names, in order."""
+    models = tree.get("models") or {}
+    if not models:
+        tree.pop("models", None)
+        return []
+    if (tree.get("canary") or {}).get("path"):
+        raise ConfigError("canary: with a models: list, a canary is one model's: set models.<name>.canary "
+                          f"(canary.path from {sources.get('canary.path', 'defaults')})")
+    built = []
+    for i, (name, raw) in enumerate(models.items()):
+        own = {k: v for k, v in raw.items() if k in ENTRY_KEYS}
+        model = copy.deepcopy(tree.get("model") or {})
+        _merge(model, {k: v for k, v in raw.items() if k not in ENTRY_KEYS}, {}, "")
+        model["name"] = name
+        entry: dict[str, Any] = {**{k: v for k, v in own.items() if k in ("required", "default", "share")},
+                                 "name": name, "model": model, "canary": own.get("canary") or {}}
+        _alias_sources(sources, "model", f"models.{i}.model")
+        for section in ("batching", "cache"):
+            entry[section] = copy.deepcopy(tree.get(section) or {})
+            if isinstance(own.get(section), Mapping):
+                _merge(entry[section], own[section], {}, "")
+            else:
+                entry[section] = own.get(section, entry[section])
+            _alias_sources(sources, section, f"models.{i}.{section}")
+        for key in raw:
+            target = key if key in ENTRY_KEYS else f"model.{key}"
+            _alias_sources(sources, f"models.{name}.{key}", f"models.{i}.{target}")
+        built.append(entry)
+    tree["models"] = built
+    return list(models)
 
 
 def _source_of(loc: tuple[Any, ...], sources: Mapping[str, str]) -> str:
@@ -340,41 +529,70 @@ def _source_of(loc: tuple[Any, ...], sources: Mapping[str, str]) -> str:
     return ", ".join(below) or "defaults"
 
 
+def _key_of(loc: tuple[Any, ...], names: list[str]) -> str:
+    """An error's key as the operator wrote it: ``models.<name>.<key>``, not the entry's position."""
+    parts = [str(p) for p in loc]
+    if len(parts) >= 2 and parts[0] == "models" and parts[1].isdigit() and int(parts[1]) < len(names):
+        rest = parts[3:] if parts[2:3] == ["model"] else parts[2:]
+        parts = ["models", names[int(parts[1])], *rest]
+    return ".".join(parts) or "(top level)"
+
+
 def load_settings(
     env: str | None = None,
     overrides: Mapping[str, Any] | None = None,
     environ: Mapping[str, str] | None = None,
     config_dir: Path | None = None,
 ) -> Settings:
-    """Build the effective Settings: base.yaml ⊕ <env>.yaml ⊕ environment ⊕ overrides (dotted keys)."""
+    """Build the effective Settings: base.yaml ⊕ <env>.yaml ⊕ environment ⊕ overrides (dotted keys).
+
+    A ``models:`` list is read by name in every layer (INFERD__MODELS__<NAME>__KEY, ``models.<name>.key``),
+    then each entry is built over the ``model:``, ``batching:`` and ``cache:`` blocks (its defaults).
+    """
     environ = os.environ if environ is None else environ
     config_dir = config_dir or default_config_dir()
     env = env or environ.get("INFERD_ENV") or "dev"
     tree: dict[str, Any] = {}
     sources: dict[str, str] = {}
     base = config_dir / "base.yaml"
-    _merge(tree, _read_yaml(base), sources, str(base))
     overlay = config_dir / f"{env}.yaml"
     if not overlay.is_file():
         raise ConfigError(f"INFERD_ENV={env!r} but there is no overlay {overlay}")
-    _merge(tree, _read_yaml(overlay), sources, str(overlay))
-    for path, value, origin in _env_layer(environ):
-        _set_path(tree, path, value)
-        sources[".".join(path)] = origin
+    for path in (base, overlay):
+        layer = _read_yaml(path)
+        _models_by_name(layer, str(path))
+        _merge(tree, layer, sources, str(path))
+        # Every key of every entry, from its own layer (to _merge, the first layer's list is one leaf).
+        _record_leaves(sources, "models", layer.get("models") or {}, str(path))
+    for parts, raw, origin in _env_layer(environ):
+        if parts[0] == "models":
+            parts = _model_path(tree, parts, origin, dotted=False)
+            value = _env_value(raw, _entry_kind(parts[2:]))
+        else:
+            value = _env_value(raw, _field_kind(parts))
+        _set_path(tree, parts, value)
+        sources[".".join(parts)] = origin
     for dotted, value in (overrides or {}).items():
         if value is None:
             continue
-        _set_path(tree, dotted.split("."), value)
-        sources[dotted] = f"flag --{dotted.split('.')[-1].replace('_', '-')}"
+        parts = dotted.split(".")
+        origin = f"flag --{parts[-1].replace('_', '-')}"
+        if parts[0] == "models":
+            parts = _model_path(tree, parts, f"flag --set {dotted}", dotted=True)
+        if isinstance(value, RawValue):
+            origin = f"flag --set {dotted}"
+            value = _env_value(value, _entry_kind(parts[2:]) if parts[0] == "models" else _field_kind(parts))
+        _set_path(tree, parts, value)
+        sources[".".join(parts)] = origin
     tree["env"] = env
+    names = _build_models(tree, sources)
     try:
         return Settings.model_validate(tree)
     except ValidationError as exc:
         lines = []
         for err in exc.errors():
-            key = ".".join(str(p) for p in err["loc"]) or "(top level)"
             what = "unknown key" if err["type"] == "extra_forbidden" else err["msg"]
-            lines.append(f"  {key}: {what} (from {_source_of(err['loc'], sources)})")
+            lines.append(f"  {_key_of(err['loc'], names)}: {what} (from {_source_of(err['loc'], sources)})")
         raise ConfigError("invalid configuration:\n" + "\n".join(lines)) from None
 
 

@@ -10,7 +10,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from inferd.config import BACKENDS, DTYPES, LOAD_MODES, LOG_FORMATS, LOG_LEVELS, QUANTIZE
+from inferd.config import BACKENDS, DTYPES, LOAD_MODES, LOG_FORMATS, LOG_LEVELS, QUANTIZE, RawValue
 
 # flag name -> dotted settings key
 FLAGS = {
@@ -57,9 +57,18 @@ def add_config_flags(p: argparse.ArgumentParser, server: bool = True) -> None:
     p.add_argument("--max-batch-size", type=int)
     p.add_argument("--max-wait-ms", type=float)
     p.add_argument("--torch-threads", type=int)
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="settings",
+                   help="any setting by its dotted key, e.g. batching.max_wait_ms=5 or, for one model of a "
+                        "models: list, models.<name>.backend=openvino (repeatable; values read as YAML)")
 
 
 def overrides(args: argparse.Namespace, server: bool = True) -> dict[str, Any]:
     """The dotted settings keys the flags set (None where a flag was not given); without ``server``, the
     SERVER_ONLY flags are left out (a fleet's --host/--port mean nginx's address)."""
-    return {key: getattr(args, flag, None) for flag, key in FLAGS.items() if server or flag not in SERVER_ONLY}
+    out = {key: getattr(args, flag, None) for flag, key in FLAGS.items() if server or flag not in SERVER_ONLY}
+    for item in getattr(args, "settings", None) or []:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise SystemExit(f"--set {item!r}: expected KEY=VALUE, e.g. models.reranker.backend=openvino")
+        out[key.strip()] = RawValue(raw)  # read by the key's type, as an environment variable's value is
+    return out

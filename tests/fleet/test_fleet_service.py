@@ -113,7 +113,7 @@ def test_every_endpoint_answers_through_nginx_as_directly(proxy: httpx.Client, d
     np.testing.assert_allclose(via, straight, atol=1e-5)
     r = proxy.post("/v1/embeddings", json={"input": ["hello world"], "encoding_format": "base64"})
     assert r.status_code == 200 and r.json()["data"][0]["embedding"]
-    assert proxy.get("/v1/models").json()["data"][0]["id"].endswith(f"@{version}")
+    assert proxy.get("/v1/models").json()["data"][0]["versions"][0]["version"] == version
     assert proxy.get("/info").json()["version"] == version
     for path in ("/health", "/health/ready", "/health/live"):
         assert proxy.get(path).status_code == 200, path

@@ -124,7 +124,7 @@ def test_predict(api: httpx.Client) -> None:
 def test_embeddings_float_and_base64_agree_with_predict(api: httpx.Client, tokenizer: Tokenizer) -> None:
     texts = ["hello world", "a dog and a cat in the house"]
     predicted = np.array(api.post("/predict", json={"texts": texts}).json()["results"])
-    r = api.post("/v1/embeddings", json={"input": texts, "model": "whatever"})
+    r = api.post("/v1/embeddings", json={"input": texts, "model": api.get("/info").json()["name"]})
     assert r.status_code == 200, r.text
     body = r.json()
     assert body["object"] == "list"
@@ -153,7 +153,8 @@ def test_models(api: httpx.Client) -> None:
     assert body["object"] == "list"
     (model,) = body["data"]
     info = api.get("/info").json()
-    assert model["id"] == f"{info['name']}@{info['version']}" and model["object"] == "model"
+    assert model["id"] == info["name"] and model["object"] == "model" and model["ready"] is True
+    assert [v["version"] for v in model["versions"]] == [info["version"]] and model["task"] == "embedding"
     assert isinstance(model["created"], int) and model["owned_by"]
 
 

@@ -41,8 +41,9 @@ def assert_401(r: httpx.Response) -> None:
 def keyed(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path) -> Iterator[Server]:
     """Every key set, admin routes on the main port."""
     s = start_server(tmp_path_factory.mktemp("auth"), {
-        "INFERD__MODEL__PATH": str(tiny_model), "INFERD__SERVER__API_KEYS": "key-1, key-2",
-        "INFERD__SERVER__METRICS_KEY": "metrics-key", "INFERD__SERVER__ADMIN_KEY": "admin-key"},
+        "INFERD__MODEL__PATH": str(tiny_model), "INFERD__MODEL__NAME": "tiny",
+        "INFERD__SERVER__API_KEYS": "key-1, key-2", "INFERD__SERVER__METRICS_KEY": "metrics-key",
+        "INFERD__SERVER__ADMIN_KEY": "admin-key"},
         wait="/health/ready")
     yield s
     s.stop()

@@ -31,7 +31,7 @@ def cross_encoder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def reranker(cross_encoder: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     server = start_server(tmp_path_factory.mktemp("srv"), {
-        "INFERD__MODEL__PATH": str(cross_encoder), "INFERD__MODEL__LOAD_MODE": "eager",
+        "INFERD__MODEL__PATH": str(cross_encoder), "INFERD__MODEL__NAME": "ce", "INFERD__MODEL__LOAD_MODE": "eager",
         "INFERD__SERVER__API_KEYS": "key-1"}, wait="/health/ready")
     try:
         yield server

@@ -69,7 +69,7 @@ def test_lazy_mode_loads_once_under_concurrent_first_requests(serve, tiny_model:
     with server.client() as c:
         # Routable before any request (the first request is what loads the model), yet nothing loaded.
         r = c.get("/health/ready")
-        assert r.status_code == 200 and r.json() == {"status": "ready", "loaded": False}
+        assert r.status_code == 200 and r.json() == {"status": "ready", "model": "all-MiniLM-L6-v2", "loaded": False}
         assert c.get("/info").json()["state"] == "not_loaded"
     assert "model ready" not in server.log()
 

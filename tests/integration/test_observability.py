@@ -21,6 +21,7 @@ from inferd.config import load_settings
 
 ADMIN_KEY = "admin-" + uuid.uuid4().hex
 VERSION = "v1"
+MODEL = "all-MiniLM-L6-v2"  # the default model.name
 SECRET_TEXT = "the confidential mountain sentence"
 # Pairs of texts with the same token count: the padded batch cost is then exactly the prompt tokens.
 PAIRS = [["hello world", "the cat"], ["fast dog", "slow tree"], ["one two", "three four"]]
@@ -97,28 +98,30 @@ def test_metrics_move_as_expected_after_known_requests(server: Server) -> None:
         assert r.status_code == 422
     after, families = scrape(server)
     d = lambda name, **labels: delta(before, after, name, **labels)  # noqa: E731
-    assert d("inferd_requests_total", endpoint="/predict", status="200") == 3
-    assert d("inferd_requests_total", endpoint="/v1/embeddings", status="200") == 1
-    assert d("inferd_requests_total", endpoint="/predict", status="422") == 1
-    assert d("inferd_request_duration_seconds_count", endpoint="/predict") == 4
+    assert d("inferd_requests_total", endpoint="/predict", status="200", model=MODEL) == 3
+    assert d("inferd_requests_total", endpoint="/v1/embeddings", status="200", model=MODEL) == 1
+    # Refused by the model-free checks: no model had been chosen.
+    assert d("inferd_requests_total", endpoint="/predict", status="422", model="") == 1
+    assert d("inferd_request_duration_seconds_count", endpoint="/predict", model=MODEL) == 3
+    assert d("inferd_request_duration_seconds_count", endpoint="/predict", model="") == 1
     assert d("inferd_requests_rejected_total", reason="invalid") == 1
-    assert d("inferd_version_requests_total", version=VERSION) == 4
+    assert d("inferd_version_requests_total", model=MODEL, version=VERSION) == 4
     # One observation per stage: preprocess per request, queue per text, inference/postprocess per batch.
-    assert d("inferd_preprocess_duration_seconds_count", version=VERSION) == 4
-    assert d("inferd_queue_duration_seconds_count", version=VERSION) == 7
-    assert d("inferd_inference_duration_seconds_count", version=VERSION) == 4
-    assert d("inferd_postprocess_duration_seconds_count", version=VERSION) == 4
-    assert d("inferd_batch_size_count", version=VERSION) == 4
-    assert d("inferd_batch_size_sum", version=VERSION) == 7
-    assert d("inferd_batch_size_bucket", version=VERSION, le="1.0") == 1
-    assert d("inferd_batch_size_bucket", version=VERSION, le="2.0") == 4
-    assert d("inferd_batch_tokens_sum", version=VERSION) == tokens
-    assert d("inferd_inference_duration_seconds_sum", version=VERSION) > 0
-    assert value(after, "inferd_queue_depth") == 0
+    assert d("inferd_preprocess_duration_seconds_count", model=MODEL, version=VERSION) == 4
+    assert d("inferd_queue_duration_seconds_count", model=MODEL, version=VERSION) == 7
+    assert d("inferd_inference_duration_seconds_count", model=MODEL, version=VERSION) == 4
+    assert d("inferd_postprocess_duration_seconds_count", model=MODEL, version=VERSION) == 4
+    assert d("inferd_batch_size_count", model=MODEL, version=VERSION) == 4
+    assert d("inferd_batch_size_sum", model=MODEL, version=VERSION) == 7
+    assert d("inferd_batch_size_bucket", model=MODEL, version=VERSION, le="1.0") == 1
+    assert d("inferd_batch_size_bucket", model=MODEL, version=VERSION, le="2.0") == 4
+    assert d("inferd_batch_tokens_sum", model=MODEL, version=VERSION) == tokens
+    assert d("inferd_inference_duration_seconds_sum", model=MODEL, version=VERSION) > 0
+    assert value(after, "inferd_queue_depth", model=MODEL) == 0
     assert value(after, "inferd_requests_in_flight") == 0
-    assert value(after, "inferd_model_info", slot="active", name="all-MiniLM-L6-v2", version=VERSION,
+    assert value(after, "inferd_model_info", slot="active", model=MODEL, version=VERSION, task="embedding",
                  device="cpu", dtype="float32", backend="torch", quantize="none") == 1
-    assert value(after, "inferd_model_load_seconds", version=VERSION) > 0
+    assert value(after, "inferd_model_load_seconds", model=MODEL, version=VERSION) > 0
     assert value(after, "process_resident_memory_bytes") > 0
     # No GPU here: the GPU families are declared (dashboards see the names) but carry no samples.
     assert "inferd_gpu_memory_allocated_bytes" in families and "inferd_gpu_utilization_ratio" in families
@@ -175,8 +178,8 @@ def test_admin_memory_requires_the_admin_key(server: Server) -> None:
     assert body["check_every_n"] == 1000 and body["fragmentation_threshold"] == 0.3
     assert "expandable_segments" in body["alloc_conf"]  # memory.expandable_segments, set before CUDA starts
     after, _ = scrape(server)
-    assert delta(before, after, "inferd_requests_total", endpoint="/admin/memory", status="401") == 2
-    assert delta(before, after, "inferd_requests_total", endpoint="/admin/memory", status="200") == 1
+    assert delta(before, after, "inferd_requests_total", endpoint="/admin/memory", status="401", model="") == 2
+    assert delta(before, after, "inferd_requests_total", endpoint="/admin/memory", status="200", model="") == 1
 
 
 def test_admin_memory_is_absent_without_an_admin_key(tiny_model: Path) -> None:

@@ -300,13 +300,14 @@ def test_the_engine_builds_its_manager_with_the_callbacks_it_is_given(tmp_path: 
     """The manager is told its callbacks when it is built (the app's metrics, the lazy-failure exit)."""
     changes: list[list[str]] = []
     failures: list[str] = []
-    settings = Settings(model=ModelSettings(path=str(tmp_path / "absent"), warmup=False, load_mode="lazy"))
+    settings = Settings(model=ModelSettings(path=str(tmp_path / "absent"), warmup=False, load_mode="lazy",
+                                            exit_on_load_failure=True))
 
     def broken(spec: Any) -> Any:
         raise RuntimeError("no model here")
 
     engine = InferenceEngine(settings, Metrics(), loader=broken, on_lazy_failure=failures.append,
-                             on_change=lambda slots: changes.append([s.version for _, s in slots]))
+                             on_change=lambda slots: changes.append([s.version for _, _, s in slots]))
 
     async def scenario(engine: InferenceEngine) -> None:
         with pytest.raises(EngineError):
@@ -315,7 +316,7 @@ def test_the_engine_builds_its_manager_with_the_callbacks_it_is_given(tmp_path: 
 
     asyncio.run(_started(engine, scenario))
     ok = InferenceEngine(make_settings(tmp_path), Metrics(), loader=loader_for(HashHandler()),
-                         on_change=lambda slots: changes.append([s.version for _, s in slots]))
+                         on_change=lambda slots: changes.append([s.version for _, _, s in slots]))
     ok.manager.load_initial()
     assert changes == [["1"]]
 

@@ -193,7 +193,8 @@ def test_the_cache_never_answers_with_another_models_vectors(tmp_path: Path):
     async def scenario() -> None:
         assert await vector("x") == ("v1", vector_for("ax"))
         assert await vector("x") == ("v1", vector_for("ax"))  # a hit, same model
-        assert engine.metrics.registry.get_sample_value("inferd_cache_hits_total", {"cache": "embeddings"}) == 1
+        assert engine.metrics.registry.get_sample_value("inferd_cache_hits_total",
+                                                      {"cache": engine.registry.first().name}) == 1
         await asyncio.to_thread(manager.reload, str(tmp_path / "b"), "v2")
         await asyncio.to_thread(manager.reload, str(tmp_path / "c"), "v1")
         assert await vector("x") == ("v1", vector_for("cx"))

@@ -64,7 +64,7 @@ def bound(source: object, tmp_path: Path) -> Metrics:
 def test_batch_size_buckets_run_from_one_to_the_maximum(maximum: int, buckets: tuple) -> None:
     assert batch_size_buckets(maximum) == buckets
     metrics = Metrics(maximum)
-    metrics.batch_size.labels("v1").observe(1)
+    metrics.batch_size.labels("m", "v1").observe(1)
     edges = [dict(labels)["le"] for labels in scrape(metrics)["inferd_batch_size_bucket"]]
     assert [float(e) for e in edges] == [*map(float, buckets), float("inf")]
 
@@ -105,11 +105,11 @@ def test_a_failing_device_read_does_not_break_the_scrape(tmp_path: Path, caplog:
     source = SettableStats(allocated=1, reserved=2, peak=3)
     source.fail = True
     metrics = bound(source, tmp_path)
-    metrics.requests.labels("/predict", "200").inc()
+    metrics.requests.labels("/predict", "200", "").inc()
     with caplog.at_level(logging.WARNING, logger="inferd.utils.metrics"):
         for _ in range(3):
             got = scrape(metrics)
-    assert got["inferd_requests_total"][(("endpoint", "/predict"), ("status", "200"))] == 1
+    assert got["inferd_requests_total"][(("endpoint", "/predict"), ("model", ""), ("status", "200"))] == 1
     assert got["inferd_gpu_memory_allocated_bytes"] == {}
     assert len([r for r in caplog.records if "device memory" in r.getMessage()]) == 1  # logged once, not per scrape
     source.fail = False

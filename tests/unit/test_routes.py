@@ -116,7 +116,7 @@ def test_every_task_route_is_its_own_metric_label(tmp_path: Path) -> None:
             assert c.post(path, json={}).status_code == 404
         text = c.get("/metrics").text
         for path in ("/v1/rerank", "/rerank", "/v1/classify"):
-            assert f'inferd_requests_total{{endpoint="{path}",status="404"}} 1.0' in text, path
+            assert f'inferd_requests_total{{endpoint="{path}",model="",status="404"}} 1.0' in text, path
 
 
 def test_a_failed_load_says_failed_publicly_and_its_cause_only_to_the_admin(tmp_path: Path) -> None:

@@ -70,13 +70,14 @@ def test_info_models_admin_and_metrics_show_the_description_built_at_load(tmp_pa
             "dtype": "float32", "device": "cpu", "backend": "torch", "quantize": "none", "backend_info": None}
         assert (info["dtype"], info["backend"]) == ("float32", "torch")
         (listed,) = client.get("/v1/models").json()["data"]
-        assert (listed["id"], listed["task"]) == ("all-MiniLM-L6-v2@v1", "embedding")
+        assert (listed["id"], listed["task"], listed["ready"]) == ("all-MiniLM-L6-v2", "embedding", True)
+        assert [(v["version"], v["role"], v["backend"]) for v in listed["versions"]] == [("v1", "active", "torch")]
         (slot,) = client.get("/admin/models", headers=ADMIN).json()["slots"]
         assert (slot["name"], slot["version"], slot["dimension"]) == ("all-MiniLM-L6-v2", "v1", DIM)
         exposition = client.get("/metrics").text
         assert metric_value(exposition, "inferd_model_info", slot="active", version="v1", device="cpu",
                             dtype="float32", backend="torch", quantize="none") == 1
-        assert 'name="all-MiniLM-L6-v2"' in next(line for line in exposition.splitlines()
+        assert 'model="all-MiniLM-L6-v2"' in next(line for line in exposition.splitlines()
                                                  if line.startswith("inferd_model_info{"))
 
 

@@ -25,6 +25,7 @@ from inferd.core.manager import (
     TaskMismatch,
     VersionInUse,
 )
+from inferd.core.registry import ServedModel
 from inferd.core.slots import ModelSlot
 
 log = logging.getLogger(__name__)
@@ -37,6 +38,8 @@ _CHANGE_ERRORS = (400, 401, 404, 409, 413, 422, 503)
 
 class ReloadRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
+    # Which served model changes; may be left out when the server serves one model.
+    model: str | None = Field(None, min_length=1, max_length=128)
     path: str = Field(min_length=1)
     version: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._\-]+$")
     # The runtime for this load only (a canary on int8 beside an active model on bf16); unset = the configured one.
@@ -53,7 +56,24 @@ class CanaryRequest(ReloadRequest):
 
 
 def _describe(slot: ModelSlot) -> dict[str, Any]:
-    return {k: slot.info.get(k) for k in ("name", "version", "path", "task", "dimension", "load_seconds")}
+    return {"model": slot.spec.name,
+            **{k: slot.info.get(k) for k in ("name", "version", "path", "task", "dimension", "load_seconds")}}
+
+
+def _served(request: Request, name: str | None) -> ServedModel:
+    """The model a change is for: the one named, or the only one served (with several, it must be named)."""
+    registry = services(request).registry
+    names = ", ".join(registry.names())
+    if name is None:
+        if len(registry) == 1:
+            return next(iter(registry))
+        raise APIError(422, f"model: this server serves several models ({names}); name the one to change",
+                       "model_required", "model")
+    served = registry.get(name)
+    if served is None:
+        raise APIError(404, f"model {name!r} is not served here; the models served: {names}", "model_not_found",
+                       "model")
+    return served
 
 
 async def _change(request: Request, action: str, fn: Callable[..., ModelSlot], *args: Any) -> dict[str, Any]:
@@ -96,7 +116,7 @@ async def _change(request: Request, action: str, fn: Callable[..., ModelSlot], *
                    responses=responses(ModelChange, *_CHANGE_ERRORS))
 async def reload_model(request: Request) -> Response:
     body = await read_body(request, ReloadRequest)
-    manager = services(request).manager
+    manager = _served(request, body.model).manager
     slot = await _change(request, "reload", manager.reload, body.path, body.version, body.runtime())
     return json_response({"status": "switched", "active": slot, "switches": manager.switches})
 
@@ -105,33 +125,47 @@ async def reload_model(request: Request) -> Response:
                    responses=responses(ModelChange, *_CHANGE_ERRORS))
 async def canary(request: Request) -> Response:
     body = await read_body(request, CanaryRequest)
-    manager = services(request).manager
+    manager = _served(request, body.model).manager
     slot = await _change(request, "canary", manager.set_canary, body.path, body.version, body.weight,
                          body.runtime())
     return json_response({"status": "canary", "canary": slot, "weight": manager.canary_weight})
 
 
-@admin_router.post("/models/promote", responses=responses(ModelChange, 401, 404, 409, 503))
-async def promote(request: Request) -> Response:
-    slot = await _change(request, "promote", services(request).manager.promote)
+@admin_router.post("/models/promote", responses=responses(ModelChange, 401, 404, 409, 422, 503))
+async def promote(request: Request, model: str | None = None) -> Response:
+    """The canary of ``?model=NAME`` (or of the only model) becomes its active model."""
+    slot = await _change(request, "promote", _served(request, model).manager.promote)
     return json_response({"status": "promoted", "active": slot})
 
 
-@admin_router.post("/models/rollback", responses=responses(ModelChange, 401, 404, 409, 503))
-async def rollback(request: Request) -> Response:
-    slot = await _change(request, "rollback", services(request).manager.rollback)
+@admin_router.post("/models/rollback", responses=responses(ModelChange, 401, 404, 409, 422, 503))
+async def rollback(request: Request, model: str | None = None) -> Response:
+    """Drop the canary of ``?model=NAME`` (or of the only model)."""
+    slot = await _change(request, "rollback", _served(request, model).manager.rollback)
     return json_response({"status": "rolled_back", "active": slot})
 
 
-@admin_router.get("/models", responses=responses(AdminModels, 401, 404))
-async def list_models(request: Request) -> Response:
-    """The slots, and the causes that public health answers only name (a failed load, a dead worker)."""
-    manager, engine = services(request).manager, services(request).engine
-    return json_response({"state": manager.state, "switches": manager.switches,
-                          "canary_weight": manager.canary_weight,
-                          "slots": [{"role": role, **_describe(s), "in_use": s.refs}
-                                    for role, s in manager.slots()],
-                          "reason": manager.reason, "worker_error": engine.worker_error})
+@admin_router.get("/models", responses=responses(AdminModels, 401, 404, 422))
+async def list_models(request: Request, model: str | None = None) -> Response:
+    """Every model's slots, and the causes that public health answers only name (a failed load, a dead worker).
+
+    ``models`` has one entry per served model; the top-level state, switches, canary weight, slots and reason
+    are the default model's (a single-model server's), ``?model=NAME`` makes them that model's.
+    """
+    s = services(request)
+    rows = [_admin_row(m, s.engine.queue.depth(m.name)) for m in s.registry]
+    chosen = _served(request, model) if model is not None else s.registry.first()
+    top = next((r for r in rows if chosen is not None and r["name"] == chosen.name), {})
+    return json_response({**{k: top.get(k) for k in ("state", "switches", "canary_weight", "slots", "reason")},
+                          "model": top.get("name"), "models": rows, "worker_error": s.engine.worker_error})
+
+
+def _admin_row(served: ServedModel, queue_depth: int) -> dict[str, Any]:
+    manager = served.manager
+    return {"name": served.name, "task": served.task, "required": served.required, "state": manager.state,
+            "switches": manager.switches, "canary_weight": manager.canary_weight, "reason": manager.reason,
+            "queue_depth": queue_depth, "slots": [{"role": role, **_describe(s), "in_use": s.refs}
+                                           for role, s in manager.slots()]}
 
 
 @admin_router.get("/memory", responses=responses(raw_body("application/json", {"type": "object"}), 401, 404))

@@ -18,6 +18,7 @@ from starlette.responses import Response
 
 from inferd import __version__
 from inferd.api.admin import admin_router
+from inferd.api.cohere_embed import cohere_router
 from inferd.api.errors import install_error_handlers
 from inferd.api.middleware import BodyLimitMiddleware, RequestContextMiddleware
 from inferd.api.routes import health_router, router
@@ -25,12 +26,14 @@ from inferd.api.schemas import raw_body, responses
 from inferd.api.security import require_keys
 from inferd.api.services import Services, services, services_of
 from inferd.api.task_routes import task_router
+from inferd.api.tei_routes import tei_router
 from inferd.config import Settings
 from inferd.core.engine import InferenceEngine
 from inferd.core.errors import ModelLoadError
 from inferd.core.loading import load_handler
 from inferd.core.manager import ModelManager
 from inferd.core.memory import build_guard
+from inferd.core.registry import ServedModel
 from inferd.core.slots import ModelSlot
 from inferd.core.spec import ModelSpec
 from inferd.core.tasks.base import Handler
@@ -59,7 +62,8 @@ def _routers(settings: Settings, admin: bool = False) -> list[APIRouter]:
     if admin:
         return [admin_router]
     own_port = settings.server.admin_port is not None  # then the admin routes are the admin app's only
-    return [router, task_router, health_router, *([] if own_port else [admin_router]), metrics_router]
+    return [router, task_router, tei_router, cohere_router, health_router, *([] if own_port else [admin_router]),
+            metrics_router]
 
 
 def route_paths(settings: Settings, admin: bool = False) -> frozenset[str]:
@@ -69,19 +73,20 @@ def route_paths(settings: Settings, admin: bool = False) -> frozenset[str]:
                      if isinstance(route, APIRoute))
 
 
-def _publish_models(slots: list[tuple[str, ModelSlot]], metrics: Metrics) -> None:
+def _publish_models(slots: list[tuple[str, str, ModelSlot]], metrics: Metrics) -> None:
+    """Every model's served slots as the info, gate and load series (after any model's change: all of them)."""
     metrics.model_info.clear()
     metrics.model_gate.clear()
-    for role, slot in slots:
+    for model, role, slot in slots:
         d = slot.info  # the model's description, built at load (core/slots.py)
-        metrics.model_info.labels(role, d["name"], d["version"], d["device"], d["dtype"], d["backend"],
-                                  d["quantize"]).set(1)
+        metrics.model_info.labels(model, role, d["version"], d["device"], d["dtype"], d["backend"],
+                                  d["quantize"], d["task"]).set(1)
         gate = (d["backend_info"] or {}).get("gate") or {}
         for figure, value in (gate.get("figures") or {}).items():
             # Every figure of the task's gate (cosines and overlap; rank and label agreement, differences).
             if isinstance(value, int | float) and not isinstance(value, bool) and figure != "texts":
-                metrics.model_gate.labels(slot.version, figure).set(value)
-        metrics.model_load.labels(slot.version).set(slot.load_seconds)
+                metrics.model_gate.labels(model, slot.version, figure).set(value)
+        metrics.model_load.labels(model, slot.version).set(slot.load_seconds)
 
 
 def create_app(settings: Settings, loader: Callable[[ModelSpec], Handler] = load_handler,
@@ -94,18 +99,19 @@ def create_app(settings: Settings, loader: Callable[[ModelSpec], Handler] = load
     memory_guard.bind(metrics)
     engine = InferenceEngine(settings, metrics, memory_guard, loader=loader,
                              on_change=functools.partial(_publish_models, metrics=metrics),
-                             on_lazy_failure=_exit_soon if settings.model.exit_on_load_failure else None)
-    manager = engine.manager
+                             on_lazy_failure=_exit_soon)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         engine.start()
-        task = None
-        mode = settings.model.load_mode
-        if mode == "eager":
-            await _load(manager, settings)
-        elif mode == "background":
-            task = asyncio.create_task(_load(manager, settings, background=True))
+        # Eager models load before the server listens; background ones after, one at a time in the list's
+        # order (loading several at once would only compete for the same cores); lazy ones on first use.
+        models = list(engine.registry)
+        for served in models:
+            if served.settings.model.load_mode == "eager":
+                await _load(served.manager, served.settings)
+        background = [m for m in models if m.settings.model.load_mode == "background"]
+        task = asyncio.create_task(_load_all(background)) if background else None
         try:
             yield
         finally:
@@ -113,10 +119,10 @@ def create_app(settings: Settings, loader: Callable[[ModelSpec], Handler] = load
                 task.cancel()
             await engine.drain(settings.server.drain_timeout_s)
             engine.stop()
-            manager.close()
+            engine.close()
 
     app = FastAPI(title="inferd", version=__version__, lifespan=lifespan)
-    app.state.services = Services(settings=settings, manager=manager, engine=engine, metrics=metrics,
+    app.state.services = Services(settings=settings, engine=engine, metrics=metrics,
                                   memory_guard=memory_guard, started_at=time.time())
     install_error_handlers(app)
     for included in _routers(settings):
@@ -148,6 +154,11 @@ def _exit_soon(reason: str) -> None:
     the process exits non-zero (as background mode does), so a supervisor restarts or reports it."""
     log.critical("exiting: the model failed to load and model.exit_on_load_failure is set: %s", reason)
     asyncio.get_running_loop().call_later(0.5, os._exit, 3)
+
+
+async def _load_all(models: list[ServedModel]) -> None:
+    for served in models:
+        await _load(served.manager, served.settings, background=True)
 
 
 async def _load(manager: ModelManager, settings: Settings, background: bool = False) -> None:

@@ -70,6 +70,7 @@ KINDS: dict[Kind, Answer] = {
     Kind.INVALID_INPUT: Answer(422, "invalid_value", reason="invalid"),
     Kind.TOO_LONG: Answer(422, "text_too_long", reason="too_long"),
     Kind.WRONG_TASK: Answer(404, "wrong_task"),
+    Kind.MODEL_NOT_FOUND: Answer(404, "model_not_found"),
     Kind.NOT_READY: Answer(503, "model_not_ready", retry_after=1, reason="not_ready"),
     # A failed load is not fixed by retrying at once: clients wait longer.
     Kind.MODEL_FAILED: Answer(503, "model_failed", retry_after=5, reason="not_ready"),
@@ -88,7 +89,8 @@ def engine_refusal(exc: EngineError, field: str, listed: bool, metrics: Any = No
 
     ``field`` is the request field that holds the inputs (``input``, ``documents``, ``texts``); ``listed``
     whether it was sent as a list, so the input at fault is named ``field[i]``. A refusal that names
-    another field (``priority``) is reported under that field. Only a 422 names a field at all.
+    another field (``priority``) is reported under that field. Only a 422 names the inputs' field; another
+    status names a field only when the refusal is about one (``model``: a model not served).
     """
     answer = KINDS[exc.kind]
     if metrics is not None and answer.reason is not None:
@@ -96,7 +98,7 @@ def engine_refusal(exc: EngineError, field: str, listed: bool, metrics: Any = No
     headers = {"Retry-After": str(answer.retry_after)} if answer.retry_after else None
     code = exc.code or answer.code
     if answer.status != 422:
-        return APIError(answer.status, exc.message, code, headers=headers)
+        return APIError(answer.status, exc.message, code, exc.field, headers=headers)
     if exc.field is not None:
         param = exc.field
     else:

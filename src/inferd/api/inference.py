@@ -16,6 +16,7 @@ from inferd.api.errors import APIError, engine_refusal
 from inferd.api.middleware import context
 from inferd.api.services import services
 from inferd.core.errors import ClientGone, EngineError
+from inferd.core.registry import ModelNotFound
 from inferd.core.work import TaskResult
 
 # The statuses an inference route may answer (its OpenAPI ``responses``).
@@ -51,15 +52,31 @@ async def _disconnected(request: Request) -> None:
 
 
 def require_task(request: Request, task: str) -> None:
-    """404 on a route of another task than the one this server serves, naming the served one."""
-    served = services(request).manager.task
-    if served is not None and served != task:
+    """404 on a route of a task no model here serves, naming the tasks served (before the body is read)."""
+    tasks = [m.task for m in services(request).registry]
+    if task not in tasks and None not in tasks:
+        served = ", ".join(dict.fromkeys(t for t in tasks if t)) or "no"
         raise APIError(404, f"{request.url.path} serves the {task} task; this server serves the {served} task",
                        "wrong_task")
 
 
-def served_task(request: Request) -> str:
-    return services(request).manager.task or "embedding"
+def task_of(request: Request, model: str | None) -> str:
+    """The task of the model a request names (or of the server's default model): /predict's shape follows it."""
+    try:
+        served, _ = services(request).registry.resolve(model, None)
+    except ModelNotFound as exc:
+        raise APIError(404, exc.message, "model_not_found", "model") from None
+    return served.task or "embedding"
+
+
+def labels_of(request: Request, result: TaskResult) -> list[str]:
+    """The labels of the model that computed the result (its active or canary slot, by version)."""
+    served = services(request).registry.get(result.model)
+    for _, slot in served.manager.slots() if served is not None else []:
+        if slot.version == result.version:
+            return list(slot.info["labels"])
+    raise APIError(503, "the model that answered was unloaded meanwhile; retry", "model_unloaded",
+                   headers={"Retry-After": "1"})
 
 
 async def run_task(request: Request, texts: list[Any], body: Any, field: str, listed: bool,
@@ -80,12 +97,14 @@ async def run_task(request: Request, texts: list[Any], body: Any, field: str, li
             dimensions=dimensions, routing_key=request.headers.get("x-routing-key"),
             disconnected=lambda: _disconnected(request))
     except EngineError as exc:
+        if exc.model is not None:
+            context(request.scope)["model"] = exc.model
         raise engine_refusal(exc, field, listed, s.metrics) from None
     except ClientGone:
         return Response(status_code=499)
     ctx = context(request.scope)
     ctx.update(result.timings)
-    ctx["version"] = result.version
+    ctx["model"], ctx["version"] = result.model, result.version
     return result
 
 

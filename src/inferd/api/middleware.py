@@ -97,8 +97,9 @@ class RequestContextMiddleware:
             elapsed = time.perf_counter() - started
             path = scope.get("path", "")
             endpoint = path if path in self.paths else "other"
-            self.metrics.requests.labels(endpoint, str(status[0])).inc()
-            self.metrics.request_duration.labels(endpoint).observe(elapsed)
+            model = str(ctx.get("model", ""))
+            self.metrics.requests.labels(endpoint, str(status[0]), model).inc()
+            self.metrics.request_duration.labels(endpoint, model).observe(elapsed)
             if self.access:
                 access_log.info(
                     "%s %s %d", scope.get("method"), path, status[0],

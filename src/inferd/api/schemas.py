@@ -31,14 +31,16 @@ class PredictRequest(_Body):
 
     # Any: a wrong item is reported by core.preprocess as "texts[i]: ..." with its own code.
     texts: list[Any] = Field(json_schema_extra={"items": _TEXT, "minItems": 1})
-    model: str | None = Field(None, description="Pin a served version: 'name@version' or the version")
+    model: str | None = Field(None, description="A served model's name (GET /v1/models), 'name@version' to pin "
+                              "a version, or a version of the default model; none: the route's default model")
 
 
 class EmbeddingsRequest(_Body):
     """OpenAI's ``POST /v1/embeddings``; ``input`` is a string or a list of strings."""
 
     input: Any = Field(json_schema_extra={"anyOf": [_TEXT, {"type": "array", "items": _TEXT, "minItems": 1}]})
-    model: str | None = Field(None, description="Pin a served version: 'name@version' or the version")
+    model: str | None = Field(None, description="A served model's name (GET /v1/models), 'name@version' to pin "
+                              "a version, or a version of the default model; none: the route's default model")
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: StrictInt | None = Field(None, gt=0, description="Must equal the model's dimension")
     user: str | None = None
@@ -49,7 +51,8 @@ class RerankRequest(_Body):
 
     query: Any = Field(json_schema_extra=_TEXT)
     documents: list[Any] = Field(json_schema_extra={"items": _TEXT, "minItems": 1})
-    model: str | None = Field(None, description="Pin a served version: 'name@version' or the version")
+    model: str | None = Field(None, description="A served model's name (GET /v1/models), 'name@version' to pin "
+                              "a version, or a version of the default model; none: the route's default model")
     top_n: StrictInt | None = Field(None, gt=0, description="Return only the best this many")
     return_documents: bool = False
 
@@ -62,13 +65,19 @@ class TEIRerankRequest(_Body):
     raw_scores: bool = Field(False, description="The model's logits, not the activated scores")
     return_text: bool = False
     truncate: bool | None = Field(None, description="Accepted for compatibility; model.truncate decides")
+    truncation_direction: Literal["left", "right", "Left", "Right"] = Field(
+        "right", description="Accepted for compatibility (tei-client sends it): a pair loses its document's end")
+    # Not TEI's (a TEI server serves one model): inferd's, to name one of several; none = the rerank default.
+    model: str | None = Field(None, description="A served rerank model's name (GET /v1/models); none: the "
+                              "default rerank model")
 
 
 class ClassifyRequest(_Body):
     """vLLM's ``POST /v1/classify``: a text or a list of texts."""
 
     input: Any = Field(json_schema_extra={"anyOf": [_TEXT, {"type": "array", "items": _TEXT, "minItems": 1}]})
-    model: str | None = Field(None, description="Pin a served version: 'name@version' or the version")
+    model: str | None = Field(None, description="A served model's name (GET /v1/models), 'name@version' to pin "
+                              "a version, or a version of the default model; none: the route's default model")
     user: str | None = None
 
 
@@ -158,13 +167,29 @@ class ClassifyResponse(BaseModel):
     usage: EmbeddingsUsage
 
 
+class ModelVersion(BaseModel):
+    version: str
+    role: Literal["active", "canary"]
+    backend: str
+    dtype: str | None = None
+    quantize: str = "none"
+    weight: float | None = None
+
+
 class ModelCard(BaseModel):
+    """One served model: ``id`` is the name a request's ``model`` names it by."""
+
     id: str
     object: Literal["model"]
     created: int
     owned_by: str
-    role: Literal["active", "canary"]
-    task: str = "embedding"
+    task: str | None = "embedding"
+    state: str
+    ready: bool
+    required: bool = True
+    default: bool = False
+    backend: str
+    versions: list[ModelVersion]
 
 
 class ModelList(BaseModel):
@@ -177,6 +202,7 @@ class ModelInfo(BaseModel):
     name: str
     version: str
     task: str = "embedding"
+    state: str | None = None  # the model's lifecycle state (ready; a reload keeps it ready)
     labels: list[str] | None = None
     dimension: int | None
     max_seq_length: int | None
@@ -190,6 +216,11 @@ class ModelInfo(BaseModel):
     quantize: str = "none"
     # How the forward pass runs: dtype reason, export cache entry, the accuracy gate's figures.
     backend_info: dict[str, Any] | None = None
+    # Embedding models: the smaller sizes ``dimensions`` may ask for (a list, or "any"), and the prompts of
+    # config_sentence_transformers.json.
+    matryoshka_dimensions: list[int] | Literal["any"] | None = None
+    prompts: dict[str, str] | None = None
+    default_prompt_name: str | None = None
 
 
 class Info(BaseModel):
@@ -205,6 +236,21 @@ class Info(BaseModel):
     dtype: str | None = None
     backend: str | None = None
     quantize: str | None = None
+    # text-embeddings-inference's fields (router/src/lib.rs Info), which its clients read, for the default model.
+    model_id: str | None = None
+    model_sha: str | None = None
+    model_dtype: str | None = None
+    served_model_name: str | None = None
+    model_type: dict[str, dict[str, Any]] | None = None
+    max_concurrent_requests: int | None = None
+    max_input_length: int | None = None
+    max_batch_tokens: int | None = None
+    max_batch_requests: int | None = None
+    max_client_batch_size: int | None = None
+    auto_truncate: bool | None = None
+    tokenization_workers: int | None = None
+    sha: str | None = None
+    docker_label: str | None = None
 
 
 class Health(BaseModel):
@@ -216,9 +262,12 @@ class Health(BaseModel):
     loaded: bool | None = None
     reason: str | None = None
     uptime_s: float | None = None
+    # With several models: each one's status (the top-level one is the required models' together).
+    models: dict[str, str] | None = None
 
 
 class SlotInfo(BaseModel):
+    model: str | None = None  # the served model's name (as requests name it)
     name: str
     version: str
     path: str
@@ -232,12 +281,28 @@ class SlotState(SlotInfo):
     in_use: int
 
 
-class AdminModels(BaseModel):
+class AdminModel(BaseModel):
+    name: str
+    task: str | None = None
+    required: bool = True
     state: str
     switches: int
     canary_weight: float
+    reason: str | None = None
+    queue_depth: int = 0
     slots: list[SlotState]
+
+
+class AdminModels(BaseModel):
+    """The default model's (or ``?model=``'s) lifecycle at the top level, every model's in ``models``."""
+
+    model: str | None = None
+    state: str | None
+    switches: int | None
+    canary_weight: float | None
+    slots: list[SlotState] | None
     reason: str | None = Field(None, description="why the last load failed (paths included: admin only)")
+    models: list[AdminModel] = []
     worker_error: str | None = Field(None, description="why the inference worker stopped, if it did")
 
 

@@ -17,17 +17,27 @@ from inferd.config import Settings
 from inferd.core.engine import InferenceEngine
 from inferd.core.manager import ModelManager
 from inferd.core.memory import MemoryGuard
+from inferd.core.registry import ModelRegistry
 from inferd.utils.metrics import Metrics
 
 
 @dataclass(frozen=True, slots=True)
 class Services:
     settings: Settings
-    manager: ModelManager
     engine: InferenceEngine
     metrics: Metrics
     memory_guard: MemoryGuard  # or a stand-in with its methods (tests)
     started_at: float
+
+    @property
+    def registry(self) -> ModelRegistry:
+        """Every served model, by name."""
+        return self.engine.registry
+
+    @property
+    def manager(self) -> ModelManager:
+        """The default model's lifecycle (a single-model server's only one)."""
+        return self.engine.manager
 
 
 def services_of(app: Any) -> Services:

@@ -13,8 +13,15 @@ from fastapi import APIRouter, Depends, Request
 from starlette.responses import Response
 
 from inferd.api.bodies import json_response, read_body
-from inferd.api.errors import APIError
-from inferd.api.inference import INFERENCE_ERRORS, check_query, prechecked, require_task, run_task, served_name
+from inferd.api.inference import (
+    INFERENCE_ERRORS,
+    check_query,
+    labels_of,
+    prechecked,
+    require_task,
+    run_task,
+    served_name,
+)
 from inferd.api.schemas import (
     ClassifyRequest,
     ClassifyResponse,
@@ -25,7 +32,7 @@ from inferd.api.schemas import (
     request_body,
     responses,
 )
-from inferd.api.services import inference_auth, services
+from inferd.api.services import inference_auth
 from inferd.core.work import TaskResult
 
 task_router = APIRouter(dependencies=[Depends(inference_auth)])  # the inference keys, as api/routes.py
@@ -113,17 +120,8 @@ async def classify(request: Request) -> Response:
     result = await run_task(request, texts, body, "input", listed, task="classification")
     if isinstance(result, Response):
         return result
-    labels = _labels(request, result)
+    labels = labels_of(request, result)
     data = [{"index": i, "label": labels[int(p.argmax())], "probs": [float(x) for x in p],
              "num_classes": len(labels), "object": "classification"} for i, p in enumerate(result.outputs)]
     return json_response({"id": request.headers.get("x-request-id", ""), "object": "list", "data": data,
                           "model": served_name(result), "usage": _usage(result)})
-
-
-def _labels(request: Request, result: TaskResult) -> list[str]:
-    """The labels of the model that computed the result (the active or canary slot, by version)."""
-    for _, slot in services(request).manager.slots():
-        if slot.version == result.version:
-            return list(slot.info["labels"])
-    raise APIError(503, "the model that answered was unloaded meanwhile; retry", "model_unloaded",
-                   headers={"Retry-After": "1"})

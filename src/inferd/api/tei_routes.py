@@ -141,7 +141,6 @@ async def embed(request: Request) -> Response:
     texts, listed = checked[0]
     _, info = await vectors.describe(request, None)
     vectors.require_unnormalised_allowed(info, body.normalize)
-    vectors.check_dimensions(info, body.dimensions, "dimensions")
     prompt = vectors.prompt_of(info, body.prompt_name)
     inputs = vectors.inputs_of(texts, prompt, direction(body.truncation_direction), body.truncate)
     result = await run_task(request, inputs, body, "inputs", listed, task="embedding",

@@ -29,7 +29,7 @@ from fastapi import Request
 from inferd.api.errors import APIError, engine_refusal
 from inferd.api.services import services
 from inferd.core import quantize
-from inferd.core.admission import wrong_dimensions
+from inferd.core.admission import not_ready, wrong_dimensions
 from inferd.core.errors import EngineError
 from inferd.core.manager import ModelNotReady
 from inferd.core.preprocess import Direction, TextInput
@@ -62,13 +62,12 @@ async def describe(request: Request, model: str | None, task: str | None = "embe
     try:
         if served.settings.model.load_mode == "lazy":
             await served.manager.ensure_loaded()
+        slots = served.manager.slots()
+        if not slots:
+            raise ModelNotReady(served.manager.state)
     except ModelNotReady as exc:
-        raise APIError(503, f"the model is not ready ({exc.state})", f"model_{exc.state}",
-                       headers={"Retry-After": "1"}) from None
-    slots = served.manager.slots()
-    if not slots:
-        raise APIError(503, f"the model is not ready ({served.manager.state})", "model_not_ready",
-                       headers={"Retry-After": "1"})
+        # The engine's own refusal (503 model_failed or model_not_ready, its Retry-After), naming the model.
+        raise engine_refusal(not_ready(exc, served.name), "model", False) from None
     version = (pin.partition("@")[2] or pin) if pin else None
     info = next((slot.info for _, slot in slots if slot.version == version), slots[0][1].info)
     return served, info

@@ -21,11 +21,11 @@ from typing import Any
 import orjson
 
 from inferd.config import Settings
-from inferd.core.batcher import BatchQueue, Policy, QueueClosed, QueueFull
-from inferd.core.cache import ResultCache
+from inferd.core.batcher import BatchQueue, QueueClosed, QueueFull
 from inferd.core.errors import ClientGone, EngineError, Kind, deadline_passed
-from inferd.core.manager import ModelManager, ModelNotReady
+from inferd.core.manager import ModelNotReady
 from inferd.core.preprocess import InputError, check_texts
+from inferd.core.registry import ModelNotFound, ModelRegistry, ServedModel
 from inferd.core.slots import ModelSlot
 from inferd.core.work import Failure, Outcome, TaskResult, Ticket, WorkItem
 from inferd.utils.metrics import Metrics
@@ -48,29 +48,45 @@ def input_refusal(exc: InputError) -> EngineError:
 
 
 def wrong_dimensions(info: Mapping[str, Any], dimensions: int) -> EngineError | None:
-    """OpenAI's ``dimensions`` on a model that produces another size: embeddings are not shortened here."""
+    """``dimensions`` (OpenAI's, TEI's; Cohere's output_dimension) the model cannot give: its own size, or a
+    smaller one its description allows (``matryoshka_dimensions``: a list, or ``any``); the routes cut the
+    vectors (core/quantize.py), so the result cache keeps full vectors."""
     dimension = info.get("dimension")
     if dimension is None or dimensions == dimension:
         return None
-    return EngineError(Kind.INVALID_INPUT, f"this model produces {dimension}-dimensional embeddings; "
+    allowed = info.get("matryoshka_dimensions")
+    if (allowed == "any" and 0 < dimensions < dimension) or (isinstance(allowed, list) and dimensions in allowed):
+        return None
+    if allowed == "any":
+        also = f", or any size from 1 to {dimension} (Matryoshka)"
+    elif isinstance(allowed, list) and [d for d in allowed if d != dimension]:
+        also = f", or one of {[d for d in allowed if d != dimension]} (Matryoshka)"
+    else:
+        also = " (it declares no Matryoshka sizes: model.matryoshka_dimensions)"
+    return EngineError(Kind.INVALID_INPUT, f"this model produces {dimension}-dimensional embeddings{also}; "
                        f"{dimensions} was asked", field="dimensions")
 
 
-def not_ready(exc: ModelNotReady) -> EngineError:
+def not_ready(exc: ModelNotReady, model: str | None = None) -> EngineError:
     # The state only: a failed load's reason names filesystem paths (it is in the log and /admin/models).
     kind = Kind.MODEL_FAILED if exc.state == "failed" else Kind.NOT_READY
-    return EngineError(kind, f"the model is not ready ({exc.state})", f"model_{exc.state}")
+    which = f"model {model!r}" if model else "the model"
+    return EngineError(kind, f"{which} is not ready ({exc.state})", f"model_{exc.state}")
+
+
+def model_refusal(exc: ModelNotFound) -> EngineError:
+    if not exc.task_served:
+        return EngineError(Kind.WRONG_TASK, exc.message)
+    return EngineError(Kind.MODEL_NOT_FOUND, exc.message, field="model")
 
 
 class Admission:
-    def __init__(self, manager: ModelManager, settings: Settings, metrics: Metrics, queue: BatchQueue,
-                 policy: Policy, cache: ResultCache | None, worker_alive: Callable[[], bool]) -> None:
-        self.manager = manager
+    def __init__(self, registry: ModelRegistry, settings: Settings, metrics: Metrics, queue: BatchQueue,
+                 worker_alive: Callable[[], bool]) -> None:
+        self.registry = registry
         self.settings = settings
         self.metrics = metrics
         self.queue = queue
-        self.policy = policy
-        self.cache = cache
         self.worker_alive = worker_alive
         self.in_flight = 0
         self.draining = False
@@ -130,25 +146,46 @@ class Admission:
             # The cause (an exception's text) is for the log and /admin/models, not for every client.
             raise EngineError(Kind.WORKER_DEAD, "the inference worker is not running")
         inputs = self.precheck(inputs)
-        ceiling = self.settings.batching.max_priority
-        if priority > ceiling:
+        try:
+            served, pin = self.registry.resolve(model, task)
+        except ModelNotFound as exc:
+            raise model_refusal(exc) from None
+        try:
+            return await self._run_model(served, pin, inputs, priority, timeout_ms, routing_key, task, dimensions,
+                                         disconnected)
+        except EngineError as exc:
+            exc.model = served.name  # the request metrics' label: the model that refused it
+            raise
+
+    async def _run_model(self, served: ServedModel, pin: str | None, inputs: list[Any], priority: int,
+                         timeout_ms: float | None, routing_key: str | None, task: str | None,
+                         dimensions: int | None, disconnected: Disconnected | None) -> TaskResult:
+        batching = served.settings.batching
+        if priority > batching.max_priority:
             raise EngineError(Kind.INVALID_INPUT, f"priority {priority} is above the highest allowed here, "
-                              f"{ceiling} (batching.max_priority)", "priority_not_allowed", field="priority")
-        slot = await self._route(routing_key, model)
+                              f"{batching.max_priority} (batching.max_priority)", "priority_not_allowed",
+                              field="priority")
+        max_queue = self.queue.max_queue(served.name)
+        if len(inputs) > max_queue:
+            # "Overloaded, retry" would promise a retry that can never fit in the queue.
+            raise EngineError(Kind.INVALID_INPUT, f"{len(inputs)} texts given; at most {max_queue} "
+                              "(batching.max_queue) per request", "too_many_items")
+        slot = await self._route(served, routing_key, pin)
         self._enter()
         try:
             if task is not None and slot.task != task:
-                raise EngineError(Kind.WRONG_TASK, f"this server serves the {slot.task} task, not {task}")
+                raise EngineError(Kind.MODEL_NOT_FOUND, f"model {served.name!r} is a {slot.task} model, not a "
+                                  f"{task} model", field="model")
             refusal = None if dimensions is None else wrong_dimensions(slot.info, dimensions)
             if refusal is not None:
                 raise refusal  # known before any work: refuse now rather than compute in vain
-            if self.cache is None:
-                result = await self._run_on(slot, inputs, priority, timeout_ms, disconnected)
+            if served.cache is None:
+                result = await self._run_on(served, slot, inputs, priority, timeout_ms, disconnected)
             else:
-                result = await self._run_cached(slot, inputs, priority, timeout_ms, disconnected)
+                result = await self._run_cached(served, slot, inputs, priority, timeout_ms, disconnected)
             # While the slot is held: its version's series cannot have been removed (slot freed) under us.
-            self.metrics.version_requests.labels(slot.version).inc()
-            self.metrics.task_items.labels(slot.task).inc(len(inputs))
+            self.metrics.version_requests.labels(served.name, slot.version).inc()
+            self.metrics.task_items.labels(served.name, slot.task).inc(len(inputs))
             return result
         finally:
             slot.release()
@@ -170,22 +207,24 @@ class Admission:
                 checked: list[Any] = inputs
             else:
                 checked = check_texts(inputs, limits.max_items_per_request, limits.max_chars_per_text)
-            if len(checked) > self.queue.max_queue:
-                # "Overloaded, retry" would promise a retry that can never fit in the queue.
-                raise InputError(None, f"{len(checked)} texts given; at most {self.queue.max_queue} "
+            largest = max((self.queue.max_queue(name) for name in self.registry.names()), default=0)
+            if len(checked) > largest:
+                # "Overloaded, retry" would promise a retry that can never fit in the queue (any model's: the
+                # model is not known yet; run checks the one it names).
+                raise InputError(None, f"{len(checked)} texts given; at most {largest} "
                                  "(batching.max_queue) per request", "too_many_items")
         except InputError as exc:
             raise input_refusal(exc) from None
         return checked
 
-    async def _route(self, routing_key: str | None, model: str | None) -> ModelSlot:
+    async def _route(self, served: ServedModel, routing_key: str | None, pin: str | None) -> ModelSlot:
         """The slot this request runs on, with a reference taken; lazy mode loads the model first."""
         try:
-            if self.settings.model.load_mode == "lazy":
-                await self.manager.ensure_loaded()
-            return self.manager.pick(routing_key, model)
+            if served.settings.model.load_mode == "lazy":
+                await served.manager.ensure_loaded()
+            return served.manager.pick(routing_key, pin)
         except ModelNotReady as exc:
-            raise not_ready(exc) from None
+            raise not_ready(exc, served.name) from None
 
     async def _preprocess(self, slot: ModelSlot, inputs: list[Any]) -> list[Any]:
         if sum(map(_chars, inputs)) <= _INLINE_TOKENIZE_CHARS:
@@ -193,38 +232,40 @@ class Admission:
         async with self._preprocessing:
             return await asyncio.to_thread(slot.handler.preprocess, inputs)
 
-    async def _run_on(self, slot: ModelSlot, inputs: list[Any], priority: int, timeout_ms: float | None,
-                      disconnected: Disconnected | None) -> TaskResult:
+    async def _run_on(self, served: ServedModel, slot: ModelSlot, inputs: list[Any], priority: int,
+                      timeout_ms: float | None, disconnected: Disconnected | None) -> TaskResult:
         t0 = time.perf_counter()
         try:
             encoded = await self._preprocess(slot, inputs)
         except InputError as exc:
             raise input_refusal(exc) from None
         pre_s = time.perf_counter() - t0
-        version = slot.version
-        self.metrics.preprocess_duration.labels(version).observe(pre_s)
-        if self.settings.batching.oversize == "reject":
+        version, name, batching = slot.version, served.name, served.settings.batching
+        self.metrics.preprocess_duration.labels(name, version).observe(pre_s)
+        if batching.oversize == "reject":
             for i, enc in enumerate(encoded):
-                if enc.tokens > self.policy.max_batch_tokens:
+                if enc.tokens > batching.max_batch_tokens:
                     raise EngineError(Kind.TOO_LONG, f"has {enc.tokens} tokens, more than "
-                                      f"batching.max_batch_tokens ({self.policy.max_batch_tokens})",
+                                      f"batching.max_batch_tokens ({batching.max_batch_tokens})",
                                       "too_many_tokens", index=i)
         assert self._loop is not None
         ticket = Ticket(self._loop.create_future(), len(encoded))
         now = time.monotonic()
-        deadline = now + (timeout_ms or self.settings.batching.default_timeout_ms) / 1000.0
+        deadline = now + (timeout_ms or batching.default_timeout_ms) / 1000.0
         items = [WorkItem(ticket, i, enc, enc.tokens, priority, now, deadline, self.queue.next_seq(), slot)
                  for i, enc in enumerate(encoded)]
         try:
-            self.queue.put(items)
+            self.queue.put(items, name)
         except QueueFull:
-            raise EngineError(Kind.OVERLOADED, "the request queue is full; retry shortly") from None
+            raise EngineError(Kind.OVERLOADED, f"the request queue of model {name!r} is full; retry "
+                              "shortly") from None
         except QueueClosed:
             raise EngineError(Kind.DRAINING, "the server is shutting down") from None
-        self.metrics.queue_depth.set(len(self.queue))
+        depth = self.metrics.queue_depth.labels(name)
+        depth.set(self.queue.depth(name))
         self._open.add(ticket)
         try:
-            await self._wait(ticket, items, deadline, disconnected)
+            await self._wait(ticket, items, deadline, disconnected, name)
         finally:
             self._open.discard(ticket)
             if ticket.remaining:
@@ -232,7 +273,7 @@ class Admission:
                 # before the caller lets go of the slot, so no batch can be handed out on a slot being freed.
                 ticket.close()
                 if self.queue.remove(items):
-                    self.metrics.queue_depth.set(len(self.queue))
+                    depth.set(self.queue.depth(name))
         if ticket.error is not None:
             raise ticket.error
         return TaskResult(
@@ -241,23 +282,27 @@ class Admission:
                      "inference_ms": ticket.infer_s * 1e3, "postprocess_ms": ticket.post_s * 1e3,
                      "batch_size": ticket.batch_size, "items": len(encoded)})
 
-    async def _run_cached(self, slot: ModelSlot, inputs: list[Any], priority: int, timeout_ms: float | None,
-                          disconnected: Disconnected | None) -> TaskResult:
-        """Answer what the cache holds for this very slot; queue only the rest, then remember it."""
-        assert self.cache is not None
+    async def _run_cached(self, served: ServedModel, slot: ModelSlot, inputs: list[Any], priority: int,
+                          timeout_ms: float | None, disconnected: Disconnected | None) -> TaskResult:
+        """Answer what the model's cache holds for this very slot; queue only the rest, then remember it."""
+        cache = served.cache
+        assert cache is not None
         # A pair is keyed by both its texts; one slot serves one task, so a pair's key never meets a text's.
-        keys = [t if isinstance(t, str) else orjson.dumps(t).decode() for t in inputs]
-        hits = self.cache.lookup(slot.load_id, keys)
+        # A text carrying per-request choices (core/preprocess.py TextInput: its prompt, cut side, truncate,
+        # max_tokens) is keyed by them too: the same words cut another way are another vector.
+        keys = [getattr(t, "cache_key", t) if isinstance(t, str) else orjson.dumps(t).decode() for t in inputs]
+        hits = cache.lookup(slot.load_id, keys)
         todo = [i for i in range(len(inputs)) if i not in hits]
         fresh = TaskResult([], [], slot.spec.name, slot.version, {"batch_size": 0, "items": 0})
         if todo:
             try:
-                fresh = await self._run_on(slot, [inputs[i] for i in todo], priority, timeout_ms, disconnected)
+                fresh = await self._run_on(served, slot, [inputs[i] for i in todo], priority, timeout_ms,
+                                           disconnected)
             except EngineError as exc:
                 if exc.index is not None:  # an index into the inputs sent on: map it back to the request's
                     exc.index = todo[exc.index]
                 raise
-            self.cache.store(slot.load_id, [keys[i] for i in todo], fresh.outputs, fresh.tokens)
+            cache.store(slot.load_id, [keys[i] for i in todo], fresh.outputs, fresh.tokens)
         outputs: list[Any] = [None] * len(inputs)
         tokens = [0] * len(inputs)
         for i, (output, count) in hits.items():
@@ -268,7 +313,7 @@ class Admission:
         return TaskResult(outputs, tokens, fresh.model, fresh.version, timings)
 
     async def _wait(self, ticket: Ticket, items: list[WorkItem], deadline: float,
-                    disconnected: Disconnected | None) -> None:
+                    disconnected: Disconnected | None, lane: str) -> None:
         watcher = asyncio.ensure_future(disconnected()) if disconnected is not None else None
         waiting = {ticket.future} if watcher is None else {ticket.future, watcher}
         timeout: float | None = max(0.0, deadline - time.monotonic())
@@ -282,12 +327,12 @@ class Admission:
                     ticket.close()
                     if self.queue.remove(items):
                         self.metrics.rejected.labels("disconnected").inc()
-                        self.metrics.queue_depth.set(len(self.queue))
+                        self.metrics.queue_depth.labels(lane).set(self.queue.depth(lane))
                     raise ClientGone
                 # The deadline passed. A busy worker would notice only after its batch; answer now, and take
                 # the items still queued out (under the queue's lock) so they are never computed.
                 if self.queue.remove(items) and not ticket.closed:
-                    self.metrics.queue_depth.set(len(self.queue))
+                    self.metrics.queue_depth.labels(lane).set(self.queue.depth(lane))
                     ticket.close(deadline_passed())
                     return
                 timeout = None  # nothing of it is queued any more: it is running, its answer is coming

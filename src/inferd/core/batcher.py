@@ -58,6 +58,8 @@ class Decision:
     wait: float | None = None
     # Not the scheduler's: callables the queue hands to the worker with the decision (BatchQueue.post).
     chores: list[Any] = field(default_factory=list)
+    # The queue's: the lane (model) the batch is of.
+    lane: str = ""
 
     @property
     def empty(self) -> bool:
@@ -126,6 +128,25 @@ def next_batch(pending: Sequence[Schedulable], now: float, policy: Policy,
 # The adaptive wait's estimate of the gap between requests: the weight of the newest gap, and its cap.
 ARRIVAL_EWMA = 0.2
 ARRIVAL_GAP_CAP_S = 1.0
+# The lane of a queue built for one model (the single-model server, and the unit tests).
+DEFAULT_LANE = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """A lane's ready batch, as the choice between lanes sees it."""
+
+    priority: int  # the batch head's own priority (ageing ranks items within a lane, not lanes)
+    served: float  # the lane's device time so far, divided by its share (start-time fair queueing)
+    deadline: float  # the earliest deadline in the batch
+
+
+def choose_lane(candidates: Sequence[Candidate]) -> int:
+    """Which lane's batch runs next: the highest priority first, then the lane that has had the least device
+    time for its share (so a flooded model cannot starve another), then the nearest deadline, then the order
+    the lanes were configured in."""
+    return min(range(len(candidates)),
+               key=lambda i: (-candidates[i].priority, candidates[i].served, candidates[i].deadline, i))
 
 
 class QueueFull(Exception):
@@ -136,60 +157,137 @@ class QueueClosed(Exception):
     pass
 
 
-class BatchQueue:
-    """A bounded, thread-safe pending list; ``take`` blocks the worker until next_batch has work.
+@dataclass(eq=False)
+class Lane:
+    """One model's queue: its pending items, its batching policy and bound, and its share of the device."""
 
-    ``claim`` runs under the queue's lock on every batch ``take`` hands out, so whatever the batch needs
-    (its model's reference) is held from the moment it is chosen: a ``remove`` that finds nothing left to
-    take out knows the batch has its claim. ``post`` hands a callable to the taker's thread (chores).
+    name: str
+    policy: Policy
+    max_queue: int
+    share: float = 1.0
+    pending: list[Any] = field(default_factory=list)
+    # Mean seconds between put() calls (one per request), exponentially weighted; None before two.
+    arrival_gap: float | None = None
+    last_put: float | None = None
+    # Device seconds this lane's batches took, divided by its share: the fair-queueing clock.
+    served: float = 0.0
+    retiring: bool = False  # its model is gone: it takes no new work and goes once empty
+
+    def note_arrival(self, now: float) -> None:
+        if self.last_put is not None:
+            # One long pause must not keep the wait off through the burst after it: a gap counts 1 s at most.
+            gap = min(now - self.last_put, ARRIVAL_GAP_CAP_S)
+            self.arrival_gap = gap if self.arrival_gap is None else (
+                ARRIVAL_EWMA * gap + (1 - ARRIVAL_EWMA) * self.arrival_gap)
+        self.last_put = now
+
+
+class BatchQueue:
+    """Bounded, thread-safe pending lists, one lane per model; ``take`` blocks the worker until there is work.
+
+    Each lane is scheduled by ``next_batch`` under its own policy; when several have a batch ready,
+    ``choose_lane`` picks one. ``claim`` runs under the queue's lock on every batch ``take`` hands out, so
+    whatever the batch needs (its model's reference) is held from the moment it is chosen: a ``remove`` that
+    finds nothing left to take out knows the batch has its claim. ``post`` hands a callable to the taker's
+    thread (chores).
     """
 
     def __init__(self, policy: Policy, max_queue: int,
-                 claim: Callable[[list[Any]], None] | None = None) -> None:
-        self.policy = policy
-        self.max_queue = max_queue
-        self._pending: list[Any] = []
+                 claim: Callable[[list[Any]], None] | None = None, lanes: bool = False) -> None:
+        """``lanes``: start with none (add_lane adds each model's); otherwise one default lane of these rules."""
+        self._lanes: dict[str, Lane] = {} if lanes else {DEFAULT_LANE: Lane(DEFAULT_LANE, policy, max_queue)}
         self._cond = threading.Condition()
         self._closed = False
         self._seq = itertools.count()
         self._paused = False
         self._claim = claim
         self._chores: list[Callable[[], None]] = []
-        # Mean seconds between put() calls (one per request), exponentially weighted; None before two.
-        self._last_put: float | None = None
-        self.arrival_gap: float | None = None
+
+    # -- lanes -----------------------------------------------------------------------------------------
+
+    def add_lane(self, name: str, policy: Policy, max_queue: int, share: float = 1.0) -> None:
+        """A model's lane, or new rules for it (its pending items stay; a retiring lane serves again)."""
+        with self._cond:
+            lane = self._lanes.get(name)
+            if lane is None:
+                self._lanes[name] = Lane(name, policy, max_queue, share)
+            else:
+                lane.policy, lane.max_queue, lane.share, lane.retiring = policy, max_queue, share, False
+            self._cond.notify()
+
+    def retire_lane(self, name: str) -> None:
+        """The model is no longer served: the lane takes nothing new; what it holds still runs, then it goes."""
+        with self._cond:
+            lane = self._lanes.get(name)
+            if lane is not None:
+                lane.retiring = True
+                if not lane.pending:
+                    del self._lanes[name]
+
+    def lane_names(self) -> list[str]:
+        with self._cond:
+            return list(self._lanes)
+
+    def max_queue(self, lane: str = DEFAULT_LANE) -> int:
+        with self._cond:
+            found = self._lanes.get(lane)
+            return found.max_queue if found is not None else 0
+
+    def depth(self, lane: str = DEFAULT_LANE) -> int:
+        found = self._lanes.get(lane)
+        return len(found.pending) if found is not None else 0
+
+    @property
+    def arrival_gap(self) -> float | None:
+        """The default lane's estimate (a single-model queue's)."""
+        return self._lanes[DEFAULT_LANE].arrival_gap
+
+    def _note_arrival(self, now: float, lane: str = DEFAULT_LANE) -> None:
+        self._lanes[lane].note_arrival(now)
 
     def __len__(self) -> int:
-        return len(self._pending)
+        return sum(len(lane.pending) for lane in list(self._lanes.values()))
 
     def next_seq(self) -> int:
         return next(self._seq)
 
-    def put(self, items: Sequence[Any]) -> None:
+    def put(self, items: Sequence[Any], lane: str = DEFAULT_LANE) -> None:
         with self._cond:
             if self._closed:
                 raise QueueClosed
-            if len(self._pending) + len(items) > self.max_queue:
+            target = self._lanes.get(lane)
+            if target is None or target.retiring:
+                raise QueueClosed
+            if len(target.pending) + len(items) > target.max_queue:
                 raise QueueFull
-            self._pending.extend(items)
-            self._note_arrival(time.monotonic())
+            if not target.pending:
+                # Back from idle: level with the busiest-served lane that is waiting, so that time spent idle is
+                # not credit to spend monopolising the device afterwards.
+                busy = [other.served for other in self._lanes.values() if other.pending]
+                if busy:
+                    target.served = max(target.served, min(busy))
+            target.pending.extend(items)
+            target.note_arrival(time.monotonic())
             self._cond.notify()
 
-    def _note_arrival(self, now: float) -> None:
-        if self._last_put is not None:
-            # One long pause must not keep the wait off through the burst after it: a gap counts 1 s at most.
-            gap = min(now - self._last_put, ARRIVAL_GAP_CAP_S)
-            self.arrival_gap = gap if self.arrival_gap is None else (
-                ARRIVAL_EWMA * gap + (1 - ARRIVAL_EWMA) * self.arrival_gap)
-        self._last_put = now
+    def charge(self, lane: str, seconds: float) -> None:
+        """The worker's report of how long a batch of ``lane`` held the device (the fairness clock)."""
+        with self._cond:
+            found = self._lanes.get(lane)
+            if found is not None:
+                found.served += seconds / found.share
 
     def remove(self, items: Sequence[Any]) -> int:
         """Take items out if they are still pending; how many were (the worker has not taken those)."""
         ids = {id(it) for it in items}
+        removed = 0
         with self._cond:
-            before = len(self._pending)
-            self._pending = [it for it in self._pending if id(it) not in ids]
-            return before - len(self._pending)
+            for lane in self._lanes.values():
+                before = len(lane.pending)
+                lane.pending = [it for it in lane.pending if id(it) not in ids]
+                removed += before - len(lane.pending)
+            self._drop_retired()
+            return removed
 
     def post(self, chore: Callable[[], None]) -> None:
         """Run ``chore`` on the thread that calls ``take`` (it comes back as ``Decision.chores``)."""
@@ -216,8 +314,41 @@ class BatchQueue:
 
     def drain_all(self) -> list[Any]:
         with self._cond:
-            items, self._pending = self._pending, []
+            items = [it for lane in self._lanes.values() for it in lane.pending]
+            for lane in self._lanes.values():
+                lane.pending = []
+            self._drop_retired()
             return items
+
+    def _drop_retired(self) -> None:
+        for name in [n for n, lane in self._lanes.items() if lane.retiring and not lane.pending]:
+            del self._lanes[name]
+
+    def _decide(self, now: float) -> Decision:
+        """One decision across the lanes: every lane's expired and dropped items, and one lane's batch."""
+        decision = Decision()
+        ready: list[tuple[Lane, list[Any]]] = []
+        waits = []
+        for lane in self._lanes.values():
+            if not lane.pending:
+                continue
+            d = next_batch(lane.pending, now, lane.policy, lane.arrival_gap)
+            decision.expired += d.expired
+            decision.dropped += d.dropped
+            if d.batch and not self._paused:
+                ready.append((lane, d.batch))
+            elif d.batch:  # paused: wake at the next deadline, to expire it
+                waits.append(min(it.deadline for it in lane.pending) - now)
+            elif d.wait is not None:
+                waits.append(d.wait)
+        if ready:
+            chosen = choose_lane([Candidate(batch[0].priority, lane.served, min(it.deadline for it in batch))
+                                  for lane, batch in ready])
+            lane, decision.batch = ready[chosen]
+            decision.lane = lane.name
+        elif waits:
+            decision.wait = max(0.0, min(waits))
+        return decision
 
     def take(self, timeout: float | None = None) -> Decision | None:
         """The next decision with something in it; None once closed and empty (or on timeout)."""
@@ -225,19 +356,19 @@ class BatchQueue:
         with self._cond:
             while True:
                 now = time.monotonic()
-                decision = next_batch(self._pending, now, self.policy, self.arrival_gap)
-                if self._paused and decision.batch:
-                    decision = Decision(expired=decision.expired, dropped=decision.dropped)
-                    decision.wait = min((it.deadline for it in self._pending), default=now + 1.0) - now
+                decision = self._decide(now)
                 if self._chores:
                     decision.chores, self._chores = self._chores, []
                 if not decision.empty or decision.chores:
                     taken = {id(it) for it in (*decision.batch, *decision.expired, *decision.dropped)}
-                    self._pending = [it for it in self._pending if id(it) not in taken]
+                    if taken:
+                        for lane in self._lanes.values():
+                            lane.pending = [it for it in lane.pending if id(it) not in taken]
+                        self._drop_retired()
                     if decision.batch and self._claim is not None:
                         self._claim(decision.batch)
                     return decision
-                if self._closed and not self._pending:
+                if self._closed and not len(self):
                     return None
                 wait = decision.wait
                 if give_up is not None:

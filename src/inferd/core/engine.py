@@ -11,21 +11,31 @@ forgotten on the loop, so the manager is handed those callbacks when it is built
 
 from __future__ import annotations
 
+import asyncio
+import functools
+import logging
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, TypeAlias
 
-from inferd.config import Settings
+from inferd.config import ModelEntry, Settings
 from inferd.core.admission import Admission
 from inferd.core.batcher import BatchQueue, Policy
 from inferd.core.cache import ResultCache
+from inferd.core.errors import ModelLoadError
 from inferd.core.loading import load_handler
-from inferd.core.manager import ModelManager, OnChange
+from inferd.core.manager import ModelManager, ModelNotReady, ReloadInProgress
+from inferd.core.registry import ModelRegistry, ServedModel
 from inferd.core.slots import ModelSlot
 from inferd.core.spec import ModelSpec
 from inferd.core.tasks.base import Handler
 from inferd.core.work import TaskResult, WorkItem
 from inferd.core.worker import BatchWorker
 from inferd.utils.metrics import Metrics
+
+log = logging.getLogger(__name__)
+
+# Told every served slot after any model's change: (model name, role, slot) (the app publishes them as metrics).
+OnModelsChange: TypeAlias = Callable[[list[tuple[str, str, ModelSlot]]], None]
 
 
 def _claim(batch: list[WorkItem]) -> None:
@@ -36,21 +46,55 @@ def _claim(batch: list[WorkItem]) -> None:
 
 class InferenceEngine:
     def __init__(self, settings: Settings, metrics: Metrics, memory_guard: Any = None, *,
-                 loader: Callable[[ModelSpec], Handler] = load_handler, on_change: OnChange | None = None,
+                 loader: Callable[[ModelSpec], Handler] = load_handler, on_change: OnModelsChange | None = None,
                  on_lazy_failure: Callable[[str], None] | None = None) -> None:
-        """``loader``, ``on_change`` and ``on_lazy_failure`` are the ModelManager's (core/manager.py)."""
+        """``loader`` is every model's ModelManager's (core/manager.py); ``on_lazy_failure`` that of each model
+        with ``exit_on_load_failure`` set."""
         self.settings = settings
         self.metrics = metrics
         self.memory_guard = memory_guard
-        self.policy = Policy.from_settings(settings.batching)
-        self.queue = BatchQueue(self.policy, settings.batching.max_queue, claim=_claim)
-        # Keyed by the slot's load, not its version string: the cache answers only for the model it serves.
-        self.cache = ResultCache(settings.cache.max_entries, metrics) if settings.cache.max_entries else None
-        self.manager = ModelManager(settings, loader, on_change=on_change, on_lazy_failure=on_lazy_failure,
-                                    reaper=self._on_worker, on_freed=self._slot_freed)
-        self.admission = Admission(self.manager, settings, metrics, self.queue, self.policy, self.cache,
-                                   worker_alive=lambda: self.alive)
+        self._loader = loader
+        self._on_change: OnModelsChange = on_change or (lambda slots: None)
+        self._on_lazy_failure = on_lazy_failure
+        # One lane per model (add_model), each with its own rules; one worker takes batches across them.
+        self.queue = BatchQueue(Policy(), 1, claim=_claim, lanes=True)
+        self.registry = ModelRegistry()
+        for entry in settings.served():
+            self.registry.add(self._build(entry, settings))
+        self.admission = Admission(self.registry, settings, metrics, self.queue, worker_alive=lambda: self.alive)
         self.worker = BatchWorker(self.queue, metrics, memory_guard, deliver=self.admission.deliver)
+
+    def _build(self, entry: ModelEntry, settings: Settings) -> ServedModel:
+        view = settings.for_model(entry)
+        manager = ModelManager(view, self._loader, on_change=lambda slots: self._changed(),
+                               on_lazy_failure=self._on_lazy_failure if entry.model.exit_on_load_failure else None,
+                               reaper=self._on_worker,
+                               on_freed=functools.partial(self._slot_freed, entry.name))
+        policy = Policy.from_settings(entry.batching)
+        # Keyed by the slot's load, not its version string: the cache answers only for the model it serves.
+        cache = ResultCache(entry.cache.max_entries, self.metrics, entry.name) if entry.cache.max_entries else None
+        self.queue.add_lane(entry.name, policy, entry.batching.max_queue, entry.share)
+        self.metrics.queue_depth.labels(entry.name).set(0)
+        return ServedModel(entry, view, manager, policy, cache)
+
+    @property
+    def manager(self) -> ModelManager:
+        """The default model's manager (a single-model server's only one)."""
+        first = self.registry.first()
+        assert first is not None, "a server serves at least one model"
+        return first.manager
+
+    @property
+    def cache(self) -> ResultCache | None:
+        first = self.registry.first()
+        return first.cache if first is not None else None
+
+    def slots(self) -> list[tuple[str, str, ModelSlot]]:
+        """Every served slot of every model: (model name, role, slot)."""
+        return [(m.name, role, slot) for m in self.registry for role, slot in m.manager.slots()]
+
+    def _changed(self) -> None:
+        self._on_change(self.slots())
 
     # -- lifecycle -------------------------------------------------------------------------------------
 
@@ -83,6 +127,11 @@ class InferenceEngine:
         # After a timed-out drain the worker is stuck in a batch; waiting longer would only delay exit.
         self.worker.stop(0.1 if self.admission.abandoned else timeout)
 
+    def close(self) -> None:
+        """Every model's manager: nothing serves after this."""
+        for served in self.registry:
+            served.manager.close()
+
     async def drain(self, timeout: float) -> bool:
         """Refuse new work, wait for what was accepted; past the timeout answer the rest (draining)."""
         return await self.admission.drain(timeout)
@@ -91,12 +140,75 @@ class InferenceEngine:
         # A slot's free, on the worker thread (no slot is freed before the engine is built).
         self.worker.on_worker(chore)
 
-    def _slot_freed(self, slot: ModelSlot, last_of_version: bool) -> None:
-        if self.cache is not None:
-            self.admission.on_loop(self.cache.forget, slot.load_id)  # the cache lives on the loop
+    def _slot_freed(self, model: str, slot: ModelSlot, last_of_version: bool) -> None:
+        served = self.registry.get(model)
+        if served is not None and served.cache is not None:
+            self.admission.on_loop(served.cache.forget, slot.load_id)  # the cache lives on the loop
         if last_of_version:
             # Retired versions' series would otherwise pile up with every reload.
-            self.metrics.forget_version(slot.version)
+            self.metrics.forget_version(model, slot.version)
+
+    # -- the list of models (SIGHUP) -------------------------------------------------------------------
+
+    async def reconfigure(self, fresh: Settings) -> dict[str, str]:
+        """Serve ``fresh``'s list of models: add the new ones (loaded as their load_mode says), remove the gone
+        ones (their requests finish first), reload those whose model or canary changed, and take the new
+        batching and cache rules of the rest. Returns each model's outcome: added, removed, reloaded, updated,
+        unchanged, or why it failed (conflict, not_ready, failed); a failure leaves that model as it was."""
+        outcomes: dict[str, str] = {}
+        wanted = {e.name: e for e in fresh.served()}
+        for served in list(self.registry):
+            if served.name not in wanted:
+                self.registry.remove(served.name)
+                self.queue.retire_lane(served.name)
+                served.manager.close()  # its slots go once their last requests let go
+                self.metrics.queue_depth.remove(served.name)
+                log.info("model removed", extra={"model": served.name})
+                outcomes[served.name] = "removed"
+        for name, entry in wanted.items():
+            served = self.registry.get(name)
+            if served is None:
+                served = self._build(entry, fresh)
+                self.registry.add(served)
+                outcomes[name] = "added"
+                log.info("model added", extra={"model": name})
+                if entry.model.load_mode != "lazy":
+                    try:
+                        await asyncio.to_thread(served.manager.load_initial)
+                    except ModelLoadError:
+                        outcomes[name] = "failed"  # it stays listed, failed, as a failed start would
+                self._changed()
+                continue
+            outcomes[name] = await self._update(served, entry, fresh)
+        return outcomes
+
+    async def _update(self, served: ServedModel, entry: ModelEntry, fresh: Settings) -> str:
+        outcome = "unchanged"
+        if entry.model != served.entry.model or entry.canary != served.entry.canary:
+            try:
+                slot = await asyncio.to_thread(served.manager.reload_from_settings, fresh.for_model(entry))
+            except ReloadInProgress:
+                log.warning("SIGHUP: another change of %s is in progress; it was not reloaded", served.name)
+                return "conflict"
+            except ModelNotReady as exc:
+                log.warning("SIGHUP: %s is not serving yet (%s); it was not reloaded", served.name, exc.state)
+                return "not_ready"
+            except ModelLoadError as exc:
+                log.error("SIGHUP reload failed for model %s; it serves as before: %s", served.name, exc)
+                return "failed"
+            log.info("SIGHUP: %s now serves %s", served.name, slot.version,
+                     extra={"model": served.name, "version": slot.version, "path": str(slot.spec.path)})
+            outcome = "reloaded"
+        if entry != served.entry:
+            if entry.cache != served.entry.cache:
+                served.cache = (ResultCache(entry.cache.max_entries, self.metrics, entry.name)
+                                if entry.cache.max_entries else None)
+            served.entry = entry
+            served.settings = fresh.for_model(entry)
+            served.policy = Policy.from_settings(entry.batching)
+            self.queue.add_lane(entry.name, served.policy, entry.batching.max_queue, entry.share)
+            outcome = "reloaded" if outcome == "reloaded" else "updated"
+        return outcome
 
     # -- requests (event loop) -------------------------------------------------------------------------
 
@@ -104,7 +216,7 @@ class InferenceEngine:
                   routing_key: str | None = None, model: str | None = None, task: str | None = None,
                   dimensions: int | None = None,
                   disconnected: Callable[[], Awaitable[Any]] | None = None) -> TaskResult:
-        """One request's inputs through the model, one opaque result each (core/admission.py)."""
+        """One request's inputs through the model it names (or its task's default), one result each."""
         return await self.admission.run(inputs, priority=priority, timeout_ms=timeout_ms, routing_key=routing_key,
                                         model=model, task=task, dimensions=dimensions, disconnected=disconnected)
 
@@ -113,3 +225,4 @@ class InferenceEngine:
     def precheck(self, inputs: Any) -> list[Any]:
         """The checks that need no model (types, emptiness, counts, lengths), for the HTTP layer to run early."""
         return self.admission.precheck(inputs)
+

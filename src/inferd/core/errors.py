@@ -13,7 +13,8 @@ from enum import StrEnum
 class Kind(StrEnum):
     INVALID_INPUT = "invalid_input"  # an input or field the model can never take (type, emptiness, counts)
     TOO_LONG = "too_long"  # an input longer than the limits (characters, tokens)
-    WRONG_TASK = "wrong_task"  # the served model is of another task than the route's
+    WRONG_TASK = "wrong_task"  # no model of the route's task is served here
+    MODEL_NOT_FOUND = "model_not_found"  # the request names a model not served (for the route's task)
     NOT_READY = "not_ready"  # no model to run on yet (loading, not loaded, shutting down)
     MODEL_FAILED = "model_failed"  # the model failed to load; retrying soon will not help
     MODEL_UNLOADED = "model_unloaded"  # the model this request was routed to went away under it
@@ -38,6 +39,8 @@ class EngineError(Exception):
         super().__init__(message)
         self.kind, self.message, self.code = kind, message, code
         self.index, self.field = index, field
+        # The served model the request was routed to, once known (the request metrics' model label).
+        self.model: str | None = None
 
     def __repr__(self) -> str:
         return f"EngineError({self.kind.value!r}, {self.message!r}, code={self.code!r}, index={self.index!r})"

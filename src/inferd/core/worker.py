@@ -114,13 +114,16 @@ class BatchWorker:
             self.deliver(Failure(expired, deadline_passed()))
         if decision.batch:
             slot: ModelSlot = decision.batch[0].group  # type: ignore[assignment]
+            started = time.monotonic()
             try:
                 report = self._run_batch(slot, decision.batch)
             finally:
                 slot.release()  # the claim the queue took for this batch; a retired slot is freed here
+                # The device time the lane's model took: the fair share between models (core/batcher.py).
+                self.queue.charge(decision.lane, time.monotonic() - started)
             if report is not None:
                 self.deliver(report)
-        self.metrics.queue_depth.set(len(self.queue))
+            self.metrics.queue_depth.labels(slot.spec.name).set(self.queue.depth(decision.lane))
         run_chores(decision.chores)
         if self.memory_guard is not None and decision.batch:
             self.memory_guard.tick(len({id(i.ticket) for i in decision.batch}))
@@ -142,21 +145,22 @@ class BatchWorker:
         infer_s, post_s = timing
         n = len(batch)
         longest = max(it.tokens for it in batch)
-        version = slot.version
+        model, version = slot.spec.name, slot.version
         m = self.metrics
-        m.batch_size.labels(version).observe(n)
-        m.batch_tokens.labels(version).observe(longest * n)
-        m.inference_duration.labels(version).observe(infer_s)
-        m.postprocess_duration.labels(version).observe(post_s)
+        m.batch_size.labels(model, version).observe(n)
+        m.batch_tokens.labels(model, version).observe(longest * n)
+        m.inference_duration.labels(model, version).observe(infer_s)
+        m.postprocess_duration.labels(model, version).observe(post_s)
+        queued = m.queue_duration.labels(model, version)
         for item in batch:
-            m.queue_duration.labels(version).observe(started - item.enqueued)
+            queued.observe(started - item.enqueued)
         self.batches_run += 1
         batch_log.info("batch", extra={"batch_size": n, "batch_tokens": longest * n,
                                        "real_tokens": sum(it.tokens for it in batch),
                                        "inference_ms": round(infer_s * 1e3, 3),
                                        "postprocess_ms": round(post_s * 1e3, 3),
                                        "duration_ms": round((time.monotonic() - started) * 1e3, 3),
-                                       "version": version})
+                                       "model": model, "version": version})
         return BatchReport(self.batches_run, started, infer_s, post_s, n,
                            list(zip(batch, results, strict=True)))
 

@@ -46,6 +46,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     for name, help_ in (("reload", "switch every worker to another model (all or none)"),
                         ("canary", "give every worker a canary model taking --weight of the traffic")):
         a = action(name, help_)
+        a.add_argument("--model", help="which served model (a models: list's name; default: the only one)")
         a.add_argument("--path", required=True, help="model folder (under model.root)")
         a.add_argument("--version", required=True)
         if name == "canary":
@@ -53,7 +54,9 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         a.add_argument("--timeout", type=float, default=600.0, help="seconds per worker (loading takes time)")
     for name, help_ in (("promote", "the canary becomes every worker's model"),
                         ("rollback", "drop every worker's canary")):
-        action(name, help_).add_argument("--timeout", type=float, default=600.0)
+        a = action(name, help_)
+        a.add_argument("--model", help="which served model (a models: list's name; default: the only one)")
+        a.add_argument("--timeout", type=float, default=600.0)
     action("status", "each worker's state, readiness, versions, queue depth and restarts").add_argument(
         "--json", action="store_true", help="print JSON")
     return p
@@ -95,7 +98,8 @@ def change(run: RunDir, args: argparse.Namespace) -> int:
         print("inferd fleet canary: --weight must lie in [0, 1]", file=sys.stderr)
         return 2
     path = str(Path(args.path).expanduser().resolve()) if getattr(args, "path", None) else None
-    ch = Change(args.action, path, getattr(args, "version", None), getattr(args, "weight", None))
+    ch = Change(args.action, path, getattr(args, "version", None), getattr(args, "weight", None),
+                getattr(args, "model", None))
 
     def say(msg: str) -> None:
         print(f"inferd fleet {args.action}: {msg}", flush=True)

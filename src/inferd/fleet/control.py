@@ -124,9 +124,11 @@ def probe(client: httpx.Client, w: WorkerSlot) -> dict[str, Any]:
             "version": body.get("version")}
 
 
-def models(client: httpx.Client, w: WorkerSlot, admin_key: str) -> dict[str, Any]:
-    """GET /admin/models on the worker's admin port; raises httpx errors and non-2xx as they come."""
-    r = client.get(f"{w.admin_url}/admin/models", headers={"Authorization": f"Bearer {admin_key}"})
+def models(client: httpx.Client, w: WorkerSlot, admin_key: str, model: str | None = None) -> dict[str, Any]:
+    """GET /admin/models on the worker's admin port (``model``: with that model's lifecycle at the top level);
+    raises httpx errors and non-2xx as they come."""
+    r = client.get(f"{w.admin_url}/admin/models", params={"model": model} if model else None,
+                   headers={"Authorization": f"Bearer {admin_key}"})
     r.raise_for_status()
     return r.json()
 
@@ -137,18 +139,25 @@ def queue_depth(client: httpx.Client, w: WorkerSlot, metrics_key: str | None) ->
         r = client.get(f"{w.url}/metrics", headers=headers)
     except httpx.HTTPError:
         return None
-    m = _QUEUE.search(r.text) if r.status_code == 200 else None
-    return float(m.group(1)) if m else None
+    found = _QUEUE.findall(r.text) if r.status_code == 200 else []
+    # One series per model: the worker's queue is their sum (as the HPA's query sums them).
+    return sum(float(v) for v in found) if found else None
 
 
 def _versions(data: dict[str, Any]) -> str:
-    parts = []
-    for slot in data.get("slots", []):
-        tag = slot["version"]
-        if slot["role"] == "canary":
-            tag += f" (canary {data.get('canary_weight', 0):g})"
-        parts.append(tag)
-    return ", ".join(parts) or "-"
+    """The versions served; with several models, each named: ``embedder 2, reranker 1 (canary 0.1) 2``."""
+    models = data.get("models") or [{"name": None, **data}]
+    out = []
+    for model in models:
+        parts = []
+        for slot in model.get("slots") or []:
+            tag = slot["version"]
+            if slot["role"] == "canary":
+                tag += f" (canary {model.get('canary_weight', 0):g})"
+            parts.append(tag)
+        tags = ", ".join(parts) or "-"
+        out.append(f"{model['name']} {tags}" if len(models) > 1 else tags)
+    return "; ".join(out) or "-"
 
 
 def status(run: RunDir, detailed: bool = True, timeout: float = 3.0) -> dict[str, Any]:

@@ -32,7 +32,7 @@ from typing import Any
 
 import yaml
 
-from inferd.config import Settings, resolve_model_path
+from inferd.config import Settings, entry_tree, resolve_model_path
 from inferd.fleet.layout import Layout, WorkerSlot
 
 _PLACEHOLDER = re.compile(r"\{\{\s*(\w+)\s*\}\}")
@@ -271,9 +271,26 @@ def worker_settings(fleet: Fleet) -> dict[str, Any]:
         data["model"]["device"] = "cuda"  # each worker sees its one GPU as cuda:0
     if s.canary.path:
         data["canary"]["path"] = str(Path(s.canary.path).expanduser().resolve())
+    data["models"] = [_entry_paths(entry_tree(e)) for e in s.models]
     data["server"]["admin_key"] = fleet.admin_key
     data["server"]["host"] = "127.0.0.1"
     return data
+
+
+def _entry_paths(entry: dict[str, Any]) -> dict[str, Any]:
+    """One ``models:`` entry as every worker reads it: absolute paths, roots pinned, one GPU as cuda."""
+    from inferd.config import ModelSettings
+
+    settings = ModelSettings.model_validate({k: v for k, v in entry.items() if k in ModelSettings.model_fields})
+    path = resolve_model_path(settings).resolve()
+    entry["path"] = str(path)
+    entry["root"] = [str(Path(r).expanduser().resolve()) for r in settings.root] or [str(path.parent)]
+    if settings.device.startswith("cuda:"):
+        entry["device"] = "cuda"
+    canary = entry.get("canary") or {}
+    if canary.get("path"):
+        canary["path"] = str(Path(canary["path"]).expanduser().resolve())
+    return entry
 
 
 def redact(data: dict[str, Any]) -> dict[str, Any]:

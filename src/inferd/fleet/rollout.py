@@ -40,12 +40,15 @@ class Change:
     path: str | None = None
     version: str | None = None
     weight: float | None = None
+    # The served model it changes (None: the workers' only model).
+    model: str | None = None
 
     def body(self) -> dict[str, Any] | None:
+        named = {"model": self.model} if self.model else {}
         if self.action == "reload":
-            return {"path": self.path, "version": self.version}
+            return {**named, "path": self.path, "version": self.version}
         if self.action == "canary":
-            return {"path": self.path, "version": self.version, "weight": self.weight}
+            return {**named, "path": self.path, "version": self.version, "weight": self.weight}
         return None
 
 
@@ -69,23 +72,27 @@ class Rollout:
         self.run, self.client, self.say = run, client, say
         self.key = run.admin_key
 
-    def _post(self, w: WorkerSlot, route: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
-        r = self.client.post(f"{w.admin_url}/admin/models/{route}", json=body,
+    def _post(self, w: WorkerSlot, route: str, body: dict[str, Any] | None = None,
+              model: str | None = None) -> dict[str, Any]:
+        # promote and rollback name the model in the query (they have no body).
+        params = {"model": model} if model and body is None else None
+        r = self.client.post(f"{w.admin_url}/admin/models/{route}", json=body, params=params,
                              headers={"Authorization": f"Bearer {self.key}"})
         r.raise_for_status()
         return r.json()
 
     def _undo(self, w: WorkerSlot, change: Change, before: dict[str, Any]) -> None:
-        """Put one worker back as ``before`` (its GET /admin/models answer) says it was."""
+        """Put one worker back as ``before`` (its GET /admin/models answer for the model) says it was."""
         active, canary = _slot(before, "active"), _slot(before, "canary")
+        named = {"model": change.model} if change.model else {}
         if change.action in ("reload", "promote") and active is not None:
-            self._post(w, "reload", {"path": active["path"], "version": active["version"]})
+            self._post(w, "reload", {**named, "path": active["path"], "version": active["version"]})
         if change.action in ("canary", "promote", "rollback"):
             if canary is not None:
-                self._post(w, "canary", {"path": canary["path"], "version": canary["version"],
+                self._post(w, "canary", {**named, "path": canary["path"], "version": canary["version"],
                                          "weight": before.get("canary_weight", 0.0)})
             elif change.action == "canary":
-                self._post(w, "rollback")
+                self._post(w, "rollback", model=change.model)
 
     def apply(self, change: Change) -> list[dict[str, Any]]:
         """Change every worker, or none; returns each worker's answer. Raises ChangeFailed."""
@@ -93,18 +100,19 @@ class Rollout:
         befores: dict[str, dict[str, Any]] = {}
         for w in workers:
             try:
-                befores[w.name] = data = models(self.client, w, self.key)
+                befores[w.name] = data = models(self.client, w, self.key, change.model)
             except (httpx.HTTPError, ValueError) as exc:
                 raise ChangeFailed(f"{w.name} ({w.admin_url}) did not answer GET /admin/models: {_cause(exc)}; "
                                    "no worker was changed", w.name, [], []) from None
             if data.get("state") != "ready":
-                raise ChangeFailed(f"{w.name} is not serving (state {data.get('state')}); no worker was changed",
-                                   w.name, [], [])
+                which = f"model {change.model} " if change.model else ""
+                raise ChangeFailed(f"{w.name} is not serving {which}(state {data.get('state')}); no worker was "
+                                   "changed", w.name, [], [])
         done: list[WorkerSlot] = []
         answers = []
         for w in workers:
             try:
-                answers.append(self._post(w, change.action, change.body()))
+                answers.append(self._post(w, change.action, change.body(), change.model))
             except (httpx.HTTPError, ValueError) as exc:
                 cause = _cause(exc)
                 self.say(f"{w.name} refused the {change.action}: {cause}; undoing it on {len(done)} worker(s)")
@@ -144,15 +152,20 @@ class Rollout:
         """Rewrite the workers' configuration: a worker restarted later starts as the others serve now."""
         data = read_worker_config(self.run.path)
         first = answers[0] if answers else {}
+        # A models: list holds each model's own section (and canary); else the model: and canary: blocks.
+        entries = data.get("models") or []
+        name = change.model or (first.get("active") or first.get("canary") or {}).get("model")
+        entry = next((e for e in entries if e.get("name") == name), entries[0] if len(entries) == 1 else None)
+        model, owner = (entry, entry) if entry is not None else (data["model"], data)
         if change.action in ("reload", "promote"):
             active = first.get("active", {})
-            data["model"]["path"], data["model"]["version"] = active.get("path"), active.get("version")
+            model["path"], model["version"] = active.get("path"), active.get("version")
         if change.action == "canary":
             canary = first.get("canary", {})
-            data["canary"] = {"path": canary.get("path"), "version": canary.get("version"),
-                              "weight": first.get("weight", change.weight)}
+            owner["canary"] = {"path": canary.get("path"), "version": canary.get("version"),
+                               "weight": first.get("weight", change.weight)}
         if change.action in ("promote", "rollback"):
-            data["canary"] = {"path": None, "version": None, "weight": 0.0}
+            owner["canary"] = {"path": None, "version": None, "weight": 0.0}
         write_worker_config(self.run.path, self.run.meta.get("env", "dev"), data)
 
 

@@ -9,8 +9,9 @@ period (or ``docker stop --time``) must allow: after the drain, connections get 
 writing (every accepted request is answered by then; an upload still in progress is answered 503 by the
 protocol), and a watchdog ends the process at the margin should the rest of the clean-up hang.
 
-SIGHUP re-reads the configuration and hot-reloads its model section (path, version, ...), exactly as
-``POST /admin/models/reload`` would; the outcome is logged and counted.
+SIGHUP re-reads the configuration and serves its models: new ones are added, gone ones removed (after their
+requests), and a model whose section changed (path, version, ...) is hot-reloaded exactly as
+``POST /admin/models/reload`` would; each model's outcome is logged and counted.
 """
 
 from __future__ import annotations
@@ -29,8 +30,6 @@ from typing import Any
 import uvicorn
 
 from inferd.config import ConfigError, Settings, load_settings
-from inferd.core.errors import ModelLoadError
-from inferd.core.manager import ModelNotReady, ReloadInProgress
 
 log = logging.getLogger(__name__)
 
@@ -110,40 +109,42 @@ class FollowerServer(uvicorn.Server):
         self.leader.handle_exit(sig, frame)
 
 
-async def reload_from_config(manager: Any, metrics: Any, reread: Callable[[], Settings]) -> str:
-    """SIGHUP: read the configuration again and serve its model (``manager``); returns the outcome label."""
+# A model's SIGHUP outcome (InferenceEngine.reconfigure) as the reload counter's outcome label.
+_OUTCOMES = {"added": "ok", "removed": "ok", "reloaded": "ok", "updated": "ok", "failed": "failed",
+             "conflict": "conflict", "not_ready": "not_ready"}
+
+
+async def reload_from_config(engine: Any, metrics: Any, reread: Callable[[], Settings]) -> str:
+    """SIGHUP: read the configuration again and serve its list of models (``engine.reconfigure``: models added,
+    removed, changed). Returns the outcome label: ok, unchanged, or the worst of failed, conflict, not_ready."""
     try:
         fresh = reread()
-        slot = await asyncio.to_thread(manager.reload_from_settings, fresh)
-    except ReloadInProgress:
-        log.warning("SIGHUP: another model change is in progress; nothing reloaded")
-        outcome = "conflict"
-    except ModelNotReady as exc:
-        log.warning("SIGHUP: no model is serving yet (%s); nothing reloaded", exc.state)
-        return "not_ready"
-    except (ConfigError, ModelLoadError, OSError) as exc:
+        outcomes: dict[str, str] = await engine.reconfigure(fresh)
+    except (ConfigError, OSError) as exc:
         # OSError: a configuration file that cannot be read (permissions, a half-written mount).
-        log.error("SIGHUP reload failed; the serving model is unchanged: %s", exc)
-        outcome = "failed"
+        log.error("SIGHUP reload failed; the served models are unchanged: %s", exc)
+        outcomes = {"": "failed"}
     except Exception:
         # Nothing may escape into an unobserved task: that would only show as "never retrieved" at exit.
-        log.exception("SIGHUP reload failed unexpectedly; the serving model is unchanged")
-        outcome = "failed"
-    else:
-        log.info("SIGHUP: now serving %s@%s", slot.spec.name, slot.version,
-                 extra={"version": slot.version, "path": str(slot.spec.path)})
-        outcome = "ok"
-    metrics.model_reloads.labels(outcome).inc()
-    return outcome
+        log.exception("SIGHUP reload failed unexpectedly; the served models are unchanged")
+        outcomes = {"": "failed"}
+    labels = [_OUTCOMES[o] for o in outcomes.values() if o in _OUTCOMES]
+    for label in labels:
+        metrics.model_reloads.labels(label).inc()
+    if outcomes and "" not in outcomes:
+        log.info("SIGHUP: %s", ", ".join(f"{name} {o}" for name, o in outcomes.items()),
+                 extra={"outcomes": outcomes})
+    worst = next((w for w in ("failed", "conflict", "not_ready") if w in labels), None)
+    return worst or ("ok" if labels else "unchanged")
 
 
-def _install_sighup(loop: asyncio.AbstractEventLoop, manager: Any, metrics: Any,
+def _install_sighup(loop: asyncio.AbstractEventLoop, engine: Any, metrics: Any,
                     reread: Callable[[], Settings]) -> None:
     tasks: set[asyncio.Task[str]] = set()
 
     def on_sighup() -> None:
-        log.info("SIGHUP received: re-reading the configuration's model section")
-        task = loop.create_task(reload_from_config(manager, metrics, reread))
+        log.info("SIGHUP received: re-reading the configuration's models")
+        task = loop.create_task(reload_from_config(engine, metrics, reread))
         tasks.add(task)  # a reference, or the task could be collected mid-reload
         task.add_done_callback(tasks.discard)
 
@@ -188,7 +189,7 @@ def serve(settings: Settings, reread: Callable[[], Settings] | None = None) -> i
         servers += leader.followers
 
     async def serve_all() -> None:
-        _install_sighup(asyncio.get_running_loop(), shared.manager, metrics,
+        _install_sighup(asyncio.get_running_loop(), shared.engine, metrics,
                         reread or (lambda: load_settings(settings.env)))
         await asyncio.gather(*(s.serve() for s in servers))
 

@@ -208,7 +208,7 @@ class LimitedProtocol(HttpToolsProtocol):
         rid = uuid.uuid4().hex
         self._write_error(status, code, message, rid)
         if self.metrics is not None:
-            self.metrics.requests.labels("other", str(status)).inc()
+            self.metrics.requests.labels("other", str(status), "").inc()
         access_log.info("refused %d %s", status, code,
                         extra={"endpoint": "other", "status": status, "request_id": rid,
                                "client": f"{self.client[0]}:{self.client[1]}" if self.client else None})

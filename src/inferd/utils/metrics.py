@@ -44,25 +44,29 @@ class Metrics:
         self.registry = registry or CollectorRegistry()
         r = self.registry
         ProcessCollector(registry=r)
-        self.requests = Counter("inferd_requests_total", "HTTP requests by endpoint and status",
-                                ["endpoint", "status"], registry=r)
+        # model: the served model that answered or refused it ("" before one was chosen: health, bad bodies, names
+        # not served; only configured names, so a scan of made-up names cannot grow the series).
+        self.requests = Counter("inferd_requests_total", "HTTP requests by endpoint, status and model",
+                                ["endpoint", "status", "model"], registry=r)
         self.request_duration = Histogram("inferd_request_duration_seconds", "Request duration",
-                                          ["endpoint"], buckets=LATENCY_BUCKETS, registry=r)
+                                          ["endpoint", "model"], buckets=LATENCY_BUCKETS, registry=r)
         self.queue_duration = Histogram("inferd_queue_duration_seconds", "Time a text waited in the queue",
-                                        ["version"], buckets=LATENCY_BUCKETS, registry=r)
+                                        ["model", "version"], buckets=LATENCY_BUCKETS, registry=r)
         self.preprocess_duration = Histogram("inferd_preprocess_duration_seconds",
-                                             "Tokenisation time per request", ["version"],
+                                             "Tokenisation time per request", ["model", "version"],
                                              buckets=LATENCY_BUCKETS, registry=r)
         self.inference_duration = Histogram("inferd_inference_duration_seconds", "Forward pass per batch",
-                                            ["version"], buckets=LATENCY_BUCKETS, registry=r)
+                                            ["model", "version"], buckets=LATENCY_BUCKETS, registry=r)
         self.postprocess_duration = Histogram("inferd_postprocess_duration_seconds",
-                                              "handler.postprocess time per batch", ["version"],
+                                              "handler.postprocess time per batch", ["model", "version"],
                                               buckets=LATENCY_BUCKETS, registry=r)
-        self.batch_size = Histogram("inferd_batch_size", "Texts per batch", ["version"],
+        self.batch_size = Histogram("inferd_batch_size", "Texts per batch", ["model", "version"],
                                     buckets=batch_size_buckets(max_batch_size), registry=r)
-        self.batch_tokens = Histogram("inferd_batch_tokens", "Padded tokens per batch", ["version"],
+        self.batch_tokens = Histogram("inferd_batch_tokens", "Padded tokens per batch", ["model", "version"],
                                       buckets=TOKEN_BUCKETS, registry=r)
-        self.queue_depth = Gauge("inferd_queue_depth", "Texts waiting in the batch queue", registry=r)
+        # Per model: the HPA and KEDA queries sum it over models (deploy/k8s/README.md).
+        self.queue_depth = Gauge("inferd_queue_depth", "Texts waiting in a model's batch queue", ["model"],
+                                 registry=r)
         self.in_flight = Gauge("inferd_requests_in_flight", "Inference requests accepted, not answered",
                                registry=r)
         self.rejected = Counter("inferd_requests_rejected_total", "Requests refused or dropped",
@@ -70,19 +74,19 @@ class Metrics:
         for reason in REJECT_REASONS:
             self.rejected.labels(reason)
         self.model_info = Gauge("inferd_model_info", "The model being served (value 1)",
-                                ["slot", "name", "version", "device", "dtype", "backend", "quantize"], registry=r)
+                                ["model", "slot", "version", "device", "dtype", "backend", "quantize", "task"],
+                                registry=r)
         # The accuracy gate's figures for a converted model (onnx/openvino) against torch fp32.
         self.model_gate = Gauge("inferd_model_gate_ratio", "Accuracy gate figures against torch fp32",
-                                ["version", "figure"], registry=r)
+                                ["model", "version", "figure"], registry=r)
         self.model_load = Gauge("inferd_model_load_seconds", "Duration of the last model load",
-                                ["version"], registry=r)
+                                ["model", "version"], registry=r)
         self.model_reloads = Counter("inferd_model_reloads_total", "Model reloads by outcome",
                                      ["outcome"], registry=r)
-        # Per task: one server serves one task, but a fleet's dashboards sum servers of several.
-        self.task_items = Counter("inferd_task_items_total", "Inputs answered per task (texts, or query/document "
-                                  "pairs for rerank)", ["task"], registry=r)
+        self.task_items = Counter("inferd_task_items_total", "Inputs answered per model and task (texts, or "
+                                  "query/document pairs for rerank)", ["model", "task"], registry=r)
         self.version_requests = Counter("inferd_version_requests_total", "Inference requests per model version",
-                                        ["version"], registry=r)
+                                        ["model", "version"], registry=r)
         # GPU figures are read when Prometheus scrapes (the memory guard's source), not kept by the hot path.
         self.device = DeviceCollector()
         r.register(self.device)
@@ -100,13 +104,13 @@ class Metrics:
         self.worker_alive = Gauge("inferd_worker_alive", "1 while the inference worker thread runs",
                                   registry=r)
 
-    def forget_version(self, version: str) -> None:
-        """Remove every series labelled with a model version no loaded slot carries any more."""
+    def forget_version(self, model: str, version: str) -> None:
+        """Remove every series labelled with a model's version no loaded slot of it carries any more."""
         for family in (self.queue_duration, self.preprocess_duration, self.inference_duration,
                        self.postprocess_duration, self.batch_size, self.batch_tokens, self.model_load,
                        self.version_requests):
             with contextlib.suppress(KeyError):  # a version that never saw a request has no series
-                family.remove(version)
+                family.remove(model, version)
 
 
 class DeviceCollector:
