@@ -252,3 +252,53 @@ def test_print_config_on_a_cpu(monkeypatch: pytest.MonkeyPatch, capsys: pytest.C
     assert [(t["labels"]["worker"], t["targets"]) for t in targets] == \
         [(f"worker-{n}", [f"127.0.0.1:{p}"]) for n, p, _ in table]
     assert not (run_dir / "supervisor.sock").exists()  # printed, not started
+
+
+@requires_nginx
+def test_a_models_list_reaches_every_worker_with_absolute_paths_and_each_models_rules(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path, tiny_model: Path,
+        tiny_model_v2: Path) -> None:
+    config = tmp_path / "configs"
+    config.mkdir()
+    (config / "base.yaml").write_text((Path(__file__).resolve().parents[2] / "configs" / "base.yaml").read_text())
+    monkeypatch.chdir(tiny_model.parent)
+    (config / "dev.yaml").write_text(json.dumps({"models": [
+        {"name": "embedder", "path": tiny_model.name, "device": "cuda:1"},
+        {"name": "second", "path": str(tiny_model_v2), "batching": {"max_batch_size": 4}, "required": False,
+         "canary": {"path": tiny_model.name, "version": "c", "weight": 0.25}}]}))
+    run_dir = tmp_path / "run"
+    print_config(monkeypatch, capsys, run_dir, tiny_model, {"INFERD_CONFIG_DIR": str(config),
+                                                            "INFERD__FLEET__GPUS": ""}, "--workers", "2",
+                 "--port", "18996")
+    progs = programs(run_dir)
+    for name in ("worker-0", "worker-1"):
+        s = worker_settings(monkeypatch, progs[name])
+        first, second = s.served()
+        assert (first.name, first.model.path, first.model.device) == ("embedder", str(tiny_model), "cuda")
+        assert first.model.root == (str(tiny_model.parent),)  # pinned: a restarted worker accepts the same paths
+        assert (second.name, second.model.path, second.batching.max_batch_size, second.required) == (
+            "second", str(tiny_model_v2), 4, False)
+        assert (second.canary.path, second.canary.weight) == (str(tiny_model), 0.25)
+
+
+def test_a_rollout_of_one_model_rewrites_that_models_entry_only(tmp_path: Path) -> None:
+    from inferd.fleet.rollout import Change, Rollout
+
+    entries = [{"name": "embedder", "path": "/m/a", "version": "1", "canary": {"path": None}},
+               {"name": "reranker", "path": "/m/r", "version": "1", "canary": {"path": None}}]
+    render.write_worker_config(tmp_path, "dev", {"model": {"path": "/unused"}, "models": entries})
+
+    class Run:
+        path, meta, admin_key = tmp_path, {"env": "dev"}, "k"
+
+    rollout = Rollout(Run(), client=None)  # type: ignore[arg-type]  # _persist talks to no worker
+    rollout._persist(Change("reload", "/m/r2", "2", model="reranker"),
+                     [{"active": {"model": "reranker", "path": "/m/r2", "version": "2"}}])
+    rollout._persist(Change("canary", "/m/e2", "c", 0.1, model="embedder"),
+                     [{"canary": {"model": "embedder", "path": "/m/e2", "version": "c"}, "weight": 0.1}])
+    data = render.read_worker_config(tmp_path)
+    embedder, reranker = data["models"]
+    assert (reranker["path"], reranker["version"]) == ("/m/r2", "2")
+    assert (embedder["path"], embedder["version"], embedder["canary"]) == (
+        "/m/a", "1", {"path": "/m/e2", "version": "c", "weight": 0.1})
+    assert data["model"] == {"path": "/unused"}

@@ -146,3 +146,21 @@ def test_check_config_reports_errors(capsys: pytest.CaptureFixture[str], monkeyp
     captured = capsys.readouterr()
     assert captured.out == ""
     assert "server.port" in captured.err and "env INFERD__SERVER__PORT" in captured.err
+
+
+def test_set_reaches_any_key_and_one_model_of_a_list(ran: list[Settings], tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    config = tmp_path / "configs"
+    config.mkdir()
+    (config / "base.yaml").write_text((CONFIGS / "base.yaml").read_text())
+    (config / "dev.yaml").write_text("models:\n  - {name: embedder, path: /m/e}\n  - {name: bge-v1.5, path: /m/r}\n")
+    monkeypatch.setenv("INFERD_CONFIG_DIR", str(config))
+    assert cli.main(["serve", "--set", "models.bge-v1.5.backend=openvino", "--set", "models.bge-v1.5.version=2",
+                     "--set", "batching.max_wait_ms=7", "--set", "models.embedder.batching.max_batch_size=4"]) == 7
+    embedder, reranker = ran[0].served()
+    assert (reranker.model.backend, reranker.model.version, embedder.model.backend) == ("openvino", "2", "torch")
+    assert (embedder.batching.max_batch_size, reranker.batching.max_batch_size) == (4, 32)
+    assert embedder.batching.max_wait_ms == reranker.batching.max_wait_ms == 7.0
+    with pytest.raises(SystemExit, match="expected KEY=VALUE"):
+        cli.main(["serve", "--set", "batching.max_wait_ms"])
+    assert cli.main(["check-config", "--set", "models.nope.backend=onnx"]) != 0

@@ -11,7 +11,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from inferd.core.batcher import BatchQueue, Decision, Policy, QueueFull, next_batch
+from inferd.core.batcher import (
+    BatchQueue,
+    Candidate,
+    Decision,
+    Policy,
+    QueueClosed,
+    QueueFull,
+    choose_lane,
+    next_batch,
+)
 
 MAIN, OTHER = object(), object()
 _seq = itertools.count()
@@ -378,3 +387,86 @@ def test_the_padding_floor_follows_the_group_a_backend_without_padding_cost_has_
     # The token budget still holds without a floor.
     items = [Item(40, group=free), Item(36, group=free), Item(200, group=free)]
     assert len(next_batch(items, 1.0, policy(min_padding_efficiency=0.8, max_batch_tokens=450)).batch) == 2
+
+
+# -- lanes: one queue per model, chosen between by priority, then fair share -------------------------------
+
+def test_choose_lane_ranks_priority_then_least_served_then_deadline_then_order():
+    assert choose_lane([Candidate(0, 5.0, 1.0), Candidate(1, 9.0, 9.0)]) == 1  # priority first
+    assert choose_lane([Candidate(0, 5.0, 1.0), Candidate(0, 2.0, 9.0)]) == 1  # then the least served
+    assert choose_lane([Candidate(0, 2.0, 9.0), Candidate(0, 2.0, 1.0)]) == 1  # then the nearest deadline
+    assert choose_lane([Candidate(0, 2.0, 1.0), Candidate(0, 2.0, 1.0)]) == 0  # then configuration order
+
+
+def lanes_queue(**lanes: tuple[Policy, int, float]) -> BatchQueue:
+    queue = BatchQueue(policy(), 1, lanes=True)
+    for name, (p, max_queue, share) in lanes.items():
+        queue.add_lane(name, p, max_queue, share)
+    return queue
+
+
+def test_a_flooded_lane_cannot_starve_another_and_shares_follow_device_time():
+    """Lane a holds 50 batches when b's work arrives: b waits one batch at most (it starts level with a, not with
+    credit for its idle time), then, charged equal device time per batch, a and b alternate while both have
+    work; a lane of share 2 gets two batches for each of the other's."""
+    queue = lanes_queue(a=(policy(max_batch_size=4), 512, 1.0), b=(policy(max_batch_size=4), 512, 1.0))
+    queue.put([Item(5, group="a", seq=queue.next_seq()) for _ in range(200)], "a")
+    first = queue.take(timeout=0)
+    assert first is not None and first.lane == "a"
+    queue.charge("a", 0.010)
+    queue.put([Item(5, group="b", seq=queue.next_seq()) for _ in range(8)], "b")  # levelled: no idle credit
+    order = []
+    for _ in range(6):
+        d = queue.take(timeout=0)
+        assert d is not None
+        order.append(d.lane)
+        queue.charge(d.lane, 0.010)
+    assert order == ["a", "b", "a", "b", "a", "a"]  # b's two batches interleaved, then a alone
+    assert queue.depth("a") == 200 - 4 * 5 and queue.depth("b") == 0
+
+    weighted = lanes_queue(big=(policy(max_batch_size=1), 64, 2.0), small=(policy(max_batch_size=1), 64, 1.0))
+    weighted.put([Item(5, group="big", seq=weighted.next_seq()) for _ in range(30)], "big")
+    weighted.put([Item(5, group="small", seq=weighted.next_seq()) for _ in range(30)], "small")
+    runs = []
+    for _ in range(30):
+        d = weighted.take(timeout=0)
+        assert d is not None
+        runs.append(d.lane)
+        weighted.charge(d.lane, 0.010)
+    assert runs.count("big") == 20 and runs.count("small") == 10
+
+
+def test_priority_between_lanes_comes_before_fairness():
+    queue = lanes_queue(a=(policy(max_batch_size=2), 64, 1.0), b=(policy(max_batch_size=2), 64, 1.0))
+    queue.charge("b", 100.0)  # b has had far more of the device ...
+    queue.put([Item(5, group="a", seq=queue.next_seq()) for _ in range(2)], "a")
+    queue.put([Item(5, priority=5, group="b", seq=queue.next_seq())], "b")
+    d = queue.take(timeout=0)
+    assert d is not None and d.lane == "b"  # ... but its request asked for a higher priority
+
+
+def test_each_lane_keeps_its_own_rules_and_bound():
+    queue = lanes_queue(small=(policy(max_batch_size=2), 4, 1.0), big=(policy(max_batch_size=8), 64, 1.0))
+    with pytest.raises(QueueFull):
+        queue.put([Item(5, group="small") for _ in range(5)], "small")
+    queue.put([Item(5, group="big", seq=queue.next_seq()) for _ in range(8)], "big")  # the other's bound holds
+    d = queue.take(timeout=0)
+    assert d is not None and (d.lane, len(d.batch)) == ("big", 8)
+    queue.put([Item(5, group="small", seq=queue.next_seq()) for _ in range(4)], "small")
+    d = queue.take(timeout=0)
+    assert d is not None and (d.lane, len(d.batch)) == ("small", 2)
+    assert queue.max_queue("small") == 4 and queue.max_queue("big") == 64 and len(queue) == 2
+
+
+def test_a_retired_lane_takes_nothing_new_runs_what_it_holds_then_goes():
+    queue = lanes_queue(a=(policy(max_batch_size=2), 64, 1.0), b=(policy(), 64, 1.0))
+    queue.put([Item(5, group="a", seq=queue.next_seq()) for _ in range(3)], "a")
+    queue.retire_lane("a")
+    with pytest.raises(QueueClosed):
+        queue.put([Item(5, group="a")], "a")
+    taken = [queue.take(timeout=0), queue.take(timeout=0)]
+    assert [len(d.batch) for d in taken if d is not None] == [2, 1]  # nothing accepted is dropped
+    assert queue.lane_names() == ["b"]
+    queue.add_lane("a", policy(), 8)  # the model is back (SIGHUP): its lane serves again
+    queue.put([Item(5, group="a", seq=queue.next_seq())], "a")
+    assert queue.depth("a") == 1
