@@ -57,12 +57,27 @@ def test_kustomization_uses_only_what_the_old_kustomize_knows(path: Path) -> Non
         assert isinstance(entry, str) and (path.parent / entry).is_file(), "patches must be files"
 
 
-def test_config_map_holds_configs_prod_yaml(built: dict[str, Docs]) -> None:
-    original = (ROOT / "configs" / "prod.yaml").read_text(encoding="utf-8")
+@pytest.mark.parametrize("file", ["prod.yaml", "pipeline.yaml"])
+def test_config_map_holds_configs_overlays(built: dict[str, Docs], file: str) -> None:
+    original = (ROOT / "configs" / file).read_text(encoding="utf-8")
     for name in ("overlays/cpu", "overlays/gpu", "overlays/keda"):
-        assert config_map_data(built[name], "inferd-config")["prod.yaml"] == original, (
-            "deploy/k8s/base/prod.yaml differs from configs/prod.yaml: copy it (kustomize reads only files "
+        assert config_map_data(built[name], "inferd-config")[file] == original, (
+            f"deploy/k8s/base/{file} differs from configs/{file}: copy it (kustomize reads only files "
             "inside its own folder)")
+
+
+def test_the_pipeline_overlay_serves_three_models_of_three_tasks(built: dict[str, Docs], tmp_path: Path) -> None:
+    from inferd.config import load_settings
+
+    folder = tmp_path / "configs"
+    folder.mkdir()
+    (folder / "base.yaml").write_text((ROOT / "configs" / "base.yaml").read_text(encoding="utf-8"))
+    (folder / "pipeline.yaml").write_text(config_map_data(built["overlays/cpu"], "inferd-config")["pipeline.yaml"])
+    served = load_settings("pipeline", config_dir=folder, environ={}).served()
+    assert [(m.name, m.model.task, m.required) for m in served] == [
+        ("embedder", "auto", True), ("reranker", "rerank", True), ("classifier", "classification", False)]
+    assert served[1].batching.max_batch_size == 64 and served[0].batching.max_batch_size == 32
+    assert all(m.model.load_mode == "background" for m in served)  # the model: block is every entry's default
 
 
 def test_dashboard_config_map_is_the_grafana_dashboard(built: dict[str, Docs]) -> None:
