@@ -9,7 +9,9 @@ Phases, in order, on the same machine and model:
   rerank       a cross-encoder (--rerank-model) on /v1/rerank, 1 query + 32 documents per request: pairs/s
                beside the texts/s above (skipped without --rerank-model);
   fleet        (opt-in: --phases ...,fleet) the same closed loop through nginx on 1 and 2 workers against one
-               plain process, and nginx's overhead per request (inferd.bench.fleet; needs nginx).
+               plain process, and nginx's overhead per request (inferd.bench.fleet; needs nginx);
+  pipeline     (opt-in, with --rerank-model) embeddings and reranks at once on one process serving both models
+               against two single-model processes splitting the cores (inferd.bench.pipeline).
 Writes results.json, RESULTS.md and latency_throughput.png into --out (see bench/README.md).
 """
 
@@ -35,7 +37,7 @@ from inferd.bench.stats import describe, ratio
 
 PHASES = ("ceiling", "naive", "closed", "multi", "open", "rerank")
 # Run only when named: the fleet phase needs nginx and two fleet start-ups.
-OPTIONAL_PHASES = ("fleet", "backends")
+OPTIONAL_PHASES = ("fleet", "backends", "pipeline")
 
 
 def _ints(s: str) -> list[int]:
@@ -86,9 +88,11 @@ def build_parser() -> argparse.ArgumentParser:
     from inferd.bench.backends import add_arguments as add_backend_arguments
 
     add_backend_arguments(p)
+    from inferd.bench.pipeline import add_arguments as add_pipeline_arguments
     from inferd.bench.rerank import add_arguments as add_rerank_arguments
 
     add_rerank_arguments(p)
+    add_pipeline_arguments(p)
     from inferd.bench.compare import add_arguments as add_compare_arguments
 
     add_compare_arguments(p)
@@ -267,6 +271,14 @@ def run(args: argparse.Namespace, command: str) -> dict[str, Any]:
 
             _guarded(phases, f"rerank@{args.rerank_concurrency}", say,
                      lambda: rerank_phase(args, source, say, logs), kind="rerank", server="inferd")
+    if "pipeline" in wanted:
+        if args.rerank_model is None:
+            say("pipeline phase skipped: give --rerank-model (a cross-encoder folder) beside the embedder")
+        else:
+            from inferd.bench.pipeline import run_phase as pipeline_phase
+
+            _guarded(phases, "pipeline", say, lambda: pipeline_phase(args, model, source, say, logs),
+                     kind="pipeline", server="inferd")
     fleet = None
     if "fleet" in wanted:
         from inferd.bench.fleet import fleet_phases, fleet_summary
@@ -300,10 +312,14 @@ def write_outputs(results: dict[str, Any], out: Path, plot: bool) -> None:
     from inferd.bench.backends import backends_markdown
     from inferd.bench.backends import write_plot as write_backends_plot
     from inferd.bench.fleet import fleet_markdown
+    from inferd.bench.pipeline import pipeline_markdown
 
+    pipeline = results["phases"].get("pipeline") or {}
+    pipeline_md = "\n## Pipeline\n\n" + pipeline_markdown(pipeline) if "summary" in pipeline else ""
     if plot and results.get("backends"):
         results["files"]["backends_plot"] = str(write_backends_plot(results["backends"], out / "backends.png"))
-    (out / "RESULTS.md").write_text(render_markdown(results) + fleet_markdown(results) + backends_markdown(results),
+    (out / "RESULTS.md").write_text(render_markdown(results) + fleet_markdown(results) + backends_markdown(results)
+                                    + pipeline_md,
                                     encoding="utf-8")
     (out / "results.json").write_text(json.dumps(results, indent=2, ensure_ascii=False), encoding="utf-8")
 
