@@ -130,6 +130,10 @@ class ModelSettings(_Section):
     # Sizes dimensions / output_dimension may ask for below the model's own (Matryoshka: the first components,
     # renormalised): a list, or "any"; None = as the model card says (MatryoshkaLoss's matryoshka_dims), else none.
     matryoshka_dimensions: tuple[int, ...] | Literal["any"] | None = None
+    # On a GPU, the share of the device's memory this model's load may take (weights, warm-up); a load that takes
+    # more is refused and the other models serve on. None = no cap of its own (memory.per_process_fraction caps
+    # the process, every model together).
+    memory_fraction: float | None = Field(None, gt=0.0, le=1.0)
     # Cohere's input_type -> a prompt name of the folder's config_sentence_transformers.json, over the built-in
     # mapping (search_query -> search_query or query, search_document -> search_document, document, passage...).
     input_type_prompts: dict[str, str] = {}
@@ -292,6 +296,11 @@ class Settings(_Section):
                 raise ValueError(f"models: the names {seen[key]!r} and {entry.name!r} are one model to clients or "
                                  "to environment variables (case, and - . : / as _); give each its own name")
             seen[key] = entry.name
+        fractions = [e.model.memory_fraction for e in self.models if e.model.memory_fraction is not None]
+        limit = self.memory.per_process_fraction or 1.0
+        if sum(fractions) > limit + 1e-9:
+            raise ValueError(f"models: the models' memory_fraction add up to {sum(fractions):g}, more than the "
+                             f"process may use ({limit:g}: memory.per_process_fraction, or the whole device)")
         for task_defaults in _defaults_by_task(self.models).values():
             if len(task_defaults) > 1:
                 raise ValueError(f"models: {', '.join(task_defaults)} are all marked default; one per task")
@@ -456,6 +465,17 @@ def _models_by_name(data: dict[str, Any], origin: str) -> None:
     data["models"] = out
 
 
+def _replace_models(tree: dict[str, Any], sources: dict[str, str], value: Any, origin: str) -> None:
+    """A whole ``models:`` list from the environment or a flag: it replaces the files' list."""
+    layer = {"models": value}
+    _models_by_name(layer, origin)
+    tree["models"] = layer["models"]
+    for key in [k for k in sources if k == "models" or k.startswith("models.")]:
+        del sources[key]
+    sources["models"] = origin
+    _record_leaves(sources, "models", layer["models"] or {}, origin)
+
+
 def _model_path(tree: dict[str, Any], parts: list[str], origin: str, dotted: bool) -> list[str]:
     """``models.<name>.<key>`` with ``<name>`` as configured: an environment variable spells it as env_name
     does; a flag's dotted key holds it as written (a name may hold dots, so the longest name that fits wins)."""
@@ -565,6 +585,9 @@ def load_settings(
         # Every key of every entry, from its own layer (to _merge, the first layer's list is one leaf).
         _record_leaves(sources, "models", layer.get("models") or {}, str(path))
     for parts, raw, origin in _env_layer(environ):
+        if parts == ["models"]:  # the whole list, as YAML
+            _replace_models(tree, sources, _env_value(raw, "other"), origin)
+            continue
         if parts[0] == "models":
             parts = _model_path(tree, parts, origin, dotted=False)
             value = _env_value(raw, _entry_kind(parts[2:]))
@@ -577,6 +600,9 @@ def load_settings(
             continue
         parts = dotted.split(".")
         origin = f"flag --{parts[-1].replace('_', '-')}"
+        if parts == ["models"]:
+            _replace_models(tree, sources, value, f"flag {dotted}")
+            continue
         if parts[0] == "models":
             parts = _model_path(tree, parts, f"flag --set {dotted}", dotted=True)
         if isinstance(value, RawValue):

@@ -442,3 +442,33 @@ def test_a_configured_canary_of_another_dimension_fails_the_start(tmp_path: Path
     with pytest.raises(ModelLoadError, match="canary.path"):
         manager.load_initial()
     assert manager.state == "failed" and "dimension is 48" in (manager.reason or "")
+
+
+def test_a_model_over_its_memory_fraction_is_refused_and_closed(tmp_path: Path, loader: Loader,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """Several models on one GPU: a load taking more of the device than model.memory_fraction is refused (the
+    device's figures injected: this machine has no GPU)."""
+    import inferd.core.manager as manager_module
+
+    gib = 2**30
+    readings = iter([(1 * gib, 10 * gib), (5 * gib, 10 * gib), (1 * gib, 10 * gib), (3 * gib, 10 * gib)])
+    monkeypatch.setattr(manager_module, "device_memory", lambda device: next(readings))
+    tight = ModelManager(settings_for(tmp_path, **{"model.memory_fraction": 0.3}), loader)
+    with pytest.raises(ModelLoadError, match=r"took 4.00 GiB .* more than its model.memory_fraction 0.3"):
+        tight.load_initial()
+    assert loader.handlers[-1].closed and tight.state == "failed"
+    roomy = ModelManager(settings_for(tmp_path, **{"model.memory_fraction": 0.3}), loader)
+    roomy.load_initial()  # 2 GiB of 10: within 0.3
+    assert roomy.state == "ready" and not loader.handlers[-1].closed
+    monkeypatch.setattr(manager_module, "device_memory", lambda device: None)  # a CPU: nothing to check
+    ModelManager(settings_for(tmp_path, **{"model.memory_fraction": 0.01}), loader).load_initial()
+
+
+def test_the_models_memory_fractions_must_fit_the_process(tmp_path: Path) -> None:
+    from inferd.config import ConfigError
+
+    models = [{"name": "a", "path": str(tmp_path), "memory_fraction": 0.5},
+              {"name": "b", "path": str(tmp_path), "memory_fraction": 0.4}]
+    assert len(load_settings("dev", {"models": models}, environ={}, config_dir=CONFIGS).served()) == 2
+    with pytest.raises(ConfigError, match="add up to 0.9, more than the process may use"):
+        load_settings("dev", {"models": models, "memory.per_process_fraction": 0.8}, environ={}, config_dir=CONFIGS)

@@ -19,6 +19,7 @@ from typing import TypeAlias
 
 from inferd.config import Settings
 from inferd.core.loading import check_model_path, load_handler, spec_task
+from inferd.core.memory import device_memory
 from inferd.core.slots import ModelSlot
 from inferd.core.spec import ModelSpec, spec_from_settings
 from inferd.core.tasks.base import Handler, ModelLoadError, incompatibility
@@ -114,16 +115,33 @@ class ModelManager:
             # Every load, reloads included: makes "loading" and "reload in progress" observable in tests.
             time.sleep(self.settings.model.load_delay_s)
         started = time.perf_counter()
+        fraction = spec.settings.memory_fraction
+        before = device_memory(spec.settings.device) if fraction is not None else None
         try:
             handler = self.loader(spec)
         except ModelLoadError:
             raise
         except Exception as exc:  # a broken model folder can raise nearly anything from transformers
             raise ModelLoadError(f"cannot load {spec.path}: {type(exc).__name__}: {exc}") from exc
+        if before is not None and fraction is not None:
+            self._within_budget(handler, spec, before, fraction)
         slot = ModelSlot(handler, spec, time.perf_counter() - started, reaper=self._reaper, on_freed=self._freed)
         with self._lock:
             self._live[slot.load_id] = slot
         return slot
+
+    @staticmethod
+    def _within_budget(handler: Handler, spec: ModelSpec, before: tuple[int, int], fraction: float) -> None:
+        """A model of several on one GPU: its load may take ``model.memory_fraction`` of the device, no more."""
+        after = device_memory(spec.settings.device)
+        if after is None:
+            return
+        taken, total = after[0] - before[0], after[1]
+        if taken > fraction * total:
+            handler.close()
+            raise ModelLoadError(f"model {spec.name!r} took {taken / 2**30:.2f} GiB of the device's "
+                                 f"{total / 2**30:.2f} GiB to load, more than its model.memory_fraction "
+                                 f"{fraction:g} ({fraction * total / 2**30:.2f} GiB)")
 
     def _freed(self, slot: ModelSlot) -> None:
         with self._lock:

@@ -278,6 +278,16 @@ def _cuda_index(device: int | str | None) -> int | None:
     return int(index) if index else None
 
 
+def device_memory(device: str) -> tuple[int, int] | None:
+    """(bytes allocated by tensors, the device's total) on the CUDA device a model setting names (auto: the
+    current one when CUDA is present); None on a CPU. A model's ``memory_fraction`` is checked against it."""
+    if not (device.startswith("cuda") or device == "auto") or not torch.cuda.is_available():
+        return None
+    index = _cuda_index(device if device != "auto" else None)
+    index = torch.cuda.current_device() if index is None else index
+    return int(torch.cuda.memory_allocated(index)), int(torch.cuda.get_device_properties(index).total_memory)
+
+
 def _wants_cuda(settings: Settings) -> bool:
     device = settings.model.device
     return device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
