@@ -105,6 +105,7 @@ async def run_task(request: Request, texts: list[Any], body: Any, field: str, li
     ctx = context(request.scope)
     ctx.update(result.timings)
     ctx["model"], ctx["version"] = result.model, result.version
+    ctx["tokens"] = result.prompt_tokens  # the access line's and the trace's token count
     return result
 
 

@@ -1,4 +1,4 @@
-"""Pure ASGI middleware: request context (id, timing headers, access log, metrics) and the body limit.
+"""Pure ASGI middleware: request context (id, timing headers, access log, metrics, trace) and the body limit.
 
 Pure ASGI rather than BaseHTTPMiddleware, which hides client disconnects and buffers responses.
 """
@@ -17,6 +17,7 @@ from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from inferd.api.errors import APIError, error_body
+from inferd.utils import tracing
 from inferd.utils.logger import request_id_var
 from inferd.utils.metrics import Metrics
 
@@ -28,6 +29,8 @@ _SAFE_ID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
 # (inferd.server.http writes the answer; the app only sees the client go). Anything else gone is 499.
 ABORT_STATUS = {"body_timeout": 408, "shutdown": 503}
 CLIENT_CLOSED = 499  # nginx's "client closed request": counted apart from the server's own errors
+# Probes and scrapes, every few seconds from every load balancer and Prometheus: never traced.
+UNTRACED = frozenset({"/health", "/health/live", "/health/ready", "/metrics"})
 
 
 def context(scope: Scope) -> dict[str, Any]:
@@ -55,6 +58,11 @@ class RequestContextMiddleware:
         started = time.perf_counter()
         ctx = context(scope)
         ctx["request_id"] = rid  # for an answer the connection protocol writes itself (ABORT_STATUS)
+        path = scope.get("path", "")
+        # None when tracing is off (utils/tracing.py): then this is the only cost of tracing here.
+        span = None if path in UNTRACED else tracing.server_span(scope, path if path in self.paths else None)
+        if span is not None:
+            ctx["trace_id"], ctx["span_id"] = span.ids
         status = [500]
         response_started = [False]
 
@@ -95,7 +103,6 @@ class RequestContextMiddleware:
                     close=False)
         finally:
             elapsed = time.perf_counter() - started
-            path = scope.get("path", "")
             endpoint = path if path in self.paths else "other"
             model = str(ctx.get("model", ""))
             self.metrics.requests.labels(endpoint, str(status[0]), model).inc()
@@ -105,6 +112,8 @@ class RequestContextMiddleware:
                     "%s %s %d", scope.get("method"), path, status[0],
                     extra={"endpoint": endpoint, "status": status[0], "duration_ms": round(elapsed * 1e3, 3),
                            **{k: (round(v, 3) if isinstance(v, float) else v) for k, v in ctx.items()}})
+            if span is not None:
+                span.end(status[0], ctx)
             request_id_var.reset(token)
 
 

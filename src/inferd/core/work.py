@@ -16,15 +16,16 @@ from typing import Any
 
 from inferd.core.errors import EngineError
 from inferd.core.preprocess import Encoded
+from inferd.utils.tracing import BatchSpan, QueueTrace
 
 
 class Ticket:
     """One request's share of the queue: its future, its results in order, and its stage timings."""
 
     __slots__ = ("future", "results", "remaining", "closed", "error", "queue_s", "infer_s", "post_s",
-                 "batch_size", "_batches")
+                 "batch_size", "trace", "_batches")
 
-    def __init__(self, future: asyncio.Future, n: int) -> None:
+    def __init__(self, future: asyncio.Future, n: int, trace: QueueTrace | None = None) -> None:
         self.future = future
         self.results: list[Any] = [None] * n
         self.remaining = n
@@ -32,6 +33,7 @@ class Ticket:
         self.error: EngineError | None = None
         self.queue_s = self.infer_s = self.post_s = 0.0
         self.batch_size = 0
+        self.trace = trace  # the request's queue and inference spans (utils/tracing.py); None untraced
         self._batches: set[int] = set()
 
     def close(self, error: EngineError | None = None) -> bool:
@@ -40,6 +42,8 @@ class Ticket:
             return False
         self.closed = True
         self.error = error
+        if self.trace is not None:
+            self.trace.answered(error)
         if not self.future.done():
             self.future.set_result(None)
         return True
@@ -72,6 +76,7 @@ class BatchReport:
     post_s: float
     size: int
     results: list[tuple[WorkItem, Any]]
+    trace: BatchSpan | None = None  # the batch's span, when a request it ran is traced
 
     def apply(self) -> None:
         """On the event loop: fill in each item's ticket; a ticket answered meanwhile keeps its answer."""
@@ -85,6 +90,8 @@ class BatchReport:
                 t.infer_s += self.infer_s
                 t.post_s += self.post_s
                 t.batch_size = max(t.batch_size, self.size)
+                if self.trace is not None and t.trace is not None:
+                    t.trace.ran_in(self.trace)
             if isinstance(result, EngineError):
                 t.close(result)
                 continue

@@ -160,8 +160,14 @@ def serve(settings: Settings, reread: Callable[[], Settings] | None = None) -> i
     from inferd.core.memory import configure_process
     from inferd.server.http import ConnectionLimits, protocol_class
     from inferd.utils.logger import configure_logging
+    from inferd.utils.trace_export import TracingConfigError, configure_tracing, shutdown_tracing
 
     configure_logging(settings.server.log_level, settings.server.log_format)
+    try:
+        configure_tracing()  # OTEL_*: off (nothing built) unless they name an exporter
+    except TracingConfigError as exc:
+        log.error("invalid tracing configuration: %s", exc)
+        return 2
     guard = configure_process(settings)
     app = create_app(settings, memory_guard=guard)
     srv = settings.server
@@ -193,5 +199,8 @@ def serve(settings: Settings, reread: Callable[[], Settings] | None = None) -> i
                         reread or (lambda: load_settings(settings.env)))
         await asyncio.gather(*(s.serve() for s in servers))
 
-    asyncio.run(serve_all())
+    try:
+        asyncio.run(serve_all())
+    finally:
+        shutdown_tracing()  # the last spans leave, within FLUSH_AT_EXIT_S
     return 0 if leader.started else 3

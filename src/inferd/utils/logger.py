@@ -1,7 +1,8 @@
 """Logging, configured once at start-up: JSON lines in prod, readable text in dev.
 
 Library modules only call ``logging.getLogger(__name__)``; the request id travels in a context variable
-so every line logged while serving a request carries it, whichever module logs.
+so every line logged while serving a request carries it, whichever module logs; with tracing on, so do the
+trace and span ids of the span current there (utils/tracing.py).
 
 Both formatters escape control characters in the message and in every extra (``safe``): a path, a header
 or a model name from a client cannot start a line of its own, forge another logger's line, or hide text
@@ -20,6 +21,8 @@ from collections.abc import Mapping
 from typing import Any
 
 import orjson
+
+from inferd.utils import tracing
 
 request_id_var: contextvars.ContextVar[str | None] = contextvars.ContextVar("request_id", default=None)
 
@@ -72,6 +75,10 @@ class RequestIdFilter(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         if not hasattr(record, "request_id"):
             record.request_id = request_id_var.get()
+        if not hasattr(record, "trace_id"):
+            ids = tracing.current_ids()  # None when tracing is off: no key at all then
+            if ids is not None:
+                record.trace_id, record.span_id = ids
         return True
 
 
