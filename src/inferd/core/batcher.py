@@ -172,6 +172,8 @@ class Lane:
     # Device seconds this lane's batches took, divided by its share: the fair-queueing clock.
     served: float = 0.0
     retiring: bool = False  # its model is gone: it takes no new work and goes once empty
+    # A shadow lane (core/shadow.py): its batches run only while no live lane holds work, never counted.
+    shadow: bool = False
 
     def note_arrival(self, now: float) -> None:
         if self.last_put is not None:
@@ -205,12 +207,12 @@ class BatchQueue:
 
     # -- lanes -----------------------------------------------------------------------------------------
 
-    def add_lane(self, name: str, policy: Policy, max_queue: int, share: float = 1.0) -> None:
+    def add_lane(self, name: str, policy: Policy, max_queue: int, share: float = 1.0, shadow: bool = False) -> None:
         """A model's lane, or new rules for it (its pending items stay; a retiring lane serves again)."""
         with self._cond:
             lane = self._lanes.get(name)
             if lane is None:
-                self._lanes[name] = Lane(name, policy, max_queue, share)
+                self._lanes[name] = Lane(name, policy, max_queue, share, shadow=shadow)
             else:
                 lane.policy, lane.max_queue, lane.share, lane.retiring = policy, max_queue, share, False
             self._cond.notify()
@@ -329,12 +331,16 @@ class BatchQueue:
         decision = Decision()
         ready: list[tuple[Lane, list[Any]]] = []
         waits = []
+        # Shadow work waits while any live lane holds work, even work waiting for companions: it never delays it.
+        live_waiting = any(lane.pending for lane in self._lanes.values() if not lane.shadow)
         for lane in self._lanes.values():
             if not lane.pending:
                 continue
             d = next_batch(lane.pending, now, lane.policy, lane.arrival_gap)
             decision.expired += d.expired
             decision.dropped += d.dropped
+            if d.batch and lane.shadow and live_waiting:
+                continue  # the live lanes' batches or waits decide when to look again
             if d.batch and not self._paused:
                 ready.append((lane, d.batch))
             elif d.batch:  # paused: wake at the next deadline, to expire it

@@ -15,11 +15,15 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TypeAlias
+from typing import Any, TypeAlias
+
+import numpy as np
 
 from inferd.config import Settings
+from inferd.core.backends.gate import builtin_texts
 from inferd.core.loading import check_model_path, load_handler, spec_task
 from inferd.core.memory import device_memory
+from inferd.core.shadow import MIN_ITEMS, DriftReport, Shadow, sampled, space_check, verdict
 from inferd.core.slots import ModelSlot
 from inferd.core.spec import ModelSpec, spec_from_settings
 from inferd.core.tasks.base import Handler, ModelLoadError, incompatibility
@@ -75,6 +79,24 @@ class NoCanary(Exception):
     """promote/rollback with no canary slot: a state conflict, not a failed load."""
 
 
+class NoShadow(Exception):
+    """A shadow report, drop or promote with no shadow candidate: a state conflict."""
+
+
+class ShadowRefused(Exception):
+    """A shadow promotion the drift report does not support (``code``: shadow_drifted, shadow_insufficient,
+    or canary_set when a canary is being served), unless forced."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class SpaceChanged(ModelLoadError):
+    """A canary embedding model whose vectors live in another space than the active model's: clients indexing
+    during the canary would store a mixture no query can search. Refused unless forced."""
+
+
 class ModelManager:
     """Holds the active slot (and an optional canary), loads new models beside them, swaps atomically."""
 
@@ -98,6 +120,8 @@ class ModelManager:
         self.active: ModelSlot | None = None
         self.canary: ModelSlot | None = None
         self.canary_weight = 0.0
+        # A candidate computing mirrored traffic beside the active model (core/shadow.py); never answers.
+        self.shadow: Shadow | None = None
         self.switches = 0
         self._closed = False
         self._live: dict[int, ModelSlot] = {}  # loaded and not yet freed, by load_id
@@ -229,6 +253,15 @@ class ModelManager:
                     slot = canary if random.random() < self.canary_weight else active
             return slot.acquire()
 
+    def pick_shadow(self, routing_key: str | None, draw: float) -> Shadow | None:
+        """The shadow candidate, with a reference on its slot, if this request is sampled for it."""
+        with self._lock:
+            shadow = self.shadow
+            if shadow is None or not sampled(shadow.weight, routing_key, draw):
+                return None
+            shadow.slot.acquire()
+            return shadow
+
     def slots(self) -> list[tuple[str, ModelSlot]]:
         with self._lock:
             out = [("active", self.active)] if self.active else []
@@ -242,7 +275,8 @@ class ModelManager:
         """A model change may not reuse the label of a model being served: two models would be one to
         clients (X-Model-Version, pinning), to metrics and to the cache."""
         with self._lock:
-            for role, slot in (("active", self.active), ("canary", self.canary)):
+            shadow = self.shadow.slot if self.shadow is not None else None
+            for role, slot in (("active", self.active), ("canary", self.canary), ("shadow", shadow)):
                 if slot is not None and slot.version == version:
                     raise VersionInUse(version, role)
 
@@ -306,6 +340,8 @@ class ModelManager:
                 self.switches += 1
                 # A reload after a failed start is how an operator recovers without a restart.
                 self.state, self.reason = "ready", None
+                if self.shadow is not None:  # the report compared with the old active model: start afresh
+                    self.shadow.report = self._report(self.shadow.slot)
         if closed:
             raise self._discard_after_close(slot)
         log.info("model switched", extra={"model": slot.spec.name, "version": slot.version,
@@ -349,7 +385,7 @@ class ModelManager:
             self._reload_lock.release()
 
     def set_canary(self, path: str, version: str, weight: float,
-                   runtime: dict[str, str] | None = None) -> ModelSlot:
+                   runtime: dict[str, str] | None = None, force: bool = False) -> ModelSlot:
         if not 0.0 <= weight <= 1.0:
             raise ValueError(f"canary weight must lie in [0, 1], not {weight}")
         self._exclusive()
@@ -357,6 +393,12 @@ class ModelManager:
             if self.active is None and not self._closed:
                 raise ModelNotReady(self.state, self.reason)
             slot = self._load_standby(self._client_spec(path, version, runtime))
+            why = self._space_changed(slot)
+            if why is not None and not force:
+                slot.retire()
+                raise SpaceChanged(why)
+            if why is not None:
+                log.warning("canary forced although its space differs: %s", why, extra={"version": slot.version})
             with self._lock:
                 closed = self._closed
                 if not closed:
@@ -405,15 +447,151 @@ class ModelManager:
         finally:
             self._reload_lock.release()
 
+    # -- shadow --------------------------------------------------------------------------------------------
+
+    def _space_changed(self, slot: ModelSlot) -> str | None:
+        """For an embedding canary: why its vectors are not the active model's space (None: they are), measured
+        on the gate's built-in texts on the worker thread (between batches; handlers are not shared across
+        threads). A different size, or any text's cosine below model.gate.half_cosine_min, is another space."""
+        active = self.active
+        if active is None or slot.task != "embedding" or active.task != "embedding":
+            return None
+        texts = builtin_texts(SPACE_TEXTS)
+        active.acquire()
+        try:
+            a, b = self._on_worker_wait(lambda: (_vectors(active, texts), _vectors(slot, texts)))
+        finally:
+            active.release()
+        same, low = space_check(a, b)
+        bound = self.settings.model.gate.half_cosine_min
+        if same and low is not None and low >= bound:
+            return None
+        what = (f"its vectors have {b.shape[1]} dimensions, the active model's {a.shape[1]}" if low is None else
+                f"its vectors of the same texts have cosine min {low:.4f} with the active model's, below "
+                f"{bound} (model.gate.half_cosine_min)")
+        return (f"the canary's embedding space differs from the active model's: {what} on {len(texts)} built-in "
+                "texts. Clients indexing during a canary would store vectors of two spaces that no query can "
+                "search together; shadow it instead (POST /admin/models/shadow: it never answers clients, and its "
+                "drift report guards promotion), or force the canary (force: true)")
+
+    def _on_worker_wait(self, fn: Callable[[], Any]) -> Any:
+        """Run ``fn`` on the thread that runs batches (the reaper's) and wait for its result."""
+        done, box = threading.Event(), {}
+
+        def chore() -> None:
+            try:
+                box["value"] = fn()
+            except BaseException as exc:  # handed back to the caller below
+                box["error"] = exc
+            finally:
+                done.set()
+
+        (self._reaper or (lambda c: c()))(chore)
+        if not done.wait(SPACE_TIMEOUT_S):
+            raise ModelLoadError("the space check did not get the worker in time")
+        if "error" in box:
+            raise ModelLoadError(f"the space check failed: {box['error']}")
+        return box["value"]
+
+    def _report(self, slot: ModelSlot) -> DriftReport:
+        info = slot.info
+        return DriftReport(slot.task, slot.version, labels=info.get("labels"),
+                           multi_label=bool(info.get("multi_label")), log_inputs=self.settings.server.log_inputs)
+
+    def set_shadow(self, path: str, version: str, weight: float,
+                   runtime: dict[str, str] | None = None) -> ModelSlot:
+        """Load a candidate beside the active model (the checks of a canary) that computes ``weight`` of the
+        live requests off the response path; a previous candidate and its report are replaced."""
+        if not 0.0 <= weight <= 1.0:
+            raise ValueError(f"shadow weight must lie in [0, 1], not {weight}")
+        self._exclusive()
+        try:
+            if self.active is None and not self._closed:
+                raise ModelNotReady(self.state, self.reason)
+            slot = self._load_standby(self._client_spec(path, version, runtime))
+            with self._lock:
+                closed = self._closed
+                if not closed:
+                    old, self.shadow = self.shadow, Shadow(slot, weight, self._report(slot))
+            if closed:
+                raise self._discard_after_close(slot)
+            log.info("shadow set", extra={"version": slot.version, "weight": weight})
+            if old is not None:
+                old.slot.retire()
+            return slot
+        finally:
+            self._reload_lock.release()
+
+    def drop_shadow(self) -> Shadow:
+        """Stop shadowing; the candidate is freed once its queued work lets go. Returns it (its final report)."""
+        self._exclusive()
+        try:
+            with self._lock:
+                old, self.shadow = self.shadow, None
+            if old is None:
+                raise NoShadow("there is no shadow candidate")
+            log.info("shadow dropped", extra={"version": old.slot.version})
+            old.slot.retire()
+            return old
+        finally:
+            self._reload_lock.release()
+
+    def promote_shadow(self, force: bool = False, min_items: int = MIN_ITEMS) -> ModelSlot:
+        """The shadow candidate becomes the active model when its drift report allows it (or ``force``)."""
+        self._exclusive()
+        try:
+            with self._lock:
+                shadow, canary = self.shadow, self.canary
+            if shadow is None:
+                raise NoShadow("there is no shadow candidate to promote")
+            if canary is not None:
+                raise ShadowRefused("canary_set", f"a canary ({canary.version}) is being served; promote or roll "
+                                    "it back first")
+            report = shadow.report
+            decided = verdict(report.task, report.items, report.figures(), self.settings.model.gate, min_items)
+            if not decided.ok:
+                if not force:
+                    raise ShadowRefused(decided.code or "shadow_drifted", "shadow promotion refused: "
+                                        + "; ".join(decided.reasons) + " (force: true overrides)")
+                log.warning("shadow promotion forced against the drift report: %s", "; ".join(decided.reasons),
+                            extra={"version": shadow.slot.version})
+            with self._lock:
+                old, self.active, self.shadow = self.active, shadow.slot, None
+                self.switches += 1
+            log.info("shadow promoted", extra={"version": shadow.slot.version,
+                                               "previous": old.version if old else None})
+            if old is not None:
+                old.retire()
+            self._changed()
+            return shadow.slot
+        finally:
+            self._reload_lock.release()
+
     def close(self) -> None:
         """No model serves after this, and none can be installed: a change still loading is discarded."""
         with self._lock:
             self._closed = True
             slots = [s for s in (self.active, self.canary) if s is not None]
+            if self.shadow is not None:
+                slots.append(self.shadow.slot)
+                self.shadow = None
             self.active = self.canary = None
             self.state = "closed"
         for slot in slots:
             slot.retire()
+
+
+# The canary's space check: how many of the gate's built-in texts, and how long it may wait for the worker.
+SPACE_TEXTS = 64
+SPACE_TIMEOUT_S = 120.0
+
+
+def _vectors(slot: ModelSlot, texts: list[str]) -> np.ndarray:
+    handler = slot.handler
+    rows = []
+    for k in range(0, len(texts), 16):
+        rows += handler.postprocess(handler.infer(handler.preprocess(texts[k:k + 16])))
+    return np.asarray([np.asarray(r, dtype=np.float64) for r in rows])
 
 
 def _bucket(key: str) -> float:

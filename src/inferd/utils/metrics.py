@@ -17,6 +17,8 @@ from prometheus_client.process_collector import ProcessCollector
 
 # Half a millisecond (a queue wait on an idle server) to tens of seconds.
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+# Cosine between two models' vectors of a text: most of the interesting range lies between 0.99 and 1.
+COSINE_BUCKETS = (0.0, 0.5, 0.8, 0.9, 0.95, 0.99, 0.995, 0.999, 0.9999, 1.0)
 TOKEN_BUCKETS = (16, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
 
 log = logging.getLogger(__name__)
@@ -103,6 +105,25 @@ class Metrics:
                                     registry=r)
         self.worker_alive = Gauge("inferd_worker_alive", "1 while the inference worker thread runs",
                                   registry=r)
+        # Shadow traffic (core/shadow.py): mirrored requests by outcome, and the drift report's figures.
+        self.shadow_requests = Counter("inferd_shadow_requests_total", "Live requests mirrored to a model's shadow "
+                                       "candidate, by outcome (sampled, computed, shed, failed)",
+                                       ["model", "outcome"], registry=r)
+        self.shadow_cosine = Histogram("inferd_shadow_cosine_ratio", "Cosine per text between the active and the "
+                                       "shadow candidate's vectors", ["model"], buckets=COSINE_BUCKETS, registry=r)
+        self.shadow_figures = Gauge("inferd_shadow_agreement_ratio", "The shadow candidate's drift figures "
+                                    "(cosine, neighbour overlap, Spearman, top-3, label agreement, deltas)",
+                                    ["model", "figure"], registry=r)
+        self.shadow_queue_depth = Gauge("inferd_shadow_queue_depth", "Texts waiting in a model's shadow lane",
+                                        ["model"], registry=r)
+
+    def forget_shadow(self, model: str) -> None:
+        """A shadow candidate dropped or promoted: its figures go (the counters stay: they only grow)."""
+        for family in (self.shadow_cosine, self.shadow_queue_depth):
+            with contextlib.suppress(KeyError):
+                family.remove(model)
+        for labels in [k for k in self.shadow_figures._metrics if k[0] == model]:  # noqa: SLF001
+            self.shadow_figures.remove(*labels)
 
     def forget_version(self, model: str, version: str) -> None:
         """Remove every series labelled with a model's version no loaded slot of it carries any more."""
