@@ -159,6 +159,8 @@ def test_json_access_line_and_batch_line(server: Server) -> None:
     # Input text is never logged by default, only sizes.
     assert "confidential" not in server.log()
     assert "inputs" not in line
+    # No OTEL_* variables: tracing is off, and no line carries a trace id (tests/integration/test_tracing.py).
+    assert "trace_id" not in line and not [b for b in batches if "trace_id" in b or "trace_ids" in b]
 
 
 def test_admin_memory_requires_the_admin_key(server: Server) -> None:
