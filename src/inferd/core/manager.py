@@ -460,6 +460,10 @@ class ModelManager:
         active.acquire()
         try:
             a, b = self._on_worker_wait(lambda: (_vectors(active, texts), _vectors(slot, texts)))
+        except ModelLoadError as exc:
+            # A handler that cannot embed the built-in texts (a plug-in's own inputs): not measured, not refused.
+            log.warning("the canary's space check could not run: %s", exc, extra={"version": slot.version})
+            return None
         finally:
             active.release()
         same, low = space_check(a, b)
