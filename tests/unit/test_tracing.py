@@ -31,7 +31,7 @@ from inferd.api.app import create_app
 from inferd.api.services import services_of
 from inferd.config import BatchingSettings, ModelSettings, Settings
 from inferd.utils import tracing
-from inferd.utils.logger import JsonFormatter
+from inferd.utils.logger import JsonFormatter, RequestIdFilter
 from inferd.utils.trace_export import (
     LinkedSampler,
     TracingConfigError,
@@ -245,6 +245,23 @@ def test_probes_and_scrapes_are_not_traced_and_unknown_paths_are_named_by_method
     [span] = spans.get_finished_spans()
     assert span.name == "GET" and "http.route" not in span.attributes
     assert (span.attributes["url.path"], span.attributes["http.response.status_code"]) == ("/wp-login.php", 404)
+
+
+def test_a_line_logged_inside_a_traced_request_carries_its_ids(spans: InMemorySpanExporter) -> None:
+    def record() -> logging.LogRecord:
+        r = logging.LogRecord("inferd.core.x", logging.WARNING, __file__, 1, "inside", (), None)
+        RequestIdFilter().filter(r)
+        return r
+
+    server = tracing.server_span({"type": "http", "method": "POST", "path": "/predict", "headers": [
+        (b"traceparent", TRACEPARENT.encode())]}, "/predict")
+    assert server is not None
+    with tracing.span("tokenize"):
+        inside = record()
+    server.end(200, {})
+    [tokenize] = by_name(spans, "tokenize")
+    assert (inside.trace_id, inside.span_id) == (TRACE_ID, f"{tokenize.context.span_id:016x}")  # type: ignore[attr-defined]
+    assert not hasattr(record(), "trace_id")  # outside a request
 
 
 def test_off_no_provider_is_installed_and_no_span_is_started(
