@@ -13,9 +13,11 @@ from inferd.api.app import create_admin_app, create_app, route_paths
 from inferd.config import ModelSettings, ServerSettings, Settings
 
 ADMIN_PATHS = {"/admin/memory", "/admin/models/reload", "/admin/models/canary", "/admin/models/promote",
-               "/admin/models/rollback", "/admin/models"}
+               "/admin/models/rollback", "/admin/models", "/admin/models/shadow", "/admin/models/shadow/promote"}
 SERVING_PATHS = {"/predict", "/v1/embeddings", "/v1/rerank", "/v2/rerank", "/rerank", "/v1/classify", "/v1/models",
-                 "/info", "/health", "/health/live", "/health/ready", "/metrics"}
+                 "/info", "/health", "/health/live", "/health/ready", "/metrics",
+                 # text-embeddings-inference's and Cohere's embedding routes
+                 "/", "/embed", "/similarity", "/tokenize", "/decode", "/v1/embed", "/v2/embed"}
 
 
 def settings_for(tmp_path: Path, admin_port: int | None = None) -> Settings:
