@@ -1,4 +1,4 @@
-"""Admin routes: model reload, canary, promote, rollback. Bearer ``server.admin_key``; 404 without one."""
+"""Admin routes: model reload, canary, promote, rollback, shadow. Bearer ``server.admin_key``; 404 without one."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 from fastapi import APIRouter, Depends, Request
-from pydantic import BaseModel, ConfigDict, Field, StrictFloat
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat
 from starlette.responses import Response
 
 from inferd.api.bodies import json_response, read_body
@@ -21,11 +21,15 @@ from inferd.core.manager import (
     ManagerClosed,
     ModelNotReady,
     NoCanary,
+    NoShadow,
     ReloadInProgress,
+    ShadowRefused,
+    SpaceChanged,
     TaskMismatch,
     VersionInUse,
 )
 from inferd.core.registry import ServedModel
+from inferd.core.shadow import MIN_ITEMS, verdict
 from inferd.core.slots import ModelSlot
 
 log = logging.getLogger(__name__)
@@ -53,6 +57,16 @@ class ReloadRequest(BaseModel):
 
 class CanaryRequest(ReloadRequest):
     weight: StrictFloat = Field(ge=0.0, le=1.0, allow_inf_nan=False)  # strict: JSON false is not 0.0
+    # An embedding canary of another space is refused (clients would index a mixture); true overrides, logged.
+    force: StrictBool = False
+
+
+class ShadowRequest(ReloadRequest):
+    # The share of live requests mirrored to the candidate (per request, or per X-Routing-Key bucket).
+    weight: StrictFloat = Field(ge=0.0, le=1.0, allow_inf_nan=False)
+
+
+_OBJECT = raw_body("application/json", {"type": "object"})
 
 
 def _describe(slot: ModelSlot) -> dict[str, Any]:
@@ -86,6 +100,16 @@ async def _change(request: Request, action: str, fn: Callable[..., ModelSlot], *
         raise APIError(409, f"{exc}; try again when it has finished", "reload_in_progress") from None
     except NoCanary as exc:
         raise APIError(409, str(exc), "no_canary") from None
+    except NoShadow as exc:
+        raise APIError(409, str(exc), "no_shadow") from None
+    except ShadowRefused as exc:
+        log.warning("%s refused: %s", action, exc, extra={"action": action})
+        raise APIError(409, str(exc), exc.code) from None
+    except SpaceChanged as exc:
+        metrics.model_reloads.labels("failed").inc()
+        log.warning("%s refused: %s", action, exc, extra={"action": action})
+        raise APIError(409, f"{action} refused; the serving model is unchanged: {exc}", "space_changed",
+                       "path") from None
     except VersionInUse as exc:
         metrics.model_reloads.labels("failed").inc()
         log.warning("%s refused: %s", action, exc, extra={"action": action})
@@ -127,7 +151,7 @@ async def canary(request: Request) -> Response:
     body = await read_body(request, CanaryRequest)
     manager = _served(request, body.model).manager
     slot = await _change(request, "canary", manager.set_canary, body.path, body.version, body.weight,
-                         body.runtime())
+                         body.runtime(), body.force)
     return json_response({"status": "canary", "canary": slot, "weight": manager.canary_weight})
 
 
@@ -143,6 +167,68 @@ async def rollback(request: Request, model: str | None = None) -> Response:
     """Drop the canary of ``?model=NAME`` (or of the only model)."""
     slot = await _change(request, "rollback", _served(request, model).manager.rollback)
     return json_response({"status": "rolled_back", "active": slot})
+
+
+# -- shadow (core/shadow.py) ----------------------------------------------------------------------------
+
+
+def _min_items(served: ServedModel) -> int:
+    return int(getattr(getattr(served.settings, "shadow", None), "min_items", MIN_ITEMS))
+
+
+def _shadow_state(served: ServedModel) -> dict[str, Any]:
+    shadow = served.manager.shadow
+    if shadow is None:
+        raise APIError(404, f"model {served.name!r} has no shadow candidate; POST /admin/models/shadow sets one",
+                       "no_shadow", "model")
+    report = shadow.report.as_dict()
+    decided = verdict(shadow.report.task, report["items"], report["figures"], served.settings.model.gate,
+                      _min_items(served))
+    return {"status": "shadow", "model": served.name, "shadow": _describe(shadow.slot), "weight": shadow.weight,
+            "report": report, "verdict": {"promote": decided.ok, "code": decided.code, "reasons": decided.reasons,
+                                          "min_items": _min_items(served)}}
+
+
+@admin_router.post("/models/shadow", openapi_extra=request_body(ShadowRequest),
+                   responses=responses(_OBJECT, *_CHANGE_ERRORS))
+async def shadow(request: Request) -> Response:
+    """Load a candidate beside the active model; ``weight`` of live requests is also computed on it, off the
+    response path, and compared (GET /admin/models/shadow)."""
+    body = await read_body(request, ShadowRequest)
+    served = _served(request, body.model)
+    slot = await _change(request, "shadow", served.manager.set_shadow, body.path, body.version, body.weight,
+                         body.runtime())
+    services(request).metrics.forget_shadow(served.name)
+    return json_response({"status": "shadow", "model": served.name, "shadow": slot, "weight": body.weight})
+
+
+@admin_router.get("/models/shadow", responses=responses(_OBJECT, 401, 404, 422))
+async def shadow_report(request: Request, model: str | None = None) -> Response:
+    """The drift report of ``?model=NAME``'s shadow candidate (or the only model's), and its verdict."""
+    return json_response(_shadow_state(_served(request, model)))
+
+
+@admin_router.delete("/models/shadow", responses=responses(_OBJECT, 401, 404, 409, 422, 503))
+async def drop_shadow(request: Request, model: str | None = None) -> Response:
+    """Stop shadowing; answers the candidate's final report."""
+    served = _served(request, model)
+    state = _shadow_state(served) if served.manager.shadow is not None else None
+    slot = await _change(request, "shadow drop", lambda: served.manager.drop_shadow().slot)
+    services(request).metrics.forget_shadow(served.name)
+    return json_response({"status": "dropped", "model": served.name, "shadow": slot,
+                          "report": state["report"] if state else None})
+
+
+@admin_router.post("/models/shadow/promote", responses=responses(_OBJECT, 401, 404, 409, 422, 503))
+async def promote_shadow(request: Request, model: str | None = None, force: bool = False) -> Response:
+    """The shadow candidate becomes the active model, if its drift report allows it: refused (409
+    ``shadow_drifted`` / ``shadow_insufficient``, naming the figure and its bound) unless ``force=true``."""
+    served = _served(request, model)
+    if force:
+        log.warning("shadow promotion forced", extra={"model": served.name})
+    slot = await _change(request, "shadow promote", served.manager.promote_shadow, force, _min_items(served))
+    services(request).metrics.forget_shadow(served.name)
+    return json_response({"status": "promoted", "model": served.name, "active": slot})
 
 
 @admin_router.get("/models", responses=responses(AdminModels, 401, 404, 422))
