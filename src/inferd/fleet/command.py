@@ -1,4 +1,4 @@
-"""The argparse side of ``inferd fleet`` and its actions (reload, canary, promote, rollback, status).
+"""The argparse side of ``inferd fleet`` and its actions (reload, canary, promote, rollback, shadow, status).
 
 ``inferd fleet`` takes the usual configuration flags (passed on to every worker through the rendered
 configuration), except that --host/--port are nginx's. The actions find a running fleet by --run-dir,
@@ -17,9 +17,11 @@ import httpx
 
 from inferd.config import ConfigError, Settings, load_settings
 from inferd.config_flags import add_config_flags, overrides
+from inferd.core.shadow import MIN_ITEMS
 from inferd.fleet.control import FleetNotFound, RunDir, find_run_dir, format_status, status
 from inferd.fleet.render import RenderError
 from inferd.fleet.rollout import Change, ChangeFailed, Rollout, change_lock
+from inferd.fleet.shadow import ShadowChange, ShadowRollout
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
@@ -57,6 +59,15 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         a = action(name, help_)
         a.add_argument("--model", help="which served model (a models: list's name; default: the only one)")
         a.add_argument("--timeout", type=float, default=600.0)
+    a = action("shadow", "a shadow candidate on every worker (start, stop), its aggregated report, or its "
+               "promotion decided on every worker's report (promote)")
+    a.add_argument("op", choices=("start", "stop", "report", "promote"))
+    a.add_argument("--model", help="which served model (a models: list's name; default: the only one)")
+    a.add_argument("--path", help="start: the candidate's model folder (under model.root)")
+    a.add_argument("--version", help="start: the candidate's version")
+    a.add_argument("--weight", type=float, help="start: the share of live requests mirrored to it")
+    a.add_argument("--force", action="store_true", help="promote: even against the drift report (logged)")
+    a.add_argument("--timeout", type=float, default=600.0)
     action("status", "each worker's state, readiness, versions, queue depth and restarts").add_argument(
         "--json", action="store_true", help="print JSON")
     return p
@@ -87,10 +98,43 @@ def main(args: argparse.Namespace) -> int:
             data = status(run)
             print(json.dumps(data, indent=2) if args.json else format_status(data))
             return 0 if data["status"] == "ok" else 1
+        if args.action == "shadow":
+            return shadow(run, args)
         return change(run, args)
     except (ConfigError, RenderError, FleetNotFound) as exc:
         print(f"inferd fleet: {exc}", file=sys.stderr)
         return 2
+
+
+def shadow(run: RunDir, args: argparse.Namespace) -> int:
+    if args.op == "start" and (not args.path or not args.version or args.weight is None
+                               or not 0.0 <= args.weight <= 1.0):
+        print("inferd fleet shadow start: --path, --version and --weight (in [0, 1]) are needed", file=sys.stderr)
+        return 2
+    settings = load_settings(args.env, config_dir=args.config_dir)
+    path = str(Path(args.path).expanduser().resolve()) if args.path else None
+    ch = ShadowChange(args.op, args.model, path, args.version, args.weight, args.force)
+
+    def say(msg: str) -> None:
+        print(f"inferd fleet shadow {args.op}: {msg}", flush=True)
+
+    with httpx.Client(timeout=httpx.Timeout(args.timeout, connect=5.0)) as client:
+        rollout = ShadowRollout(run, client, say)
+        try:
+            if args.op == "report":
+                print(json.dumps(rollout.decide(ch, settings.model.gate, shadow_min_items(settings)), indent=2))
+                return 0
+            with change_lock(run.path):
+                answers = rollout.apply_shadow(ch, settings.model.gate, shadow_min_items(settings))
+        except ChangeFailed as exc:
+            print(f"inferd fleet shadow {args.op}: {exc}", file=sys.stderr)
+            return 3 if exc.mixed else 1
+    say(f"every worker ({len(answers)}) done")
+    return 0
+
+
+def shadow_min_items(settings: Settings) -> int:
+    return int(getattr(getattr(settings, "shadow", None), "min_items", MIN_ITEMS))
 
 
 def change(run: RunDir, args: argparse.Namespace) -> int:
