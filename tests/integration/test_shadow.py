@@ -239,3 +239,85 @@ def test_under_load_shadow_changes_no_answer_adds_no_error_and_sheds_what_does_n
         assert totals(after, "inferd_shadow_requests_total", outcome="shed") >= 1
         dropped = c.delete("/admin/models/shadow", headers=ADMIN)
         assert dropped.status_code == 200 and dropped.json()["report"]["requests"]["sampled"] == 42
+
+
+# -- rerank and classification, on a server of several models ---------------------------------------------
+
+QUERIES = [" ".join(WORDS[(q * 5 + j) % len(WORDS)] for j in range(3)) for q in range(10)]
+DOCS = [[" ".join(WORDS[(q * 3 + d * 7 + j) % len(WORDS)] for j in range(4 + d % 3)) for d in range(8)]
+        for q in range(10)]
+
+
+@pytest.fixture(scope="module")
+def pipeline(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, Path]]:
+    import shutil
+
+    import yaml
+    from conftest import ROOT
+    from tinymodel import write_tiny_classifier, write_tiny_cross_encoder
+
+    root = tmp_path_factory.mktemp("shadow-pipeline")
+    write_tiny_cross_encoder(root / "ce", seed=13)
+    write_tiny_cross_encoder(root / "ce2", seed=14)
+    write_tiny_classifier(root / "cls", seed=15)
+    write_tiny_classifier(root / "cls2", seed=16)
+    config = root / "configs"
+    config.mkdir()
+    shutil.copy(ROOT / "configs" / "base.yaml", config / "base.yaml")
+    models = [{"name": "reranker", "path": str(root / "ce")}, {"name": "classifier", "path": str(root / "cls")}]
+    (config / "dev.yaml").write_text(yaml.safe_dump({"models": models, "model": {"root": [str(root)]}}))
+    server = start_server(root, {"INFERD_CONFIG_DIR": str(config), "INFERD__SERVER__ADMIN_KEY": "admin-secret",
+                                 "INFERD__MODEL__LOAD_MODE": "eager"}, wait="/health/ready")
+    yield server, root
+    assert server.stop() == 0
+
+
+def outputs(path: Path, inputs: list[Any]) -> np.ndarray:
+    handler = load_handler(ModelSpec(path=path, version="ref", device="cpu"))
+    return np.asarray(handler.postprocess(handler.infer(handler.preprocess(inputs))), dtype=np.float64)
+
+
+def computed(c: httpx.Client, model: str) -> int:
+    return c.get("/admin/models/shadow", params={"model": model}, headers=ADMIN).json()["report"]["requests"][
+        "computed"]
+
+
+def test_rerank_and_classification_reports_equal_an_offline_computation(pipeline: tuple[Server, Path]) -> None:
+    from inferd.core.backends.gate import spearman, top_agreement
+
+    server, root = pipeline
+    with server.client() as c:
+        unnamed = c.post("/admin/models/shadow", json={"path": str(root / "ce2"), "version": "2", "weight": 1.0},
+                         headers=ADMIN)
+        assert unnamed.status_code == 422 and unnamed.json()["error"]["code"] == "model_required"
+        for model, folder in (("reranker", "ce2"), ("classifier", "cls2")):
+            r = c.post("/admin/models/shadow", json={"model": model, "path": str(root / folder), "version": "2",
+                                                      "weight": 1.0}, headers=ADMIN)
+            assert r.status_code == 200, r.text
+        for n, (query, docs) in enumerate(zip(QUERIES, DOCS, strict=True)):
+            r = c.post("/v1/rerank", json={"model": "reranker", "query": query, "documents": docs})
+            assert r.status_code == 200 and r.json()["model"] == "reranker@1", r.text
+            wait_for(lambda n=n: computed(c, "reranker") > n, 20, "the rerank shadow copy")
+        texts = [d for docs in DOCS for d in docs]
+        for n, k in enumerate(range(0, len(texts), 8)):
+            r = c.post("/v1/classify", json={"model": "classifier", "input": texts[k:k + 8]})
+            assert r.status_code == 200, r.text
+            wait_for(lambda n=n: computed(c, "classifier") > n, 20, "the classification shadow copy")
+        rerank = c.get("/admin/models/shadow", params={"model": "reranker"}, headers=ADMIN).json()["report"]
+        labels = c.get("/admin/models/shadow", params={"model": "classifier"}, headers=ADMIN).json()["report"]
+
+    spearmans, tops = [], []
+    for query, docs in zip(QUERIES, DOCS, strict=True):
+        pairs = [(query, d) for d in docs]
+        a, b = outputs(root / "ce", pairs)[:, 0], outputs(root / "ce2", pairs)[:, 0]
+        spearmans.append(spearman(a, b))
+        tops.append(top_agreement(a, b))
+    assert rerank["items"] == 80 and rerank["requests"]["computed"] == 10
+    assert rerank["spearman"]["mean"] == pytest.approx(np.mean(spearmans), abs=1e-5)
+    assert rerank["top3_agreement"]["mean"] == pytest.approx(np.mean(tops), abs=1e-5)
+
+    pa, pb = outputs(root / "cls", texts), outputs(root / "cls2", texts)
+    assert labels["items"] == 80
+    assert labels["label_agreement"]["mean"] == pytest.approx(float((pa.argmax(1) == pb.argmax(1)).mean()), abs=1e-6)
+    assert labels["probability_delta"]["max"] == pytest.approx(float(np.abs(pa - pb).max()), abs=1e-5)
+    assert sum(cell["count"] for cell in labels["confusion"]) == 80
