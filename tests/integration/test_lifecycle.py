@@ -242,8 +242,9 @@ def test_canary_sticky_keys_pinning_promote_and_rollback(
         server: Server, client: httpx.Client, tiny_model: Path, tiny_model_v2: Path,
         refs: dict[Path, np.ndarray]) -> None:
     ensure_active(client, tiny_model, "v1")
-    r = client.post("/admin/models/canary", json={"path": str(tiny_model_v2), "version": "v2", "weight": 0.5},
-                    headers=ADMIN)
+    # force: another tiny model is another embedding space, which a canary refuses by default (test_shadow.py).
+    r = client.post("/admin/models/canary", json={"path": str(tiny_model_v2), "version": "v2", "weight": 0.5,
+                                                  "force": True}, headers=ADMIN)
     assert r.status_code == 200, r.text
     info = client.get("/info").json()
     assert [(m["role"], m["version"], m["weight"]) for m in info["models"]] == [
@@ -270,8 +271,8 @@ def test_canary_sticky_keys_pinning_promote_and_rollback(
     r = client.post("/admin/models/promote", headers=ADMIN)
     assert r.status_code == 409 and r.json()["error"]["code"] == "no_canary"
 
-    r = client.post("/admin/models/canary", json={"path": str(tiny_model), "version": "v1", "weight": 1.0},
-                    headers=ADMIN)
+    r = client.post("/admin/models/canary", json={"path": str(tiny_model), "version": "v1", "weight": 1.0,
+                                                  "force": True}, headers=ADMIN)
     assert r.status_code == 200 and predict(client).headers["X-Model-Version"] == "v1"
     assert client.post("/admin/models/rollback", headers=ADMIN).json()["active"]["version"] == "v2"
     assert {predict(client).headers["X-Model-Version"] for _ in range(10)} == {"v2"}

@@ -126,7 +126,7 @@ def test_another_encoder_changes_the_space_and_promotion_is_refused_unless_force
                         headers=ADMIN)
         assert canary.status_code == 409, canary.text
         err = canary.json()["error"]
-        assert err["code"] == "space_changed" and "shadow" in err["message"] and "half_cosine_min" in err["message"]
+        assert err["code"] == "space_changed" and "shadow" in err["message"] and "int8_cosine_min" in err["message"]
         r = c.post("/admin/models/shadow", json={"path": str(tiny_model_v2), "version": "v2", "weight": 1.0},
                    headers=ADMIN)
         assert r.status_code == 200, r.text

@@ -90,8 +90,9 @@ def test_a_change_under_a_served_version_is_refused_and_the_cache_never_crosses_
         assert version == "v1" and close_to(vector, v1)
 
         # Under the canary's string: 409 too, so active and canary stay distinguishable.
-        r = c.post("/admin/models/canary", json={"path": str(tiny_model_v2), "version": "c2", "weight": 0.5},
-                   headers=ADMIN)
+        # force: another tiny model is another embedding space, which a canary refuses by default.
+        r = c.post("/admin/models/canary", json={"path": str(tiny_model_v2), "version": "c2", "weight": 0.5,
+                                                 "force": True}, headers=ADMIN)
         assert r.status_code == 200, r.text
         for body in ({"path": str(tiny_model_v3), "version": "c2"}, {"path": str(tiny_model_v3), "version": "c2",
                                                                      "weight": 0.2}):

@@ -452,7 +452,7 @@ class ModelManager:
     def _space_changed(self, slot: ModelSlot) -> str | None:
         """For an embedding canary: why its vectors are not the active model's space (None: they are), measured
         on the gate's built-in texts on the worker thread (between batches; handlers are not shared across
-        threads). A different size, or any text's cosine below model.gate.half_cosine_min, is another space."""
+        threads). A different size, or any text's cosine below model.gate.int8_cosine_min, is another space."""
         active = self.active
         if active is None or slot.task != "embedding" or active.task != "embedding":
             return None
@@ -467,12 +467,15 @@ class ModelManager:
         finally:
             active.release()
         same, low = space_check(a, b)
-        bound = self.settings.model.gate.half_cosine_min
+        # The loosest bound the accuracy gate accepts (int8's): quantisation noise stays above it, another
+        # model's vectors (cosine near 0) fall far below. The half-precision bound would refuse an int8 canary
+        # its own gate passed.
+        bound = self.settings.model.gate.int8_cosine_min
         if same and low is not None and low >= bound:
             return None
         what = (f"its vectors have {b.shape[1]} dimensions, the active model's {a.shape[1]}" if low is None else
                 f"its vectors of the same texts have cosine min {low:.4f} with the active model's, below "
-                f"{bound} (model.gate.half_cosine_min)")
+                f"{bound} (model.gate.int8_cosine_min)")
         return (f"the canary's embedding space differs from the active model's: {what} on {len(texts)} built-in "
                 "texts. Clients indexing during a canary would store vectors of two spaces that no query can "
                 "search together; shadow it instead (POST /admin/models/shadow: it never answers clients, and its "

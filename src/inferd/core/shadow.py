@@ -105,8 +105,8 @@ def labels_of(probs: np.ndarray, multi_label: bool) -> np.ndarray:
 
 
 def space_check(active: np.ndarray, candidate: np.ndarray) -> tuple[bool, float | None]:
-    """Whether two models' vectors of the same texts share one space: the same size and every text's cosine
-    at least the half-precision gate's (returns the verdict and the cosine min; None for another size)."""
+    """Whether two models' vectors of the same texts can share one space: the same size (returns it, and the
+    cosine min, None for another size; the caller holds the minimum to its bound)."""
     if np.asarray(active).shape != np.asarray(candidate).shape:
         return False, None
     return True, float(cosine_rows(active, candidate).min())

@@ -53,6 +53,8 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         a.add_argument("--version", required=True)
         if name == "canary":
             a.add_argument("--weight", type=float, required=True)
+            a.add_argument("--force", action="store_true",
+                           help="even an embedding model of another space (refused by default: shadow it instead)")
         a.add_argument("--timeout", type=float, default=600.0, help="seconds per worker (loading takes time)")
     for name, help_ in (("promote", "the canary becomes every worker's model"),
                         ("rollback", "drop every worker's canary")):
@@ -143,7 +145,7 @@ def change(run: RunDir, args: argparse.Namespace) -> int:
         return 2
     path = str(Path(args.path).expanduser().resolve()) if getattr(args, "path", None) else None
     ch = Change(args.action, path, getattr(args, "version", None), getattr(args, "weight", None),
-                getattr(args, "model", None))
+                getattr(args, "model", None), bool(getattr(args, "force", False)))
 
     def say(msg: str) -> None:
         print(f"inferd fleet {args.action}: {msg}", flush=True)

@@ -42,13 +42,16 @@ class Change:
     weight: float | None = None
     # The served model it changes (None: the workers' only model).
     model: str | None = None
+    # canary: even an embedding model of another space (refused by default: see "Changing a model safely").
+    force: bool = False
 
     def body(self) -> dict[str, Any] | None:
         named = {"model": self.model} if self.model else {}
         if self.action == "reload":
             return {**named, "path": self.path, "version": self.version}
         if self.action == "canary":
-            return {**named, "path": self.path, "version": self.version, "weight": self.weight}
+            forced = {"force": True} if self.force else {}
+            return {**named, "path": self.path, "version": self.version, "weight": self.weight, **forced}
         return None
 
 
@@ -89,8 +92,9 @@ class Rollout:
             self._post(w, "reload", {**named, "path": active["path"], "version": active["version"]})
         if change.action in ("canary", "promote", "rollback"):
             if canary is not None:
+                # It served before: put back as it was, whatever its space (it may have been forced).
                 self._post(w, "canary", {**named, "path": canary["path"], "version": canary["version"],
-                                         "weight": before.get("canary_weight", 0.0)})
+                                         "weight": before.get("canary_weight", 0.0), "force": True})
             elif change.action == "canary":
                 self._post(w, "rollback", model=change.model)
 
