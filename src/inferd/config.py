@@ -207,6 +207,18 @@ class CacheSettings(_Section):
     max_entries: int = Field(0, ge=0)
 
 
+class ShadowSettings(_Section):
+    """Shadow traffic (core/shadow.py): the candidate's lane, its drift report, what a promotion needs."""
+
+    # Texts (or pairs) a model's shadow lane holds; a mirrored request that does not fit is shed (counted).
+    max_queue: int = Field(256, ge=1)
+    # The fewest texts (or pairs) a drift report must be based on before it may decide a promotion.
+    min_items: int = Field(100, ge=1)
+    # Recent texts the neighbourhood agreement is measured among, and the nearest neighbours compared.
+    window: int = Field(256, ge=2)
+    neighbours: int = Field(10, ge=1)
+
+
 class FleetSettings(_Section):
     """``inferd fleet``: nginx on host:port in front of ``workers`` copies of ``inferd serve`` under supervisord."""
 
@@ -283,6 +295,7 @@ class Settings(_Section):
     runtime: RuntimeSettings = RuntimeSettings()
     memory: MemorySettings = MemorySettings()
     cache: CacheSettings = CacheSettings()
+    shadow: ShadowSettings = ShadowSettings()
     fleet: FleetSettings = FleetSettings()
     # Every served model, in order; empty = the ``model:`` block alone (``served`` builds the list of one).
     models: tuple[ModelEntry, ...] = ()

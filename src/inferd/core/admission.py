@@ -14,6 +14,8 @@ with the claim a batch takes as the queue hands it out, no slot can be freed und
 from __future__ import annotations
 
 import asyncio
+import logging
+import random
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
@@ -26,9 +28,14 @@ from inferd.core.errors import ClientGone, EngineError, Kind, deadline_passed
 from inferd.core.manager import ModelNotReady
 from inferd.core.preprocess import InputError, check_texts
 from inferd.core.registry import ModelNotFound, ModelRegistry, ServedModel
+from inferd.core.shadow import MAX_QUEUE, SHADOW_PRIORITY, SHADOW_TIMEOUT_S, Shadow, shadow_lane
 from inferd.core.slots import ModelSlot
 from inferd.core.work import Failure, Outcome, TaskResult, Ticket, WorkItem
+from inferd.utils import tracing
+from inferd.utils.logger import request_id_var
 from inferd.utils.metrics import Metrics
+
+log = logging.getLogger(__name__)
 
 # Below this many characters a request is tokenised on the event loop; above, in a thread.
 _INLINE_TOKENIZE_CHARS = 4096
@@ -99,6 +106,8 @@ class Admission:
         self._preprocessing = asyncio.Semaphore(settings.limits.preprocess_concurrency)
         # Accepted requests not yet answered (queued or running): a drain that times out answers them all.
         self._open: set[Ticket] = set()
+        # Mirrored requests in flight to a shadow candidate (core/shadow.py): cancelled by a drain.
+        self._shadows: set[asyncio.Task] = set()
 
     def bind(self) -> None:
         """On the event loop that will run the requests (at start)."""
@@ -118,6 +127,8 @@ class Admission:
     async def drain(self, timeout: float) -> bool:
         """Refuse new work, wait for what was accepted; past the timeout answer the rest (draining)."""
         self.draining = True
+        for task in list(self._shadows):
+            task.cancel()  # shadow work is shed first: its queued items leave as each task ends
         try:
             await asyncio.wait_for(self._idle.wait(), timeout)
             return True
@@ -186,10 +197,89 @@ class Admission:
             # While the slot is held: its version's series cannot have been removed (slot freed) under us.
             self.metrics.version_requests.labels(served.name, slot.version).inc()
             self.metrics.task_items.labels(served.name, slot.task).inc(len(inputs))
+            if served.manager.shadow is not None and slot is served.manager.active:
+                self._mirror(served, routing_key, inputs, result)
             return result
         finally:
             slot.release()
             self._leave()
+
+    # -- shadow traffic (core/shadow.py) -----------------------------------------------------------------
+
+    def _mirror(self, served: ServedModel, routing_key: str | None, inputs: list[Any], live: TaskResult) -> None:
+        """A sampled request's inputs, answered already, go to the shadow candidate in a task of their own:
+        nothing of it runs before the live answer is sent, and nothing it does can reach the client."""
+        if self.draining or self._loop is None:
+            return
+        try:
+            shadow = served.manager.pick_shadow(routing_key, random.random())
+            if shadow is None:
+                return
+            shadow.report.count("sampled")
+            self.metrics.shadow_requests.labels(served.name, "sampled").inc()
+            task = self._loop.create_task(self._shadow_run(served, shadow, inputs, live, request_id_var.get()))
+        except Exception:  # whatever goes wrong here, the live answer is given
+            log.exception("mirroring a request to the shadow candidate failed", extra={"model": served.name})
+            return
+        self._shadows.add(task)
+        task.add_done_callback(self._shadows.discard)
+
+    async def _shadow_run(self, served: ServedModel, shadow: Shadow, inputs: list[Any], live: TaskResult,
+                          request_id: str | None) -> None:
+        """Tokenise for the candidate, queue in the model's shadow lane (bounded, lowest priority: shed first,
+        never counted as a refusal), and fold both answers into the report. Holds the candidate's slot."""
+        slot, name, lane = shadow.slot, served.name, shadow_lane(served.name)
+        outcome, ticket, items = "shed", None, []
+        try:
+            await asyncio.sleep(0)  # the live response goes out first
+            if sum(map(_chars, inputs)) > _INLINE_TOKENIZE_CHARS and self._preprocessing.locked():
+                return  # shed: live requests are waiting for the tokenizer's thread
+            encoded = await self._preprocess(slot, inputs)
+            if self.queue.max_queue(lane) == 0:
+                bound = getattr(getattr(served.settings, "shadow", None), "max_queue", MAX_QUEUE)
+                self.queue.add_lane(lane, served.policy, bound, shadow=True)
+            assert self._loop is not None
+            ticket = Ticket(self._loop.create_future(), len(encoded))
+            now = time.monotonic()
+            items = [WorkItem(ticket, i, enc, enc.tokens, SHADOW_PRIORITY, now, now + SHADOW_TIMEOUT_S,
+                              self.queue.next_seq(), slot) for i, enc in enumerate(encoded)]
+            try:
+                self.queue.put(items, lane)
+            except (QueueFull, QueueClosed):
+                return  # shed: the lane is full (or the server stops)
+            self.metrics.shadow_queue_depth.labels(name).set(self.queue.depth(lane))
+            await ticket.future
+            error = ticket.error
+            if error is not None:
+                outcome = "shed" if error.kind in (Kind.DEADLINE, Kind.DRAINING) else "failed"
+                return
+            figures = shadow.report.add(live.outputs, ticket.results, request_id, live.tokens, inputs)
+            outcome = "computed"
+            self._publish(name, shadow, figures)
+        except InputError:
+            outcome = "failed"  # the candidate's tokenizer refused what the active model took
+        except asyncio.CancelledError:
+            outcome = "shed"
+        except Exception:
+            outcome = "failed"
+            log.exception("shadow work failed; live traffic is not affected", extra={"model": name})
+        finally:
+            if ticket is not None and not ticket.closed:
+                ticket.close()
+            if items and self.queue.remove(items):
+                self.metrics.shadow_queue_depth.labels(name).set(self.queue.depth(lane))
+            slot.release()
+            if outcome != "computed":
+                shadow.report.count(outcome)
+            self.metrics.shadow_requests.labels(name, outcome).inc()
+
+    def _publish(self, name: str, shadow: Shadow, figures: dict[str, Any]) -> None:
+        m = self.metrics
+        for cosine in figures.get("cosine", ()):
+            m.shadow_cosine.labels(name).observe(cosine)
+        for figure, value in shadow.report.figures().items():
+            if value is not None:
+                m.shadow_figures.labels(name, figure).set(value)
 
     def precheck(self, inputs: Any) -> list[Any]:
         """The checks that need no model: types, emptiness, counts, lengths (the index names the input).
@@ -236,7 +326,8 @@ class Admission:
                       timeout_ms: float | None, disconnected: Disconnected | None) -> TaskResult:
         t0 = time.perf_counter()
         try:
-            encoded = await self._preprocess(slot, inputs)
+            with tracing.span("tokenize"):
+                encoded = await self._preprocess(slot, inputs)
         except InputError as exc:
             raise input_refusal(exc) from None
         pre_s = time.perf_counter() - t0
@@ -249,7 +340,8 @@ class Admission:
                                       f"batching.max_batch_tokens ({batching.max_batch_tokens})",
                                       "too_many_tokens", index=i)
         assert self._loop is not None
-        ticket = Ticket(self._loop.create_future(), len(encoded))
+        # tracing.queued(): the request's queue and inference spans, made as its outcome is applied.
+        ticket = Ticket(self._loop.create_future(), len(encoded), tracing.queued())
         now = time.monotonic()
         deadline = now + (timeout_ms or batching.default_timeout_ms) / 1000.0
         items = [WorkItem(ticket, i, enc, enc.tokens, priority, now, deadline, self.queue.next_seq(), slot)

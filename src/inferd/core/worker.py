@@ -20,8 +20,10 @@ import torch
 
 from inferd.core.batcher import BatchQueue, Decision
 from inferd.core.errors import EngineError, Kind, deadline_passed
+from inferd.core.shadow import SHADOW_SUFFIX
 from inferd.core.slots import ModelSlot
 from inferd.core.work import BatchReport, Failure, Outcome, WorkItem, tickets_of
+from inferd.utils import tracing
 from inferd.utils.metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -115,20 +117,22 @@ class BatchWorker:
         if decision.batch:
             slot: ModelSlot = decision.batch[0].group  # type: ignore[assignment]
             started = time.monotonic()
+            live = not decision.lane.endswith(SHADOW_SUFFIX)  # shadow work stays out of the live metrics
             try:
-                report = self._run_batch(slot, decision.batch)
+                report = self._run_batch(slot, decision.batch, live)
             finally:
                 slot.release()  # the claim the queue took for this batch; a retired slot is freed here
                 # The device time the lane's model took: the fair share between models (core/batcher.py).
                 self.queue.charge(decision.lane, time.monotonic() - started)
             if report is not None:
                 self.deliver(report)
-            self.metrics.queue_depth.labels(slot.spec.name).set(self.queue.depth(decision.lane))
+            if live:
+                self.metrics.queue_depth.labels(slot.spec.name).set(self.queue.depth(decision.lane))
         run_chores(decision.chores)
         if self.memory_guard is not None and decision.batch:
             self.memory_guard.tick(len({id(i.ticket) for i in decision.batch}))
 
-    def _run_batch(self, slot: ModelSlot, batch: list[WorkItem]) -> BatchReport | None:
+    def _run_batch(self, slot: ModelSlot, batch: list[WorkItem], live: bool = True) -> BatchReport | None:
         # Requests that left since the batch was chosen are not computed for.
         batch = [it for it in batch if not it.ticket.closed]
         if not batch:
@@ -140,29 +144,36 @@ class BatchWorker:
             log.error("a batch was handed out on a released model", extra={"version": slot.version})
             err = EngineError(Kind.MODEL_UNLOADED, "the model this request was routed to was unloaded; retry")
             return BatchReport(0, started, 0.0, 0.0, len(batch), [(it, err) for it in batch])
+        span = tracing.start_batch(batch)  # None when tracing is off (or none of its requests is traced)
         timing = [0.0, 0.0]
         results = self._infer_split(slot, batch, timing)
         infer_s, post_s = timing
         n = len(batch)
         longest = max(it.tokens for it in batch)
         model, version = slot.spec.name, slot.version
+        real_tokens = sum(it.tokens for it in batch)
+        traced: dict[str, Any] = {}
+        if span is not None:
+            span.end(size=n, padded_tokens=longest * n, tokens=real_tokens, model=model, version=version,
+                     failed=sum(isinstance(r, EngineError) for r in results))
+            traced = {"trace_id": span.trace_id, "trace_ids": span.trace_ids}
         m = self.metrics
-        m.batch_size.labels(model, version).observe(n)
-        m.batch_tokens.labels(model, version).observe(longest * n)
-        m.inference_duration.labels(model, version).observe(infer_s)
-        m.postprocess_duration.labels(model, version).observe(post_s)
-        queued = m.queue_duration.labels(model, version)
-        for item in batch:
-            queued.observe(started - item.enqueued)
+        if live:
+            m.batch_size.labels(model, version).observe(n)
+            m.batch_tokens.labels(model, version).observe(longest * n)
+            m.inference_duration.labels(model, version).observe(infer_s)
+            m.postprocess_duration.labels(model, version).observe(post_s)
+            queued = m.queue_duration.labels(model, version)
+            for item in batch:
+                queued.observe(started - item.enqueued)
         self.batches_run += 1
-        batch_log.info("batch", extra={"batch_size": n, "batch_tokens": longest * n,
-                                       "real_tokens": sum(it.tokens for it in batch),
+        batch_log.info("batch", extra={"batch_size": n, "batch_tokens": longest * n, "real_tokens": real_tokens,
                                        "inference_ms": round(infer_s * 1e3, 3),
                                        "postprocess_ms": round(post_s * 1e3, 3),
                                        "duration_ms": round((time.monotonic() - started) * 1e3, 3),
-                                       "model": model, "version": version})
+                                       "model": model, "version": version, **traced})
         return BatchReport(self.batches_run, started, infer_s, post_s, n,
-                           list(zip(batch, results, strict=True)))
+                           list(zip(batch, results, strict=True)), span)
 
     def _infer_split(self, slot: ModelSlot, items: list[WorkItem], timing: list[float]) -> list[Any]:
         """Run items as one batch; on out-of-memory split in halves so only what cannot fit fails."""
