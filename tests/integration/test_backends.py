@@ -278,8 +278,10 @@ def test_a_server_on_openvino_serves_torchs_vectors_and_says_how(serve, tiny_mod
     from inferd.core.backends.base import cpu_flags, native_bf16
 
     dtype, least = ("bfloat16", 0.9995) if native_bf16(cpu_flags()) else ("float32", 0.9999)
-    server = serve(env=server_env(tiny_model, cache, INFERD__MODEL__DTYPE="auto"), wait="/health/ready",
-                   timeout=240)
+    # The gate's sizes of the parametrised tests above: run after them, the server starts from their cache entry
+    # (the next test's server still exports and judges in the server process).
+    server = serve(env=server_env(tiny_model, cache, INFERD__MODEL__DTYPE="auto",
+                                  INFERD__MODEL__GATE__CALIBRATION_TEXTS="64"), wait="/health/ready", timeout=240)
     with server.client() as c:
         got = c.post("/v1/embeddings", json={"input": MIXED[:8]}).json()
         info = c.get("/info").json()

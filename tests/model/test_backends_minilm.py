@@ -42,6 +42,12 @@ def torch_handler(model_path: Path) -> Iterator[EmbeddingHandler]:
     h.close()
 
 
+@pytest.fixture(scope="module")
+def torch_shapes(torch_handler: EmbeddingHandler) -> dict[str, np.ndarray]:
+    """torch's vectors at every shape, computed once: each configuration is held to the same ones."""
+    return shapes(torch_handler)
+
+
 def load(model_path: Path, cache: Path, backend: str, quantize: str = "none",
          dtype: str = "float32") -> EmbeddingHandler:
     return load_handler(ModelSpec(path=model_path, name="minilm", version="1", device="cpu", backend=backend,
@@ -70,9 +76,9 @@ def test_the_texts_cover_the_shapes(torch_handler: EmbeddingHandler) -> None:
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("backend", ["onnx", "openvino"])
 def test_fp32_graphs_match_torch_at_every_batch_shape(model_path: Path, minilm_cache: Path,
-                                                      torch_handler: EmbeddingHandler, backend: str) -> None:
+                                                      torch_shapes: dict[str, np.ndarray], backend: str) -> None:
     h = load(model_path, minilm_cache, backend)
-    want, got = shapes(torch_handler), shapes(h)
+    want, got = torch_shapes, shapes(h)
     for name in want:
         assert cos(want[name], got[name]).min() >= 0.9999, name
     figures = h.backend_info["gate"]["figures"]
@@ -88,7 +94,7 @@ def test_fp32_graphs_match_torch_at_every_batch_shape(model_path: Path, minilm_c
     ("int8", "float32", 0.99, 0.995),
 ])
 def test_openvino_reduced_precision_passes_its_gate(model_path: Path, minilm_cache: Path,
-                                                    torch_handler: EmbeddingHandler, quantize: str, dtype: str,
+                                                    torch_shapes: dict[str, np.ndarray], quantize: str, dtype: str,
                                                     least_min: float, least_mean: float) -> None:
     warning = quantize_warning(quantize, cpu_flags())
     try:
@@ -104,7 +110,7 @@ def test_openvino_reduced_precision_passes_its_gate(model_path: Path, minilm_cac
     gate = h.backend_info["gate"]
     assert gate["passed"] and gate["figures"]["cosine_min"] >= least_min
     assert gate["figures"]["cosine_mean"] >= least_mean and gate["figures"]["overlap_at_10"] >= 0.95
-    want, got = shapes(torch_handler), shapes(h)
+    want, got = torch_shapes, shapes(h)
     for name in want:
         assert cos(want[name], got[name]).min() >= least_min, name
     alone = np.stack([embed(h, [t])[0] for t in MIXED[:8]])
