@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -121,3 +124,34 @@ def start_naive(log_dir: Path, app_file: Path, model_path: Path, torch_threads: 
     server = _spawn("naive", cmd, env, port, log_dir)
     server.wait_ready("/health", timeout)
     return server
+
+
+class Starts:
+    """Servers started ahead of the phases that use them, each start in its own thread, so that the starts
+    overlap instead of queueing (``--quick``: a smoke run's minutes go to starting servers; its figures mean
+    nothing). A phase takes its server by name, or starts it then and there if none was started ahead, as a
+    real run does: there every server starts when its phase begins, with nothing else running. Whatever was
+    started ahead and never taken is stopped by ``close``."""
+
+    def __init__(self) -> None:
+        self._pool: ThreadPoolExecutor | None = None
+        self._ahead: dict[str, Future[ServerProc]] = {}
+
+    def ahead(self, name: str, start: Callable[[], ServerProc]) -> None:
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(thread_name_prefix="bench-start")
+        self._ahead[name] = self._pool.submit(start)
+
+    def take(self, name: str, start: Callable[[], ServerProc]) -> ServerProc:
+        """The server started ahead as ``name`` once it is ready (its start's error, if it failed), or
+        ``start()`` now."""
+        future = self._ahead.pop(name, None)
+        return start() if future is None else future.result()
+
+    def close(self) -> None:
+        for future in self._ahead.values():
+            with contextlib.suppress(Exception):
+                future.result().stop()
+        self._ahead.clear()
+        if self._pool is not None:
+            self._pool.shutdown()

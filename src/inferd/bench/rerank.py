@@ -22,7 +22,7 @@ from typing import Any
 
 from inferd.bench.backends import Config, parse_configs, start_infinity, why_failed
 from inferd.bench.load import Target, TextSource, run_closed
-from inferd.bench.procs import ServerFailed, ServerProc, start_inferd
+from inferd.bench.procs import ServerFailed, ServerProc, Starts, start_inferd
 
 DOCUMENTS_PER_REQUEST = 32
 QUERY = "which of these passages answers the question about the river and the city"
@@ -74,14 +74,27 @@ def summarise(rows: dict[str, dict[str, Any]], baseline: str) -> dict[str, Any]:
     return {"baseline": baseline, "rows": rows, "targets": met}
 
 
+def _base_env(args: argparse.Namespace) -> dict[str, str]:
+    return {"INFERD__MODEL__DEVICE": args.device, "INFERD__MODEL__TASK": "rerank",
+            "INFERD__MODEL__EXIT_ON_LOAD_FAILURE": "true", **dict(args.server_env)}
+
+
+def start_ahead(args: argparse.Namespace, logs: Path, starts: Starts) -> None:
+    """Start the phase's one server ahead (``--quick``), when it has one: the server's own settings, nothing to
+    alternate with (no --rerank-backends, no --infinity). Its cold start is then not timed, which that case
+    never reports (``cold_start_s`` is shown beside other configurations only)."""
+    if args.rerank_backends is None and getattr(args, "infinity", None) is None:
+        model = args.rerank_model.resolve()
+        starts.ahead("rerank", lambda: start_inferd(logs, model, args.torch_threads, _base_env(args), timeout=1800))
+
+
 def run_phase(args: argparse.Namespace, source: TextSource, say: Callable[[str], None],
-              logs: Path) -> dict[str, Any]:
+              logs: Path, starts: Starts | None = None) -> dict[str, Any]:
     """The phase; the first configuration's first round is the phase's own figures (``pairs_per_s``...)."""
     model = args.rerank_model.resolve()
     configs: list[Config | None] = list(args.rerank_backends or [None])
     cache = Path(tempfile.mkdtemp(prefix="inferd-rerank-cache-", dir=logs))
-    base = {"INFERD__MODEL__DEVICE": args.device, "INFERD__MODEL__TASK": "rerank",
-            "INFERD__MODEL__EXIT_ON_LOAD_FAILURE": "true", **dict(args.server_env)}
+    base = _base_env(args)
 
     def name_of(c: Config | None) -> str:
         return "server settings" if c is None else c.name
@@ -95,9 +108,13 @@ def run_phase(args: argparse.Namespace, source: TextSource, say: Callable[[str],
     for c in configs:  # cold starts: each export and score gate, timed as a server start
         name = name_of(c)
         say(f"rerank: {name}: cold start on the cross-encoder {model}")
+
+        def cold(c: Config | None = c) -> ServerProc:
+            return start_inferd(logs, model, args.torch_threads, env_of(c), timeout=1800)
+
         t0 = time.monotonic()
         try:
-            server = start_inferd(logs, model, args.torch_threads, env_of(c), timeout=1800)
+            server = starts.take("rerank", cold) if starts is not None and c is None else cold()
         except ServerFailed as exc:
             rows[name]["error"] = why_failed(str(exc)[-6000:])
             say(f"rerank: {name}: {rows[name]['error']}")

