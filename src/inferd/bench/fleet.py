@@ -27,7 +27,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -137,17 +138,28 @@ def fleet_phases(args: argparse.Namespace, model: Path, source: TextSource, phas
 
     threads = args.torch_threads or usable_cores()
     c, extra = args.fleet_concurrency, dict(args.server_env)
-    fleets: dict[int, FleetProc] = {}
-    try:
+    # Both fleets start at once: they are up side by side for the whole phase anyway, and nothing is measured
+    # before both are ready.
+    with ThreadPoolExecutor(max_workers=2, thread_name_prefix="fleet-start") as pool:
+        starting = {}
         for workers in (1, 2):
             each = max(1, threads // workers)
             say(f"starting inferd fleet: {workers} worker(s), {each} torch thread(s) each")
-            fleets[workers] = start_fleet(logs, model, workers, each, extra)
-    except ServerFailed as exc:
-        for fleet in fleets.values():
-            fleet.stop()
-        phases["fleet"] = {"kind": "fleet", "server": "fleet", "error": str(exc)[:2000]}
-        say(f"a fleet failed to start: {str(exc)[:300]}")
+            starting[workers] = pool.submit(start_fleet, logs, model, workers, each, extra)
+    fleets: dict[int, FleetProc] = {}
+    failed: list[BaseException] = []
+    for workers, future in starting.items():
+        try:
+            fleets[workers] = future.result()
+        except BaseException as exc:  # every fleet that did start is stopped before anything is re-raised
+            failed.append(exc)
+    if failed:
+        _stop_all(fleets.values())
+        first = failed[0]
+        if not isinstance(first, ServerFailed):
+            raise first
+        phases["fleet"] = {"kind": "fleet", "server": "fleet", "error": str(first)[:2000]}
+        say(f"a fleet failed to start: {str(first)[:300]}")
         return
     try:
         one, two = fleets[1], fleets[2]
@@ -166,8 +178,13 @@ def fleet_phases(args: argparse.Namespace, model: Path, source: TextSource, phas
             phases["fleet"] = {"kind": "fleet", "server": "fleet", "error": f"{type(exc).__name__}: {exc}"[:2000]}
             say(f"fleet: FAILED: {phases['fleet']['error'][:300]}")
     finally:
-        for fleet in fleets.values():
-            fleet.stop()
+        _stop_all(fleets.values())
+
+
+def _stop_all(fleets: Iterable[FleetProc]) -> None:
+    """Stop the fleets at once: each waits for its workers to drain and exit, which takes seconds."""
+    with ThreadPoolExecutor(thread_name_prefix="fleet-stop") as pool:
+        list(pool.map(FleetProc.stop, fleets))
 
 
 def _rounds(args: argparse.Namespace, source: TextSource, meta: dict[str, tuple[str, int, dict[str, Any]]],
