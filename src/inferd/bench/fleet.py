@@ -27,8 +27,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,7 +35,7 @@ from typing import Any
 import httpx
 
 from inferd.bench.load import Target, TextSource, run_closed
-from inferd.bench.procs import ROOT, ServerFailed, _base_env, free_port
+from inferd.bench.procs import ROOT, ServerFailed, _base_env, free_port, start_together, stop_together
 from inferd.bench.stats import ratio
 
 
@@ -138,31 +137,18 @@ def fleet_phases(args: argparse.Namespace, model: Path, source: TextSource, phas
 
     threads = args.torch_threads or usable_cores()
     c, extra = args.fleet_concurrency, dict(args.server_env)
-    # Both fleets start at once: they are up side by side for the whole phase anyway, and nothing is measured
-    # before both are ready.
-    with ThreadPoolExecutor(max_workers=2, thread_name_prefix="fleet-start") as pool:
-        starting = {}
-        for workers in (1, 2):
-            each = max(1, threads // workers)
-            say(f"starting inferd fleet: {workers} worker(s), {each} torch thread(s) each")
-            starting[workers] = pool.submit(start_fleet, logs, model, workers, each, extra)
-    fleets: dict[int, FleetProc] = {}
-    failed: list[BaseException] = []
-    for workers, future in starting.items():
-        try:
-            fleets[workers] = future.result()
-        except BaseException as exc:  # every fleet that did start is stopped before anything is re-raised
-            failed.append(exc)
-    if failed:
-        _stop_all(fleets.values())
-        first = failed[0]
-        if not isinstance(first, ServerFailed):
-            raise first
-        phases["fleet"] = {"kind": "fleet", "server": "fleet", "error": str(first)[:2000]}
-        say(f"a fleet failed to start: {str(first)[:300]}")
+    each = {workers: max(1, threads // workers) for workers in (1, 2)}
+    for workers in (1, 2):
+        say(f"starting inferd fleet: {workers} worker(s), {each[workers]} torch thread(s) each")
+    try:
+        # At once: both are up side by side for the whole phase anyway, and nothing is measured before both are.
+        one, two = start_together([lambda: start_fleet(logs, model, 1, each[1], extra),
+                                   lambda: start_fleet(logs, model, 2, each[2], extra)])
+    except ServerFailed as exc:
+        phases["fleet"] = {"kind": "fleet", "server": "fleet", "error": str(exc)[:2000]}
+        say(f"a fleet failed to start: {str(exc)[:300]}")
         return
     try:
-        one, two = fleets[1], fleets[2]
         direct = f"http://127.0.0.1:{one.workers[0]['port']}"
         meta = {
             f"plain@{c}": (direct, c, {"workers": 1, "via": "direct", "logs": str(one.keep)}),
@@ -178,13 +164,7 @@ def fleet_phases(args: argparse.Namespace, model: Path, source: TextSource, phas
             phases["fleet"] = {"kind": "fleet", "server": "fleet", "error": f"{type(exc).__name__}: {exc}"[:2000]}
             say(f"fleet: FAILED: {phases['fleet']['error'][:300]}")
     finally:
-        _stop_all(fleets.values())
-
-
-def _stop_all(fleets: Iterable[FleetProc]) -> None:
-    """Stop the fleets at once: each waits for its workers to drain and exit, which takes seconds."""
-    with ThreadPoolExecutor(thread_name_prefix="fleet-stop") as pool:
-        list(pool.map(FleetProc.stop, fleets))
+        stop_together([one, two])
 
 
 def _rounds(args: argparse.Namespace, source: TextSource, meta: dict[str, tuple[str, int, dict[str, Any]]],

@@ -9,10 +9,11 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol, TypeVar
 
 import httpx
 
@@ -155,3 +156,35 @@ class Starts:
         self._ahead.clear()
         if self._pool is not None:
             self._pool.shutdown()
+
+
+class Stoppable(Protocol):
+    def stop(self) -> None: ...
+
+
+P = TypeVar("P", bound=Stoppable)
+
+
+def start_together(starts: list[Callable[[], P]]) -> list[P]:
+    """Start servers at once, each start in its own thread (for servers that are up side by side before any of
+    them is measured); returns them in order. If a start fails, the ones that started are stopped and the first
+    failure is raised."""
+    with ThreadPoolExecutor(max_workers=len(starts) or 1, thread_name_prefix="bench-start") as pool:
+        futures = [pool.submit(start) for start in starts]
+    started: list[P] = []
+    failures: list[BaseException] = []
+    for future in futures:
+        try:
+            started.append(future.result())
+        except BaseException as exc:  # every start is waited for, then the started ones are stopped
+            failures.append(exc)
+    if failures:
+        stop_together(started)
+        raise failures[0]
+    return started
+
+
+def stop_together(servers: Iterable[Stoppable]) -> None:
+    """Stop servers at once: each waits for its drain and its process's exit, which take seconds."""
+    with ThreadPoolExecutor(thread_name_prefix="bench-stop") as pool:
+        list(pool.map(lambda server: server.stop(), servers))
