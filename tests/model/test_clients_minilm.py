@@ -26,7 +26,7 @@ from sentence_transformers.quantization import quantize_embeddings
 from inferd.config import ModelSettings, resolve_model_path
 from inferd.core import quantize
 
-pytestmark = pytest.mark.model
+pytestmark = [pytest.mark.model, pytest.mark.usefixtures("hub_client_online")]
 
 TOL = 1e-5
 PROMPTS = {"query": "Represent this sentence for searching relevant passages: ", "document": ""}
