@@ -29,7 +29,7 @@ from inferd.core.manager import (
     VersionInUse,
 )
 from inferd.core.registry import ServedModel
-from inferd.core.shadow import MIN_ITEMS, verdict
+from inferd.core.shadow import verdict
 from inferd.core.slots import ModelSlot
 
 log = logging.getLogger(__name__)
@@ -173,7 +173,7 @@ async def rollback(request: Request, model: str | None = None) -> Response:
 
 
 def _min_items(served: ServedModel) -> int:
-    return int(getattr(getattr(served.settings, "shadow", None), "min_items", MIN_ITEMS))
+    return served.settings.shadow.min_items
 
 
 def _shadow_state(served: ServedModel) -> dict[str, Any]:

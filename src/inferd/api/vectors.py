@@ -99,7 +99,7 @@ def input_type_prompt(served: ServedModel, info: Mapping[str, Any], input_type: 
     if input_type is None:
         return prompt_of(info, None)
     prompts: dict[str, str] = dict(info.get("prompts") or {})
-    mapping = getattr(served.settings.model, "input_type_prompts", None) or {}
+    mapping = served.settings.model.input_type_prompts
     if input_type in mapping:
         return prompt_of(info, mapping[input_type], "input_type")
     name = next((n for n in INPUT_TYPE_PROMPTS.get(input_type, ()) if n in prompts), None)

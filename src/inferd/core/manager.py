@@ -23,7 +23,7 @@ from inferd.config import Settings
 from inferd.core.backends.gate import builtin_texts
 from inferd.core.loading import check_model_path, load_handler, spec_task
 from inferd.core.memory import device_memory
-from inferd.core.shadow import MIN_ITEMS, NEIGHBOURS, WINDOW, DriftReport, Shadow, sampled, space_check, verdict
+from inferd.core.shadow import MIN_ITEMS, DriftReport, Shadow, sampled, space_check, verdict
 from inferd.core.slots import ModelSlot
 from inferd.core.spec import ModelSpec, spec_from_settings
 from inferd.core.tasks.base import Handler, ModelLoadError, incompatibility
@@ -502,12 +502,10 @@ class ModelManager:
 
     def _report(self, slot: ModelSlot) -> DriftReport:
         info = slot.info
-        # shadow.window / shadow.neighbours once config.py declares them (core/shadow.py's defaults until then).
-        tuning = getattr(self.settings, "shadow", None)
+        tuning = self.settings.shadow
         return DriftReport(slot.task, slot.version, labels=info.get("labels"),
                            multi_label=bool(info.get("multi_label")), log_inputs=self.settings.server.log_inputs,
-                           window=getattr(tuning, "window", WINDOW),
-                           neighbours=getattr(tuning, "neighbours", NEIGHBOURS))
+                           window=tuning.window, neighbours=tuning.neighbours)
 
     def set_shadow(self, path: str, version: str, weight: float,
                    runtime: dict[str, str] | None = None) -> ModelSlot:

@@ -17,7 +17,6 @@ import httpx
 
 from inferd.config import ConfigError, Settings, load_settings
 from inferd.config_flags import add_config_flags, overrides
-from inferd.core.shadow import MIN_ITEMS
 from inferd.fleet.control import FleetNotFound, RunDir, find_run_dir, format_status, status
 from inferd.fleet.render import RenderError
 from inferd.fleet.rollout import Change, ChangeFailed, Rollout, change_lock
@@ -136,7 +135,7 @@ def shadow(run: RunDir, args: argparse.Namespace) -> int:
 
 
 def shadow_min_items(settings: Settings) -> int:
-    return int(getattr(getattr(settings, "shadow", None), "min_items", MIN_ITEMS))
+    return settings.shadow.min_items
 
 
 def change(run: RunDir, args: argparse.Namespace) -> int:

@@ -152,9 +152,7 @@ class EmbeddingHandler(ModelTask):
         self.normalize = spec.normalize if spec.normalize is not None else st_normalize
         self.pad_id = tokenizer.pad_token_id or 0
         self.prompts, self.default_prompt_name, include_prompt = read_prompts(spec.path)
-        # Read defensively: the setting is declared in config.py (model.matryoshka_dimensions).
-        self.matryoshka = matryoshka(getattr(spec.settings, "matryoshka_dimensions", None), spec.path,
-                                     self.dimension)
+        self.matryoshka = matryoshka(spec.settings.matryoshka_dimensions, spec.path, self.dimension)
         self.tokenizer = tokenizer.backend_tokenizer
         self.encoder = TextEncoder(self.tokenizer, self.max_seq_length, spec.truncate,
                                    exclude_prompt=not include_prompt)
