@@ -150,6 +150,8 @@ class CanarySettings(_Section):
     path: str | None = None
     version: str | None = None
     weight: float = Field(0.0, ge=0.0, le=1.0)
+    # Serve an embedding canary whose vectors live in another space than the model's (refused at start without).
+    force: bool = False
 
 
 class LimitSettings(_Section):
@@ -212,6 +214,10 @@ class ShadowSettings(_Section):
 
     # Texts (or pairs) a model's shadow lane holds; a mirrored request that does not fit is shed (counted).
     max_queue: int = Field(256, ge=1)
+    # The largest shadow batch: a live request that arrives while one runs waits for it (a running batch is
+    # not interrupted), so these bound what shadow work can add to a live request's latency.
+    max_batch_size: int = Field(8, ge=1)
+    max_batch_tokens: int = Field(1024, ge=1)
     # The fewest texts (or pairs) a drift report must be based on before it may decide a promotion.
     min_items: int = Field(100, ge=1)
     # Recent texts the neighbourhood agreement is measured among, and the nearest neighbours compared.

@@ -92,6 +92,9 @@ def test_the_same_weights_on_onnx_keep_the_space_and_promote(server: Server, tin
         r = c.post("/admin/models/shadow", json={"path": str(tiny_model), "version": "onnx", "weight": 1.0,
                                                   "backend": "onnx"}, headers=ADMIN)
         assert r.status_code == 200, r.text
+        listed = c.get("/admin/models", headers=ADMIN).json()["models"][0]
+        assert listed["shadow"]["version"] == "onnx" and listed["shadow"]["weight"] == 1.0
+        assert [slot["role"] for slot in listed["slots"]] == ["active"]  # the candidate answers nobody
         live = send_all(c)
         torch_ref = vectors(tiny_model)
         np.testing.assert_allclose(live, torch_ref, atol=1e-5)  # the client got the active model's answers
@@ -115,6 +118,7 @@ def test_the_same_weights_on_onnx_keep_the_space_and_promote(server: Server, tin
         assert promoted.status_code == 200, promoted.text
         assert c.get("/info").json()["version"] == "onnx"
         assert c.get("/admin/models/shadow", headers=ADMIN).status_code == 404
+        assert c.get("/admin/models", headers=ADMIN).json()["models"][0]["shadow"] is None
         ensure_v1(c, tiny_model)
 
 

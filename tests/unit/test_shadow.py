@@ -14,9 +14,10 @@ import pytest
 import torch
 from fakes import HashHandler, vector_for
 
-from inferd.config import BatchingSettings, GateSettings, ModelSettings, Settings
+from inferd.config import BatchingSettings, CanarySettings, GateSettings, ModelSettings, Settings, ShadowSettings
 from inferd.core.batcher import BatchQueue, Policy, QueueFull
 from inferd.core.engine import InferenceEngine
+from inferd.core.errors import ModelLoadError
 from inferd.core.manager import NoShadow, ShadowRefused, SpaceChanged
 from inferd.core.shadow import (
     COSINE_EDGES,
@@ -24,6 +25,7 @@ from inferd.core.shadow import (
     aggregate,
     sampled,
     shadow_lane,
+    shadow_policy,
     verdict,
 )
 from inferd.core.spec import ModelSpec
@@ -182,6 +184,27 @@ def test_a_shadow_lane_runs_only_while_no_live_lane_holds_work() -> None:
         queue.put([Item(1)], shadow_lane("m"))  # bounded: the third is refused (shed by admission)
 
 
+def test_shadow_batches_are_capped_by_the_shadow_settings_and_never_wait() -> None:
+    live = Policy(max_batch_size=32, max_batch_tokens=8192, max_wait_ms=5.0, sort_window=64)
+    capped = shadow_policy(live, ShadowSettings(max_batch_size=4, max_batch_tokens=100))
+    assert (capped.max_batch_size, capped.max_batch_tokens, capped.max_wait_ms, capped.sort_window) == (4, 100, 0, 64)
+    # A live policy already below the caps keeps its own limits.
+    small = shadow_policy(Policy(max_batch_size=2, max_batch_tokens=50), ShadowSettings(max_batch_size=4))
+    assert (small.max_batch_size, small.max_batch_tokens) == (2, 50)
+    queue = BatchQueue(live, 64, lanes=True)
+    queue.add_lane("m", live, 64)
+    queue.add_lane(shadow_lane("m"), capped, 64, shadow=True)
+    assert queue.lane_rules(shadow_lane("m")) == (capped, 64) and queue.lane_rules("nope") is None
+    queue.put([Item(10) for _ in range(10)], shadow_lane("m"))
+    queue.put([Item(150)], shadow_lane("m"))  # alone over the token cap: it runs on its own
+    sizes = []
+    while len(queue):
+        decision = queue.take(timeout=1)
+        assert decision is not None and decision.lane == "m#shadow"
+        sizes.append(len(decision.batch))
+    assert sizes == [4, 4, 2, 1]
+
+
 # -- an engine with a shadow candidate -----------------------------------------------------------------------
 
 
@@ -192,7 +215,8 @@ class ShiftedHandler(HashHandler):
         return [list(reversed(vector_for(t))) for t in outputs]
 
 
-def engine_with(tmp_path: Path, **batching: Any) -> tuple[InferenceEngine, dict[str, HashHandler]]:
+def engine_with(tmp_path: Path, shadow: ShadowSettings | None = None, canary: CanarySettings | None = None,
+                **batching: Any) -> tuple[InferenceEngine, dict[str, HashHandler]]:
     handlers = {"active": HashHandler(), "same": HashHandler(), "shifted": ShiftedHandler()}
     for name in handlers:
         (tmp_path / name).mkdir(exist_ok=True)
@@ -203,7 +227,8 @@ def engine_with(tmp_path: Path, **batching: Any) -> tuple[InferenceEngine, dict[
         return handler
 
     settings = Settings(model=ModelSettings(path=str(tmp_path / "active"), warmup=False, load_mode="eager"),
-                        batching=BatchingSettings(**{"max_wait_ms": 0.0, **batching}))
+                        batching=BatchingSettings(**{"max_wait_ms": 0.0, **batching}),
+                        shadow=shadow or ShadowSettings(), canary=canary or CanarySettings())
     engine = InferenceEngine(settings, Metrics(), loader=load)
     engine.manager.load_initial()
     return engine, handlers
@@ -255,6 +280,23 @@ def test_shadow_never_changes_a_live_answer_and_reports_the_drift(tmp_path: Path
         # Shadow batches stay out of the live metrics: no batch series for the candidate's version.
         assert sample(engine, "inferd_batch_size_count", {"model": "all-MiniLM-L6-v2", "version": "v2"}) == 0
         assert handlers["shifted"].batches  # it did compute
+
+    run(engine, scenario)
+
+
+def test_the_candidate_computes_a_request_in_batches_no_larger_than_the_shadow_cap(tmp_path: Path) -> None:
+    engine, handlers = engine_with(tmp_path, shadow=ShadowSettings(max_batch_size=4))
+    engine.manager.set_shadow(str(tmp_path / "same"), "v2", 1.0)
+    texts = [f"text {i}" for i in range(10)]
+
+    async def scenario() -> None:
+        assert (await engine.embed(texts)).outputs == [vector_for(t) for t in texts]
+        shadow = engine.manager.shadow
+        assert shadow is not None
+        await until(lambda: shadow.report.computed == 1)
+        assert [len(b) for b in handlers["active"].batches] == [10]  # the live batch: the model's own limit
+        assert sorted(len(b) for b in handlers["same"].batches) == [2, 4, 4]
+        assert shadow.report.as_dict()["cosine"]["count"] == 10
 
     run(engine, scenario)
 
@@ -348,3 +390,14 @@ def test_a_canary_of_another_embedding_space_is_refused_unless_forced(tmp_path: 
         assert manager.canary is forced
 
     run(engine, scenario)
+
+
+def test_a_configured_canary_of_another_embedding_space_fails_the_start_unless_forced(tmp_path: Path) -> None:
+    shifted = CanarySettings(path=str(tmp_path / "shifted"), version="v2", weight=0.2)
+    with pytest.raises(ModelLoadError, match=r"canary.path .*shifted: the canary's embedding space differs.*"
+                                             r"canary.force: true"):
+        engine_with(tmp_path, canary=shifted)
+    engine, _ = engine_with(tmp_path, canary=shifted.model_copy(update={"force": True}))
+    assert [(role, slot.version) for role, slot in engine.manager.slots()] == [("active", "1"), ("canary", "v2")]
+    same, _ = engine_with(tmp_path, canary=CanarySettings(path=str(tmp_path / "same"), version="v3", weight=0.2))
+    assert same.manager.canary is not None and same.manager.canary.version == "v3"

@@ -247,11 +247,14 @@ async def list_models(request: Request, model: str | None = None) -> Response:
 
 
 def _admin_row(served: ServedModel, queue_depth: int) -> dict[str, Any]:
-    manager = served.manager
+    manager, shadow = served.manager, served.manager.shadow
     return {"name": served.name, "task": served.task, "required": served.required, "state": manager.state,
             "switches": manager.switches, "canary_weight": manager.canary_weight, "reason": manager.reason,
             "queue_depth": queue_depth, "slots": [{"role": role, **_describe(s), "in_use": s.refs}
-                                           for role, s in manager.slots()]}
+                                           for role, s in manager.slots()],
+            # The candidate computes beside the active model but answers nobody: not a serving slot.
+            "shadow": None if shadow is None else {**_describe(shadow.slot), "in_use": shadow.slot.refs,
+                                                   "weight": shadow.weight}}
 
 
 @admin_router.get("/memory", responses=responses(raw_body("application/json", {"type": "object"}), 401, 404))

@@ -281,6 +281,11 @@ class SlotState(SlotInfo):
     in_use: int
 
 
+class ShadowSlot(SlotInfo):
+    in_use: int
+    weight: float
+
+
 class AdminModel(BaseModel):
     name: str
     task: str | None = None
@@ -291,6 +296,7 @@ class AdminModel(BaseModel):
     reason: str | None = None
     queue_depth: int = 0
     slots: list[SlotState]
+    shadow: ShadowSlot | None = Field(None, description="the shadow candidate (POST /admin/models/shadow), if any")
 
 
 class AdminModels(BaseModel):

@@ -28,7 +28,7 @@ from inferd.core.errors import ClientGone, EngineError, Kind, deadline_passed
 from inferd.core.manager import ModelNotReady
 from inferd.core.preprocess import InputError, check_texts
 from inferd.core.registry import ModelNotFound, ModelRegistry, ServedModel
-from inferd.core.shadow import SHADOW_PRIORITY, SHADOW_TIMEOUT_S, Shadow, shadow_lane
+from inferd.core.shadow import SHADOW_PRIORITY, SHADOW_TIMEOUT_S, Shadow, shadow_lane, shadow_policy
 from inferd.core.slots import ModelSlot
 from inferd.core.work import Failure, Outcome, TaskResult, Ticket, WorkItem
 from inferd.utils import tracing
@@ -235,8 +235,9 @@ class Admission:
             if sum(map(_chars, inputs)) > _INLINE_TOKENIZE_CHARS and self._preprocessing.locked():
                 return  # shed: live requests are waiting for the tokenizer's thread
             encoded = await self._preprocess(slot, inputs)
-            if self.queue.max_queue(lane) == 0:
-                self.queue.add_lane(lane, served.policy, served.settings.shadow.max_queue, shadow=True)
+            policy, bound = shadow_policy(served.policy, served.settings.shadow), served.settings.shadow.max_queue
+            if self.queue.lane_rules(lane) != (policy, bound):  # absent, or the settings changed (SIGHUP)
+                self.queue.add_lane(lane, policy, bound, shadow=True)
             assert self._loop is not None
             ticket = Ticket(self._loop.create_future(), len(encoded))
             now = time.monotonic()

@@ -235,6 +235,12 @@ class BatchQueue:
             found = self._lanes.get(lane)
             return found.max_queue if found is not None else 0
 
+    def lane_rules(self, lane: str) -> tuple[Policy, int] | None:
+        """A lane's policy and bound; None when there is no such lane (or it is retiring)."""
+        with self._cond:
+            found = self._lanes.get(lane)
+            return None if found is None or found.retiring else (found.policy, found.max_queue)
+
     def depth(self, lane: str = DEFAULT_LANE) -> int:
         found = self._lanes.get(lane)
         return len(found.pending) if found is not None else 0

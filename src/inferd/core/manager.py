@@ -190,6 +190,12 @@ class ModelManager:
                     if canary.version == slot.version:
                         raise ModelLoadError(f"canary.version {canary.version!r} is the model's own version; "
                                              "give the canary its own")
+                    space = self._space_changed(canary, slot)
+                    if space is not None and not c.force:
+                        raise ModelLoadError(f"canary.path {c.path}: {space} (canary.force: true at start)")
+                    if space is not None:
+                        log.warning("canary forced although its space differs: %s", space,
+                                    extra={"version": canary.version})
                 except ModelLoadError:
                     slot.retire()
                     if canary is not None:
@@ -449,11 +455,12 @@ class ModelManager:
 
     # -- shadow --------------------------------------------------------------------------------------------
 
-    def _space_changed(self, slot: ModelSlot) -> str | None:
-        """For an embedding canary: why its vectors are not the active model's space (None: they are), measured
-        on the gate's built-in texts on the worker thread (between batches; handlers are not shared across
-        threads). A different size, or any text's cosine below model.gate.int8_cosine_min, is another space."""
-        active = self.active
+    def _space_changed(self, slot: ModelSlot, active: ModelSlot | None = None) -> str | None:
+        """For an embedding canary: why its vectors are not ``active``'s space (default: the active model's;
+        None: they are), measured on the gate's built-in texts on the worker thread (between batches; handlers
+        are not shared across threads). A different size, or any text's cosine below
+        model.gate.int8_cosine_min, is another space."""
+        active = active or self.active
         if active is None or slot.task != "embedding" or active.task != "embedding":
             return None
         texts = builtin_texts(SPACE_TEXTS)

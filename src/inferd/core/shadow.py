@@ -25,12 +25,13 @@ import heapq
 import threading
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
 from inferd.core.backends.gate import spearman, top_agreement
+from inferd.core.batcher import Policy
 from inferd.core.slots import ModelSlot
 
 # Bounds of what the report keeps (a candidate may shadow for days): the neighbourhood window, the cosines
@@ -54,6 +55,15 @@ SHADOW_TIMEOUT_S = 30.0
 
 def shadow_lane(model: str) -> str:
     return model + SHADOW_SUFFIX
+
+
+def shadow_policy(live: Policy, settings: Any) -> Policy:
+    """The shadow lane's batching rules: the model's own, in batches no larger than shadow.max_batch_size and
+    shadow.max_batch_tokens, and no wait for companions. Its batches run only while no live lane holds work,
+    but one that is running is not interrupted: a live request arriving then waits for it, so its size is
+    the delay shadow work can add to a live answer."""
+    return replace(live, max_batch_size=min(live.max_batch_size, settings.max_batch_size),
+                   max_batch_tokens=min(live.max_batch_tokens, settings.max_batch_tokens), max_wait_ms=0.0)
 
 
 def sampled(weight: float, routing_key: str | None, draw: float) -> bool:
