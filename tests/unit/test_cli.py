@@ -164,3 +164,16 @@ def test_set_reaches_any_key_and_one_model_of_a_list(ran: list[Settings], tmp_pa
     with pytest.raises(SystemExit, match="expected KEY=VALUE"):
         cli.main(["serve", "--set", "batching.max_wait_ms"])
     assert cli.main(["check-config", "--set", "models.nope.backend=onnx"]) != 0
+
+
+def test_the_cli_and_the_fleets_commands_start_without_torch() -> None:
+    """`inferd fleet status`, `fleet shadow report`, `check-config` need no model runtime: importing torch costs
+    each call about 3 s on a small machine (it crept in once through the shadow report's rank figures)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, inferd.cli, inferd.fleet.command, inferd.fleet.shadow, inferd.core.shadow; "
+            "heavy = sorted(m for m in ('torch', 'transformers', 'onnxruntime', 'openvino') if m in sys.modules); "
+            "assert not heavy, heavy")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr

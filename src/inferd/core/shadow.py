@@ -26,13 +26,15 @@ import threading
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from inferd.core.backends.gate import spearman, top_agreement
+from inferd.core.agreement import spearman, top_agreement
 from inferd.core.batcher import Policy
-from inferd.core.slots import ModelSlot
+
+if TYPE_CHECKING:  # the fleet's CLI aggregates reports without torch, which slots imports
+    from inferd.core.slots import ModelSlot
 
 # Bounds of what the report keeps (a candidate may shadow for days): the neighbourhood window, the cosines
 # the percentiles are taken over, and the most-drifted items listed.

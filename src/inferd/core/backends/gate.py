@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 from inferd.config import GateSettings
+from inferd.core.agreement import TOP, rank, spearman, top_agreement  # noqa: F401  (the gate's figures)
 from inferd.core.backends.base import BackendError, Runner
 from inferd.core.preprocess import Encoded, InputError
 
@@ -36,7 +37,6 @@ CALIBRATION_SEED = 11_2025  # int8 calibration's texts: not the ones the gate ju
 AT_LIMIT_SHARE = 16  # one text in this many is at the model's length limit
 OVERLAP_K = 10
 PER_QUERY = 16  # documents per query in the rerank gate's set
-TOP = 3
 _FIGURE_NAMES = {"cosine_min": "cosine min", "cosine_mean": "cosine mean", "overlap_at_10": "overlap@10",
                  "spearman_mean": "Spearman mean", "top3_agreement": "top-3 agreement",
                  "label_agreement": "label agreement", "score_diff_max": "max diff"}
@@ -287,30 +287,6 @@ def overlap_at_k(reference: np.ndarray, candidate: np.ndarray, k: int = OVERLAP_
 
     ref, cand = neighbours(reference), neighbours(candidate)
     return float(np.mean([len(set(r) & set(c)) / k for r, c in zip(ref, cand, strict=True)]))
-
-
-def rank(values: np.ndarray) -> np.ndarray:
-    """Ranks 1..n, ties given their average rank (as Spearman's correlation takes them)."""
-    ranks = np.empty(len(values), dtype=np.float64)
-    ranks[np.argsort(values, kind="stable")] = np.arange(1, len(values) + 1)
-    _, inverse, counts = np.unique(values, return_inverse=True, return_counts=True)
-    if (counts > 1).any():
-        ranks = (np.bincount(inverse, weights=ranks) / counts)[inverse]
-    return ranks
-
-
-def spearman(a: np.ndarray, b: np.ndarray) -> float:
-    ra, rb = rank(a), rank(b)
-    if ra.std() == 0 or rb.std() == 0:
-        return 1.0 if np.array_equal(ra, rb) else 0.0
-    return float(np.corrcoef(ra, rb)[0, 1])
-
-
-def top_agreement(a: np.ndarray, b: np.ndarray, k: int = TOP) -> float:
-    def best(v: np.ndarray) -> set[int]:
-        return set(np.argsort(-v, kind="stable")[:k].tolist())
-
-    return len(best(a) & best(b)) / min(k, len(a))
 
 
 def ranking_figures(reference: np.ndarray, got: np.ndarray) -> dict[str, float]:
