@@ -225,8 +225,12 @@ class GraphRunner:
         if set(self._names) - set(INPUT_NAMES):
             raise BackendError(f"{graph_path}: unexpected graph inputs {self._names}")
         self.info: dict[str, Any] = {"backend": self.backend, "head": head, "dtype": dtype, "quantize": quantize,
-                                     "graph": str(graph_path), **(info or {})}
+                                     "graph": str(graph_path), **self._opened(), **(info or {})}
         self._open_now = True
+
+    def _opened(self) -> dict[str, Any]:
+        """What the runtime says of the session it opened, for /info (what it really runs, where it differs)."""
+        return {}
 
     @property
     def input_names(self) -> tuple[str, ...]:

@@ -127,7 +127,16 @@ class OpenVINORunner(GraphRunner):
             raise BackendError(f"OpenVINO cannot compile {graph_path}: {exc}") from exc
         # One request, used by the one inference worker thread; results are copied out of it.
         self._request = self._compiled.create_infer_request()
+        # The plugin takes a precision the CPU cannot run as a hint and runs float32 instead (bf16 without
+        # AVX512_BF16 or AMX): what it compiled is read back, so /info and the log say what really runs.
+        self._precision = self._compiled.get_property("INFERENCE_PRECISION_HINT").get_type_name()
+        if self._precision != _PRECISION[self.dtype]:
+            log.warning("OpenVINO runs %s, not the %s asked for: this CPU has no native %s", self._precision,
+                        self.dtype, self.dtype)
         return tuple(i.get_any_name() for i in self._compiled.inputs)
+
+    def _opened(self) -> dict[str, Any]:
+        return {"inference_precision": self._precision}
 
     def _run(self, feed: dict[str, Any]) -> Any:
         self._request.infer(feed)
