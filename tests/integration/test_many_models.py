@@ -79,14 +79,16 @@ def pipeline(root: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[S
 
 @pytest.fixture(scope="module")
 def singles(root: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Server]]:
-    """One server per model, as a user would run them without the list: the reference answers."""
+    """One server per model, as a user would run them without the list: the reference answers. Started side by
+    side (each start is mostly imports), then each waited for."""
     started: dict[str, Server] = {}
     try:
         for name, folder in (("embedder", "emb-a"), ("embedder-b", "emb-b"), ("reranker", "ce"),
                              ("classifier", "cls")):
             started[name] = start_server(tmp_path_factory.mktemp(f"single-{name}"), {
-                "INFERD__MODEL__PATH": str(root / folder), "INFERD__MODEL__LOAD_MODE": "eager"},
-                wait="/health/ready")
+                "INFERD__MODEL__PATH": str(root / folder), "INFERD__MODEL__LOAD_MODE": "eager"}, wait=None)
+        for server in started.values():
+            server.wait_ready(120, "/health/ready")
         yield started
     finally:
         for server in started.values():

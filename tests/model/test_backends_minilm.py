@@ -1,6 +1,6 @@
 """The real all-MiniLM-L6-v2 on ONNX Runtime and OpenVINO: equivalence with torch, and int8 through its gate.
 
-Exports are cached in one session-wide folder, so each configuration is exported once per run.
+Exports are cached in one session-wide folder (conftest.py), so each configuration is exported once per run.
 """
 
 from __future__ import annotations
@@ -18,16 +18,13 @@ from inferd.core.spec import ModelSpec
 from inferd.core.tasks.embedding import EmbeddingHandler
 from inferd.corpus import texts as corpus_texts
 
+from .conftest import MINILM_GATE
+
 pytestmark = pytest.mark.model
 
-GATE = (("texts", 128),)
+GATE = MINILM_GATE
 MIXED = corpus_texts(32, seed=7)  # English, Chinese and mixed, 5 to 250 tokens
 AT_LIMIT = [" ".join(corpus_texts(12, seed=s)) for s in (1, 2, 3)]
-
-
-@pytest.fixture(scope="session")
-def minilm_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("minilm-backends")
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,9 @@
 """The drift report on the real all-MiniLM-L6-v2: OpenVINO static int8 shadowing torch fp32 keeps the space
-(high cosine, neighbourhoods kept); kept short (one int8 export with a small gate and calibration set, 160 texts:
-about 50 s on two cores, nearly all of it the export)."""
+(high cosine, neighbourhoods kept). The int8 export is the one test_backends_minilm.py builds, in the same session
+cache (conftest.py): in a full run one of the two exports it and the other finds it cached. Its gate bounds are
+loosened (a setting: the cached figures are judged again, no new export): on a CPU without int8 dot products (the
+AVX2 EPYC here) static int8 measures cosine min 0.986 and overlap@10 0.943 on the gate's texts and is refused by
+the defaults, while what this test measures is the drift report on such a candidate, not the gate."""
 
 from __future__ import annotations
 
@@ -16,11 +19,12 @@ from inferd.core.shadow import DriftReport, verdict
 from inferd.core.spec import ModelSpec
 from inferd.corpus import texts as corpus_texts
 
+from .conftest import MINILM_GATE
+
 pytestmark = pytest.mark.model
 
 TEXTS = corpus_texts(160, seed=22)
-# A smaller gate and calibration set than the defaults: the export is what the test waits for.
-GATE = (("texts", 32), ("calibration_texts", 16))
+LOOSE = (("int8_cosine_min", 0.98), ("int8_overlap_at_10", 0.9))
 
 
 def vectors(handler: object, texts: list[str]) -> np.ndarray:
@@ -31,13 +35,13 @@ def vectors(handler: object, texts: list[str]) -> np.ndarray:
 
 
 @pytest.mark.timeout(600)
-def test_openvino_int8_shadowing_torch_keeps_the_space(tmp_path: Path) -> None:
+def test_openvino_int8_shadowing_torch_keeps_the_space(minilm_cache: Path) -> None:
     path = resolve_model_path(ModelSettings())
     reference = load_handler(ModelSpec(path=path, name="minilm", version="1", device="cpu", warmup=False))
     try:
         candidate = load_handler(ModelSpec(path=path, name="minilm", version="int8", device="cpu",
-                                           backend="openvino", quantize="int8", cache_dir=str(tmp_path), gate=GATE,
-                                           warmup=False))
+                                           backend="openvino", quantize="int8", cache_dir=str(minilm_cache),
+                                           gate=(*MINILM_GATE, *LOOSE), warmup=False))
     except BackendError as exc:
         # Refused by its own gate only on a CPU without int8 dot products (README, Backends).
         assert quantize_warning("int8", cpu_flags()) is not None, str(exc)
