@@ -70,6 +70,10 @@ def test_impossible_dtypes_are_refused_with_the_setting_named(dtype: str, backen
 
 def test_explicit_dtypes_are_kept() -> None:
     assert resolve_dtype("bfloat16", "openvino", CPU, BF16) == ("bfloat16", "configured")
+    # Without native bf16 OpenVINO's plugin would compile float32 under a bf16 label: it is float32, said why.
+    dtype, why = resolve_dtype("bfloat16", "openvino", CPU, NO_BF16)
+    assert dtype == "float32" and "no native bf16" in why and "OpenVINO runs float32" in why
+    assert resolve_dtype("bfloat16", "torch", CPU, NO_BF16) == ("bfloat16", "configured")  # torch emulates it
     assert resolve_dtype("float16", "torch", CUDA, set()) == ("float16", "configured")
 
 

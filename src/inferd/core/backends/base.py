@@ -161,6 +161,12 @@ def resolve_dtype(requested: str, backend: str, device: torch.device,
         raise BackendError("model.dtype bfloat16: ONNX Runtime has no bf16 kernels on the CPU "
                            "(use the openvino backend, or float32)")
     if requested == "bfloat16" and not cuda and not native_bf16(cpu_flags() if flags is None else flags):
+        if backend == "openvino":
+            # Its CPU plugin takes the precision as a hint and compiles float32 here: say so, and judge and cache
+            # what runs (a float32 entry, under the float32 gate) rather than a bf16 label on a float32 graph.
+            why = "bfloat16 configured, but the CPU has no native bf16 (avx512_bf16 or amx_bf16): OpenVINO runs float32"
+            log.warning("model.dtype %s", why)
+            return "float32", why
         log.warning("model.dtype bfloat16 on a CPU without native bf16: emulated, likely slower than float32")
     return requested, "configured"
 
