@@ -287,7 +287,7 @@ def computed(c: httpx.Client, model: str) -> int:
 
 
 def test_rerank_and_classification_reports_equal_an_offline_computation(pipeline: tuple[Server, Path]) -> None:
-    from inferd.core.backends.gate import spearman, top_agreement
+    from inferd.core.agreement import spearman, top_agreement
 
     server, root = pipeline
     with server.client() as c:

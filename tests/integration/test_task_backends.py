@@ -19,8 +19,8 @@ import pytest
 from conftest import metric_value, start_server
 from tinymodel import WORDS, write_tiny_classifier, write_tiny_cross_encoder
 
+from inferd.core.agreement import spearman
 from inferd.core.backends.base import BackendError, cpu_flags, native_bf16
-from inferd.core.backends.gate import spearman
 from inferd.core.loading import load_handler
 from inferd.core.spec import ModelSpec
 

@@ -22,8 +22,8 @@ import numpy as np
 import pytest
 
 from inferd.bench.cross_encoder import build
+from inferd.core.agreement import spearman
 from inferd.core.backends.base import cpu_flags, native_bf16
-from inferd.core.backends.gate import spearman
 from inferd.core.loading import load_handler
 from inferd.core.spec import ModelSpec
 from inferd.corpus import texts as corpus_texts

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from inferd.config import GateSettings
-from inferd.core.agreement import TOP, rank, spearman, top_agreement  # noqa: F401  (the gate's figures)
+from inferd.core.agreement import spearman, top_agreement
 from inferd.core.backends.base import BackendError, Runner
 from inferd.core.preprocess import Encoded, InputError
 
