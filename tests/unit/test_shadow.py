@@ -87,6 +87,41 @@ def test_the_same_vectors_agree_fully_and_other_sizes_are_another_space() -> Non
     assert other.figures()["cosine_mean"] == 0.0
 
 
+def test_repeated_texts_computed_in_other_batches_are_no_disagreement() -> None:
+    # The same model on both sides, fed requests that repeat two texts: each copy differs by float noise only,
+    # so which copy a model ranks first is row order (it once gave overlap 0.66, min 0.0, and refused promotion).
+    rng = np.random.default_rng(6)
+    texts = rng.normal(size=(2, 16))
+
+    def computed(rows: np.ndarray) -> list[np.ndarray]:
+        return list(rows + rng.normal(scale=1e-7, size=rows.shape))
+
+    report = DriftReport("embedding", "v2", window=64, neighbours=10)
+    for n in range(120):
+        batch = texts[[n % 2, (n + 1) % 2, n % 2]]
+        report.add(computed(batch), computed(batch))
+    f = report.figures()
+    assert f["cosine_min"] == pytest.approx(1.0) and f["overlap_mean"] == 1.0
+    assert report.as_dict()["neighbours"]["min"] == 1.0
+    assert verdict("embedding", report.items, f, GATE, 100).ok
+    # The accuracy gate's overlap over a probe set with repeated texts is the same figure.
+    from inferd.core.backends import gate
+
+    probe = texts[[0, 1] * 12]
+    assert gate.overlap_at_k(np.asarray(computed(probe)), np.asarray(computed(probe))) == 1.0
+    # A rerank request listing a document twice: the copies tie, under both models.
+    scores = rng.random(6)[[0, 1, 2, 2, 3, 4, 5, 5]]
+    ranked = DriftReport("rerank", "v2")
+    for _ in range(5):
+        ranked.add([[x] for x in computed(scores)], [[x] for x in computed(scores)])
+    assert ranked.figures()["spearman_mean"] == 1.0 and ranked.figures()["top3_agreement"] == 1.0
+    # Still a disagreement where the candidate's order really differs.
+    other = DriftReport("embedding", "v2", window=64, neighbours=10)
+    a = rng.normal(size=(60, 16))
+    other.add(list(a), list(a[rng.permutation(60)]))
+    assert other.figures()["overlap_mean"] < 0.5
+
+
 def test_rerank_and_classification_figures_equal_an_offline_computation() -> None:
     from scipy.stats import spearmanr
 

@@ -93,17 +93,11 @@ def cosine_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return (unit_rows(a) * unit_rows(b)).sum(axis=1)
 
 
-def nearest(window: np.ndarray, v: np.ndarray, k: int) -> set[int]:
-    """The k rows of ``window`` (unit rows) nearest ``v`` (a unit vector) by cosine; ties to the older row."""
-    sims = window @ v
-    return set(np.argsort(-sims, kind="stable")[:k].tolist())
-
-
 def neighbour_overlap(win_a: np.ndarray, win_b: np.ndarray, a: np.ndarray, b: np.ndarray, k: int) -> float:
     """Of a text's k nearest texts in the window, the share both spaces agree on (rows of the windows are the
-    same texts, in each model's space)."""
-    k = min(k, len(win_a))
-    return len(nearest(win_a, a, k) & nearest(win_b, b, k)) / k
+    same texts, in each model's space); a text repeated in the window ties with its copies, and which copy
+    fills the k-th place is no disagreement (core/agreement.py)."""
+    return top_agreement(win_a @ a, win_b @ b, k)
 
 
 def ranking(active: np.ndarray, shadow: np.ndarray) -> dict[str, float]:

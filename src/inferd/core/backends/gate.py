@@ -277,16 +277,16 @@ def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 def overlap_at_k(reference: np.ndarray, candidate: np.ndarray, k: int = OVERLAP_K) -> float:
-    """Mean share of each text's k nearest neighbours (itself excluded) that both models agree on."""
+    """Mean share of each text's k nearest neighbours (itself excluded) that both models agree on; a repeated
+    text's copies are ties, not disagreement (core/agreement.py)."""
 
-    def neighbours(v: np.ndarray) -> np.ndarray:
+    def similarities(v: np.ndarray) -> np.ndarray:
         n = v / np.clip(np.linalg.norm(v, axis=1, keepdims=True), 1e-12, None)
-        sim = n @ n.T
-        np.fill_diagonal(sim, -np.inf)
-        return np.argsort(-sim, axis=1, kind="stable")[:, :k]
+        return n @ n.T
 
-    ref, cand = neighbours(reference), neighbours(candidate)
-    return float(np.mean([len(set(r) & set(c)) / k for r, c in zip(ref, cand, strict=True)]))
+    ref, cand = similarities(reference), similarities(candidate)
+    return float(np.mean([top_agreement(np.delete(r, i), np.delete(c, i), k)
+                          for i, (r, c) in enumerate(zip(ref, cand, strict=True))]))
 
 
 def ranking_figures(reference: np.ndarray, got: np.ndarray) -> dict[str, float]:
