@@ -209,6 +209,19 @@ def test_without_a_valid_traceparent_a_new_trace_starts(
     assert {"tokenize", "queue", "inference"} <= set(children(spans, server))
 
 
+def test_two_traceparent_headers_start_a_new_trace(spans: InMemorySpanExporter) -> None:
+    # The W3C trace-context suite's duplicated-traceparent case: neither header is continued.
+    other = f"00-{'1' * 32}-{PARENT_ID}-01"
+    server = tracing.server_span({"type": "http", "method": "POST", "path": "/predict", "headers": [
+        (b"traceparent", TRACEPARENT.encode()), (b"traceparent", other.encode()),
+        (b"tracestate", b"vendor=opaque")]}, "/predict")
+    assert server is not None
+    server.end(200, {})
+    [span] = spans.get_finished_spans()
+    assert span.parent is None and span.context.trace_id not in (int(TRACE_ID, 16), int("1" * 32, 16))
+    assert len(span.context.trace_state) == 0
+
+
 def test_a_caller_that_sampled_its_trace_out_gets_no_spans_but_the_log_keeps_its_trace_id(
         tmp_path: Path, spans: InMemorySpanExporter, lines: list[logging.LogRecord]) -> None:
     with app_client(tmp_path) as (client, _):

@@ -111,12 +111,16 @@ def server_span(scope: Mapping[str, Any], route: str | None) -> ServerSpan | Non
     if tracer is None:
         return None
     carrier: dict[str, str] = {}
+    parents = 0
     for key, value in scope.get("headers", ()):
-        if key == b"traceparent" and "traceparent" not in carrier:
+        if key == b"traceparent":
+            parents += 1
             carrier["traceparent"] = value.decode("latin-1")
         elif key == b"tracestate":  # repeated headers are one list (W3C Trace Context)
             text = value.decode("latin-1")
             carrier["tracestate"] = f"{carrier['tracestate']},{text}" if "tracestate" in carrier else text
+    if parents > 1:  # W3C Trace Context: more than one traceparent is invalid, as is the tracestate it carries
+        carrier.clear()
     # An invalid traceparent leaves the context empty: a new trace, never an error.
     parent = _PROPAGATOR.extract(carrier) if carrier else otel_context.Context()
     method = str(scope.get("method", ""))
