@@ -13,7 +13,7 @@ import torch
 from inferd.core.errors import ModelLoadError
 from inferd.core.preprocess import Encoded
 from inferd.core.tasks.base import check_weights
-from inferd.core.tasks.embedding import EmbeddingHandler, cls_pool, mean_pool, read_st_config
+from inferd.core.tasks.embedding import POOLERS, EmbeddingHandler, cls_pool, lasttoken_pool, mean_pool, read_st_config
 
 # -- pooling ---------------------------------------------------------------------------------------------------
 
@@ -50,6 +50,36 @@ def test_mean_pool_keeps_low_precision_dtype() -> None:
 def test_cls_pool_takes_the_first_token() -> None:
     hidden = torch.arange(2 * 3 * 2, dtype=torch.float32).reshape(2, 3, 2)
     torch.testing.assert_close(cls_pool(hidden, torch.ones(2, 3)), hidden[:, 0])
+
+
+def padded(rows: list[torch.Tensor], side: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows of hidden states of different lengths as one batch padded on ``side``, padding filled with garbage."""
+    longest = max(r.shape[0] for r in rows)
+    hidden = torch.full((len(rows), longest, rows[0].shape[1]), 1e4)
+    mask = torch.zeros(len(rows), longest, dtype=torch.long)
+    for i, r in enumerate(rows):
+        span = slice(0, r.shape[0]) if side == "right" else slice(longest - r.shape[0], longest)
+        hidden[i, span], mask[i, span] = r, 1
+    return hidden, mask
+
+
+@pytest.mark.parametrize("side", ["right", "left"])
+@pytest.mark.parametrize("mode", sorted(POOLERS))
+def test_each_pooler_equals_sentence_transformers_on_either_padding_side(mode: str, side: str) -> None:
+    from sentence_transformers.models import Pooling
+
+    torch.manual_seed(3)
+    hidden, mask = padded([torch.randn(n, 8) for n in (5, 2, 7)], side)
+    expected = Pooling(8, pooling_mode=mode)({"token_embeddings": hidden, "attention_mask": mask})
+    torch.testing.assert_close(POOLERS[mode](hidden, mask), expected["sentence_embedding"], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("side", ["right", "left"])
+def test_last_token_is_the_text_alone_s_last_token(side: str) -> None:
+    torch.manual_seed(4)
+    rows = [torch.randn(n, 4) for n in (3, 6, 1)]
+    hidden, mask = padded(rows, side)
+    torch.testing.assert_close(lasttoken_pool(hidden, mask), torch.stack([r[-1] for r in rows]))
 
 
 # -- the handler's batch path with a fake encoder (no weights) ---------------------------------------------------

@@ -26,20 +26,61 @@ from inferd.core.preprocess import Encoded, TextEncoder
 from inferd.core.spec import ModelSpec
 from inferd.core.tasks.base import ModelTask, check_weights, dimension_refusal, length_limit, load_tokenizer
 
+# Every pooler takes the hidden states [batch, length, hidden], the mask of the tokens to pool (a prompt left out
+# of pooling is 0 there) and the attention mask (the tokens the model saw; None: the same). Padding may sit on
+# either side (decoders pad on the left), so no pooler assumes a row's tokens start at position 0.
 
-def mean_pool(hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Average of the token vectors that the attention mask keeps (padding excluded)."""
+
+def mean_pool(hidden: torch.Tensor, mask: torch.Tensor, attention: torch.Tensor | None = None) -> torch.Tensor:
+    """Average of the token vectors that the mask keeps (padding excluded)."""
     m = mask.unsqueeze(-1).to(hidden.dtype)
     return (hidden * m).sum(dim=1) / m.sum(dim=1).clamp(min=1e-9)
 
 
-def cls_pool(hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+def mean_sqrt_len_pool(hidden: torch.Tensor, mask: torch.Tensor,
+                       attention: torch.Tensor | None = None) -> torch.Tensor:
+    """The sum of the kept token vectors over the square root of their count (sentence-transformers'
+    ``mean_sqrt_len_tokens``)."""
+    m = mask.unsqueeze(-1).to(hidden.dtype)
+    return (hidden * m).sum(dim=1) / m.sum(dim=1).clamp(min=1e-9).sqrt()
+
+
+def cls_pool(hidden: torch.Tensor, mask: torch.Tensor, attention: torch.Tensor | None = None) -> torch.Tensor:
     """The first token the mask keeps (the first of all, unless a prompt is left out: sentence-transformers')."""
     first = mask.to(torch.int).argmax(dim=1)
     return hidden[torch.arange(hidden.shape[0], device=hidden.device), first.to(hidden.device)]
 
 
-POOLERS = {"mean": mean_pool, "cls": cls_pool}
+def max_pool(hidden: torch.Tensor, mask: torch.Tensor, attention: torch.Tensor | None = None) -> torch.Tensor:
+    """The largest value of each component over the kept tokens; a row with none kept is zeros (-inf would
+    serve a vector no client can parse)."""
+    keep = mask.unsqueeze(-1).bool()
+    out = hidden.masked_fill(~keep, float("-inf")).max(dim=1).values
+    return out.masked_fill(~keep.any(dim=1), 0.0)
+
+
+def weightedmean_pool(hidden: torch.Tensor, mask: torch.Tensor,
+                      attention: torch.Tensor | None = None) -> torch.Tensor:
+    """Kept tokens weighted by their position, counted from the row's first attended token (1, 2, ...): a
+    prompt left out of pooling keeps its place in the count, as sentence-transformers does."""
+    seen = mask if attention is None else attention
+    weights = seen.to(hidden.dtype).cumsum(dim=1) * mask.to(hidden.dtype)
+    w = weights.unsqueeze(-1)
+    return (hidden * w).sum(dim=1) / w.sum(dim=1).clamp(min=1e-9)
+
+
+def lasttoken_pool(hidden: torch.Tensor, mask: torch.Tensor, attention: torch.Tensor | None = None) -> torch.Tensor:
+    """The last token the mask keeps, whichever side the padding is on (a decoder embedder's, whose last
+    token has seen the whole text); a row with none kept is zeros, as sentence-transformers gives."""
+    positions = torch.arange(mask.shape[1], device=mask.device)
+    last = torch.where(mask.bool(), positions, -1).max(dim=1).values.to(hidden.device)
+    out = hidden[torch.arange(hidden.shape[0], device=hidden.device), last.clamp(min=0)]
+    return out * (last >= 0).unsqueeze(-1).to(out.dtype)
+
+
+# By sentence-transformers' names for the modes (``Pooling.POOLING_MODES``).
+POOLERS = {"cls": cls_pool, "max": max_pool, "mean": mean_pool, "mean_sqrt_len_tokens": mean_sqrt_len_pool,
+           "weightedmean": weightedmean_pool, "lasttoken": lasttoken_pool}
 
 
 def read_st_config(path: Path) -> tuple[str | None, bool, int | None]:
