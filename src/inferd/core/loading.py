@@ -18,7 +18,7 @@ def spec_task(spec: ModelSpec) -> str:
 
 def load_handler(spec: ModelSpec) -> Handler:
     """Build the task's handler, load the weights on the device and warm it up."""
-    handler: Any = handler_for(spec_task(spec))
+    handler: Any = handler_for(spec_task(spec), spec.path)
     handler.load(spec, resolve_device(spec.device))
     if spec.warmup and hasattr(handler, "warmup"):
         handler.warmup()

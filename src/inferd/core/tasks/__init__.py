@@ -26,8 +26,9 @@ def detect_task(path: Path) -> str:
     A sentence-transformers embedding folder is an embedding model; ``*ForSequenceClassification`` is a
     cross-encoder (rerank) with one label and a classifier with more; a bare encoder (``*Model``) gives
     hidden states only an embedding task can use. Anything else, or a folder that is both, is ambiguous:
-    ``model.task`` must say. A folder with no readable config.json is left to the embedding handler,
-    whose load names what is missing.
+    ``model.task`` must say. A ``*ForCausalLM`` folder with no sentence-transformers files is an LLM reranker
+    (Qwen3-Reranker); with them (Qwen3-Embedding's config names ``Qwen3ForCausalLM`` too) an embedding model.
+    A folder with no readable config.json is left to the embedding handler, whose load names what is missing.
     """
     try:
         config = json.loads((path / "config.json").read_text())
@@ -43,17 +44,24 @@ def detect_task(path: Path) -> str:
         return "embedding"
     if not seqcls and all(a.endswith("Model") for a in archs):
         return "embedding"
+    if not st and any(a.endswith("ForCausalLM") for a in archs):
+        return "rerank"  # a causal LM is served as a yes/no reranker (llm_rerank.py); inferd generates nothing
     why = ("it holds both sentence-transformers embedding files and a sequence-classification head" if seqcls
            else f"its architecture ({', '.join(archs)}) is neither an encoder nor a sequence classifier")
     raise ModelLoadError(f"{path}: cannot tell which task to serve: {why}; set model.task to one of "
                          f"{', '.join(BUILTIN_TASKS)} (or package.module:Class)")
 
 
-def handler_for(task: str) -> Any:
-    """A new, unloaded handler for ``task`` (a built-in name or ``package.module:Class``)."""
+def handler_for(task: str, path: Path | None = None) -> Any:
+    """A new, unloaded handler for ``task`` (a built-in name or ``package.module:Class``); ``path``, the model
+    folder, tells a causal LM reranker from a cross-encoder."""
     if task == "embedding":
         from inferd.core.tasks.embedding import EmbeddingHandler
         return EmbeddingHandler()
+    if task == "rerank" and path is not None:
+        from inferd.core.tasks.llm_rerank import LLMRerankHandler, is_causal_lm
+        if is_causal_lm(path):
+            return LLMRerankHandler()
     if task == "rerank":
         from inferd.core.tasks.rerank import RerankHandler
         return RerankHandler()

@@ -20,6 +20,7 @@ import torch
 from inferd.core.backends.base import Runner, options_for
 from inferd.core.backends.factory import open_backend
 from inferd.core.errors import ModelLoadError
+from inferd.core.families import check_backend, family_of
 from inferd.core.preprocess import Encoded
 from inferd.core.spec import ModelSpec
 
@@ -124,9 +125,11 @@ def check_tokenizer_files(path: Path) -> None:
 
 
 def load_tokenizer(path: Path) -> tuple[Any, Any]:
-    """The folder's config and fast tokenizer (a slow one is refused: the Rust tokenizer does the work)."""
+    """The folder's config and fast tokenizer (a slow one is refused: the Rust tokenizer does the work), for a
+    model of a supported family (core/families.py)."""
     from transformers import AutoConfig, AutoTokenizer
 
+    family_of(path)
     check_tokenizer_files(path)
     try:
         config = AutoConfig.from_pretrained(path, local_files_only=True)
@@ -135,6 +138,14 @@ def load_tokenizer(path: Path) -> tuple[Any, Any]:
         raise ModelLoadError(f"cannot load {path}: {exc}") from exc
     if not getattr(tokenizer, "is_fast", False):
         raise ModelLoadError(f"{path}: a fast (tokenizer.json) tokenizer is required")
+    # inferd tokenises with the Rust tokenizer alone; a tokenizer class that adds tokens in Python (a decoder's
+    # appended EOS, which last-token pooling reads) would give the model other ids than sentence-transformers'.
+    sample = "Hello world, a sample text."
+    python, rust = tokenizer(sample)["input_ids"], tokenizer.backend_tokenizer.encode(sample).ids
+    if list(python) != list(rust):
+        raise ModelLoadError(f"{path}: the tokenizer's special tokens are added outside its tokenizer.json "
+                             f"({python} from transformers, {rust} from tokenizer.json); re-save the tokenizer "
+                             "with transformers' save_pretrained")
     return config, tokenizer
 
 
@@ -176,6 +187,7 @@ class ModelTask:
     runner: Runner
 
     def open_runner(self, spec: ModelSpec, device: torch.device, safetensors: bool) -> None:
+        check_backend(family_of(spec.path), spec.backend, spec.path)
         if spec.backend != "torch" and spec.device == "auto":
             device = torch.device("cpu")  # ONNX Runtime and OpenVINO run on the CPU here, GPU or not
         self.runner = open_backend(spec.path, options_for(spec, self.task, self.head), device, self, safetensors)

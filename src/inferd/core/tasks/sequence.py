@@ -7,6 +7,8 @@ import numpy as np
 import torch
 
 from inferd.core.backends.base import Runner
+from inferd.core.errors import ModelLoadError
+from inferd.core.families import family_of
 from inferd.core.preprocess import Encoded
 from inferd.core.spec import ModelSpec
 from inferd.core.tasks.base import ModelTask, check_weights, length_limit, load_tokenizer
@@ -26,6 +28,13 @@ class SequenceClassifier(ModelTask):
         self.name, self.version = spec.name, spec.version
         self.max_seq_length = length_limit(config, tokenizer, spec.max_seq_length)
         self.pad_id = tokenizer.pad_token_id or 0
+        if family_of(spec.path).kind == "decoder":
+            # A decoder's head reads the last token that is not padding, found by comparing the ids with the
+            # config's padding id: the batch must be padded with that id, and without one no batch can be.
+            if config.pad_token_id is None:
+                raise ModelLoadError(f"{spec.path}: a decoder sequence classifier needs pad_token_id in config.json "
+                                     "(its head reads the last token that is not padding)")
+            self.pad_id = int(config.pad_token_id)
         self.tokenizer = tokenizer.backend_tokenizer
         self.truncate = spec.truncate
         self.num_labels = int(config.num_labels)

@@ -1,0 +1,146 @@
+"""Decoder models on tiny random Qwen3-shaped folders, against the references users compare with.
+
+A Qwen3-Embedding-shaped folder (last-token pooling, the EOS its tokenizer appends, Normalize, a query prompt)
+equals ``SentenceTransformer.encode``; a Qwen3-Reranker-shaped causal LM equals its model card's P(yes); a
+reranker converted to ``Qwen3ForSequenceClassification`` equals ``CrossEncoder.predict`` (all within 1e-5, texts
+of very different lengths batched together). An architecture inferd does not list is refused at load, naming
+the list; a decoder on a backend that cannot run it is refused naming the one that can.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+from conftest import Server, start_server
+from decoders import (
+    model_card_scores,
+    write_qwen3_reranker,
+    write_qwen3_seq_cls,
+)
+from tinymodel import WORDS, write_tiny_bert
+
+from inferd.core.errors import ModelLoadError
+from inferd.core.loading import load_handler
+from inferd.core.spec import ModelSpec
+from inferd.core.tasks import detect_task
+
+TOL = 1e-5
+
+
+def _sentence(rng: random.Random, n: int) -> str:
+    return " ".join(rng.choice(WORDS) for _ in range(n))
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("decoders")
+    write_qwen3_reranker(root / "llm-reranker", seed=2)
+    write_qwen3_reranker(root / "llm-reranker-tied", seed=3, tied=True)
+    write_qwen3_seq_cls(root / "seq-cls", seed=4)
+    return root
+
+
+def _handler(path: Path, **kw: Any) -> Any:
+    return load_handler(ModelSpec(path, "1", name="x", device="cpu", warmup=False, **kw))
+
+
+def _outputs(handler: Any, inputs: list[Any]) -> np.ndarray:
+    return np.array(handler.postprocess(handler.infer(handler.preprocess(inputs))))
+
+
+@pytest.mark.parametrize("name", ["llm-reranker", "llm-reranker-tied"])
+def test_the_llm_reranker_equals_its_model_card(root: Path, name: str) -> None:
+    assert detect_task(root / name) == "rerank"
+    handler = _handler(root / name)
+    assert handler.describe()["scoring"] == "llm-yes-no"
+    rng = random.Random(5)
+    pairs = [("which river runs past the city", _sentence(rng, n)) for n in (1, 6, 30, 90)]
+    pairs.append(("a dog", "the cat"))
+    got = _outputs(handler, pairs)
+    np.testing.assert_allclose(got[:, 0], model_card_scores(root / name, pairs), atol=TOL, rtol=0)
+    # The raw score is the log-odds of "yes" over "no": its sigmoid is the score.
+    np.testing.assert_allclose(1 / (1 + np.exp(-got[:, 1])), got[:, 0], atol=1e-6, rtol=0)
+
+
+def test_a_pair_past_the_limit_loses_its_document_end_as_the_model_card_cuts_it(root: Path) -> None:
+    handler = _handler(root / "llm-reranker", max_seq_length=96)
+    pairs = [("a dog", _sentence(random.Random(6), 200)), ("a dog", "the cat")]
+    encoded = handler.preprocess(pairs)
+    assert encoded[0].tokens == 96 and encoded[0].truncated and not encoded[1].truncated
+    np.testing.assert_allclose(_outputs(handler, pairs)[:, 0],
+                               model_card_scores(root / "llm-reranker", pairs, max_length=96), atol=TOL, rtol=0)
+
+
+def test_a_converted_sequence_classifier_equals_the_cross_encoder(root: Path) -> None:
+    from sentence_transformers import CrossEncoder
+
+    assert detect_task(root / "seq-cls") == "rerank"
+    handler = _handler(root / "seq-cls")
+    rng = random.Random(7)
+    pairs = [("which river runs past the city", _sentence(rng, n)) for n in (1, 6, 30, 90)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        expected = CrossEncoder(str(root / "seq-cls"), device="cpu").predict(pairs, batch_size=len(pairs))
+    np.testing.assert_allclose(_outputs(handler, pairs)[:, 0], expected, atol=TOL, rtol=0)
+
+
+def test_a_decoder_sequence_classifier_without_a_padding_id_is_refused(root: Path, tmp_path: Path) -> None:
+    folder = shutil.copytree(root / "seq-cls", tmp_path / "no-pad")
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg["pad_token_id"] = None
+    (folder / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ModelLoadError, match="needs pad_token_id"):
+        _handler(folder)
+
+
+@pytest.mark.parametrize(("change", "match"), [
+    ({"model_type": "gpt2"}, r"model_type 'gpt2' is not a supported architecture; supported: bert, .*qwen3"),
+    ({"model_type": "nomic_bert", "auto_map": {"AutoModel": "modeling_hf_nomic_bert.NomicBertModel"}},
+     r"its own code \(config.json auto_map: AutoModel\).*trust_remote_code"),
+])
+def test_an_unlisted_architecture_is_refused_at_load_naming_the_list(tmp_path: Path, change: dict[str, Any],
+                                                                      match: str) -> None:
+    folder = write_tiny_bert(tmp_path / "m")
+    cfg = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**cfg, **change}))
+    with pytest.raises(ModelLoadError, match=match):
+        _handler(folder)
+
+
+def test_a_decoder_on_a_backend_without_its_export_is_refused_naming_torch(root: Path) -> None:
+    with pytest.raises(ModelLoadError, match=r"model.backend openvino: Qwen2 / Qwen3 models \(decoders\) run on "
+                                             r"torch only"):
+        _handler(root / "llm-reranker", backend="openvino")
+
+
+@pytest.fixture(scope="module")
+def llm_reranker(root: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    server = start_server(tmp_path_factory.mktemp("srv"), {
+        "INFERD__MODEL__PATH": str(root / "llm-reranker"), "INFERD__MODEL__LOAD_MODE": "eager",
+        "INFERD__CACHE__MAX_ENTRIES": "0"}, wait="/health/ready")
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def test_the_llm_reranker_serves_tei_rerank(llm_reranker: Server, root: Path) -> None:
+    rng = random.Random(8)
+    docs = [_sentence(rng, n) for n in (2, 12, 40, 100)]
+    r = httpx.post(llm_reranker.url + "/rerank", json={"query": "the cat", "texts": docs, "raw_scores": False},
+                   timeout=60)
+    assert r.status_code == 200, r.text
+    got = {item["index"]: item["score"] for item in r.json()}
+    expected = model_card_scores(root / "llm-reranker", [("the cat", d) for d in docs])
+    np.testing.assert_allclose([got[i] for i in range(len(docs))], expected, atol=TOL, rtol=0)
+    info = httpx.get(llm_reranker.url + "/info").json()
+    assert info["task"] == "rerank" and info["max_seq_length"] == 256
