@@ -63,8 +63,21 @@ def request_bytes(method: str, path: str, headers: dict[str, str] | None = None,
 
 def read_response(sock: socket.socket, timeout: float = 10.0) -> RawResponse | None:
     """One response off the socket; None if the server closed it without answering."""
-    deadline = time.monotonic() + timeout
-    data = b""
+    return _read_one(sock, bytearray(), time.monotonic() + timeout)
+
+
+def read_responses(sock: socket.socket, count: int, timeout: float = 10.0) -> list[RawResponse | None]:
+    """``count`` responses to pipelined requests, in order; None for each the server closed before.
+
+    One recv may hold the end of one answer and the start of the next: what is past an answer is kept for
+    the next one (``read_response`` drops it).
+    """
+    pending, deadline = bytearray(), time.monotonic() + timeout
+    return [_read_one(sock, pending, deadline) for _ in range(count)]
+
+
+def _read_one(sock: socket.socket, pending: bytearray, deadline: float) -> RawResponse | None:
+    data = bytes(pending)
     while b"\r\n\r\n" not in data:
         chunk = _recv(sock, deadline)
         if not chunk:
@@ -84,6 +97,7 @@ def read_response(sock: socket.socket, timeout: float = 10.0) -> RawResponse | N
         if not chunk:
             break
         rest += chunk
+    pending[:] = rest[length:]
     return RawResponse(int(status_line.split()[1]), headers, rest[:length])
 
 

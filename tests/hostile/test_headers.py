@@ -1,4 +1,4 @@
-"""Request heads: too large (431), too slow (408), idle (closed), invalid (400), too many connections (503).
+"""Request heads: too large (431), too slow (408), idle (closed), invalid (400, 505), too many connections (503).
 
 Issue 8, item 1: on main a 300 MB header line was buffered whole (RSS 415 -> 963 MB), an 8 MB header got
 200, and half a head held its connection for ever.
@@ -136,6 +136,26 @@ def test_invalid_http_gets_400_in_the_error_shape(server: Server) -> None:
         response = exchange(server.port, garbage)
         assert response is not None, garbage
         response.assert_error(400, "invalid_http")
+
+
+def test_host_and_version_are_checked_before_the_app(server: Server) -> None:
+    """Issue 30, item 5: main served all of these (RFC 9112 §3.2 says 400; HTTP/2.0 was answered as 1.1)."""
+    before = {status: requests_count(server, status, "other") for status in (400, 505)}
+    for head, status, code in (
+            (b"GET /health/live HTTP/1.1\r\n\r\n", 400, "invalid_host"),
+            (b"GET /health/live HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n", 400, "invalid_host"),
+            (b"GET /health/live HTTP/1.0\r\nHost: a\r\nhost: a\r\n\r\n", 400, "invalid_host"),
+            (b"GET /health/live HTTP/2.0\r\nHost: a\r\n\r\n", 505, "http_version_not_supported")):
+        response = exchange(server.port, head)
+        assert response is not None, head
+        response.assert_error(status, code)
+        assert response.headers["connection"] == "close"
+    assert requests_count(server, 400, "other") == before[400] + 3
+    assert requests_count(server, 505, "other") == before[505] + 1
+    assert "refused 505 http_version_not_supported" in server.log()
+    # HTTP/1.0 may leave Host out.
+    response = exchange(server.port, b"GET /health/live HTTP/1.0\r\n\r\n")
+    assert response is not None and response.status == 200
 
 
 def test_connections_beyond_limit_concurrency_get_503_in_the_error_shape(

@@ -9,10 +9,16 @@ uvicorn bounds none of these, and each was a cheap denial of service from one cl
 - concurrency (``server.limit_concurrency``): beyond it uvicorn answers a text/plain 503; here it is the one
   error shape with Retry-After, counted and logged like any request.
 
-Refusals before the app runs (400, 408, 431) are written here in the one error shape, counted in
-``inferd_requests_total`` and logged by ``inferd.access``. A refusal while the app waits for the body (408,
-or 503 at shutdown) is written here too and the app sees the client go (``http.disconnect``); the request
-context middleware logs it with the status for the reason this module put in the scope (``ABORT_STATUS``).
+Refusals before the app runs (400, 408, 431, 505) are written here in the one error shape, counted in
+``inferd_requests_total`` and logged by ``inferd.access``. Beside what httptools refuses, the head must say
+HTTP/1.0 or HTTP/1.1 (505; httptools reads ``HTTP/2.0`` as a version like any other) and name its host once
+(400; RFC 9112 §3.2), which HTTP/1.0 may leave out. A refused request pipelined behind others waits its turn:
+HTTP/1.1 answers in request order, so the refusal (and the close) goes out only after the answers to the
+requests before it; written at once, a client would read it as the first request's answer.
+
+A refusal while the app waits for the body (408, or 503 at shutdown) is written here too and the app sees the
+client go (``http.disconnect``); the request context middleware logs it with the status for the reason this
+module put in the scope (``ABORT_STATUS``).
 
 httptools rather than h11: h11 caps the head too (``h11_max_incomplete_event_size``) but answers a text/plain
 400 there, has no timeouts either, and costs more CPU per request (it is pure Python).
@@ -28,7 +34,7 @@ from typing import Any
 
 import httptools
 from starlette.types import ASGIApp
-from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol, RequestResponseCycle
 
 from inferd.api.errors import error_body
 from inferd.api.middleware import ABORT_STATUS, context
@@ -71,6 +77,9 @@ class LimitedProtocol(HttpToolsProtocol):
         self._body_timer: asyncio.TimerHandle | None = None
         self._refusal: tuple[int, str, str] | None = None
         self._lingering = False
+        # The cycle whose app runs: with pipelining, self.cycle is the newest request's, maybe still queued.
+        self._running: RequestResponseCycle | None = None
+        self._held = False  # a refusal waiting for the answers to the requests before it
 
     # -- connection events -------------------------------------------------------------------------------
 
@@ -80,10 +89,15 @@ class LimitedProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_timers()
+        running = self._running
+        if running is not None and running is not self.cycle and not running.response_complete:
+            # uvicorn tells only the newest cycle; a running one behind queued ones would never learn.
+            running.disconnected = True
+            running.message_event.set()
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
-        if self._lingering:
+        if self._lingering or self._held:
             return  # a refused request's remainder: read and dropped until the linger ends
         self._unset_keepalive_if_required()
         if self._in_head:
@@ -120,6 +134,9 @@ class LimitedProtocol(HttpToolsProtocol):
         if size > self.limits.max_header_bytes:
             self._refusal = _too_large(self.limits.max_header_bytes)
             raise _Refused
+        self._refusal = _version_or_host_refusal(self.parser.get_http_version(), self.headers)
+        if self._refusal is not None:
+            raise _Refused
         self._in_head = False
         self._head_bytes = 0
         if self._head_timer is not None:
@@ -135,7 +152,24 @@ class LimitedProtocol(HttpToolsProtocol):
             log.warning("over server.limit_concurrency (%d): answering 503", limit)
         self.app = self.overloaded_app if over and self.overloaded_app else self.config.loaded_app
         super().on_headers_complete()
-        self._body_timer = self.loop.call_later(self.limits.body_timeout_s, self._body_timed_out)
+
+    def _start_asgi_task(self, cycle: RequestResponseCycle, app: Any) -> None:
+        self._running = cycle
+        super()._start_asgi_task(cycle, app)
+        if cycle.more_body:
+            # The body's time starts when its request runs: queued behind another (pipelined), it may not be
+            # read until then (uvicorn pauses reading), and a 408 would go out before the earlier answer.
+            if self._body_timer is not None:
+                self._body_timer.cancel()
+            self._body_timer = self.loop.call_later(self.limits.body_timeout_s, self._body_timed_out)
+
+    def on_response_complete(self) -> None:
+        last = not self.pipeline
+        super().on_response_complete()  # starts the next pipelined request, if any
+        if self._held and last:
+            self._held = False
+            self._unset_keepalive_if_required()
+            self._refuse()
 
     def on_body(self, body: bytes) -> None:
         if self.cycle is not None:
@@ -203,7 +237,11 @@ class LimitedProtocol(HttpToolsProtocol):
         """Answer a request the app never saw; count it and log it like any other."""
         assert self._refusal is not None
         status, code, message = self._refusal
-        if self.transport.is_closing() or self._lingering:
+        if self.transport.is_closing() or self._lingering or self._held:
+            return
+        if self._behind_earlier_answers():
+            self._held = True  # on_response_complete of the last of them answers it
+            self._cancel_timers()
             return
         rid = uuid.uuid4().hex
         self._write_error(status, code, message, rid)
@@ -213,6 +251,17 @@ class LimitedProtocol(HttpToolsProtocol):
                         extra={"endpoint": "other", "status": status, "request_id": rid,
                                "client": f"{self.client[0]}:{self.client[1]}" if self.client else None})
         self._linger()
+
+    def _behind_earlier_answers(self) -> bool:
+        """Whether requests before the refused one still await their answers; the refused one never runs."""
+        # Refused for its body (its head complete), a request has a cycle, queued or running: not an earlier one.
+        refused = None if self._in_head else self.cycle
+        if refused is not None and self.pipeline and self.pipeline[0][0] is refused:
+            self.pipeline.popleft()
+        running = self._running
+        if running is not None and running is not refused and not running.response_complete:
+            return True
+        return bool(self.pipeline)
 
     def _write_error(self, status: int, code: str, message: str, rid: str | None,
                      extra: list[tuple[bytes, bytes]] | None = None) -> None:
@@ -241,6 +290,8 @@ class LimitedProtocol(HttpToolsProtocol):
     def shutdown(self) -> None:
         """The server is stopping: a request still uploading is answered 503 now, not cancelled later."""
         cycle = self.cycle
+        if self._held:
+            return  # the answers before the refusal are on their way; the refusal closes the connection
         if cycle is not None and not cycle.response_started and cycle.more_body and not self._lingering:
             self.abort("shutdown", "the server is shutting down; retry on another instance")
         else:
@@ -248,11 +299,24 @@ class LimitedProtocol(HttpToolsProtocol):
 
 
 # errors.py's table covers the statuses the app answers; these are the protocol's own.
-_ERROR_TYPES = {400: "invalid_request_error", 408: "timeout_error", 431: "invalid_request_error"}
+_ERROR_TYPES = {400: "invalid_request_error", 408: "timeout_error", 431: "invalid_request_error",
+                505: "invalid_request_error"}
 
 
 def _too_large(limit: int) -> tuple[int, str, str]:
     return 431, "header_too_large", f"the request line and headers exceed {limit} bytes (server.max_header_bytes)"
+
+
+def _version_or_host_refusal(version: str, headers: list[tuple[bytes, bytes]]) -> tuple[int, str, str] | None:
+    """RFC 9112 §2.3 and §3.2: the versions spoken here, and the one Host header (optional in HTTP/1.0)."""
+    if version not in ("1.0", "1.1"):
+        return 505, "http_version_not_supported", f"HTTP/{version} is not supported; send HTTP/1.1"
+    hosts = sum(name == b"host" for name, _ in headers)  # uvicorn lower-cases header names
+    if hosts > 1:
+        return 400, "invalid_host", f"the request has {hosts} Host headers; exactly one is allowed"
+    if hosts == 0 and version == "1.1":
+        return 400, "invalid_host", "an HTTP/1.1 request must have a Host header"
+    return None
 
 
 def protocol_class(limits: ConnectionLimits, metrics: Any = None,
