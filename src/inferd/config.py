@@ -26,6 +26,7 @@ Quantize = Literal["none", "int8-weights", "int8"]
 LoadMode = Literal["background", "eager", "lazy"]
 LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR"]
 LogFormat = Literal["json", "text"]
+Docs = Literal["public", "keys", "off"]
 BACKENDS: tuple[str, ...] = get_args(Backend)
 DTYPES: tuple[str, ...] = get_args(Dtype)
 QUANTIZE: tuple[str, ...] = get_args(Quantize)
@@ -56,6 +57,9 @@ class ServerSettings(_Section):
     admin_key: str | None = None
     api_keys: tuple[str, ...] = ()
     metrics_key: str | None = None
+    # /docs, /redoc, /openapi.json: keys = behind api_keys (the admin key on the admin port), so open while none
+    # are set; public; off (404). The admin routes are never in the main port's schema (api/docs.py).
+    docs: Docs = "keys"
     drain_timeout_s: float = Field(30.0, gt=0)
     log_level: LogLevel = "INFO"
     log_format: LogFormat = "text"

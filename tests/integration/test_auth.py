@@ -113,6 +113,26 @@ def test_the_admin_key_opens_the_admin_routes(client: httpx.Client) -> None:
     assert r.status_code == 422 and "only local folders" in r.json()["error"]["message"]
 
 
+def test_no_redirect_nor_admin_answer_comes_before_the_key(client: httpx.Client) -> None:
+    # A slash too many once got a 307 built from the Host header, before any key was asked for.
+    for method, path in (("GET", "/admin/models/"), ("POST", "/admin/models/reload/"), ("POST", "/v1/embeddings/"),
+                         ("GET", "/v1/models/")):
+        r = client.request(method, path, headers={"Host": "evil.example"})
+        assert r.status_code == 404 and "location" not in r.headers, (path, r.status_code, r.headers)
+        assert r.json()["error"]["code"] == "not_found"
+
+
+def test_the_docs_need_an_api_key_and_never_list_the_admin_routes(client: httpx.Client) -> None:
+    for path in ("/openapi.json", "/docs", "/redoc"):
+        for headers in ({}, {"Authorization": "Bearer admin-key"}):
+            assert_401(client.get(path, headers=headers))
+    keyed = {"Authorization": "Bearer key-1"}
+    doc = client.get("/openapi.json", headers=keyed).json()
+    assert {"/predict", "/v1/embeddings", "/health/live"} <= set(doc["paths"])
+    assert not [p for p in doc["paths"] if p.startswith("/admin")] and "AdminModels" not in doc["components"]["schemas"]
+    assert "swagger" in client.get("/docs", headers=keyed).text.lower()
+
+
 def test_the_openai_client_with_and_without_the_key(keyed: Server) -> None:
     good = openai.OpenAI(base_url=keyed.url + "/v1", api_key="key-2", max_retries=0)
     assert len(good.embeddings.create(model="tiny", input=["hello world"]).data[0].embedding) == 32

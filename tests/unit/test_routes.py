@@ -96,7 +96,7 @@ def test_every_route_but_health_and_metrics_needs_a_key_by_its_router(tmp_path: 
     # Auth is a router dependency: a route added to an inference or admin router later is covered unasked.
     public = {"/health", "/health/live", "/health/ready", "/metrics"}
     with app_client(tmp_path, server={"api_keys": ("k1",)}) as (c, _):
-        paths = c.get("/openapi.json").json()["paths"]
+        paths = c.app.openapi()["paths"]  # the whole schema, admin routes too (the served one hides them)
         routes = [(method.upper(), path) for path, ops in paths.items() for method in ops]
         assert len(routes) >= 14 and {p for _, p in routes} >= {"/v1/rerank", "/v1/classify", "/admin/models"}
         for method, path in routes:
@@ -158,6 +158,20 @@ def test_the_admin_listener_has_the_body_limit_too(tmp_path: Path) -> None:
         big = {"path": "x" * 5000, "version": "v2"}
         assert error(admin.post("/admin/models/reload", json=big, headers=ADMIN), 413)["code"] == "body_too_large"
         assert admin.get("/admin/models", headers=ADMIN).status_code == 200
+
+
+def test_the_docs_are_public_or_off_as_set_and_the_admin_ports_docs_need_the_admin_key(tmp_path: Path) -> None:
+    with app_client(tmp_path, server={"api_keys": ("k1",), "docs": "public"}) as (c, _):
+        paths = c.get("/openapi.json").json()["paths"]
+        assert "/v1/embeddings" in paths and not [p for p in paths if p.startswith("/admin")]
+        assert c.get("/docs").status_code == 200 and c.get("/redoc").status_code == 200
+    with app_client(tmp_path, server={"docs": "off"}) as (c, _):
+        for path in ("/openapi.json", "/docs", "/redoc"):
+            assert error(c.get(path), 404)["code"] == "not_found"
+    app = create_app(settings_for(tmp_path, server={"admin_port": 0}), loader=loader_for(HashHandler()))
+    with TestClient(app), TestClient(create_admin_app(app)) as admin:
+        assert error(admin.get("/openapi.json"), 401)["code"] == "invalid_api_key"
+        assert set(admin.get("/openapi.json", headers=ADMIN).json()["paths"]) >= {"/admin/models", "/admin/memory"}
 
 
 def test_a_flood_of_unknown_keys_names_the_first_one_only(tmp_path: Path) -> None:

@@ -19,6 +19,7 @@ from starlette.responses import Response
 from inferd import __version__
 from inferd.api.admin import admin_router
 from inferd.api.cohere_embed import cohere_router
+from inferd.api.docs import docs_router
 from inferd.api.errors import install_error_handlers
 from inferd.api.middleware import BodyLimitMiddleware, RequestContextMiddleware
 from inferd.api.routes import health_router, router
@@ -47,6 +48,10 @@ class LoadFailed(SystemExit):
 
 
 metrics_router = APIRouter()
+# No trailing-slash redirect: the router answered one before any route's key check, built from the Host header
+# (`GET /admin/models/` with `Host: evil.example` -> 307 to http://evil.example/admin/models, no key asked); a
+# path with a slash too many is a 404 like any unknown path. The documentation is api/docs.py's, keyed.
+_NO_BUILT_INS: dict[str, Any] = {"redirect_slashes": False, "openapi_url": None, "docs_url": None, "redoc_url": None}
 
 
 @metrics_router.get("/metrics", responses=responses(raw_body(CONTENT_TYPE_LATEST, {"type": "string"}), 401))
@@ -121,12 +126,13 @@ def create_app(settings: Settings, loader: Callable[[ModelSpec], Handler] = load
             engine.stop()
             engine.close()
 
-    app = FastAPI(title="inferd", version=__version__, lifespan=lifespan)
+    app = FastAPI(title="inferd", version=__version__, lifespan=lifespan, **_NO_BUILT_INS)
     app.state.services = Services(settings=settings, engine=engine, metrics=metrics,
                                   memory_guard=memory_guard, started_at=time.time())
     install_error_handlers(app)
     for included in _routers(settings):
         app.include_router(included)
+    app.include_router(docs_router(app.title, [r for r in _routers(settings) if r is not admin_router]))
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.limits.max_body_bytes)
     app.add_middleware(RequestContextMiddleware, metrics=metrics, paths=route_paths(settings),
                        access=settings.server.access_log)
@@ -135,13 +141,14 @@ def create_app(settings: Settings, loader: Callable[[ModelSpec], Handler] = load
 
 def create_admin_app(main: FastAPI) -> FastAPI:
     """The admin routes on their own app (for ``server.admin_port``), sharing the main app's state."""
-    app = FastAPI(title="inferd admin", version=__version__)
+    app = FastAPI(title="inferd admin", version=__version__, **_NO_BUILT_INS)
     # The same State object: assigning to app.state._state would only store a key named "_state".
     app.state = main.state
     install_error_handlers(app)
     shared = services_of(main)
     for included in _routers(shared.settings, admin=True):
         app.include_router(included)
+    app.include_router(docs_router(app.title, _routers(shared.settings, admin=True), admin=True))
     # The same body limit as the main port: the admin port is local, not trusted with unbounded bodies.
     app.add_middleware(BodyLimitMiddleware, max_bytes=shared.settings.limits.max_body_bytes)
     app.add_middleware(RequestContextMiddleware, metrics=shared.metrics, paths=route_paths(shared.settings, admin=True),
