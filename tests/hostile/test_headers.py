@@ -145,17 +145,21 @@ def test_host_and_version_are_checked_before_the_app(server: Server) -> None:
             (b"GET /health/live HTTP/1.1\r\n\r\n", 400, "invalid_host"),
             (b"GET /health/live HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n", 400, "invalid_host"),
             (b"GET /health/live HTTP/1.0\r\nHost: a\r\nhost: a\r\n\r\n", 400, "invalid_host"),
+            (b"GET /health/live HTTP/1.1\r\nHost: a b/c\r\n\r\n", 400, "invalid_host"),
             (b"GET /health/live HTTP/2.0\r\nHost: a\r\n\r\n", 505, "http_version_not_supported")):
         response = exchange(server.port, head)
         assert response is not None, head
         response.assert_error(status, code)
         assert response.headers["connection"] == "close"
-    assert requests_count(server, 400, "other") == before[400] + 3
+    assert requests_count(server, 400, "other") == before[400] + 4
     assert requests_count(server, 505, "other") == before[505] + 1
     assert "refused 505 http_version_not_supported" in server.log()
-    # HTTP/1.0 may leave Host out.
-    response = exchange(server.port, b"GET /health/live HTTP/1.0\r\n\r\n")
-    assert response is not None and response.status == 200
+    # HTTP/1.0 may leave Host out; an IPv6 literal, a port and an empty value are hosts.
+    for head in (b"GET /health/live HTTP/1.0\r\n\r\n", b"GET /health/live HTTP/1.1\r\nHost: [::1]:80\r\n\r\n",
+                 b"GET /health/live HTTP/1.1\r\nHost: my_host.example:8000 \t\r\n\r\n",
+                 b"GET /health/live HTTP/1.1\r\nHost:\r\n\r\n"):
+        response = exchange(server.port, head)
+        assert response is not None and response.status == 200, head
 
 
 def test_connections_beyond_limit_concurrency_get_503_in_the_error_shape(

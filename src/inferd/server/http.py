@@ -11,8 +11,8 @@ uvicorn bounds none of these, and each was a cheap denial of service from one cl
 
 Refusals before the app runs (400, 408, 431, 505) are written here in the one error shape, counted in
 ``inferd_requests_total`` and logged by ``inferd.access``. Beside what httptools refuses, the head must say
-HTTP/1.0 or HTTP/1.1 (505; httptools reads ``HTTP/2.0`` as a version like any other) and name its host once
-(400; RFC 9112 §3.2), which HTTP/1.0 may leave out. A refused request pipelined behind others waits its turn:
+HTTP/1.0 or HTTP/1.1 (505; httptools reads ``HTTP/2.0`` as a version like any other) and name one valid
+host once (400; RFC 9112 §3.2), which HTTP/1.0 may leave out. A refused request pipelined behind others waits its turn:
 HTTP/1.1 answers in request order, so the refusal (and the close) goes out only after the answers to the
 requests before it; written at once, a client would read it as the first request's answer.
 
@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -303,6 +304,11 @@ _ERROR_TYPES = {400: "invalid_request_error", 408: "timeout_error", 431: "invali
                 505: "invalid_request_error"}
 
 
+# RFC 3986's uri-host (an IP literal in brackets, or a reg-name, which covers IPv4) and an optional port;
+# empty is allowed (a target without an authority).
+_HOST = re.compile(rb"(\[[0-9A-Za-z:.%~_-]+\]|[0-9A-Za-z._~!$&'()*+,;=%-]*)(:[0-9]*)?")
+
+
 def _too_large(limit: int) -> tuple[int, str, str]:
     return 431, "header_too_large", f"the request line and headers exceed {limit} bytes (server.max_header_bytes)"
 
@@ -311,11 +317,13 @@ def _version_or_host_refusal(version: str, headers: list[tuple[bytes, bytes]]) -
     """RFC 9112 §2.3 and §3.2: the versions spoken here, and the one Host header (optional in HTTP/1.0)."""
     if version not in ("1.0", "1.1"):
         return 505, "http_version_not_supported", f"HTTP/{version} is not supported; send HTTP/1.1"
-    hosts = sum(name == b"host" for name, _ in headers)  # uvicorn lower-cases header names
-    if hosts > 1:
-        return 400, "invalid_host", f"the request has {hosts} Host headers; exactly one is allowed"
-    if hosts == 0 and version == "1.1":
+    hosts = [value for name, value in headers if name == b"host"]  # uvicorn lower-cases header names
+    if len(hosts) > 1:
+        return 400, "invalid_host", f"the request has {len(hosts)} Host headers; exactly one is allowed"
+    if not hosts and version == "1.1":
         return 400, "invalid_host", "an HTTP/1.1 request must have a Host header"
+    if hosts and not _HOST.fullmatch(hosts[0].rstrip(b" \t")):  # httptools keeps the trailing whitespace
+        return 400, "invalid_host", "the Host header is not a host[:port]"
     return None
 
 
