@@ -206,3 +206,46 @@ def test_the_torch_backend_opens_the_runner_the_setting_chooses(tiny_model: Path
         assert opened.info["unpadded"] is not pads and opened.info["unpadded_reason"]
     finally:
         opened.close()
+
+
+# -- decoders ---------------------------------------------------------------------------------------------
+
+
+def _decoder(kind: str, **extra: object) -> torch.nn.Module:
+    """A tiny random decoder of a Llama-shaped family (grouped key/value heads), built in memory."""
+    from transformers import AutoConfig, AutoModel
+
+    torch.manual_seed(0)
+    config = AutoConfig.for_model(kind, vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                  num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                                  max_position_embeddings=128, initializer_range=0.2, **extra)
+    return AutoModel.from_config(config).eval()
+
+
+@pytest.mark.parametrize("kind", ["qwen3", "qwen2", "llama", "mistral"])
+def test_a_decoder_runs_unpadded_as_transformers_runs_it_padded(kind: str) -> None:
+    model = _decoder(kind)
+    assert choose("auto", model, CPU) == (True, "auto: a Llama-shaped decoder on the CPU runs on its real tokens only")
+    lengths = [3, 40, 17, 40, 1]
+    ids = torch.randint(1, 100, (len(lengths), max(lengths)))
+    right = torch.zeros_like(ids)
+    for row, n in enumerate(lengths):
+        right[row, :n] = 1
+    left = right.flip(1)  # a decoder's own padding side: positions must count from each text's first token
+    unpadded, padded = VarlenRunner(model, CPU), TorchRunner(model, CPU)
+    for mask in (right, left):
+        got, want = unpadded(ids, mask), padded(ids, mask)
+        keep = mask.bool()
+        assert torch.allclose(got[keep], want[keep], atol=1e-5, rtol=0)
+        assert not got[~keep].any()
+    same = torch.ones(3, 12, dtype=torch.long)  # one length: the batched attention call
+    assert torch.allclose(unpadded(ids[:3, :12], same), padded(ids[:3, :12], same), atol=1e-5, rtol=0)
+
+
+def test_a_decoder_with_a_sliding_window_or_another_family_stays_padded() -> None:
+    windowed = _decoder("qwen2", use_sliding_window=True, sliding_window=8, max_window_layers=0)
+    unpadded, why = choose("auto", windowed, CPU)
+    assert not unpadded and "sliding window" in why
+    gemma = _decoder("gemma")
+    unpadded, why = choose("auto", gemma, CPU)
+    assert not unpadded and "'gemma'" in why
