@@ -133,6 +133,23 @@ def test_rerank_the_documented_cohere_shape_over_raw_http(reranker: Server) -> N
     assert set(body["results"][0]) == {"index", "relevance_score"}
 
 
+def test_answers_carry_the_request_id_and_return_documents_is_a_strict_boolean(reranker: Server,
+                                                                               classifier: Server) -> None:
+    body = {"query": "q", "documents": ["a", "b"]}
+    for server, path, sent in ((reranker, "/v1/rerank", body), (classifier, "/v1/classify", {"input": "a"})):
+        r = httpx.post(server.url + path, json=sent)
+        assert r.status_code == 200 and r.json()["id"] == r.headers["x-request-id"] != "", (path, r.text)
+        mine = httpx.post(server.url + path, json=sent, headers={"X-Request-Id": "client-7"})
+        assert mine.json()["id"] == "client-7"
+    for value in ("yes", 1, "true"):
+        r = httpx.post(reranker.url + "/v1/rerank", json={**body, "return_documents": value})
+        assert r.status_code == 422 and r.json()["error"]["param"] == "return_documents", (value, r.text)
+    r = httpx.post(reranker.url + "/v1/rerank", json={**body, "return_documents": None})
+    assert r.status_code == 200 and all("document" not in x for x in r.json()["results"]), r.text
+    r = httpx.post(reranker.url + "/rerank", json={"query": "q", "texts": ["a"], "return_text": 1})
+    assert r.status_code == 422 and r.json()["error"]["param"] == "return_text", r.text
+
+
 @pytest.mark.parametrize(("body", "param", "code"), [
     ({"query": "", "documents": ["a"]}, "query", "empty_string"),
     ({"query": "q", "documents": ["a", "  "]}, "documents[1]", "empty_string"),

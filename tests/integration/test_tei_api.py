@@ -214,6 +214,9 @@ def test_tokenize_and_decode_as_the_tokenizer_with_byte_offsets(mrl: Server, roo
     assert _post(mrl, "/decode", {"ids": [ids, ids[:3]], "skip_special_tokens": False}).json() == [
         tok.decode(ids, skip_special_tokens=False), tok.decode(ids[:3], skip_special_tokens=False)]
     _tei_error(_post(mrl, "/decode", {"ids": [1, 10**9]}), 422, "validation", "ids[1]")
+    # Beyond 64 bits the JSON parser reads a float; the refusal still says the integer the client sent.
+    big = _tei_error(_post(mrl, "/decode", {"ids": [[1], [2, 2**64 + 1]]}), 422, "validation", "ids[1][1]: ")
+    assert big.startswith(f"ids[1][1]: {2**64 + 1} is not a token id"), big
     _tei_error(_post(mrl, "/decode", {"ids": []}), 422, "empty", "ids")
     _tei_error(_post(mrl, "/tokenize", {"inputs": "x", "prompt_name": "nope"}), 422, "validation",
                "Available prompts")
@@ -243,6 +246,10 @@ def test_tei_predict_on_a_classifier_beside_inferds_own_predict(classifier: Serv
     _tei_error(_post(classifier, "/predict", {"inputs": [texts[0], texts[1]]}), 422, "validation", "pairs")
     _tei_error(_post(classifier, "/", {"inputs": "x", "parameters": {"function_to_apply": "sigmoid"}}), 422,
                "validation", "softmax")
+    # "none" asks for logits, as raw_scores does: refused naming the field the client sent.
+    none = _tei_error(_post(classifier, "/predict", {"inputs": "x", "parameters": {"function_to_apply": "none"}}),
+                      422, "validation", "parameters.function_to_apply: ", "softmax")
+    assert "raw_scores" not in none, none
     _tei_error(_post(classifier, "/embed", {"inputs": "x"}), 404, "backend", "embedding")
 
 

@@ -174,6 +174,17 @@ def test_the_docs_are_public_or_off_as_set_and_the_admin_ports_docs_need_the_adm
         assert set(admin.get("/openapi.json", headers=ADMIN).json()["paths"]) >= {"/admin/models", "/admin/memory"}
 
 
+def test_similarity_counts_the_sentences_the_client_sent(tmp_path: Path) -> None:
+    # The source sentence takes one of the request's texts; the refusal once said "5 texts given" for 4 sentences.
+    with app_client(tmp_path, limits={"max_items_per_request": 4}) as (c, handler):
+        sim = {"source_sentence": "a", "sentences": ["b", "c", "d"]}
+        assert c.post("/similarity", json={"inputs": sim}).status_code == 200
+        r = c.post("/similarity", json={"inputs": {**sim, "sentences": ["b", "c", "d", "e"]}})
+        assert r.status_code == 422 and r.json()["error"].startswith(
+            "inputs.sentences: 4 sentences given; at most 3 per request"), r.text
+        assert len(handler.batches) == 1
+
+
 def test_a_flood_of_unknown_keys_names_the_first_one_only(tmp_path: Path) -> None:
     body = {"texts": ["a"], **{f"x{i}": 0 for i in range(60_000)}}
     with app_client(tmp_path) as (c, handler):

@@ -69,7 +69,7 @@ class TEIClassificationParameters(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     function_to_apply: Literal["softmax", "sigmoid", "none"] | None = Field(
-        None, description="Must be what the model applies (none: raw_scores, rerank models only)")
+        None, description="Must be what the model applies; none: the logits, as raw_scores (rerank models only)")
     top_k: StrictInt | None = Field(None, gt=0, description="Only the best this many labels")
 
 
@@ -169,7 +169,7 @@ class CohereMeta(BaseModel):
 
 class CohereEmbedResponse(BaseModel):
     response_type: Literal["embeddings_floats", "embeddings_by_type"]
-    id: str
+    id: str = Field(min_length=1, description="The request's id (X-Request-Id)")
     embeddings: list[list[float]] | CohereEmbeddings
     texts: list[str]
     meta: CohereMeta

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt
 
 # -- requests ----------------------------------------------------------------------------------------------
 
@@ -54,7 +54,8 @@ class RerankRequest(_Body):
     model: str | None = Field(None, description="A served model's name (GET /v1/models), 'name@version' to pin "
                               "a version, or a version of the default model; none: the route's default model")
     top_n: StrictInt | None = Field(None, gt=0, description="Return only the best this many")
-    return_documents: bool = False
+    # Strict: "yes" and 1 are not booleans; null is the default, as the clients that send every field mean it.
+    return_documents: StrictBool | None = Field(None, description="Each result's document too (null: false)")
 
 
 class TEIRerankRequest(_Body):
@@ -62,9 +63,9 @@ class TEIRerankRequest(_Body):
 
     query: Any = Field(json_schema_extra=_TEXT)
     texts: list[Any] = Field(json_schema_extra={"items": _TEXT, "minItems": 1})
-    raw_scores: bool = Field(False, description="The model's logits, not the activated scores")
-    return_text: bool = False
-    truncate: bool | None = Field(None, description="Accepted for compatibility; model.truncate decides")
+    raw_scores: StrictBool = Field(False, description="The model's logits, not the activated scores")
+    return_text: StrictBool = False
+    truncate: StrictBool | None = Field(None, description="Accepted for compatibility; model.truncate decides")
     truncation_direction: Literal["left", "right", "Left", "Right"] = Field(
         "right", description="Accepted for compatibility (tei-client sends it): a pair loses its document's end")
     # Not TEI's (a TEI server serves one model): inferd's, to name one of several; none = the rerank default.
@@ -142,6 +143,7 @@ class RerankResult(BaseModel):
 
 
 class RerankResponse(BaseModel):
+    id: str = Field(min_length=1, description="The request's id (X-Request-Id)")
     results: list[RerankResult] = Field(description="Best first")
     model: str
     usage: EmbeddingsUsage
@@ -161,6 +163,7 @@ class ClassifyItem(BaseModel):
 
 
 class ClassifyResponse(BaseModel):
+    id: str = Field(min_length=1, description="The request's id (X-Request-Id)")
     object: Literal["list"]
     data: list[ClassifyItem]
     model: str

@@ -22,6 +22,7 @@ from inferd.api.inference import (
     run_task,
     served_name,
 )
+from inferd.api.middleware import context
 from inferd.api.schemas import (
     ClassifyRequest,
     ClassifyResponse,
@@ -76,7 +77,7 @@ async def rerank(request: Request) -> Response:
         if body.return_documents:
             item["document"] = {"text": body.documents[i]}
         results.append(item)
-    return json_response({"id": request.headers.get("x-request-id", ""), "results": results,
+    return json_response({"id": context(request.scope)["request_id"], "results": results,
                           "model": served_name(result), "usage": _usage(result),
                           "meta": {"billed_units": {"search_units": 1}}})
 
@@ -123,5 +124,5 @@ async def classify(request: Request) -> Response:
     labels = labels_of(request, result)
     data = [{"index": i, "label": labels[int(p.argmax())], "probs": [float(x) for x in p],
              "num_classes": len(labels), "object": "classification"} for i, p in enumerate(result.outputs)]
-    return json_response({"id": request.headers.get("x-request-id", ""), "object": "list", "data": data,
+    return json_response({"id": context(request.scope)["request_id"], "object": "list", "data": data,
                           "model": served_name(result), "usage": _usage(result)})

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import json
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -40,7 +41,7 @@ from inferd.api.client_schemas import (
     TEITokenizeRequest,
     direction,
 )
-from inferd.api.errors import APIError
+from inferd.api.errors import APIError, excerpt
 from inferd.api.inference import INFERENCE_ERRORS, check_query, labels_of, prechecked, run_task
 from inferd.api.schemas import ErrorResponse, TEIRerankRequest, request_body
 from inferd.api.services import inference_auth, services
@@ -159,6 +160,13 @@ async def similarity(request: Request) -> Response:
 
     def check(b: TEISimilarityRequest) -> None:
         check_query(request, b.inputs.source_sentence, "inputs.source_sentence")
+        # The source sentence is one of the request's texts: count the sentences against what is left, so the
+        # refusal names the number the client sent (the engine would count both).
+        most = services(request).settings.limits.max_items_per_request - 1
+        if len(b.inputs.sentences) > most:
+            raise APIError(422, f"inputs.sentences: {len(b.inputs.sentences)} sentences given; at most {most} "
+                           f"per request: with inputs.source_sentence, {most + 1} texts (limits.max_items_per_request)",
+                           "too_many_items", "inputs.sentences")
         prechecked(request, b.inputs.sentences, "inputs.sentences", True)
 
     body = await read_body(request, TEISimilarityRequest, check)
@@ -252,13 +260,16 @@ async def tei_predict(request: Request) -> Response:
     return json_response(rows if batch else rows[0])
 
 
-def _applied(params: Any, own: str, raw: bool) -> bool:
-    """Whether raw logits are asked (raw_scores, or function_to_apply "none"); refuses another activation."""
+def _applied(params: Any, own: str, raw: bool) -> str | None:
+    """The field that asks for raw logits (raw_scores, or function_to_apply "none"), if one does; refuses
+    another activation than the model's own."""
     wanted = params.function_to_apply if params is not None else None
     if wanted is not None and wanted != "none" and wanted != own:
         raise APIError(422, f"parameters.function_to_apply: this model applies {own}; {wanted} was asked",
                        "invalid_value", "parameters.function_to_apply")
-    return raw or wanted == "none"
+    if raw:
+        return "raw_scores"
+    return "parameters.function_to_apply" if wanted == "none" else None
 
 
 async def _classify(request: Request, body: TEIPredictRequest, sequences: list[Any], batch: bool,
@@ -266,9 +277,11 @@ async def _classify(request: Request, body: TEIPredictRequest, sequences: list[A
     if any(not isinstance(s, str) for s in sequences):
         raise APIError(422, "inputs: this classifier takes single texts, not pairs", "invalid_type", "inputs")
     own = "sigmoid" if info.get("multi_label") else "softmax"
-    if _applied(body.parameters, own, body.raw_scores):
-        raise APIError(422, "raw_scores: a classifier answers probabilities here, not logits", "invalid_value",
-                       "raw_scores")
+    asked = _applied(body.parameters, own, body.raw_scores)
+    if asked is not None:
+        # The task computes probabilities only: a softmax's logits cannot be recovered from them.
+        raise APIError(422, f"{asked}: asks for logits; a classifier answers probabilities here ({own}: send "
+                       f"function_to_apply {own} or leave it out)", "invalid_value", asked)
     inputs = vectors.inputs_of(sequences, "", direction(body.truncation_direction), body.truncate)
     result = await run_task(request, inputs, body, "inputs", batch, task="classification")
     if isinstance(result, Response):
@@ -285,7 +298,7 @@ async def _score_pairs(request: Request, body: TEIPredictRequest, sequences: lis
                        "invalid_type", "inputs")
     for i, (query, _) in enumerate(sequences):
         check_query(request, query, f"inputs[{i}][0]" if batch else "inputs[0]")
-    raw = _applied(body.parameters, "sigmoid", body.raw_scores)
+    raw = _applied(body.parameters, "sigmoid", body.raw_scores) is not None
     result = await run_task(request, list(sequences), body, "inputs", batch, task="rerank")
     if isinstance(result, Response):
         return result
@@ -378,7 +391,22 @@ async def tokenize(request: Request) -> Response:
     return json_response(rows)
 
 
-def _id_lists(request: Request, ids: Any, vocab: int) -> tuple[list[list[int]], bool]:
+def _as_sent(raw: bytes, batch: bool, i: int, j: int, value: Any) -> str:
+    """A refused id as the client wrote it: orjson reads an integer beyond 64 bits as a float, whose digits are
+    not the client's (2**64 + 1 became "1.8446744073709552e+"); the standard parser keeps them (refusals only)."""
+    if isinstance(value, float):
+        try:
+            ids = json.loads(raw)["ids"]
+            exact = ids[i][j] if batch else ids[j]
+        except (ValueError, LookupError, TypeError, RecursionError):
+            exact = value
+        return excerpt(str(exact) if isinstance(exact, int) else repr(value))
+    if isinstance(value, bool | int | str) or value is None:
+        return excerpt(orjson.dumps(value).decode())
+    return "a list" if isinstance(value, list) else "an object"  # never echoed: it may nest a thousand deep
+
+
+def _id_lists(request: Request, ids: Any, vocab: int, raw: bytes) -> tuple[list[list[int]], bool]:
     batch = isinstance(ids, list) and bool(ids) and isinstance(ids[0], list)
     lists = ids if batch else [ids]
     limit = services(request).settings.limits.max_items_per_request
@@ -393,8 +421,8 @@ def _id_lists(request: Request, ids: Any, vocab: int) -> tuple[list[list[int]], 
             raise APIError(422, f"{where}: must be a non-empty list of token ids", "empty_input", where)
         for j, v in enumerate(row):
             if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < vocab:
-                raise APIError(422, f"{where}[{j}]: {str(v)[:20]} is not a token id of this model (0..{vocab - 1})",
-                               "invalid_value", f"{where}[{j}]")
+                raise APIError(422, f"{where}[{j}]: {_as_sent(raw, batch, i, j, v)} is not a token id of this "
+                               f"model (0..{vocab - 1})", "invalid_value", f"{where}[{j}]")
     return lists, batch
 
 
@@ -405,7 +433,7 @@ async def decode(request: Request) -> Response:
     """TEI's decode: ``{"ids": [int] | [[int]], "skip_special_tokens"?}`` → the text of each id list."""
     body = await read_body(request, TEIDecodeRequest)
     async with _Tokenizer(request) as (tok, _):
-        lists, _ = _id_lists(request, body.ids, tok.get_vocab_size(with_added_tokens=True))
+        lists, _ = _id_lists(request, body.ids, tok.get_vocab_size(with_added_tokens=True), await request.body())
         texts = tok.decode_batch(lists, skip_special_tokens=body.skip_special_tokens)
     return json_response(texts)
 
