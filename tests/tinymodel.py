@@ -126,3 +126,80 @@ def write_tiny_classifier(folder: Path, seed: int = 0, labels: tuple[str, ...] =
         config.problem_type = "multi_label_classification"
     BertForSequenceClassification(config).eval().save_pretrained(folder)
     return folder
+
+
+def write_st_v6(folder: Path, source: Path, pooling: str | list[str] = "mean", dense: int | None = None,
+                activation: str = "Tanh", normalize: bool = True, include_prompt: bool = True,
+                prompts: dict[str, str] | None = None, default_prompt_name: str | None = None,
+                similarity: str | None = None, seed: int = 0) -> Path:
+    """The Hugging Face model of ``source`` saved by sentence-transformers 6 itself (``pooling_mode``, module
+    types under ``sentence_transformers.base``...): Transformer, Pooling, an optional Dense of ``dense`` outputs
+    with torch's ``activation``, an optional Normalize."""
+    import warnings
+
+    import torch
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.base.modules.dense import Dense
+    from sentence_transformers.base.modules.normalize import Normalize
+    from sentence_transformers.base.modules.transformer import Transformer
+    from sentence_transformers.sentence_transformer.modules.pooling import Pooling
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        transformer = Transformer(str(source))
+        size = transformer.get_embedding_dimension()
+        modules: list[torch.nn.Module] = [transformer, Pooling(size, pooling_mode=pooling,
+                                                               include_prompt=include_prompt)]
+        if dense is not None:
+            torch.manual_seed(seed)
+            width = size * (1 if isinstance(pooling, str) else len(pooling))
+            modules.append(Dense(width, dense, activation_function=getattr(torch.nn, activation)()))
+        if normalize:
+            modules.append(Normalize())
+        model = SentenceTransformer(modules=modules, device="cpu", prompts=prompts,
+                                    default_prompt_name=default_prompt_name, similarity_fn_name=similarity)
+        model.save(str(folder))
+    return folder
+
+
+def write_st_legacy(folder: Path, source: Path, pooling: tuple[str, ...] = ("mean",), dense: int | None = None,
+                    activation: str = "torch.nn.modules.activation.Tanh", normalize: bool = True,
+                    pickle_dense: bool = False, seed: int = 0) -> Path:
+    """``source``'s Hugging Face files with the sentence-transformers 2-4 files written by hand: module types
+    ``sentence_transformers.models.*``, the Pooling's ``pooling_mode_*`` booleans, a Dense's weights as
+    safetensors or (``pickle_dense``) the ``pytorch_model.bin`` older releases wrote."""
+    import shutil
+
+    import torch
+    from safetensors.torch import save_file
+
+    keys = {"cls": "pooling_mode_cls_token", "max": "pooling_mode_max_tokens", "mean": "pooling_mode_mean_tokens",
+            "mean_sqrt_len_tokens": "pooling_mode_mean_sqrt_len_tokens",
+            "weightedmean": "pooling_mode_weightedmean_tokens", "lasttoken": "pooling_mode_lasttoken"}
+    shutil.copytree(source, folder, dirs_exist_ok=True,
+                    ignore=shutil.ignore_patterns("modules.json", "1_Pooling", "2_Normalize"))
+    size = json.loads((folder / "config.json").read_text())["hidden_size"]
+    modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+               {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]
+    (folder / "1_Pooling").mkdir(exist_ok=True)
+    (folder / "1_Pooling" / "config.json").write_text(json.dumps(
+        {"word_embedding_dimension": size, **{key: mode in pooling for mode, key in keys.items()}}))
+    if dense is not None:
+        torch.manual_seed(seed)
+        width = size * len(pooling)
+        sub = folder / "2_Dense"
+        sub.mkdir(exist_ok=True)
+        (sub / "config.json").write_text(json.dumps({"in_features": width, "out_features": dense, "bias": True,
+                                                     "activation_function": activation}))
+        state = {"linear.weight": torch.randn(dense, width) / width ** 0.5, "linear.bias": torch.randn(dense) / 10}
+        if pickle_dense:
+            torch.save(state, sub / "pytorch_model.bin")
+        else:
+            save_file(state, str(sub / "model.safetensors"))
+        modules.append({"idx": 2, "name": "2", "path": "2_Dense", "type": "sentence_transformers.models.Dense"})
+    if normalize:
+        n = len(modules)
+        modules.append({"idx": n, "name": str(n), "path": f"{n}_Normalize",
+                        "type": "sentence_transformers.models.Normalize"})
+    (folder / "modules.json").write_text(json.dumps(modules))
+    return folder

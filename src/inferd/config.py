@@ -121,7 +121,8 @@ class ModelSettings(_Section):
     load_mode: LoadMode = "background"
     exit_on_load_failure: bool = False
     allow_pickle: bool = False
-    pooling: Literal["cls", "mean"] | None = None
+    # Over the folder's Pooling module (sentence-transformers' mode names); None = as the folder says, else mean.
+    pooling: Literal["cls", "max", "mean", "mean_sqrt_len_tokens", "weightedmean", "lasttoken"] | None = None
     normalize: bool | None = None
     max_seq_length: int | None = Field(None, gt=0)
     truncate: bool = True

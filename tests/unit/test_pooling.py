@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -13,7 +12,8 @@ import torch
 from inferd.core.errors import ModelLoadError
 from inferd.core.preprocess import Encoded
 from inferd.core.tasks.base import check_weights
-from inferd.core.tasks.embedding import POOLERS, EmbeddingHandler, cls_pool, lasttoken_pool, mean_pool, read_st_config
+from inferd.core.tasks.embedding import POOLERS, EmbeddingHandler, PooledHead, cls_pool, lasttoken_pool, mean_pool
+from inferd.core.tasks.st_folder import Normalize
 
 # -- pooling ---------------------------------------------------------------------------------------------------
 
@@ -99,12 +99,12 @@ class FakeEncoder(torch.nn.Module):
 
 def fake_handler(pooling: str, normalize: bool) -> EmbeddingHandler:
     from inferd.core.backends.torch import TorchRunner
-    from inferd.core.tasks.embedding import POOLERS
 
     h = EmbeddingHandler()
     h.model, h.device, h.pad_id, h.normalize = FakeEncoder().eval(), torch.device("cpu"), 0, normalize
     h.runner = TorchRunner(h.model, h.device)
-    h._pool = POOLERS[pooling]
+    h.pooling_modes = (pooling,)
+    h._head = PooledHead([Normalize("2_Normalize")]) if normalize else None
     return h
 
 
@@ -130,49 +130,28 @@ def test_infer_matches_each_text_computed_alone(pooling: str) -> None:
     np.testing.assert_allclose(together[0], (raw / raw.norm()).numpy(), atol=1e-6)
 
 
+@pytest.mark.parametrize("side", ["right", "left"])
+def test_a_prompt_left_out_of_pooling_is_its_first_tokens_whichever_side_pads(side: str) -> None:
+    from inferd.core.tasks.base import collate
+
+    h = fake_handler("mean", normalize=False)
+    if side == "left":  # a decoder's tokenizer pads on the left
+        def left(batch: list[Encoded]) -> tuple[torch.Tensor, torch.Tensor, None]:
+            ids, mask, _ = collate(batch, 0)
+            return ids.flip(1), mask.flip(1), None  # rows are palindromes below, so only the padding moves
+        h.collate = left  # type: ignore[method-assign]
+    batch = [Encoded([2, 5, 6, 5, 2], False, skip=2), Encoded([4, 3, 4], False, skip=1)]
+    emb = h.model.emb.weight.detach()
+    expected = np.stack([emb[[6, 5, 2]].mean(dim=0).numpy(), emb[[3, 4]].mean(dim=0).numpy()])
+    np.testing.assert_allclose(h.infer(batch), expected, atol=1e-6)
+
+
 def test_infer_without_normalisation_keeps_the_norm() -> None:
     h = fake_handler("mean", normalize=False)
     out = h.infer([Encoded([4, 5], False)])
     expected = h.model.emb.weight.detach()[[4, 5]].mean(dim=0).numpy()
     np.testing.assert_allclose(out[0], expected, atol=1e-6)
     assert len(h.postprocess(out)) == 1
-
-
-# -- the model folder's own sentence-transformers configuration -----------------------------------------------
-
-
-def st_folder(tmp: Path, pooling: dict, normalize: bool, max_len: int | None = 256) -> Path:
-    modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
-               {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]
-    if normalize:
-        modules.append({"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"})
-    (tmp / "modules.json").write_text(json.dumps(modules))
-    (tmp / "1_Pooling").mkdir()
-    (tmp / "1_Pooling" / "config.json").write_text(json.dumps(pooling))
-    if max_len is not None:
-        (tmp / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": max_len}))
-    return tmp
-
-
-def test_st_config_mean_and_normalize(tmp_path: Path) -> None:
-    folder = st_folder(tmp_path, {"pooling_mode_mean_tokens": True}, normalize=True)
-    assert read_st_config(folder) == ("mean", True, 256)
-
-
-def test_st_config_cls_without_normalize(tmp_path: Path) -> None:
-    folder = st_folder(tmp_path, {"pooling_mode_cls_token": True, "pooling_mode_mean_tokens": False},
-                       normalize=False, max_len=None)
-    assert read_st_config(folder) == ("cls", False, None)
-
-
-def test_st_config_unsupported_pooling_is_refused(tmp_path: Path) -> None:
-    folder = st_folder(tmp_path, {"pooling_mode_max_tokens": True}, normalize=False)
-    with pytest.raises(ModelLoadError, match="unsupported pooling"):
-        read_st_config(folder)
-
-
-def test_plain_hf_folder_has_no_st_config(tmp_path: Path) -> None:
-    assert read_st_config(tmp_path) == (None, False, None)
 
 
 # -- weight formats: safetensors yes, pickle only when allowed -------------------------------------------------

@@ -13,8 +13,9 @@ from tokenizers.models import WordLevel
 
 from inferd.core.admission import wrong_dimensions
 from inferd.core.errors import ModelLoadError
-from inferd.core.preprocess import InputError, TextEncoder, TextInput
-from inferd.core.tasks.embedding import card_matryoshka, matryoshka, read_prompts
+from inferd.core.preprocess import InputError, TextEncoder, TextInput, check_texts
+from inferd.core.tasks.embedding import card_matryoshka, matryoshka
+from inferd.core.tasks.st_folder import read_folder
 
 WORDS = ["one", "two", "three", "four", "five", "six", "seven", "eight", "query:", "passage:"]
 VOCAB = {"[PAD]": 0, "[UNK]": 1, "[CLS]": 2, "[SEP]": 3, **{w: i + 4 for i, w in enumerate(WORDS)}}
@@ -91,20 +92,32 @@ def test_a_prompt_left_out_of_pooling_counts_as_sentence_transformers_counts_it(
     assert plain.skip == 0
 
 
+def test_the_text_limit_counts_the_client_s_text_not_the_model_s_prompt() -> None:
+    prompt = "Instruct: " * 100
+    assert check_texts([TextInput("a" * 20_000, prompt)], 8, 20_000) == [prompt + "a" * 20_000]
+    with pytest.raises(InputError, match="is 20001 characters long; the limit is 20000"):
+        check_texts([TextInput("a" * 20_001, prompt)], 8, 20_000)
+
+
 def test_prompts_and_the_default_prompt_are_read_from_the_folder(tmp_path: Path) -> None:
-    assert read_prompts(tmp_path) == ({}, None, True)
+    def read(folder: Path) -> tuple[dict[str, str], str | None, bool]:
+        f = read_folder(folder)
+        return f.prompts, f.default_prompt_name, f.include_prompt
+
+    assert read(tmp_path) == ({}, None, True)
     (tmp_path / "config_sentence_transformers.json").write_text(json.dumps(
         {"prompts": {"query": "query: ", "empty": None}, "default_prompt_name": "query"}))
-    (tmp_path / "modules.json").write_text(json.dumps([{"type": "sentence_transformers.models.Pooling",
-                                                        "path": "1_Pooling"}]))
+    (tmp_path / "modules.json").write_text(json.dumps([
+        {"type": "sentence_transformers.models.Transformer", "path": ""},
+        {"type": "sentence_transformers.models.Pooling", "path": "1_Pooling"}]))
     (tmp_path / "1_Pooling").mkdir()
     (tmp_path / "1_Pooling" / "config.json").write_text(json.dumps({"pooling_mode_mean_tokens": True,
                                                                     "include_prompt": False}))
-    assert read_prompts(tmp_path) == ({"query": "query: ", "empty": ""}, "query", False)
+    assert read(tmp_path) == ({"query": "query: ", "empty": ""}, "query", False)
     (tmp_path / "config_sentence_transformers.json").write_text(json.dumps(
         {"prompts": {"query": "query: "}, "default_prompt_name": "passage"}))
     with pytest.raises(ModelLoadError, match="passage"):
-        read_prompts(tmp_path)
+        read(tmp_path)
 
 
 def test_matryoshka_sizes_come_from_the_setting_else_the_model_card(tmp_path: Path) -> None:

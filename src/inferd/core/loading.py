@@ -1,7 +1,17 @@
-"""Building a loaded handler from a spec, and the check a client-supplied model path must pass."""
+"""Building a loaded handler from a spec, and the checks a model path and the files in it must pass.
+
+Every file a load opens resolves, symlinks followed, under the spec's ``files_root`` (the ``model.root`` that
+holds the folder): a folder an admin key may load cannot make the server read, or say whether there is, a
+file anywhere else. The files are the folder's (the model, tokenizer and sentence-transformers files, read by
+name from the folder and its module folders) and those a file of it names: modules.json's module paths and a
+sharded checkpoint's index (``*.index.json``' ``weight_map``); each is checked before anything is loaded, and
+refused naming the path relative to the folder, never where it leads.
+"""
 
 from __future__ import annotations
 
+import json
+import os
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -9,6 +19,7 @@ from urllib.parse import urlparse
 from inferd.core.spec import ModelSpec
 from inferd.core.tasks import detect_task, handler_for
 from inferd.core.tasks.base import Handler, ModelLoadError, resolve_device
+from inferd.core.tasks.st_folder import inside_folder, modules
 
 
 def spec_task(spec: ModelSpec) -> str:
@@ -18,6 +29,7 @@ def spec_task(spec: ModelSpec) -> str:
 
 def load_handler(spec: ModelSpec) -> Handler:
     """Build the task's handler, load the weights on the device and warm it up."""
+    check_confined(spec.path, spec.files_root)
     handler: Any = handler_for(spec_task(spec), spec.path)
     handler.load(spec, resolve_device(spec.device))
     if spec.warmup and hasattr(handler, "warmup"):
@@ -46,3 +58,65 @@ def check_model_path(raw: str, roots: list[Path]) -> Path:
             return path
     allowed = ", ".join(str(r) for r in roots) or "(none)"
     raise ModelLoadError(f"path {raw!r} is not under an allowed model.root ({allowed})")
+
+
+def _under(path: Path, root: Path) -> bool:
+    return path == root or root in path.parents
+
+
+def _links_out(folder: Path, root: Path) -> Path | None:
+    """The first entry of the folder's tree (module folders and linked folders included) that is a symlink
+    resolving outside ``root``, relative to the folder; None when there is none."""
+    seen: set[Path] = set()
+    todo = [folder]
+    while todo:
+        here = todo.pop()
+        real = here.resolve()
+        if real in seen:
+            continue
+        seen.add(real)
+        try:
+            entries = sorted(os.scandir(here), key=lambda e: e.name)
+        except OSError:
+            continue  # unreadable: the load that needs it names it
+        for entry in entries:
+            path = Path(entry.path)
+            if entry.is_symlink():
+                try:
+                    target = path.resolve(strict=False)
+                except (OSError, RuntimeError):  # a loop: it leads nowhere under the root either
+                    return path.relative_to(folder)
+                if not _under(target, root):
+                    return path.relative_to(folder)
+            if entry.is_dir(follow_symlinks=True):
+                todo.append(path)
+    return None
+
+
+def check_confined(path: Path, files_root: Path | None) -> None:
+    """Refuse a folder when a file its load would open resolves outside ``files_root`` (None: the folder's
+    parent), naming that file relative to the folder."""
+    folder = Path(path).expanduser()
+    if not folder.is_dir():
+        return  # the handler's load names a missing folder
+    real = folder.resolve()
+    root = files_root.expanduser().resolve() if files_root is not None else real.parent
+    if not _under(real, root):
+        raise ModelLoadError(f"model folder {folder} is not under its model.root {root}")
+    # Links first: the files read below (modules.json, an index) are then known to be the root's own.
+    escaped = _links_out(folder, root)
+    if escaped is not None:
+        raise ModelLoadError(f"{escaped} in the model folder is a link that leads outside model.root; every "
+                             "file a model load opens must lie under it")
+    mods = modules(folder) or []  # refuses a module path that leaves the folder, as written
+    for index in sorted(folder.glob("*.index.json")):
+        try:
+            weight_map = json.loads(index.read_text(encoding="utf-8")).get("weight_map") or {}
+        except (OSError, ValueError, AttributeError):
+            continue  # not a checkpoint index; the model's loader names an unreadable one
+        if isinstance(weight_map, dict):
+            for shard in sorted({v for v in weight_map.values() if isinstance(v, str)}):
+                inside_folder(shard, f"{index.name}'s weight_map")
+    for m in mods:
+        if not _under((folder / m.path).resolve(), root):
+            raise ModelLoadError(f"modules.json: module {m.idx} ({m.path}) leads outside model.root")

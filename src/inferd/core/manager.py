@@ -8,6 +8,7 @@ a model the task's own rule refuses, leaves the serving model in place.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import logging
 import random
@@ -361,7 +362,7 @@ class ModelManager:
         """A client's load: ``path`` must lie under an allowed ``model.root``; ``runtime`` (backend, dtype,
         quantize) overrides the configured runtime for this load only."""
         spec = spec_from_settings(self.settings, check_model_path(path, self.roots), version)
-        return ModelSpec(spec.path, spec.version, spec.settings, **runtime) if runtime else spec
+        return dataclasses.replace(spec, **runtime) if runtime else spec  # keeps its root and text limit
 
     def reload(self, path: str, version: str, runtime: dict[str, str] | None = None) -> ModelSlot:
         """Load into standby, then switch atomically; the old slot is freed when its requests finish."""

@@ -38,8 +38,11 @@ def check_texts(texts: Sequence[object], max_items: int, max_chars: int) -> list
             raise InputError(i, f"must be a string, not {type(text).__name__}", "invalid_type")
         if not text.strip():
             raise InputError(i, "must not be empty or only whitespace", "empty_string")
-        if len(text) > max_chars:
-            raise InputError(i, f"is {len(text)} characters long; the limit is {max_chars}", "text_too_long")
+        # The limit is on what the client sent: a prompt the route prepended is the model's (its load refuses
+        # one longer than the limit, core/tasks/embedding.py check_prompts).
+        length = len(text) - len(text.prompt) if isinstance(text, TextInput) else len(text)
+        if length > max_chars:
+            raise InputError(i, f"is {length} characters long; the limit is {max_chars}", "text_too_long")
         out.append(text)
     return out
 

@@ -8,16 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from inferd.core.tasks.base import BUILTIN_TASKS, ModelLoadError
-
-
-def _st_embedding(path: Path) -> bool:
-    """A sentence-transformers embedding folder: modules.json with a Pooling module."""
-    modules = path / "modules.json"
-    try:
-        return modules.is_file() and any(str(m.get("type", "")).endswith("Pooling")
-                                         for m in json.loads(modules.read_text()))
-    except (OSError, ValueError, AttributeError):
-        return False
+from inferd.core.tasks.st_folder import has_pooling
 
 
 def detect_task(path: Path) -> str:
@@ -36,7 +27,7 @@ def detect_task(path: Path) -> str:
         return "embedding"
     archs = [str(a) for a in config.get("architectures") or []]
     seqcls = any(a.endswith("ForSequenceClassification") for a in archs)
-    st = _st_embedding(path)
+    st = has_pooling(path)
     if seqcls and not st:
         labels = len(config.get("id2label") or {}) or int(config.get("num_labels", 2))
         return "rerank" if labels == 1 else "classification"

@@ -12,7 +12,6 @@ model card when it was trained with ``MatryoshkaLoss`` (the ``loss:MatryoshkaLos
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Mapping
 from pathlib import Path
@@ -24,6 +23,7 @@ import torch
 from inferd.core.errors import ModelLoadError
 from inferd.core.preprocess import Encoded, TextEncoder
 from inferd.core.spec import ModelSpec
+from inferd.core.tasks import st_folder
 from inferd.core.tasks.base import ModelTask, check_weights, dimension_refusal, length_limit, load_tokenizer
 
 # Every pooler takes the hidden states [batch, length, hidden], the mask of the tokens to pool (a prompt left out
@@ -83,54 +83,82 @@ POOLERS = {"cls": cls_pool, "max": max_pool, "mean": mean_pool, "mean_sqrt_len_t
            "weightedmean": weightedmean_pool, "lasttoken": lasttoken_pool}
 
 
-def read_st_config(path: Path) -> tuple[str | None, bool, int | None]:
-    """What the model's sentence-transformers files say: pooling mode, normalisation, max length."""
-    pooling, normalize, max_len = None, False, None
-    modules = path / "modules.json"
-    if modules.is_file():
-        for module in json.loads(modules.read_text()):
-            kind = module.get("type", "")
-            if kind.endswith("Pooling"):
-                cfg = json.loads((path / module["path"] / "config.json").read_text())
-                if cfg.get("pooling_mode_cls_token"):
-                    pooling = "cls"
-                elif cfg.get("pooling_mode_mean_tokens"):
-                    pooling = "mean"
-                else:
-                    raise ModelLoadError(f"{path}: unsupported pooling mode in {module['path']}/config.json")
-            elif kind.endswith("Normalize"):
-                normalize = True
-    st = path / "sentence_bert_config.json"
-    if st.is_file():
-        max_len = json.loads(st.read_text()).get("max_seq_length")
-    return pooling, normalize, max_len
+class PooledHead(torch.nn.Module):
+    """What follows pooling, in the folder's order: its Dense layers and Normalize, in float32."""
+
+    def __init__(self, steps: list[st_folder.Dense | st_folder.Normalize]) -> None:
+        super().__init__()
+        self.steps = torch.nn.ModuleList(_DenseLayer(s) if isinstance(s, st_folder.Dense) else _Normalize()
+                                         for s in steps)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for step in self.steps:
+            x = step(x)
+        return x
 
 
-def read_prompts(path: Path) -> tuple[dict[str, str], str | None, bool]:
-    """The folder's prompts, its default prompt's name, and whether pooling keeps the prompt's tokens
-    (sentence-transformers' ``Pooling.include_prompt``, true unless its config says otherwise)."""
-    prompts: dict[str, str] = {}
-    default = None
-    cfg = path / "config_sentence_transformers.json"
-    if cfg.is_file():
-        data = json.loads(cfg.read_text())
-        raw = data.get("prompts") or {}
-        if not isinstance(raw, dict) or not all(isinstance(k, str) and isinstance(v, str | None)
-                                                for k, v in raw.items()):
-            raise ModelLoadError(f"{cfg}: 'prompts' must map names to prompt texts")
-        prompts = {k: v or "" for k, v in raw.items()}
-        default = data.get("default_prompt_name")
-        if default is not None and default not in prompts:
-            raise ModelLoadError(f"{cfg}: default_prompt_name {default!r} is not one of its prompts "
-                                 f"{sorted(prompts)}")
-    include = True
-    modules = path / "modules.json"
-    if modules.is_file():
-        for module in json.loads(modules.read_text()):
-            if module.get("type", "").endswith("Pooling"):
-                pooling_cfg = path / module["path"] / "config.json"
-                include = bool(json.loads(pooling_cfg.read_text()).get("include_prompt", True))
-    return prompts, default, include
+class _DenseLayer(torch.nn.Module):
+    def __init__(self, dense: st_folder.Dense) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(dense.in_features, dense.out_features, bias=dense.bias is not None)
+        self.activation = st_folder.ACTIVATIONS[dense.activation]()
+        self.residual = dense.residual
+        self.project = None
+        with torch.no_grad():
+            self.linear.weight.copy_(dense.weight)
+            if dense.bias is not None:
+                self.linear.bias.copy_(dense.bias)
+            if dense.residual_weight is not None:
+                self.project = torch.nn.Linear(dense.in_features, dense.out_features, bias=False)
+                self.project.weight.copy_(dense.residual_weight)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.activation(self.linear(x))
+        if self.residual:
+            out = out + (x if self.project is None else self.project(x))
+        return out
+
+
+class _Normalize(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.normalize(x, p=2, dim=-1)
+
+
+def head_steps(folder: st_folder.STFolder, modes: tuple[str, ...], hidden: int, normalize: bool | None
+               ) -> tuple[list[st_folder.Dense | st_folder.Normalize], int]:
+    """The steps after pooling (``model.normalize`` adds or drops the last normalisation) and the size of the
+    vector they give, each Dense checked against the size it is handed."""
+    if folder.embedding_dimension is not None and folder.embedding_dimension != hidden:
+        raise ModelLoadError(f"the Pooling module pools {folder.embedding_dimension}-dimensional token vectors; "
+                             f"the model's hidden size is {hidden}")
+    steps = list(folder.after)
+    if normalize is False:
+        while steps and isinstance(steps[-1], st_folder.Normalize):
+            steps.pop()
+    elif normalize and not (steps and isinstance(steps[-1], st_folder.Normalize)):
+        steps.append(st_folder.Normalize("model.normalize"))
+    size = hidden * len(modes)
+    for step in steps:
+        if isinstance(step, st_folder.Dense):
+            if step.in_features != size:
+                raise ModelLoadError(f"the Dense module {step.path} takes {step.in_features} values; pooling "
+                                     f"({'+'.join(modes)}) gives {size}")
+            size = step.out_features
+    return steps, size
+
+
+def check_prompts(prompts: Mapping[str, str], encoder: TextEncoder, max_chars: int) -> None:
+    """A prompt is prepended to every text it applies to: one longer than the longest text a client may send,
+    or one that leaves no token for the text, would make every request fail or embed the prompt alone, so
+    the model is refused, naming it."""
+    for name, prompt in prompts.items():
+        if len(prompt) > max_chars:
+            raise ModelLoadError(f"prompt {name!r} of config_sentence_transformers.json is {len(prompt)} characters "
+                                 f"long, longer than a text may be ({max_chars}, limits.max_chars_per_text)")
+        tokens = encoder.prompt_tokens(prompt)
+        if tokens + 2 > encoder.max_length:
+            raise ModelLoadError(f"prompt {name!r} of config_sentence_transformers.json is {tokens} tokens: with "
+                                 f"the model's limit of {encoder.max_length} tokens it leaves none for a text")
 
 
 _MATRYOSHKA_TAG = re.compile(r"^\s*-\s*loss:Matryoshka(2d)?Loss\s*$", re.MULTILINE)
@@ -179,29 +207,39 @@ class EmbeddingHandler(ModelTask):
     task = "embedding"
     inputs = "texts"
     head = "hidden"
+    pooling_modes: tuple[str, ...] = ("mean",)
+    _head: torch.nn.Module | None = None
 
     def load(self, spec: ModelSpec, device: torch.device) -> None:
+        # The modules first: a folder of modules inferd cannot run (a Router's has no config.json) is named so.
+        folder = st_folder.read_folder(spec.path, spec.allow_pickle)
         safetensors = check_weights(spec.path, spec.allow_pickle)
-        st_pooling, st_normalize, st_max = read_st_config(spec.path)
         config, tokenizer = load_tokenizer(spec.path)
         self.name = spec.name
         self.version = spec.version
-        self.dimension = int(config.hidden_size)
+        hidden = int(config.hidden_size)
         limit = length_limit(config, tokenizer, None)
-        self.max_seq_length = min(spec.max_seq_length or st_max or limit, limit)
-        self.pooling = spec.pooling or st_pooling or "mean"
-        self.normalize = spec.normalize if spec.normalize is not None else st_normalize
+        self.max_seq_length = min(spec.max_seq_length or folder.max_seq_length or limit, limit)
+        self.pooling_modes = (spec.pooling,) if spec.pooling else folder.pooling or ("mean",)
+        self.pooling = "+".join(self.pooling_modes)
+        steps, self.dimension = head_steps(folder, self.pooling_modes, hidden, spec.normalize)
+        self.normalize = bool(steps) and isinstance(steps[-1], st_folder.Normalize)
+        self._head = PooledHead(steps).eval() if steps else None
+        self.dense = [f"{s.path}: {s.in_features}->{s.out_features} {s.activation}" for s in steps
+                      if isinstance(s, st_folder.Dense)]
+        self.similarity_fn_name = folder.similarity_fn_name or "cosine"  # sentence-transformers' default
         self.pad_id = tokenizer.pad_token_id or 0
-        self.prompts, self.default_prompt_name, include_prompt = read_prompts(spec.path)
+        self.prompts, self.default_prompt_name = folder.prompts, folder.default_prompt_name
         self.matryoshka = matryoshka(spec.settings.matryoshka_dimensions, spec.path, self.dimension)
         self.tokenizer = tokenizer.backend_tokenizer
         self.encoder = TextEncoder(self.tokenizer, self.max_seq_length, spec.truncate,
-                                   exclude_prompt=not include_prompt)
-        self._pool = POOLERS[self.pooling]
+                                   exclude_prompt=not folder.include_prompt)
+        check_prompts(self.prompts, self.encoder, spec.max_chars_per_text)
         self.open_runner(spec, device, safetensors)  # last: see ModelTask
 
     def describe(self) -> dict[str, Any]:
         return {"dimension": self.dimension, "pooling": self.pooling, "normalize": self.normalize,
+                "dense": list(self.dense), "similarity_fn_name": self.similarity_fn_name,
                 "matryoshka_dimensions": self.matryoshka, "prompts": dict(self.prompts),
                 "default_prompt_name": self.default_prompt_name,
                 "include_prompt": not self.encoder.exclude_prompt}
@@ -217,14 +255,15 @@ class EmbeddingHandler(ModelTask):
         ids, mask, _ = self.collate(batch)
         pool_mask = mask
         if any(e.skip for e in batch):  # prompts left out of pooling (include_prompt: false)
-            pool_mask = mask.clone()
-            for row, enc in enumerate(batch):
-                pool_mask[row, : enc.skip] = 0
+            # A row's first ``skip`` attended tokens, wherever its padding is.
+            skip = torch.tensor([e.skip for e in batch]).unsqueeze(1)
+            pool_mask = mask * (mask.cumsum(dim=1) > skip)
         with torch.inference_mode():
             hidden = runner(ids, mask)
-            pooled = self._pool(hidden, pool_mask.to(hidden.device)).float()
-            if self.normalize:
-                pooled = torch.nn.functional.normalize(pooled, p=2, dim=1)
+            keep, seen = pool_mask.to(hidden.device), mask.to(hidden.device)
+            pooled = torch.cat([POOLERS[m](hidden, keep, seen) for m in self.pooling_modes], dim=-1).float()
+            if self._head is not None:
+                pooled = self._head.to(pooled.device)(pooled)
             return pooled.cpu().numpy()
 
     def postprocess(self, outputs: np.ndarray) -> list[np.ndarray]:
