@@ -1,11 +1,13 @@
 """The embedding task: texts in, one pooled vector per text out (/v1/embeddings, /predict, TEI's /embed, Cohere's
 /v1/embed and /v2/embed).
 
-Beside pooling and normalisation, a sentence-transformers folder says two more things its clients rely on:
-its **prompts** (``config_sentence_transformers.json``: ``prompts`` and ``default_prompt_name``; the routes
-prepend the one a request names, see core/preprocess.py TextInput, and a pooling with ``include_prompt: false``
-leaves the prompt's tokens out, as ``SentenceTransformer.encode(prompt_name=...)`` does), and whether its
-vectors may be cut short (**Matryoshka**): ``model.matryoshka_dimensions`` (a list, or ``any``), else its
+What the model folder's sentence-transformers files say (core/tasks/st_folder.py) is run here: the pooling
+modes on the hidden states any runner gives (torch, unpadded, ONNX Runtime, OpenVINO: pooling and what follows it
+stay in the task), then the folder's Dense layers and Normalize on the pooled vector. Its **prompts** are
+prepended by the routes (core/preprocess.py TextInput); a pooling with ``include_prompt: false`` leaves the
+prompt's tokens out, as ``SentenceTransformer.encode(prompt_name=...)`` does; a prompt that cannot fit the
+text limits refuses the model at load (check_prompts), where the fault is the model's, not a client's. Whether
+its vectors may be cut short (**Matryoshka**): ``model.matryoshka_dimensions`` (a list, or ``any``), else its
 model card when it was trained with ``MatryoshkaLoss`` (the ``loss:MatryoshkaLoss`` tag and the loss's
 ``matryoshka_dims`` that sentence-transformers writes into README.md), else none.
 """
