@@ -23,7 +23,8 @@ import pytest
 import torch
 import yaml
 from conftest import ROOT, Server, metric_value, start_server, wait_for
-from tinymodel import write_tiny_bert
+from prompted import add_prompts, sentence_transformer
+from tinymodel import write_st_v6, write_tiny_bert
 
 from inferd.config import load_settings
 from inferd.core.loading import load_handler
@@ -179,6 +180,21 @@ def bad_models(models_root: Path, tiny_model: Path, tmp_path_factory: pytest.Tem
     for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
         (no_tokenizer / name).unlink(missing_ok=True)
     outside = Path(shutil.copytree(tiny_model, tmp_path_factory.mktemp("elsewhere") / "tiny"))
+
+    def module_path(name: str, path: str) -> Path:
+        folder = copy(name)
+        modules = json.loads((folder / "modules.json").read_text())
+        modules[1]["path"] = path
+        (folder / "modules.json").write_text(json.dumps(modules))
+        return folder
+
+    # Files leading out of model.root (issue 30 item 3): a module folder beside the root that would load...
+    escape = module_path("bad-module-escape", "../../outside/x")
+    shutil.copytree(tiny_model / "1_Pooling", models_root.parent / "outside" / "x", dirs_exist_ok=True)
+    # ...and weights linked to a copy outside it.
+    linked = copy("bad-linked-weights")
+    (linked / "model.safetensors").unlink()
+    (linked / "model.safetensors").symlink_to(outside / "model.safetensors")
     return {
         "missing": str(models_root / "no-such-model"),
         "corrupt": str(corrupt),
@@ -190,6 +206,11 @@ def bad_models(models_root: Path, tiny_model: Path, tmp_path_factory: pytest.Tem
         "dotdot": f"{models_root}/tiny-v1/../tiny-v2",
         "url": "https://example.com/models/tiny",
         "scheme": f"file://{tiny_model}",
+        "module_escape": str(escape),
+        "module_etc": str(module_path("bad-module-etc", "/etc")),
+        "linked_weights": str(linked),
+        # A default prompt longer than any text may be (issue 30 item 4): every request would be refused.
+        "prompt": str(add_prompts(copy("bad-prompt"), {"query": "q" * 200_000}, "query")),
     }
 
 
@@ -197,13 +218,17 @@ CAUSES = {
     "missing": "does not exist",
     "corrupt": "SafetensorError",
     "pickle": "pickle weights",
-    "architecture": "do not fit the 'gpt2' architecture",
+    "architecture": "model_type 'gpt2' is not a supported architecture",
     "tokenizer": "has no tokenizer",
     "dimension": "embedding dimension is 48",
     "outside_root": "not under an allowed model.root",
     "dotdot": "'..' is not allowed",
     "url": "only local folders",
     "scheme": "only local folders",
+    "module_escape": "modules.json module 1: path '../../outside/x' leaves the model folder",
+    "module_etc": "modules.json module 1: path '/etc' leaves the model folder",
+    "linked_weights": "model.safetensors in the model folder is a link that leads outside model.root",
+    "prompt": "prompt 'query' of config_sentence_transformers.json is 200000 characters long",
 }
 
 
@@ -220,6 +245,8 @@ def test_failed_reloads_keep_the_old_model_and_name_the_cause(
         assert error["code"] == "model_load_failed" and error["param"] == "path"
         assert "the serving model is unchanged" in error["message"]
         assert CAUSES[kind] in error["message"], (kind, error["message"])
+        # Nothing is said of files outside the root: not their names, nor whether they exist.
+        assert "/etc/config.json" not in error["message"] and "outside/x/config.json" not in error["message"]
         answer = predict(client)
         assert answer.headers["X-Model-Version"] == "v1", kind
         np.testing.assert_allclose(answer.json()["results"][0], refs[tiny_model], atol=1e-5)
@@ -227,6 +254,24 @@ def test_failed_reloads_keep_the_old_model_and_name_the_cause(
     assert client.get("/admin/models", headers=ADMIN).json()["switches"] == switches
     assert client.get("/health/ready").status_code == 200
     assert "reload failed" in server.log()
+
+
+def test_a_folder_saved_by_sentence_transformers_6_serves_its_vectors(
+        client: httpx.Client, tiny_model: Path, models_root: Path) -> None:
+    folder = write_st_v6(models_root / "st6", tiny_model, pooling=["mean", "lasttoken"], dense=32, include_prompt=False,
+                         prompts={"query": "query: ", "document": ""}, default_prompt_name="query", similarity="dot")
+    ensure_active(client, tiny_model, "v1")
+    r = client.post("/admin/models/reload", json={"path": str(folder), "version": "st6"}, headers=ADMIN)
+    assert r.status_code == 200, r.text
+    st = sentence_transformer(folder)
+    texts = [TEXT, "one", "a river " * 40]
+    for body, name in (({}, None), ({"prompt_name": "document"}, "document")):
+        got = client.post("/embed", json={"inputs": texts, **body})
+        assert got.status_code == 200 and got.headers["X-Model-Version"] == "st6", got.text
+        np.testing.assert_allclose(np.array(got.json()), st.encode(texts, prompt_name=name), atol=1e-5)
+    info = client.get("/info").json()["models"][0]
+    assert (info["pooling"], info["default_prompt_name"], info["similarity_fn_name"]) == (
+        "mean+lasttoken", "query", "dot")
 
 
 def test_a_malformed_reload_request_gets_the_error_shape(client: httpx.Client) -> None:

@@ -224,6 +224,8 @@ class ModelInfo(BaseModel):
     matryoshka_dimensions: list[int] | Literal["any"] | None = None
     prompts: dict[str, str] | None = None
     default_prompt_name: str | None = None
+    # The similarity its vectors are made for (config_sentence_transformers.json; cosine when it names none).
+    similarity_fn_name: str | None = None
 
 
 class Info(BaseModel):
