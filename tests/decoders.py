@@ -60,31 +60,34 @@ def write_qwen_tokenizer(folder: Path, append_eos: bool, max_positions: int, pad
     return int(tok.get_vocab_size())
 
 
-def qwen3_config(vocab: int, max_positions: int, seed: int, **extra: Any) -> Any:
+def qwen3_config(vocab: int, max_positions: int, seed: int, model_type: str = "qwen3", **extra: Any) -> Any:
+    """A tiny config of a decoder family (grouped key/value heads), ids of the Qwen-style tokenizer above."""
     import torch
-    from transformers import Qwen3Config
+    from transformers import AutoConfig
 
     torch.manual_seed(seed)
     # Large initial weights: a random model with the default 0.02 gives nearly equal vectors for every text.
-    return Qwen3Config(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                       num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=max_positions,
-                       initializer_range=0.2, eos_token_id=0, pad_token_id=0, bos_token_id=None, **extra)
+    return AutoConfig.for_model(
+        model_type, vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=max_positions,
+        initializer_range=0.2, eos_token_id=0, pad_token_id=0, bos_token_id=None, **extra)
 
 
 def write_qwen3_embedder(folder: Path, seed: int = 0, max_positions: int = 128, v6_pooling: bool = False,
-                         padding_side: str = "left") -> Path:
-    """A Qwen3-Embedding-shaped sentence-transformers folder: Qwen3 weights, last-token pooling, Normalize, a
-    query prompt; the EOS appended by the tokenizer (``v6_pooling``: the Pooling config sentence-transformers 6
-    writes, else the legacy keys)."""
-    from transformers import Qwen3Model
+                         padding_side: str = "left", model_type: str = "qwen3") -> Path:
+    """A Qwen3-Embedding-shaped sentence-transformers folder: Qwen3 weights (or another decoder family's,
+    ``model_type``), last-token pooling, Normalize, a query prompt; the EOS appended by the tokenizer
+    (``v6_pooling``: the Pooling config sentence-transformers 6 writes, else the legacy keys)."""
+    from transformers import AutoModel
 
     folder.mkdir(parents=True, exist_ok=True)
     vocab = write_qwen_tokenizer(folder, append_eos=True, max_positions=max_positions, padding_side=padding_side)
-    config = qwen3_config(vocab, max_positions, seed)
-    Qwen3Model(config).eval().save_pretrained(folder)
-    cfg = json.loads((folder / "config.json").read_text())
-    cfg["architectures"] = ["Qwen3ForCausalLM"]  # as Qwen3-Embedding's config.json says, over bare weights
-    (folder / "config.json").write_text(json.dumps(cfg, indent=2))
+    config = qwen3_config(vocab, max_positions, seed, model_type)
+    AutoModel.from_config(config).eval().save_pretrained(folder)
+    if model_type == "qwen3":
+        cfg = json.loads((folder / "config.json").read_text())
+        cfg["architectures"] = ["Qwen3ForCausalLM"]  # as Qwen3-Embedding's config.json says, over bare weights
+        (folder / "config.json").write_text(json.dumps(cfg, indent=2))
     modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
                {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
                {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"}]

@@ -3,8 +3,8 @@
 A Qwen3-Embedding-shaped folder (last-token pooling, the EOS its tokenizer appends, Normalize, a query prompt)
 equals ``SentenceTransformer.encode``; a Qwen3-Reranker-shaped causal LM equals its model card's P(yes); a
 reranker converted to ``Qwen3ForSequenceClassification`` equals ``CrossEncoder.predict`` (all within 1e-5, texts
-of very different lengths batched together). An architecture inferd does not list is refused at load, naming
-the list; a decoder on a backend that cannot run it is refused naming the one that can.
+of very different lengths batched together), on torch and through their ONNX Runtime and OpenVINO exports
+(within 1e-4, the gate passed). An architecture inferd does not list is refused at load, naming the list.
 """
 
 from __future__ import annotations
@@ -22,7 +22,9 @@ import numpy as np
 import pytest
 from conftest import Server, start_server
 from decoders import (
+    QUERY_PROMPT,
     model_card_scores,
+    write_qwen3_embedder,
     write_qwen3_reranker,
     write_qwen3_seq_cls,
 )
@@ -30,6 +32,7 @@ from tinymodel import WORDS, write_tiny_bert
 
 from inferd.core.errors import ModelLoadError
 from inferd.core.loading import load_handler
+from inferd.core.preprocess import TextInput
 from inferd.core.spec import ModelSpec
 from inferd.core.tasks import detect_task
 
@@ -43,6 +46,7 @@ def _sentence(rng: random.Random, n: int) -> str:
 @pytest.fixture(scope="module")
 def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("decoders")
+    write_qwen3_embedder(root / "embedder", seed=1)
     write_qwen3_reranker(root / "llm-reranker", seed=2)
     write_qwen3_reranker(root / "llm-reranker-tied", seed=3, tied=True)
     write_qwen3_seq_cls(root / "seq-cls", seed=4)
@@ -55,6 +59,42 @@ def _handler(path: Path, **kw: Any) -> Any:
 
 def _outputs(handler: Any, inputs: list[Any]) -> np.ndarray:
     return np.array(handler.postprocess(handler.infer(handler.preprocess(inputs))))
+
+
+TEXTS = [_sentence(random.Random(i), n) for i, n in enumerate((1, 4, 17, 60, 110))]
+
+
+@pytest.mark.parametrize("prompt", [None, "query"])
+def test_the_decoder_embedder_equals_sentence_transformers(root: Path, prompt: str | None) -> None:
+    from sentence_transformers import SentenceTransformer
+
+    handler = _handler(root / "embedder")
+    assert handler.pooling == "lasttoken" and handler.normalize
+    inputs = [TextInput(t, prompt=QUERY_PROMPT) for t in TEXTS] if prompt else TEXTS
+    got = _outputs(handler, inputs)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = SentenceTransformer(str(root / "embedder"), device="cpu")
+    # sentence-transformers pads on the tokenizer's side (left here); inferd pads on the right: equal.
+    assert model.tokenizer.padding_side == "left"
+    expected = model.encode(TEXTS, prompt_name=prompt, batch_size=len(TEXTS), convert_to_numpy=True)
+    np.testing.assert_allclose(got, expected, atol=TOL, rtol=0)
+    # The EOS the tokenizer appends is the pooled token.
+    assert all(e.ids[-1] == handler.pad_id for e in handler.preprocess(TEXTS))
+
+
+# Every decoder family the architecture list names (core/families.py), beside Qwen3 above.
+@pytest.mark.parametrize("kind", ["qwen2", "llama", "mistral", "gemma", "gemma2", "gemma3_text"])
+def test_each_listed_decoder_family_embeds_as_sentence_transformers(tmp_path: Path, kind: str) -> None:
+    from sentence_transformers import SentenceTransformer
+
+    folder = write_qwen3_embedder(tmp_path / kind, seed=9, model_type=kind, v6_pooling=True)
+    got = _outputs(_handler(folder), [TextInput(t, prompt=QUERY_PROMPT) for t in TEXTS])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = SentenceTransformer(str(folder), device="cpu")
+    expected = model.encode(TEXTS, prompt_name="query", batch_size=len(TEXTS), convert_to_numpy=True)
+    np.testing.assert_allclose(got, expected, atol=TOL, rtol=0)
 
 
 @pytest.mark.parametrize("name", ["llm-reranker", "llm-reranker-tied"])
@@ -116,10 +156,48 @@ def test_an_unlisted_architecture_is_refused_at_load_naming_the_list(tmp_path: P
         _handler(folder)
 
 
-def test_a_decoder_on_a_backend_without_its_export_is_refused_naming_torch(root: Path) -> None:
-    with pytest.raises(ModelLoadError, match=r"model.backend openvino: Qwen2 / Qwen3 models \(decoders\) run on "
-                                             r"torch only"):
-        _handler(root / "llm-reranker", backend="openvino")
+# The exported graphs: every batch shape of the gate passed, and the answers equal the references within 1e-4.
+GRAPH_TOL = 1e-4
+
+
+def _exported(path: Path, backend: str, cache: Path) -> Any:
+    handler = _handler(path, backend=backend, cache_dir=str(cache), gate={"texts": 32})
+    assert handler.backend == backend and handler.backend_info["gate"]["passed"]
+    return handler
+
+
+@pytest.mark.parametrize("backend", ["onnx", "openvino"])
+def test_the_decoder_embedder_exports_equal_to_sentence_transformers(root: Path, tmp_path: Path,
+                                                                    backend: str) -> None:
+    from sentence_transformers import SentenceTransformer
+
+    handler = _exported(root / "embedder", backend, tmp_path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = SentenceTransformer(str(root / "embedder"), device="cpu")
+    expected = model.encode(TEXTS, prompt_name="query", batch_size=len(TEXTS), convert_to_numpy=True)
+    prompted = [TextInput(t, prompt=QUERY_PROMPT) for t in TEXTS]
+    np.testing.assert_allclose(_outputs(handler, prompted), expected, atol=GRAPH_TOL, rtol=0)
+    for i in (0, 4):  # alone as among texts of very different lengths
+        np.testing.assert_allclose(_outputs(handler, prompted[i: i + 1])[0], expected[i], atol=GRAPH_TOL, rtol=0)
+
+
+def test_the_llm_reranker_on_openvino_equals_its_model_card(root: Path, tmp_path: Path) -> None:
+    handler = _exported(root / "llm-reranker", "openvino", tmp_path)
+    pairs = [("which river runs past the city", _sentence(random.Random(10), n)) for n in (1, 6, 30, 90)]
+    np.testing.assert_allclose(_outputs(handler, pairs)[:, 0], model_card_scores(root / "llm-reranker", pairs),
+                               atol=GRAPH_TOL, rtol=0)
+
+
+def test_a_converted_sequence_classifier_on_onnx_equals_the_cross_encoder(root: Path, tmp_path: Path) -> None:
+    from sentence_transformers import CrossEncoder
+
+    handler = _exported(root / "seq-cls", "onnx", tmp_path)
+    pairs = [("which river runs past the city", _sentence(random.Random(11), n)) for n in (1, 6, 30, 90)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        expected = CrossEncoder(str(root / "seq-cls"), device="cpu").predict(pairs, batch_size=len(pairs))
+    np.testing.assert_allclose(_outputs(handler, pairs)[:, 0], expected, atol=GRAPH_TOL, rtol=0)
 
 
 @pytest.fixture(scope="module")

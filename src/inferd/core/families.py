@@ -5,8 +5,9 @@ once a tiny random model of it, built in the tests, gives what sentence-transfor
 formula) gives. Anything else is refused at load naming this list, rather than served on a guess (a model whose
 forward pass needs inputs inferd does not feed, a pooling its outputs do not fit, an export never checked).
 
-Encoders run on every backend. Decoders (causal attention, last-token pooling, an LLM reranker's yes/no
-head) run on torch; their ONNX Runtime and OpenVINO exports are not written yet, so those backends refuse them.
+Every family listed runs on every backend: decoders (causal attention, last-token pooling, an LLM reranker's
+yes/no head) export through the same exporter as encoders, without their key/value cache (backends/torch.py),
+and are judged by the same accuracy gate.
 """
 
 from __future__ import annotations
@@ -23,21 +24,19 @@ class Family:
     name: str
     model_types: tuple[str, ...]
     kind: str  # encoder | decoder
-    backends: tuple[str, ...]
 
 
-ALL_BACKENDS = ("torch", "onnx", "openvino")
 FAMILIES = (
-    Family("BERT", ("bert",), "encoder", ALL_BACKENDS),
-    Family("RoBERTa / XLM-RoBERTa", ("roberta", "xlm-roberta", "camembert"), "encoder", ALL_BACKENDS),
-    Family("MPNet", ("mpnet",), "encoder", ALL_BACKENDS),
-    Family("DistilBERT", ("distilbert",), "encoder", ALL_BACKENDS),
-    Family("ModernBERT", ("modernbert",), "encoder", ALL_BACKENDS),
-    Family("ELECTRA", ("electra",), "encoder", ALL_BACKENDS),
-    Family("DeBERTa", ("deberta", "deberta-v2"), "encoder", ALL_BACKENDS),
-    Family("Qwen2 / Qwen3", ("qwen2", "qwen3"), "decoder", ("torch",)),
-    Family("Llama / Mistral", ("llama", "mistral"), "decoder", ("torch",)),
-    Family("Gemma", ("gemma", "gemma2", "gemma3_text"), "decoder", ("torch",)),
+    Family("BERT", ("bert",), "encoder"),
+    Family("RoBERTa / XLM-RoBERTa", ("roberta", "xlm-roberta", "camembert"), "encoder"),
+    Family("MPNet", ("mpnet",), "encoder"),
+    Family("DistilBERT", ("distilbert",), "encoder"),
+    Family("ModernBERT", ("modernbert",), "encoder"),
+    Family("ELECTRA", ("electra",), "encoder"),
+    Family("DeBERTa", ("deberta", "deberta-v2"), "encoder"),
+    Family("Qwen2 / Qwen3", ("qwen2", "qwen3"), "decoder"),
+    Family("Llama / Mistral", ("llama", "mistral"), "decoder"),
+    Family("Gemma", ("gemma", "gemma2", "gemma3_text"), "decoder"),
 )
 BY_TYPE = {t: f for f in FAMILIES for t in f.model_types}
 
@@ -68,9 +67,3 @@ def family_of(path: Path) -> Family:
                              f"{supported()} (README: Architectures)")
     return family
 
-
-def check_backend(family: Family, backend: str, path: Path) -> None:
-    if backend not in family.backends:
-        raise ModelLoadError(
-            f"{path}: model.backend {backend}: {family.name} models ({family.kind}s) run on "
-            f"{', '.join(family.backends)} only; their {backend} export is not written yet")

@@ -48,6 +48,12 @@ def accepts_token_type_ids(model: torch.nn.Module) -> bool:
     return "token_type_ids" in inspect.signature(model.forward).parameters
 
 
+def no_cache(model: torch.nn.Module) -> dict[str, bool]:
+    """``use_cache=False`` for a decoder: one forward pass over whole texts needs no key/value cache, and building
+    one costs memory on torch and puts cache concatenations the OpenVINO converter cannot take into an export."""
+    return {"use_cache": False} if getattr(model.config, "use_cache", None) is not None else {}
+
+
 class TorchRunner:
     """Eager forward pass. bf16 on a CPU runs under autocast (fp32 weights, bf16 matrix products): the
     weights keep full precision and the gain is the same; on CUDA the weights themselves are cast."""
@@ -66,6 +72,7 @@ class TorchRunner:
         weights = torch.float32 if self._autocast else _DTYPES[dtype]
         self.model: torch.nn.Module | None = model.to(device=device, dtype=weights).eval()
         self._token_types = accepts_token_type_ids(model)
+        self._extra = no_cache(model)
         self.info: dict[str, Any] = {"backend": "torch", "head": head, "dtype": dtype, "quantize": "none",
                                      **(info or {})}
         if self._autocast:
@@ -86,7 +93,7 @@ class TorchRunner:
         kwargs: dict[str, torch.Tensor] = {"input_ids": ids, "attention_mask": mask}
         if segments is not None:
             kwargs["token_type_ids"] = segments
-        return output_of(self.model(**kwargs), self.head)
+        return output_of(self.model(**kwargs, **self._extra), self.head)
 
     def close(self) -> None:
         self.model = None
@@ -112,7 +119,7 @@ class ExportWrapper(torch.nn.Module):
         kwargs = {"input_ids": input_ids, "attention_mask": attention_mask}
         if token_type_ids is not None:
             kwargs["token_type_ids"] = token_type_ids
-        return output_of(self.model(**kwargs), self.head)
+        return output_of(self.model(**kwargs, **no_cache(self.model)), self.head)
 
     def example(self, batch: int = 2, length: int = 8) -> tuple[torch.Tensor, ...]:
         """Trace inputs whose mask holds padding: a mask of all ones could let a library skip masking."""

@@ -20,7 +20,7 @@ import torch
 from inferd.core.backends.base import Runner, options_for
 from inferd.core.backends.factory import open_backend
 from inferd.core.errors import ModelLoadError
-from inferd.core.families import check_backend, family_of
+from inferd.core.families import family_of
 from inferd.core.preprocess import Encoded
 from inferd.core.spec import ModelSpec
 
@@ -187,7 +187,6 @@ class ModelTask:
     runner: Runner
 
     def open_runner(self, spec: ModelSpec, device: torch.device, safetensors: bool) -> None:
-        check_backend(family_of(spec.path), spec.backend, spec.path)
         if spec.backend != "torch" and spec.device == "auto":
             device = torch.device("cpu")  # ONNX Runtime and OpenVINO run on the CPU here, GPU or not
         self.runner = open_backend(spec.path, options_for(spec, self.task, self.head), device, self, safetensors)
