@@ -252,37 +252,51 @@ class TextEncoder:
 class PairEncoder:
     """(query, document) pairs, each one input: ``[CLS] query [SEP] document [SEP]`` with segment ids.
 
-    A pair too long for the model loses the end of its document first (``only_second``): the query is
-    what every document is judged against. Only a query that leaves no room for any document is cut too
-    (``longest_first``), as the reference cross-encoder would. Two tokenizers, one per strategy: a
+    A pair too long for the model loses its document's end first (``only_second``): the query is what every
+    document is judged against. Only a query that leaves no room for any document is cut too
+    (``longest_first``), as the reference cross-encoder would. A document that is a ``TextInput`` carries the
+    request's choices: ``truncate`` overrides ``model.truncate`` (false refuses the pair), ``direction`` left cuts
+    the document's start instead, keeping its end (and the start of a query that alone fills the limit), as the
+    tokenizer cuts with ``truncation_side`` left. One tokenizer per strategy and side, made on first use: a
     tokenizer's truncation is its state, and preprocessing may run in several threads at once.
     """
 
     def __init__(self, tokenizer: Tokenizer, max_length: int, truncate: bool) -> None:
         self.max_length = max_length
         self.truncate = truncate
-        self._second = Tokenizer.from_str(tokenizer.to_str())
-        self._longest = Tokenizer.from_str(tokenizer.to_str())
-        for tok, strategy in ((self._second, "only_second"), (self._longest, "longest_first")):
-            tok.no_padding()
-            tok.enable_truncation(max_length, strategy=strategy)
-        self._specials = self._second.num_special_tokens_to_add(is_pair=True)
+        self._source = tokenizer.to_str()
+        self._tokenizers: dict[tuple[str, Direction], Tokenizer] = {}
+        self._lock = threading.Lock()
+        self._specials = self._tokenizer("only_second", "right").num_special_tokens_to_add(is_pair=True)
+
+    def _tokenizer(self, strategy: str, direction: Direction) -> Tokenizer:
+        tok = self._tokenizers.get((strategy, direction))
+        if tok is None:
+            with self._lock:
+                tok = self._tokenizers.get((strategy, direction))
+                if tok is None:
+                    tok = Tokenizer.from_str(self._source)
+                    tok.no_padding()
+                    tok.enable_truncation(self.max_length, strategy=strategy, direction=direction)
+                    self._tokenizers[(strategy, direction)] = tok
+        return tok
 
     def encode(self, pairs: Sequence[tuple[str, str]]) -> list[Encoded]:
         out: list[Encoded | None] = [None] * len(pairs)
-        queries = {q for q, _ in pairs}
+        longest = self._tokenizer("longest_first", "right")
         # A query's own length decides the strategy; a rerank request has one query for all its documents.
         # (Measured with the longest_first tokenizer: only_second refuses a lone text; it stops at max_length.)
-        fits = {q: len(self._longest.encode(q, add_special_tokens=False).ids) + self._specials < self.max_length
-                for q in queries}
-        for strategy, tok in ((True, self._second), (False, self._longest)):
-            rows = [i for i, (q, _) in enumerate(pairs) if fits[q] is strategy]
-            if not rows:
-                continue
-            encodings = tok.encode_batch([pairs[i] for i in rows])
+        fits = {q: len(longest.encode(q, add_special_tokens=False).ids) + self._specials < self.max_length
+                for q in {q for q, _ in pairs}}
+        groups: dict[tuple[str, Direction], list[int]] = {}
+        for i, (query, document) in enumerate(pairs):
+            side: Direction = document.direction if isinstance(document, TextInput) else "right"
+            groups.setdefault(("only_second" if fits[query] else "longest_first", side), []).append(i)
+        for (strategy, side), rows in groups.items():
+            encodings = self._tokenizer(strategy, side).encode_batch([pairs[i] for i in rows])
             for i, enc in zip(rows, encodings, strict=True):
                 truncated = bool(enc.overflowing)
-                if truncated and not self.truncate:
+                if truncated and not _choices(pairs[i][1], self.truncate)[0]:
                     raise InputError(i, f"the query and this document are longer than the model's limit of "
                                      f"{self.max_length} tokens (truncation is off)", "context_length_exceeded")
                 out[i] = Encoded(enc.ids, truncated, enc.type_ids)
