@@ -51,7 +51,9 @@ def accepts_token_type_ids(model: torch.nn.Module) -> bool:
 def no_cache(model: torch.nn.Module) -> dict[str, bool]:
     """``use_cache=False`` for a decoder: one forward pass over whole texts needs no key/value cache, and building
     one costs memory on torch and puts cache concatenations the OpenVINO converter cannot take into an export."""
-    return {"use_cache": False} if getattr(model.config, "use_cache", None) is not None else {}
+    import inspect
+
+    return {"use_cache": False} if "use_cache" in inspect.signature(model.forward).parameters else {}
 
 
 class TorchRunner:
