@@ -23,7 +23,7 @@ from inferd.core.spec import ModelSpec
 from inferd.core.tasks.embedding import check_prompts
 from inferd.core.tasks.st_folder import read_folder
 
-TEXTS = ["hello world", "the cat and the dog run in the city by the river near the mountain " * 3, "one",
+TEXTS = ["Hello World", "the cat and the dog run in the city by the river near the mountain " * 3, "one",
          "a long text: " + "tree house car " * 60]
 
 
@@ -107,6 +107,16 @@ def test_legacy_pickled_dense_loads_only_when_pickle_is_allowed(bert: Path, tmp_
                                              r"only pickle weights \(2_Dense/pytorch_model.bin\).*allow_pickle"):
         load(folder)
     assert_same_as_sentence_transformers(folder, allow_pickle=True)
+
+
+def test_do_lower_case_lowercases_before_a_cased_tokenizer(bert: Path, tmp_path: Path) -> None:
+    folder = write_st_legacy(tmp_path / "m", bert, normalize=False)
+    tok = json.loads((folder / "tokenizer.json").read_text())
+    tok["normalizer"]["lowercase"] = False  # a cased tokenizer: "Hello" is not in the lowercase vocabulary
+    (folder / "tokenizer.json").write_text(json.dumps(tok))
+    (folder / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 128, "do_lower_case": True}))
+    handler = assert_same_as_sentence_transformers(folder)
+    np.testing.assert_allclose(embed(handler, ["Hello World"]), embed(handler, ["hello world"]), atol=1e-6)
 
 
 # -- what the folder says, read alone ------------------------------------------------------------------------------

@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from tokenizers import Tokenizer, normalizers
 
 from inferd.core.errors import ModelLoadError
 from inferd.core.preprocess import Encoded, TextEncoder
@@ -149,6 +150,33 @@ def head_steps(folder: st_folder.STFolder, modes: tuple[str, ...], hidden: int, 
     return steps, size
 
 
+def _lowercases(normalizer: Any) -> bool:
+    if normalizer is None:
+        return False
+    if isinstance(normalizer, normalizers.Lowercase):
+        return True
+    if isinstance(normalizer, normalizers.BertNormalizer):
+        return bool(normalizer.lowercase)
+    if isinstance(normalizer, normalizers.Sequence):
+        parts, i = [], 0
+        while True:  # a Sequence indexes but does not iterate
+            try:
+                parts.append(normalizer[i])
+            except IndexError:
+                break
+            i += 1
+        return any(_lowercases(p) for p in parts)
+    return False
+
+
+def lowercase_first(tokenizer: Tokenizer) -> None:
+    """sentence-transformers' ``do_lower_case``: a Lowercase normaliser ahead of the tokenizer's own, unless it
+    lowercases already (as sentence-transformers 6 does it, so the ids are the same)."""
+    current = tokenizer.normalizer
+    if not _lowercases(current):
+        tokenizer.normalizer = normalizers.Sequence([normalizers.Lowercase(), *([] if current is None else [current])])
+
+
 def check_prompts(prompts: Mapping[str, str], encoder: TextEncoder, max_chars: int) -> None:
     """A prompt is prepended to every text it applies to: one longer than the longest text a client may send,
     or one that leaves no token for the text, would make every request fail or embed the prompt alone, so
@@ -234,6 +262,8 @@ class EmbeddingHandler(ModelTask):
         self.prompts, self.default_prompt_name = folder.prompts, folder.default_prompt_name
         self.matryoshka = matryoshka(spec.settings.matryoshka_dimensions, spec.path, self.dimension)
         self.tokenizer = tokenizer.backend_tokenizer
+        if folder.lowercase:
+            lowercase_first(self.tokenizer)
         self.encoder = TextEncoder(self.tokenizer, self.max_seq_length, spec.truncate,
                                    exclude_prompt=not folder.include_prompt)
         check_prompts(self.prompts, self.encoder, spec.max_chars_per_text)

@@ -104,6 +104,7 @@ class STFolder:
     include_prompt: bool = True
     after: tuple[Dense | Normalize, ...] = ()  # after pooling, in order
     max_seq_length: int | None = None
+    lowercase: bool = False  # the Transformer's do_lower_case: texts are lowercased before tokenising
     prompts: dict[str, str] = field(default_factory=dict)
     default_prompt_name: str | None = None
     similarity_fn_name: str | None = None
@@ -268,14 +269,15 @@ def _normalize(folder: Path, module: Module) -> Normalize:
     return Normalize(module.path)
 
 
-def _transformer(folder: Path, module: Module) -> int | None:
-    """The length cap the Transformer module's config sets, after checking it gives what pooling reads."""
+def _transformer(folder: Path, module: Module) -> tuple[int | None, bool]:
+    """The length cap and lowercasing the Transformer module's config sets, after checking it gives what
+    pooling reads."""
     if module.path:
         raise ModelLoadError(f"{module.describe()}: the transformer must be the model folder itself "
                              "(path ''), as sentence-transformers 2 and later save it")
     cfg = next((c for c in (_json(folder, n) for n in _TRANSFORMER_CONFIGS) if c is not None), None)
     if cfg is None:
-        return None
+        return None, False
     if not isinstance(cfg, dict):
         raise ModelLoadError("sentence_bert_config.json must be a JSON object")
     task = cfg.get("transformer_task", "feature-extraction")
@@ -292,7 +294,8 @@ def _transformer(folder: Path, module: Module) -> int | None:
         raise ModelLoadError(f"{module.describe()} outputs {cfg['module_output_name']!r}; inferd pools "
                              "token_embeddings")
     length = cfg.get("max_seq_length")
-    return length if isinstance(length, int) and not isinstance(length, bool) and length > 0 else None
+    length = length if isinstance(length, int) and not isinstance(length, bool) and length > 0 else None
+    return length, cfg.get("do_lower_case") is True
 
 
 def _chain(folder: Path, mods: list[Module], allow_pickle: bool) -> dict[str, Any]:
@@ -305,7 +308,7 @@ def _chain(folder: Path, mods: list[Module], allow_pickle: bool) -> dict[str, An
     if kinds[:2] != ["Transformer", "Pooling"] or "Transformer" in kinds[2:] or "Pooling" in kinds[2:]:
         raise ModelLoadError(f"modules.json: the modules are {', '.join(kinds)}; inferd runs a Transformer, "
                              "then a Pooling, then Dense and Normalize modules")
-    max_len = _transformer(folder, mods[0])
+    max_len, lowercase = _transformer(folder, mods[0])
     name = f"{mods[1].path}/config.json" if mods[1].path else "the Pooling module's config.json"
     cfg = _json(folder, name) if mods[1].path else None
     if cfg is None:
@@ -314,7 +317,7 @@ def _chain(folder: Path, mods: list[Module], allow_pickle: bool) -> dict[str, An
     after: list[Dense | Normalize] = [_dense(folder, m, allow_pickle) if m.kind == "Dense" else _normalize(folder, m)
                                       for m in mods[2:]]
     return {"pooling": modes, "embedding_dimension": dim, "include_prompt": include, "after": tuple(after),
-            "max_seq_length": max_len}
+            "max_seq_length": max_len, "lowercase": lowercase}
 
 
 def _st_config(folder: Path) -> dict[str, Any]:
