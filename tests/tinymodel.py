@@ -128,6 +128,33 @@ def write_tiny_classifier(folder: Path, seed: int = 0, labels: tuple[str, ...] =
     return folder
 
 
+def write_tiny_modernbert(folder: Path, seed: int = 0, max_positions: int = 8192, cross_encoder: bool = False) -> Path:
+    """A random ModernBERT with its long context (8,192 positions: rotary, so no position table to store) and
+    sliding-window layers (two in three, a 128-token window), as a sentence-transformers embedder (mean pooling,
+    Normalize) or, ``cross_encoder``, a ModernBertForSequenceClassification with one label; the tiny BERT's
+    tokenizer."""
+    import torch
+    from transformers import ModernBertConfig, ModernBertForSequenceClassification, ModernBertModel
+
+    write_tiny_bert(folder, seed=seed, max_positions=max_positions)
+    (folder / "model.safetensors").unlink()
+    vocab = (folder / "vocab.txt").read_text(encoding="utf-8").splitlines()
+    torch.manual_seed(seed)
+    config = ModernBertConfig(vocab_size=len(vocab), hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+                              num_attention_heads=4, max_position_embeddings=max_positions, pad_token_id=0,
+                              cls_token_id=2, sep_token_id=3, bos_token_id=2, eos_token_id=3,
+                              global_attn_every_n_layers=3, local_attention=128, initializer_range=0.2)
+    if not cross_encoder:
+        ModernBertModel(config).eval().save_pretrained(folder)
+        return folder
+    for name in ("modules.json", "sentence_bert_config.json", "1_Pooling/config.json"):
+        (folder / name).unlink()
+    (folder / "1_Pooling").rmdir()
+    config.num_labels = 1
+    ModernBertForSequenceClassification(config).eval().save_pretrained(folder)
+    return folder
+
+
 def write_st_v6(folder: Path, source: Path, pooling: str | list[str] = "mean", dense: int | None = None,
                 activation: str = "Tanh", normalize: bool = True, include_prompt: bool = True,
                 prompts: dict[str, str] | None = None, default_prompt_name: str | None = None,

@@ -72,7 +72,7 @@ def test_fp32_graphs_match_torch_at_every_batch_shape(tiny_model: Path, cache: P
         np.testing.assert_allclose(got[name], want[name], atol=1e-4)
     gate = h.backend_info["gate"]
     assert gate["kind"] == "fp32" and gate["passed"] and gate["figures"]["cosine_min"] >= 0.9999
-    assert set(gate["figures"]["shapes"]) == {"1", "32 sorted", "32 mixed", "padded to the limit"}
+    assert set(gate["figures"]["shapes"]) == {"1", "32 sorted", "32 mixed", "padded to a long text"}
 
 
 @pytest.mark.parametrize(("backend", "quantize", "dtype", "kind", "least"), [
@@ -177,8 +177,8 @@ def test_each_cpu_kind_gets_its_own_verdict_and_int8_without_dot_products_says_s
     assert avx2["cache"] == "miss" and avx2["cache_entry"] != vnni["cache_entry"] and avx2["cpu"] == ["avx2"]
     assert "no int8 dot-product instructions" in avx2["quantize_warning"]
     monkeypatch.setattr(factory, "load_model", lambda *a, **k: pytest.fail("exported a third time"))
-    with pytest.raises(BackendError, match=r"\(model.gate.int8_cosine_min\)\. Figures .*Note: this CPU has no "
-                                           r"int8 dot-product instructions"):
+    with pytest.raises(BackendError, match=r"\(model.gate.int8_cosine_min\)\. Cause: less precise than the bound: "
+                                           r".* Figures .*Note: this CPU has no int8 dot-product instructions"):
         load_handler(spec(tiny_model, tmp_path, "openvino", "int8", gate=(("int8_cosine_min", 1.0),)))
 
 
@@ -234,7 +234,8 @@ def foreign_graph(tiny_model: Path, other_model: Path, tmp_path: Path, backend: 
 def test_the_gate_refuses_a_damaged_graph_in_the_model_folder(tiny_model: Path, tiny_model_v2: Path,
                                                               tmp_path: Path, backend: str) -> None:
     folder = foreign_graph(tiny_model, tiny_model_v2, tmp_path, backend)
-    with pytest.raises(BackendError, match=r"refused by the accuracy gate \(fp32 thresholds\): cosine min -?0\.[0-8]"):
+    with pytest.raises(BackendError, match=r"refused by the accuracy gate \(fp32 thresholds\): cosine min -?0\.[0-8]"
+                                           r".*Cause: wrong graph"):
         load_handler(spec(folder, tmp_path / "cache", backend))
 
 
@@ -374,3 +375,60 @@ def test_a_canary_runs_another_runtime_beside_the_active_model(serve, tiny_model
                                                                  "backend": "tensorrt"})
         assert r.status_code == 422 and r.json()["error"]["param"] == "backend", r.text
         assert [m["version"] for m in c.get("/info").json()["models"]] == ["v1", "ov8"]
+
+
+@pytest.fixture(scope="module")
+def long_modernbert(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from tinymodel import write_tiny_modernbert
+
+    return write_tiny_modernbert(tmp_path_factory.mktemp("modernbert-8k"))
+
+
+def test_an_8k_context_model_on_openvino_is_judged_and_warmed_up_on_its_own_lengths(
+        long_modernbert: Path, tmp_path: Path) -> None:
+    """A tiny ModernBERT with 8,192 positions: its gate ran batches padded to its own longest input (its long
+    documents stop at LONG_TOKENS), and its warm-up too; before, every padded gate batch ran at 8,192 tokens.
+    Its sliding window exported with SDPA answered NaN for a 272-token text batched with a 512-token one (alone
+    it was right) and the gate passed that; exported eager it answers torch's vectors."""
+    from inferd.core.backends import gate as gate_module
+
+    h = load_handler(spec(long_modernbert, tmp_path, "openvino"))
+    assert h.max_seq_length == 8192
+    figures = h.backend_info["gate"]["figures"]
+    assert figures["nonfinite"] == 0 and h.backend_info["gate"]["passed"]
+    # Its longest batch is its longest input (a built-in text, or a long document of LONG_TOKENS), not 8,192.
+    longest = max(e.tokens for e in gate_module.encode_set(h, gate_module.builtin_texts(64)))  # type: ignore[arg-type]
+    assert figures["ran"]["longest"] == longest < 1024
+    # Five passes over the 64 texts (torch's, four shapes), a long filler per seven in the padded shape.
+    assert figures["ran"]["padded_tokens"] <= 6 * 64 * longest
+    ran: list[tuple[int, int]] = []
+    runner = h.runner
+
+    def recording(ids, mask, types=None):  # type: ignore[no-untyped-def]
+        ran.append(tuple(ids.shape))
+        return runner(ids, mask, types)
+
+    h.runner = recording  # type: ignore[assignment]
+    h.warmup()  # type: ignore[attr-defined]
+    assert ran and max(rows * length for rows, length in ran) <= 128  # two short sentences
+    h.runner = runner
+    texts = [" ".join(["hello"] * 270), " ".join(["world"] * 510)]
+    want = embed(load_handler(spec(long_modernbert, tmp_path)), texts)
+    got = embed(h, texts)
+    assert [e.tokens for e in h.preprocess(texts)] == [272, 512]
+    assert np.isfinite(got).all()
+    np.testing.assert_allclose(got, want, atol=1e-4)
+
+
+def test_a_modernbert_cross_encoder_capped_below_its_card_passes_the_openvino_gate(tmp_path: Path) -> None:
+    """model.max_seq_length caps the limit (and so the gate's documents and the cache key); its export, NaN
+    scores with SDPA (the gate refused it at Spearman 0.16), matches torch exported eager."""
+    from tinymodel import write_tiny_modernbert
+
+    folder = write_tiny_modernbert(tmp_path / "ce", cross_encoder=True)
+    h = load_handler(ModelSpec(path=folder, name="tiny", version="1", device="cpu", backend="openvino",
+                               cache_dir=str(tmp_path / "cache"), gate=SMALL, warmup=False, max_seq_length=256))
+    assert (h.task, h.max_seq_length) == ("rerank", 256)  # type: ignore[attr-defined]
+    info = h.backend_info
+    assert info["gate"]["passed"] and info["gate"]["figures"]["nonfinite"] == 0
+    assert info["gate"]["figures"]["ran"]["longest"] <= 256 and info["gate"]["figures"]["spearman_mean"] > 0.999

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -211,7 +212,41 @@ def test_int8_is_judged_on_min_mean_and_overlap_with_every_failure_named() -> No
 def test_figures_survive_the_cache_round_trip() -> None:
     f = figures(0.99, 0.995, 0.96)
     assert gate.GateFigures.from_dict(json.loads(json.dumps(f.as_dict()))) == f
-    assert "cosine min 0.990000" in f.summary() and "overlap@10 0.9600" in f.summary()
+
+
+def test_the_summary_prints_the_figures_its_rules_judge_and_no_other() -> None:
+    """A figure no rule judges read as a pass whatever its value: ``batch invariance min nan`` was printed in a
+    passed gate's summary."""
+    f = gate.GateFigures(0.99, 0.995, 0.96, float("nan"), 256, {"1": {"cosine_min": 0.99}})
+    t = GateSettings()
+    int8 = gate.summary(f, "int8", t)
+    assert "cosine min 0.990000 (≥ 0.99)" in int8 and "overlap@10 0.960000 (≥ 0.95)" in int8
+    assert "cosine mean 0.995000 (≥ 0.995)" in int8 and "non-finite outputs 0 (must be 0)" in int8
+    half = gate.summary(f, "half", t)
+    assert "cosine min 0.990000 (≥ 0.9995)" in half and "overlap" not in half and "mean" not in half
+    assert "invariance" not in int8 + half and "nan" not in int8 + half
+
+
+def test_a_nan_figure_is_no_pass() -> None:
+    t = GateSettings(int8_cosine_min=0.0, int8_cosine_mean=0.0, int8_overlap_at_10=0.0)
+    nan = float("nan")
+    assert gate.judge(figures(nan, 0.999, 0.99), "fp32", GateSettings()) == [
+        "cosine min nan < 0.9999 (model.gate.fp32_cosine_min)"]
+    assert gate.judge(figures(0.999, 0.999, nan), "int8", t) == ["overlap@10 nan < 0.0 (model.gate.int8_overlap_at_10)"]
+    scores = gate.ScoreFigures("rerank", 1.0, 1.0, None, nan, 0.0, 256, {})
+    assert gate.judge(scores, "fp32", t) == ["max diff nan > 0.001 (model.gate.fp32_score_diff_max)"]
+
+
+def test_a_refusal_says_wrong_graph_or_less_precise() -> None:
+    t = GateSettings()
+    assert gate.cause(figures(0.99999, 0.99999, 1.0), "fp32", t) is None
+    # float32 rounds as torch does: any failure is another computation.
+    assert gate.cause(figures(0.9990, 0.9999, 1.0), "fp32", t).startswith("wrong graph: a float32 graph")
+    # Half precision slightly off: less precise; far off: wrong whatever the precision.
+    assert gate.cause(figures(0.9990, 0.9999, 0.99), "half", t).startswith("less precise than the bound")
+    assert gate.cause(figures(0.30, 0.9, 0.5), "int8", t).startswith("wrong graph: cosine min 0.300000 < 0.5")
+    rerank = gate.ScoreFigures("rerank", 0.16, 0.3, None, 0.9, 0.0, 256, {})
+    assert gate.cause(rerank, "half", t).startswith("wrong graph: Spearman mean 0.160000 < 0.5")
 
 
 def test_builtin_texts_are_multilingual_distinct_and_seeded() -> None:
@@ -354,3 +389,88 @@ def test_texts_at_the_limit_are_long_documents_of_distinct_texts(truncate: bool)
     encoded = gate.encode_set(probe, texts * 2)
     assert encoded[gate.AT_LIMIT_SHARE - 1].tokens == probe.max_seq_length
     assert [e.tokens for e in encoded[:3]] == [5, 5, 5]
+
+
+def test_long_documents_stop_at_the_gates_length_on_a_long_context_model() -> None:
+    """An 8,192-token model is judged on documents of LONG_TOKENS, not its maximum (truncating or refusing)."""
+    texts = [f"text number {i}" for i in range(300)]
+    for truncate in (True, False):
+        probe = WordProbe(truncate)
+        probe.max_seq_length = 8192
+        assert gate.at_limit(probe, texts, 3).tokens == gate.LONG_TOKENS
+
+
+class VectorProbe:
+    """Whitespace words as ids (truncated at the limit); a runner is a function of the batch's inputs."""
+
+    task = "embedding"
+
+    def __init__(self, max_seq_length: int) -> None:
+        self.max_seq_length = max_seq_length
+
+    def preprocess(self, texts: list[str]) -> list:
+        from inferd.core.preprocess import Encoded
+
+        out = []
+        for text in texts:
+            ids = [1, *(zlib.crc32(w.encode()) % 1000 + 3 for w in text.split()), 2]
+            out.append(Encoded(ids[: self.max_seq_length], len(ids) > self.max_seq_length))
+        return out
+
+    def run(self, runner, batch: list) -> np.ndarray:  # type: ignore[no-untyped-def]
+        return runner(batch)
+
+
+TABLE = np.random.default_rng(0).normal(size=(1003, 16))
+
+
+class Recording:
+    """A model: each input's vector the mean of its ids' rows, whatever it is batched with; every batch's
+    padded size is kept, and ``nan_for`` answers NaN for one input in batches of ``nan_rows`` rows."""
+
+    def __init__(self, nan_for: list[int] | None = None, nan_rows: int = 0) -> None:
+        self.nan_for, self.nan_rows = nan_for, nan_rows
+        self.padded: list[tuple[int, int]] = []
+
+    def __call__(self, batch: list) -> np.ndarray:
+        self.padded.append((len(batch), max(e.tokens for e in batch)))
+        rows = np.stack([TABLE[e.ids].mean(axis=0) for e in batch])
+        for r, e in enumerate(batch):
+            if e.ids == self.nan_for and len(batch) == self.nan_rows:
+                rows[r, 3] = np.nan
+        return rows
+
+
+def test_a_nan_for_one_text_in_one_batch_shape_fails_the_gate_as_a_wrong_graph() -> None:
+    probe = VectorProbe(64)
+    texts = gate.builtin_texts(64)
+    one = probe.preprocess([texts[5]])[0].ids
+    figures = gate.measure(probe, Recording(), Recording(one, nan_rows=8), texts)
+    # Only the padded shape (batches of 8) saw it; every other shape agrees exactly.
+    assert figures.nonfinite == 1 and figures.shapes[gate.PADDED]["nonfinite"] == 1
+    assert figures.shapes["1"]["cosine_min"] == pytest.approx(1.0)
+    for kind in ("fp32", "half", "int8"):
+        loosest = GateSettings(fp32_cosine_min=0.0, half_cosine_min=0.0, int8_cosine_min=0.0, int8_cosine_mean=0.0,
+                               int8_overlap_at_10=0.0)
+        failures = gate.judge(figures, kind, loosest)
+        assert failures and failures[0] == f"1 outputs are not finite (NaN or infinity) in batch shapes {gate.PADDED}"
+        assert gate.cause(figures, kind, loosest).startswith("wrong graph: it answers NaN or infinity")
+    assert "non-finite outputs 1 (must be 0)" in gate.summary(figures, "fp32", GateSettings())
+    # The same runner without the NaN passes.
+    assert gate.judge(gate.measure(probe, Recording(), Recording(), texts), "fp32", GateSettings()) == []
+
+
+def test_the_gate_costs_its_own_texts_not_the_models_maximum_length() -> None:
+    """On an 8,192-token model every batch the gate runs is padded to its own longest input, at most
+    LONG_TOKENS: what it ran is counted in its figures, and that count is what the runners saw."""
+    texts = gate.builtin_texts(64)
+    reference, candidate = Recording(), Recording()
+    figures = gate.measure(VectorProbe(8192), reference, candidate, texts)
+    ran = reference.padded + candidate.padded
+    assert figures.ran == {"batches": len(ran), "padded_tokens": sum(rows * longest for rows, longest in ran),
+                           "longest": max(longest for _, longest in ran)}
+    assert figures.ran["longest"] == gate.LONG_TOKENS
+    # Five passes over 64 texts (the reference's and four shapes), a filler row per seven: short texts
+    # padded to a long one cost most, and the whole stays within what 64 x 6 long documents would.
+    assert figures.ran["padded_tokens"] <= 6 * len(texts) * gate.LONG_TOKENS
+    assert max(rows * longest for rows, longest in ran) <= 32 * gate.LONG_TOKENS

@@ -15,7 +15,9 @@ which quantisation, is a setting (``model.backend``, ``model.dtype``, ``model.qu
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -209,6 +211,30 @@ def graph_inputs(ids: torch.Tensor, mask: torch.Tensor, token_type_ids: torch.Te
         feed["token_type_ids"] = (token_type_ids.numpy() if token_type_ids is not None
                                   else torch.zeros_like(ids).numpy())
     return {name: feed[name] for name in names}
+
+
+@contextlib.contextmanager
+def eager_attention(model: torch.nn.Module) -> Iterator[None]:
+    """The module's attention as transformers' eager code (an additive mask, a softmax) while it is traced.
+
+    SDPA takes a boolean mask, and a padded row whose every key is masked (ModernBERT's sliding window past a
+    short text's end; a causal model's left padding) is a softmax over nothing: torch answers numbers there, the
+    converted graphs NaN, and the NaN reaches every row through the next layer's keys. A tiny ModernBERT on
+    OpenVINO answered NaN vectors for a 272-token text batched with a 512-token one, and its cross-encoder NaN
+    scores. The eager mask adds the dtype's minimum instead: such a row is a uniform average of padding, finite,
+    and masked out later like any padding. (MiniLM on OpenVINO: the same outputs, the same speed.)
+    """
+    config = getattr(model, "config", None)
+    before = getattr(config, "_attn_implementation", None)
+    setter = getattr(model, "set_attn_implementation", None)
+    if before in (None, "eager") or setter is None:
+        yield
+        return
+    setter("eager")
+    try:
+        yield
+    finally:
+        setter(before)
 
 
 class GraphRunner:

@@ -42,7 +42,7 @@ from inferd.core.backends.varlen import VarlenRunner, choose
 
 log = logging.getLogger(__name__)
 
-FORMAT = 4  # bump when what an entry holds, or how it is made, changes
+FORMAT = 5  # bump when what an entry holds, or how it is made, changes
 META = "meta.json"
 _LIBRARIES = {"torch": ("torch", "transformers"),
               "onnx": ("torch", "transformers", "onnx", "onnxruntime"),
@@ -247,10 +247,11 @@ def open_backend(path: Path, options: BackendOptions, device: torch.device, prob
     kind = meta["gate"]["kind"]
     label = f"{options.backend} {dtype}" + (f" {options.quantize}" if options.quantize != "none" else "")
     warning = quantize_warning(options.quantize, set(key["cpu"]))
+    figures_said = gate.summary(figures, kind, options.gate)
     if failures:
         raise BackendError(f"{label} refused by the accuracy gate ({kind} thresholds): {'; '.join(failures)}. "
-                           f"Figures against torch fp32: {figures.summary()}" + (f". Note: {warning}" if warning
-                                                                                  else ""))
+                           f"Cause: {gate.cause(figures, kind, options.gate)}. "
+                           f"Figures against torch fp32: {figures_said}" + (f". Note: {warning}" if warning else ""))
     if warning:
         log.warning("%s: %s", label, warning)
     graph = Path(meta["graph"]) if meta.get("from_model_folder") else entry / meta["graph"]
@@ -261,5 +262,6 @@ def open_backend(path: Path, options: BackendOptions, device: torch.device, prob
             "gate": {"kind": kind, "passed": True, "figures": figures.as_dict(),
                      "thresholds": {rule.setting: rule.bound for rule in gate.rules(kind, options.gate, options.task)}}}
     runner = open_runner(options.backend, graph, options.head, dtype, options.quantize, threads, info, compile_cache)
-    log.info("backend %s (%s); cache %s %s; gate %s passed: %s", label, why, cache, entry, kind, figures.summary())
+    log.info("backend %s (%s); cache %s %s; gate %s passed: %s; the gate ran %s", label, why, cache, entry, kind,
+             figures_said, figures.ran)
     return runner

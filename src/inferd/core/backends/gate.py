@@ -1,8 +1,20 @@
 """The accuracy gate: how far a converted model's outputs are from torch fp32's, and whether that is enough.
 
 The task's own outputs are compared, input by input, on a multilingual set, at several batch shapes: each
-input alone, sorted batches of 32, shuffled batches of 32 (mixed lengths), and small batches padded to the
-model's length limit. The worst shape's figure counts.
+input alone, sorted batches of 32, shuffled batches of 32 (mixed lengths), and small batches padded to a long
+document. The worst shape's figure counts.
+
+What the gate runs costs what its own texts cost, never the model's maximum length: its long documents are the
+model's limit or ``LONG_TOKENS``, whichever is shorter, and every batch is padded to its own longest input. An
+8,192-position model is judged on the same token counts as a 512-position one (before, every padded batch ran at
+8,192 tokens: a tiny random model's gate took minutes and 11-14 GB). What it ran is counted (the figures'
+``ran``).
+
+The gate can fail: an output that is not finite (NaN, infinity), in any batch shape, fails it, and so does a
+figure that is NaN (a NaN compared with a bound is no pass). A refusal says whether the graph computes something
+else than torch (a wrong mask, a wrong export: any float32 failure, a non-finite output, or a figure below what
+any rounding gives) or is merely less precise than the bound (``cause``). The summary prints the figures the
+rules judge, each with its bound, and no other.
 
 - Embeddings (pooled and normalised), on texts: cosine min and mean to torch, top-10 neighbour overlap
   (retrieval agreement: of each text's ten nearest texts under torch, how many the converted model also
@@ -20,7 +32,7 @@ from __future__ import annotations
 import json
 import random
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -36,10 +48,19 @@ BUILTIN_SEED = 11_2024  # the gate's texts
 CALIBRATION_SEED = 11_2025  # int8 calibration's texts: not the ones the gate judges
 AT_LIMIT_SHARE = 16  # one text in this many is at the model's length limit
 OVERLAP_K = 10
+# The gate's long documents: the model's limit, at most this. The BERT family's position tables end here, and a
+# graph's positions past it run the same operations as those before it; beyond it the gate's cost would grow
+# with the card's maximum (quadratically in attention) and say nothing more about the export.
+LONG_TOKENS = 512
+# Figures no rounding reaches (reduced precision's worst measured: one MiniLM text at cosine 0.66, static int8 with
+# bf16 parts on a Xeon with AMX): below them a graph is told apart as a wrong one, whatever its precision.
+WRONG_BELOW = {"cosine_min": 0.5, "spearman_mean": 0.5, "label_agreement": 0.5}
 PER_QUERY = 16  # documents per query in the rerank gate's set
 _FIGURE_NAMES = {"cosine_min": "cosine min", "cosine_mean": "cosine mean", "overlap_at_10": "overlap@10",
                  "spearman_mean": "Spearman mean", "top3_agreement": "top-3 agreement",
                  "label_agreement": "label agreement", "score_diff_max": "max diff"}
+WRONG_GRAPH = "wrong graph"
+LESS_PRECISE = "less precise than the bound"
 
 
 class Probe(Protocol):
@@ -54,6 +75,12 @@ class Probe(Protocol):
     def run(self, runner: Runner, batch: list[Encoded]) -> np.ndarray: ...
 
 
+def known(cls: type, data: dict[str, Any]) -> dict[str, Any]:
+    """The stored figures the class holds: an entry written by another build of the same format may hold more."""
+    names = {f.name for f in fields(cls)}
+    return {k: v for k, v in data.items() if k in names}
+
+
 @dataclass(frozen=True)
 class GateFigures:
     cosine_min: float
@@ -62,19 +89,20 @@ class GateFigures:
     invariance_min: float
     texts: int
     shapes: dict[str, dict[str, float | None]]
+    # Outputs that were not finite, over every batch shape (a failure whatever the thresholds).
+    nonfinite: int = 0
+    # What the gate ran, reference and candidate together (Tally.as_dict: batches, padded tokens, the longest
+    # batch's length): counts, not figures, so apart from them.
+    ran: dict[str, int] = field(default_factory=dict)
 
-    def summary(self) -> str:
-        overlap = "–" if self.overlap_at_10 is None else f"{self.overlap_at_10:.4f}"
-        return (f"cosine min {self.cosine_min:.6f}, mean {self.cosine_mean:.6f}, overlap@10 {overlap}, "
-                f"batch invariance min {self.invariance_min:.6f} ({self.texts} texts, shapes "
-                f"{', '.join(self.shapes)})")
+    task = "embedding"
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> GateFigures:
-        return cls(**data)
+        return cls(**known(cls, data))
 
 
 @dataclass(frozen=True)
@@ -89,24 +117,36 @@ class ScoreFigures:
     invariance_diff_max: float
     texts: int
     shapes: dict[str, dict[str, float | None]]
-
-    def summary(self) -> str:
-        parts = [f"{_FIGURE_NAMES[name]} {value:.4f}" for name in ("spearman_mean", "top3_agreement",
-                                                                 "label_agreement", "score_diff_max")
-                 if (value := getattr(self, name)) is not None]
-        unit = "pairs" if self.task == "rerank" else "texts"
-        return (f"{', '.join(parts)}, batch invariance max diff {self.invariance_diff_max:.6f} ({self.texts} "
-                f"{unit}, shapes {', '.join(self.shapes)})")
+    nonfinite: int = 0
+    ran: dict[str, int] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ScoreFigures:
-        return cls(**data)
+        return cls(**known(cls, data))
 
 
 Figures = GateFigures | ScoreFigures
+
+
+@dataclass
+class Tally:
+    """What the gate ran: batches, padded tokens (rows x the batch's longest input) and the longest batch."""
+
+    batches: int = 0
+    padded_tokens: int = 0
+    longest: int = 0
+
+    def add(self, batch: list[Encoded]) -> None:
+        longest = max(e.tokens for e in batch)
+        self.batches += 1
+        self.padded_tokens += longest * len(batch)
+        self.longest = max(self.longest, longest)
+
+    def as_dict(self) -> dict[str, int]:
+        return asdict(self)
 
 
 def figures_from_dict(data: dict[str, Any]) -> Figures:
@@ -165,15 +205,21 @@ def gate_inputs(task: str, texts: Sequence[str]) -> list[Any]:
     return pairs
 
 
+def long_length(probe: Probe) -> int:
+    """The gate's long documents' length in tokens: the model's limit, at most LONG_TOKENS."""
+    return min(probe.max_seq_length, LONG_TOKENS)
+
+
 def at_limit(probe: Probe, texts: Sequence[str], start: int = 0, query: str | None = None) -> Encoded:
-    """A long document that fills the model's length limit (truncated, or cut to fit): the texts from
-    ``start`` on, joined (after ``query``, for a pair). Distinct texts, not one text repeated: a phrase
-    repeated a hundred times is an input no encoder was trained on, and its output says little about a long
-    passage's."""
+    """A long document that fills the gate's long length (``long_length``: truncated, or cut to fit): the
+    texts from ``start`` on, joined (after ``query``, for a pair). Distinct texts, not one text repeated: a
+    phrase repeated a hundred times is an input no encoder was trained on, and its output says little about a
+    long passage's."""
+    limit = long_length(probe)
     parts: list[str] = []
     size = 0
-    # 12 characters per token is more than any English word-piece takes, so the limit is always reached.
-    while size < 12 * probe.max_seq_length and len(parts) < 4 * len(texts):
+    # 12 characters per token is more than any English word-piece takes, so the length is always reached.
+    while size < 12 * limit and len(parts) < 4 * len(texts):
         parts.append(texts[(start + len(parts)) % len(texts)])
         size += len(parts[-1]) + 1
     long = " ".join(parts)
@@ -181,20 +227,29 @@ def at_limit(probe: Probe, texts: Sequence[str], start: int = 0, query: str | No
     def wrap(text: str) -> Any:
         return text if query is None else (query, text)
 
-    try:
-        return probe.preprocess([wrap(long)])[0]
-    except InputError:
-        pass  # truncation is off: find the longest prefix that fits
+    def fitting(text: str) -> Encoded | None:
+        try:
+            encoded = probe.preprocess([wrap(text)])[0]
+        except InputError:  # truncation is off
+            return None
+        return encoded if encoded.tokens <= limit else None
+
+    whole = fitting(long)
+    if whole is not None:
+        return whole
+    # Longer than the gate's length (a model whose limit is past LONG_TOKENS) or refused: the longest prefix
+    # that fits.
     lo, hi = 1, len(long)
     best: Encoded | None = None
     while lo <= hi:
         mid = (lo + hi) // 2
-        try:
-            best, lo = probe.preprocess([wrap(long[:mid])])[0], mid + 1
-        except InputError:
+        found = fitting(long[:mid])
+        if found is not None:
+            best, lo = found, mid + 1
+        else:
             hi = mid - 1
     if best is None:
-        raise BackendError("the gate could not build a text at the model's length limit")
+        raise BackendError("the gate could not build a long text within the model's length limit")
     return best
 
 
@@ -216,7 +271,7 @@ def encode_set(probe: Probe, texts: Sequence[str]) -> list[Encoded]:
 
 
 def filler_for(probe: Probe, texts: Sequence[str]) -> Encoded:
-    """The input at the length limit that pads the gate's padded batches."""
+    """The long input that pads the gate's padded batches."""
     return at_limit(probe, texts, 0, "what is this about" if probe.task == "rerank" else None)
 
 
@@ -253,17 +308,23 @@ def plans(seed: int) -> dict[str, Callable[[list[Encoded]], list[list[int]]]]:
         return [order[k:k + 32] for k in range(0, len(order), 32)]
 
     def padded(items: list[Encoded]) -> list[list[int]]:
-        # Seven texts and one at the limit: every row of the batch is padded to the limit.
+        # Seven texts and one long document: every row of the batch is padded to the long one.
         return [[*range(k, min(k + 7, len(items))), -1] for k in range(0, len(items), 7)]
 
-    return {"1": alone, "32 sorted": sorted32, "32 mixed": mixed32, "padded to the limit": padded}
+    return {"1": alone, "32 sorted": sorted32, "32 mixed": mixed32, PADDED: padded}
+
+
+PADDED = "padded to a long text"
 
 
 def outputs(probe: Probe, runner: Runner, items: list[Encoded], plan: list[list[int]],
-            filler: Encoded) -> np.ndarray:
+            filler: Encoded, tally: Tally | None = None) -> np.ndarray:
     rows: list[np.ndarray | None] = [None] * len(items)
     for batch in plan:
-        out = probe.run(runner, [items[i] if i >= 0 else filler for i in batch])
+        inputs = [items[i] if i >= 0 else filler for i in batch]
+        if tally is not None:
+            tally.add(inputs)
+        out = probe.run(runner, inputs)
         for i, row in zip(batch, out, strict=True):
             if i >= 0:
                 rows[i] = row
@@ -316,6 +377,31 @@ def measure(probe: Probe, reference: Runner, candidate: Runner, texts: Sequence[
     return measure_scores(probe, reference, candidate, texts, seed)
 
 
+def nonfinite_rows(values: np.ndarray) -> int:
+    """How many outputs (rows) hold a NaN or an infinity."""
+    return int((~np.isfinite(values.reshape(len(values), -1))).any(axis=1).sum())
+
+
+def worst(values: Sequence[float | None], upper: bool = False) -> float | None:
+    """The worst of a figure over the shapes; NaN if any shape's is (Python's min would keep or drop a NaN by
+    its place in the list)."""
+    present = [float(v) for v in values if v is not None]
+    if not present:
+        return None
+    if any(np.isnan(v) for v in present):
+        return float("nan")
+    return max(present) if upper else min(present)
+
+
+def reference_outputs(probe: Probe, reference: Runner, items: list[Encoded], plan: list[list[int]],
+                      filler: Encoded, tally: Tally) -> np.ndarray:
+    ref = outputs(probe, reference, items, plan, filler, tally)
+    if bad := nonfinite_rows(ref):
+        raise BackendError(f"torch fp32 itself answers NaN or infinity for {bad} of the gate's {len(ref)} inputs: "
+                           "the model (its weights or config.json), not a conversion, is what is wrong")
+    return ref
+
+
 def measure_scores(probe: Probe, reference: Runner, candidate: Runner, texts: Sequence[str],
                    seed: int = BUILTIN_SEED) -> ScoreFigures:
     """Rerank (the score column of the task's [score, raw] rows) or classification (the probabilities)."""
@@ -324,30 +410,38 @@ def measure_scores(probe: Probe, reference: Runner, candidate: Runner, texts: Se
     batch_plans = plans(seed)
     rerank = probe.task == "rerank"
     multi_label = bool(getattr(probe, "multi_label", False))
+    tally = Tally()
 
     def task_outputs(runner: Runner, plan: list[list[int]]) -> np.ndarray:
-        out = outputs(probe, runner, items, plan, filler)
+        out = outputs(probe, runner, items, plan, filler, tally)
         return out[:, 0] if rerank else out
 
-    ref = task_outputs(reference, batch_plans["32 sorted"](items))
+    ref = reference_outputs(probe, reference, items, batch_plans["32 sorted"](items), filler, tally)
+    ref = ref[:, 0] if rerank else ref
     shapes: dict[str, dict[str, float | None]] = {}
     per_shape: dict[str, np.ndarray] = {}
+    nonfinite = 0
     for name, plan in batch_plans.items():
         got = task_outputs(candidate, plan(items))
         per_shape[name] = got
-        shapes[name] = dict(ranking_figures(ref, got) if rerank else label_figures(ref, got, multi_label))
+        bad = nonfinite_rows(got)
+        nonfinite += bad
+        figures = ranking_figures(ref, got) if rerank else label_figures(ref, got, multi_label)
+        # Figures over NaN outputs are meaningless (a rank of NaN is arbitrary): NaN, which fails.
+        shapes[name] = {**{k: float("nan") if bad else v for k, v in figures.items()}, "nonfinite": bad}
     alone = per_shape["1"]
     span = (float(ref.max() - ref.min()) or 1.0) if rerank else 1.0
-    invariance = max(float(np.abs(alone - v).max()) / span for name, v in per_shape.items() if name != "1")
+    invariance = worst([float(np.abs(alone - v).max()) / span for name, v in per_shape.items() if name != "1"],
+                       upper=True)
 
-    def worst(figure: str, upper: bool = False) -> float | None:
-        values = [v[figure] for v in shapes.values() if v.get(figure) is not None]
-        return (max(values) if upper else min(values)) if values else None  # type: ignore[type-var]
+    def figure(name: str, upper: bool = False) -> float | None:
+        return worst([v[name] for v in shapes.values() if name in v], upper)
 
-    return ScoreFigures(task=probe.task, spearman_mean=worst("spearman_mean"), top3_agreement=worst("top3_agreement"),
-                        label_agreement=worst("label_agreement"),
-                        score_diff_max=worst("score_diff_max", upper=True) or 0.0,
-                        invariance_diff_max=round(invariance, 7), texts=len(items), shapes=shapes)
+    return ScoreFigures(task=probe.task, spearman_mean=figure("spearman_mean"), top3_agreement=figure("top3_agreement"),
+                        label_agreement=figure("label_agreement"),
+                        score_diff_max=figure("score_diff_max", upper=True) or 0.0,
+                        invariance_diff_max=round(invariance or 0.0, 7), texts=len(items), shapes=shapes,
+                        nonfinite=nonfinite, ran=tally.as_dict())
 
 
 def measure_embeddings(probe: Probe, reference: Runner, candidate: Runner, texts: Sequence[str],
@@ -356,24 +450,33 @@ def measure_embeddings(probe: Probe, reference: Runner, candidate: Runner, texts
     items = encode_set(probe, texts)
     filler = filler_for(probe, texts)
     batch_plans = plans(seed)
-    ref = outputs(probe, reference, items, batch_plans["32 sorted"](items), filler)
+    tally = Tally()
+    ref = reference_outputs(probe, reference, items, batch_plans["32 sorted"](items), filler, tally)
     ranked = ref.ndim == 2 and ref.shape[1] > 1 and len(items) > OVERLAP_K
     shapes: dict[str, dict[str, float | None]] = {}
     per_shape: dict[str, np.ndarray] = {}
+    nonfinite = 0
     for name, plan in batch_plans.items():
-        got = outputs(probe, candidate, items, plan(items), filler)
+        got = outputs(probe, candidate, items, plan(items), filler, tally)
         per_shape[name] = got
+        bad = nonfinite_rows(got)
+        nonfinite += bad
         cos = cosines(ref, got)
-        shapes[name] = {"cosine_min": round(float(cos.min()), 7), "cosine_mean": round(float(cos.mean()), 7),
-                        "overlap_at_10": round(overlap_at_k(ref, got), 4) if ranked else None}
+        nan = float("nan")
+        shapes[name] = {"cosine_min": nan if bad else round(float(cos.min()), 7),
+                        "cosine_mean": nan if bad else round(float(cos.mean()), 7),
+                        "overlap_at_10": (nan if bad else round(overlap_at_k(ref, got), 4)) if ranked else None,
+                        "nonfinite": bad}
     alone = per_shape["1"]
-    invariance = min(float(cosines(alone, v).min()) for name, v in per_shape.items() if name != "1")
-    overlaps = [s["overlap_at_10"] for s in shapes.values() if s["overlap_at_10"] is not None]
+    invariance = worst([float(np.min(cosines(alone, v))) for name, v in per_shape.items() if name != "1"])
+
+    def figure(name: str) -> float | None:
+        return worst([s[name] for s in shapes.values()])
+
     return GateFigures(
-        cosine_min=min(s["cosine_min"] for s in shapes.values()),  # type: ignore[type-var]
-        cosine_mean=min(s["cosine_mean"] for s in shapes.values()),  # type: ignore[type-var]
-        overlap_at_10=min(overlaps) if overlaps else None, invariance_min=round(invariance, 7),
-        texts=len(items), shapes=shapes)
+        cosine_min=figure("cosine_min"), cosine_mean=figure("cosine_mean"),  # type: ignore[arg-type]
+        overlap_at_10=figure("overlap_at_10"), invariance_min=round(invariance, 7),  # type: ignore[arg-type]
+        texts=len(items), shapes=shapes, nonfinite=nonfinite, ran=tally.as_dict())
 
 
 # -- the verdict ------------------------------------------------------------------------------------------
@@ -408,16 +511,59 @@ def rules(kind: str, t: GateSettings, task: str = "embedding") -> list[Rule]:
     return [Rule("cosine_min", "fp32_cosine_min", t.fp32_cosine_min)]
 
 
+def _passes(value: float, rule: Rule) -> bool:
+    # Written so that NaN fails: every comparison with NaN is false.
+    return bool(value <= rule.bound) if rule.upper else bool(value >= rule.bound)
+
+
+def _nonfinite_shapes(figures: Figures) -> list[str]:
+    return [name for name, shape in figures.shapes.items() if shape.get("nonfinite")]
+
+
 def judge(figures: Figures, kind: str, thresholds: GateSettings) -> list[str]:
-    """Every figure past its bound, worded for an operator; empty when the model passes."""
+    """Every figure past its bound, worded for an operator; empty when the model passes. A non-finite output
+    fails whatever the thresholds."""
     failures = []
-    task = figures.task if isinstance(figures, ScoreFigures) else "embedding"
-    for rule in rules(kind, thresholds, task):
+    if figures.nonfinite:
+        failures.append(f"{figures.nonfinite} outputs are not finite (NaN or infinity) in batch shapes "
+                        f"{', '.join(_nonfinite_shapes(figures)) or '?'}")
+    for rule in rules(kind, thresholds, figures.task):
         value = getattr(figures, rule.figure)
-        if value is None:
+        if value is None or _passes(value, rule):
             continue
-        if rule.upper and value > rule.bound:
-            failures.append(f"{_FIGURE_NAMES[rule.figure]} {value:.6f} > {rule.bound} (model.gate.{rule.setting})")
-        elif not rule.upper and value < rule.bound:
-            failures.append(f"{_FIGURE_NAMES[rule.figure]} {value:.6f} < {rule.bound} (model.gate.{rule.setting})")
+        sign = ">" if rule.upper else "<"
+        failures.append(f"{_FIGURE_NAMES[rule.figure]} {value:.6f} {sign} {rule.bound} (model.gate.{rule.setting})")
     return failures
+
+
+def cause(figures: Figures, kind: str, thresholds: GateSettings) -> str | None:
+    """Why a refused graph is refused: WRONG_GRAPH (it computes something else than torch) or LESS_PRECISE
+    (rounding moved it past a bound), with the reason; None when it passes."""
+    if not judge(figures, kind, thresholds):
+        return None
+    if figures.nonfinite:
+        return (f"{WRONG_GRAPH}: it answers NaN or infinity where torch fp32 answers numbers (in batch shapes "
+                f"{', '.join(_nonfinite_shapes(figures))}): a wrong mask or a wrong export, not rounding"
+                + (" (or float16's range overflowed)" if kind == "half" else ""))
+    if kind == "fp32":
+        return (f"{WRONG_GRAPH}: a float32 graph computes what torch fp32 computes, so a figure past the float32 "
+                "bound is another computation (a wrong mask or a wrong export), not rounding")
+    far = [f"{_FIGURE_NAMES[name]} {value:.6f} < {floor}" for name, floor in WRONG_BELOW.items()
+           if (value := getattr(figures, name, None)) is not None and not value >= floor]
+    if far:
+        return (f"{WRONG_GRAPH}: {', '.join(far)}, beyond anything reduced precision gives: a wrong mask or a wrong "
+                "export")
+    return (f"{LESS_PRECISE}: the graph agrees with torch fp32, {kind} rounding moved it past the bound; use "
+            "float32, or loosen the model.gate setting named if the figures are good enough for its use")
+
+
+def summary(figures: Figures, kind: str, thresholds: GateSettings) -> str:
+    """The figures the rules judge, each with its bound (no other figure: one no rule judges reads as a pass
+    whatever its value), and what they were measured on."""
+    parts = [f"non-finite outputs {figures.nonfinite} (must be 0)"]
+    for rule in rules(kind, thresholds, figures.task):
+        value = getattr(figures, rule.figure)
+        if value is not None:
+            parts.append(f"{_FIGURE_NAMES[rule.figure]} {value:.6f} ({'≤' if rule.upper else '≥'} {rule.bound})")
+    unit = "pairs" if figures.task == "rerank" else "texts"
+    return f"{', '.join(parts)} ({figures.texts} {unit}, shapes {', '.join(figures.shapes)})"

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from inferd.core.backends.base import BackendError, GraphRunner
+from inferd.core.backends.base import BackendError, GraphRunner, eager_attention
 from inferd.core.backends.torch import ExportWrapper
 
 log = logging.getLogger(__name__)
@@ -54,7 +54,7 @@ def export(model: torch.nn.Module, folder: Path, head: str = "hidden") -> Path:
         # The TorchScript exporter is deprecated in favour of dynamo (which needs onnxscript) and the tracer
         # warns about shape conditions; the graph is checked at other shapes, which is what they warn about.
         warnings.simplefilter("ignore")
-        with torch.inference_mode(False), torch.no_grad():
+        with torch.inference_mode(False), torch.no_grad(), eager_attention(model):
             torch.onnx.export(wrapper, wrapper.example(), str(path), input_names=list(wrapper.inputs),
                               output_names=[wrapper.output], dynamic_axes=axes, opset_version=OPSET,
                               do_constant_folding=True, dynamo=False)

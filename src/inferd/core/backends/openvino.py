@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from inferd.core.backends.base import BackendError, GraphRunner
+from inferd.core.backends.base import BackendError, GraphRunner, eager_attention
 from inferd.core.backends.torch import ExportWrapper
 
 log = logging.getLogger(__name__)
@@ -47,7 +47,7 @@ def export(model: torch.nn.Module, folder: Path, head: str = "hidden") -> Path:
         # The tracer warns about Python conditions on shapes in transformers' mask code; the equivalence
         # tests and the accuracy gate check the graph at other shapes, which is what those warnings fear.
         warnings.simplefilter("ignore")
-        with torch.inference_mode(False), torch.no_grad():
+        with torch.inference_mode(False), torch.no_grad(), eager_attention(model):
             graph = ov.convert_model(wrapper, example_input=example, input=shapes)
     return save(graph, folder)
 
