@@ -292,6 +292,14 @@ def test_links_inside_the_root_are_followed_and_checked(rooted: tuple[Path, Path
         check_confined(folder, root)
 
 
+def test_a_pipe_in_place_of_a_file_is_refused(rooted: tuple[Path, Path]) -> None:
+    root, folder = rooted
+    (folder / "config.json").unlink()
+    os.mkfifo(folder / "config.json")  # whoever opened it to read would wait for ever
+    with pytest.raises(ModelLoadError, match="^config.json in the model folder is not a regular file"):
+        check_confined(folder, root)
+
+
 def test_a_sharded_index_naming_a_file_outside_the_folder_is_refused(rooted: tuple[Path, Path]) -> None:
     root, folder = rooted
     (folder / "model.safetensors.index.json").write_text(json.dumps(

@@ -60,13 +60,17 @@ def check_model_path(raw: str, roots: list[Path]) -> Path:
     raise ModelLoadError(f"path {raw!r} is not under an allowed model.root ({allowed})")
 
 
+_OUTSIDE = "is a link that leads outside model.root"
+
+
 def _under(path: Path, root: Path) -> bool:
     return path == root or root in path.parents
 
 
-def _links_out(folder: Path, root: Path) -> Path | None:
+def _links_out(folder: Path, root: Path) -> tuple[Path, str] | None:
     """The first entry of the folder's tree (module folders and linked folders included) that is a symlink
-    resolving outside ``root``, relative to the folder; None when there is none."""
+    resolving outside ``root``, or neither a file nor a folder (a FIFO would hang the reader that opens it),
+    relative to the folder, and what is wrong with it; None when there is none."""
     seen: set[Path] = set()
     todo = [folder]
     while todo:
@@ -85,11 +89,13 @@ def _links_out(folder: Path, root: Path) -> Path | None:
                 try:
                     target = path.resolve(strict=False)
                 except (OSError, RuntimeError):  # a loop: it leads nowhere under the root either
-                    return path.relative_to(folder)
+                    return path.relative_to(folder), _OUTSIDE
                 if not _under(target, root):
-                    return path.relative_to(folder)
+                    return path.relative_to(folder), _OUTSIDE
             if entry.is_dir(follow_symlinks=True):
                 todo.append(path)
+            elif not entry.is_file(follow_symlinks=True) and path.exists():
+                return path.relative_to(folder), "is not a regular file (a pipe, socket or device)"
     return None
 
 
@@ -104,10 +110,10 @@ def check_confined(path: Path, files_root: Path | None) -> None:
     if not _under(real, root):
         raise ModelLoadError(f"model folder {folder} is not under its model.root {root}")
     # Links first: the files read below (modules.json, an index) are then known to be the root's own.
-    escaped = _links_out(folder, root)
-    if escaped is not None:
-        raise ModelLoadError(f"{escaped} in the model folder is a link that leads outside model.root; every "
-                             "file a model load opens must lie under it")
+    wrong = _links_out(folder, root)
+    if wrong is not None:
+        raise ModelLoadError(f"{wrong[0]} in the model folder {wrong[1]}; every file a model load opens must be a "
+                             "file under model.root")
     mods = modules(folder) or []  # refuses a module path that leaves the folder, as written
     for index in sorted(folder.glob("*.index.json")):
         try:
