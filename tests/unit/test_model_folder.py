@@ -221,6 +221,21 @@ def test_st_config_prompts_default_and_similarity(tmp_path: Path) -> None:
             read_folder(tmp_path)
 
 
+@pytest.mark.parametrize(("name", "content", "needle"), [
+    ("modules.json", "[1,", "modules.json in the model folder cannot be read: not valid JSON"),
+    ("modules.json", '{"a": 1}', "modules.json in the model folder must be a list of modules"),
+    ("modules.json", '[{"type": 3}]', "modules.json: module 0 needs a 'type' and a 'path'"),
+    ("config_sentence_transformers.json", '{"similarity_fn_name": ["dot"]}', "similarity_fn_name \\['dot'\\]"),
+    ("config_sentence_transformers.json", '{"prompts": {"q": "q"}, "default_prompt_name": ["q"]}',
+     "default_prompt_name \\['q'\\] is not one of its prompts"),
+    ("config_sentence_transformers.json", '{"prompts": ["q"]}', "'prompts' must map names to prompt texts"),
+])
+def test_malformed_files_are_refused_by_name(tmp_path: Path, name: str, content: str, needle: str) -> None:
+    (tmp_path / name).write_text(content)
+    with pytest.raises(ModelLoadError, match=needle):
+        read_folder(tmp_path)
+
+
 # -- a model's own prompts must fit the text limits ----------------------------------------------------------------
 
 

@@ -269,6 +269,10 @@ def _normalize(folder: Path, module: Module) -> Normalize:
     return Normalize(module.path)
 
 
+def _length(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
 def _transformer(folder: Path, module: Module) -> tuple[int | None, bool]:
     """The length cap and lowercasing the Transformer module's config sets, after checking it gives what
     pooling reads."""
@@ -284,8 +288,9 @@ def _transformer(folder: Path, module: Module) -> tuple[int | None, bool]:
     if task != "feature-extraction":
         raise ModelLoadError(f"{module.describe()}: transformer_task {task!r} is not an embedding model's "
                              "(feature-extraction)")
-    text = (cfg.get("modality_config") or {}).get("text", {"method": "forward",
-                                                            "method_output_name": "last_hidden_state"})
+    modality = cfg.get("modality_config") or {}
+    text = modality.get("text", {"method": "forward", "method_output_name": "last_hidden_state"}) \
+        if isinstance(modality, dict) else modality
     if not isinstance(text, dict) or (text.get("method"), text.get("method_output_name")) != (
             "forward", "last_hidden_state"):
         raise ModelLoadError(f"{module.describe()}: its text output is {text!r}; inferd pools the forward pass's "
@@ -293,9 +298,7 @@ def _transformer(folder: Path, module: Module) -> tuple[int | None, bool]:
     if cfg.get("module_output_name", "token_embeddings") != "token_embeddings":
         raise ModelLoadError(f"{module.describe()} outputs {cfg['module_output_name']!r}; inferd pools "
                              "token_embeddings")
-    length = cfg.get("max_seq_length")
-    length = length if isinstance(length, int) and not isinstance(length, bool) and length > 0 else None
-    return length, cfg.get("do_lower_case") is True
+    return _length(cfg.get("max_seq_length")), cfg.get("do_lower_case") is True
 
 
 def _chain(folder: Path, mods: list[Module], allow_pickle: bool) -> dict[str, Any]:
@@ -336,10 +339,10 @@ def _st_config(folder: Path) -> dict[str, Any]:
         raise ModelLoadError(f"{name}: 'prompts' must map names to prompt texts")
     prompts = {k: v or "" for k, v in raw.items()}
     default = data.get("default_prompt_name")
-    if default is not None and default not in prompts:
+    if default is not None and (not isinstance(default, str) or default not in prompts):
         raise ModelLoadError(f"{name}: default_prompt_name {default!r} is not one of its prompts {sorted(prompts)}")
     similarity = data.get("similarity_fn_name")
-    if similarity is not None and similarity not in SIMILARITIES:
+    if similarity is not None and (not isinstance(similarity, str) or similarity not in SIMILARITIES):
         raise ModelLoadError(f"{name}: similarity_fn_name {similarity!r} is not one of "
                              f"{', '.join(sorted(set(SIMILARITIES.values())))}")
     return {"prompts": prompts, "default_prompt_name": default,
@@ -352,6 +355,5 @@ def read_folder(folder: Path, allow_pickle: bool = False) -> STFolder:
     chain = _chain(folder, mods, allow_pickle) if mods else {}
     if not mods:
         legacy = _json(folder, "sentence_bert_config.json")
-        length = legacy.get("max_seq_length") if isinstance(legacy, dict) else None
-        chain = {"max_seq_length": length if isinstance(length, int) and length > 0 else None}
+        chain = {"max_seq_length": _length(legacy.get("max_seq_length")) if isinstance(legacy, dict) else None}
     return STFolder(**chain, **_st_config(folder))
