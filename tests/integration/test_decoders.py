@@ -83,6 +83,23 @@ def test_the_decoder_embedder_equals_sentence_transformers(root: Path, prompt: s
     assert all(e.ids[-1] == handler.pad_id for e in handler.preprocess(TEXTS))
 
 
+def test_a_causal_lm_without_sentence_transformers_files_pools_its_last_token(root: Path, tmp_path: Path) -> None:
+    from sentence_transformers import SentenceTransformer
+
+    folder = shutil.copytree(root / "embedder", tmp_path / "bare")
+    for name in ("modules.json", "sentence_bert_config.json", "config_sentence_transformers.json"):
+        (folder / name).unlink()
+    for sub in ("1_Pooling", "2_Normalize"):
+        shutil.rmtree(folder / sub)
+    assert detect_task(folder) == "rerank"  # a bare causal LM is an LLM reranker unless told otherwise
+    handler = _handler(folder, task="embedding")
+    assert handler.pooling == "lasttoken" and not handler.normalize
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "no sentence-transformers model found, creating one"
+        expected = SentenceTransformer(str(folder), device="cpu").encode(TEXTS, batch_size=len(TEXTS))
+    np.testing.assert_allclose(_outputs(handler, TEXTS), expected, atol=TOL, rtol=0)
+
+
 # Every decoder family the architecture list names (core/families.py), beside Qwen3 above.
 @pytest.mark.parametrize("kind", ["qwen2", "llama", "mistral", "gemma", "gemma2", "gemma3_text"])
 def test_each_listed_decoder_family_embeds_as_sentence_transformers(tmp_path: Path, kind: str) -> None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from inferd.core.errors import ModelLoadError
 
@@ -67,3 +68,11 @@ def family_of(path: Path) -> Family:
                              f"{supported()} (README: Architectures)")
     return family
 
+
+
+def default_pooling(config: Any) -> tuple[str, ...]:
+    """The pooling of a folder that names none, as sentence-transformers chooses it: the last token of a causal LM
+    (``*ForCausalLM`` first in ``architectures``, unless its config says ``is_causal: false``), else the mean."""
+    archs = getattr(config, "architectures", None) or []
+    causal = bool(archs) and str(archs[0]).endswith("ForCausalLM") and getattr(config, "is_causal", True)
+    return ("lasttoken",) if causal else ("mean",)

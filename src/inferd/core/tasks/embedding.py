@@ -24,6 +24,7 @@ import torch
 from tokenizers import Tokenizer, normalizers
 
 from inferd.core.errors import ModelLoadError
+from inferd.core.families import default_pooling
 from inferd.core.preprocess import Encoded, TextEncoder
 from inferd.core.spec import ModelSpec
 from inferd.core.tasks import st_folder
@@ -250,7 +251,7 @@ class EmbeddingHandler(ModelTask):
         hidden = int(config.hidden_size)
         limit = length_limit(config, tokenizer, None)
         self.max_seq_length = min(spec.max_seq_length or folder.max_seq_length or limit, limit)
-        self.pooling_modes = (spec.pooling,) if spec.pooling else folder.pooling or ("mean",)
+        self.pooling_modes = (spec.pooling,) if spec.pooling else folder.pooling or default_pooling(config)
         self.pooling = "+".join(self.pooling_modes)
         steps, self.dimension = head_steps(folder, self.pooling_modes, hidden, spec.normalize)
         self.normalize = bool(steps) and isinstance(steps[-1], st_folder.Normalize)
