@@ -137,16 +137,25 @@ def test_a_pair_past_the_limit_loses_its_document_end_as_the_model_card_cuts_it(
                                model_card_scores(root / "llm-reranker", pairs, max_length=96), atol=TOL, rtol=0)
 
 
-def test_a_converted_sequence_classifier_equals_the_cross_encoder(root: Path) -> None:
+@pytest.mark.parametrize("tokenizer_pad", [None, "<|im_end|>"])
+def test_a_converted_sequence_classifier_equals_the_cross_encoder(root: Path, tmp_path: Path,
+                                                                  tokenizer_pad: str | None) -> None:
     from sentence_transformers import CrossEncoder
 
-    assert detect_task(root / "seq-cls") == "rerank"
-    handler = _handler(root / "seq-cls")
+    folder = root / "seq-cls"
+    if tokenizer_pad is not None:
+        # A tokenizer padding with another id than the config's pad_token_id, by which the head finds each row's
+        # last token: the batch must be padded with the config's.
+        folder = shutil.copytree(folder, tmp_path / "other-pad")
+        cfg = json.loads((folder / "tokenizer_config.json").read_text())
+        (folder / "tokenizer_config.json").write_text(json.dumps({**cfg, "pad_token": tokenizer_pad}))
+    assert detect_task(folder) == "rerank"
+    handler = _handler(folder)
     rng = random.Random(7)
     pairs = [("which river runs past the city", _sentence(rng, n)) for n in (1, 6, 30, 90)]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        expected = CrossEncoder(str(root / "seq-cls"), device="cpu").predict(pairs, batch_size=len(pairs))
+        expected = CrossEncoder(str(folder), device="cpu").predict(pairs, batch_size=len(pairs))
     np.testing.assert_allclose(_outputs(handler, pairs)[:, 0], expected, atol=TOL, rtol=0)
 
 
