@@ -142,6 +142,9 @@ class ModelSettings(_Section):
     # Cohere's input_type -> a prompt name of the folder's config_sentence_transformers.json, over the built-in
     # mapping (search_query -> search_query or query, search_document -> search_document, document, passage...).
     input_type_prompts: dict[str, str] = {}
+    # An LLM reranker's instruction (Qwen3-Reranker's <Instruct>: the task its model card says to describe in
+    # English); None = the card's default. A cross-encoder has no instruction: it is refused there.
+    rerank_instruction: str | None = Field(None, min_length=1, max_length=2000)
 
     @field_validator("device")
     @classmethod

@@ -128,6 +128,18 @@ def test_the_llm_reranker_equals_its_model_card(root: Path, name: str) -> None:
     np.testing.assert_allclose(1 / (1 + np.exp(-got[:, 1])), got[:, 0], atol=1e-6, rtol=0)
 
 
+def test_the_llm_rerankers_instruction_is_a_setting(root: Path) -> None:
+    instruction = "Given a question about animals, find the passage that names the animal"
+    handler = _handler(root / "llm-reranker", rerank_instruction=instruction)
+    pairs = [("a dog", "the cat"), ("which river", _sentence(random.Random(12), 20))]
+    np.testing.assert_allclose(_outputs(handler, pairs)[:, 0],
+                               model_card_scores(root / "llm-reranker", pairs, instruction=instruction),
+                               atol=TOL, rtol=0)
+    assert not np.allclose(_outputs(handler, pairs)[:, 0], model_card_scores(root / "llm-reranker", pairs))
+    with pytest.raises(ModelLoadError, match="a cross-encoder takes no instruction"):
+        _handler(root / "seq-cls", rerank_instruction=instruction)
+
+
 def test_a_pair_past_the_limit_loses_its_document_end_as_the_model_card_cuts_it(root: Path) -> None:
     handler = _handler(root / "llm-reranker", max_seq_length=96)
     pairs = [("a dog", _sentence(random.Random(6), 200)), ("a dog", "the cat")]

@@ -120,7 +120,7 @@ class LLMRerankHandler(ModelTask):
         self._pairs = Tokenizer.from_str(self.tokenizer.to_str())
         self._pairs.no_padding()
         self._pairs.enable_truncation(room)  # the card cuts the formatted pair's end: the document's
-        self.instruction = INSTRUCTION
+        self.instruction = spec.settings.rerank_instruction or INSTRUCTION
         self.open_runner(spec, device, safetensors)  # last: see ModelTask
 
     def describe(self) -> dict[str, Any]:

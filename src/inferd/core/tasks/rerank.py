@@ -35,6 +35,9 @@ class RerankHandler(SequenceClassifier):
     inputs = "pairs"
 
     def configure(self, spec: ModelSpec) -> None:
+        if spec.settings.rerank_instruction is not None:
+            raise ModelLoadError(f"{spec.path}: model.rerank_instruction is for an LLM reranker (a causal LM); a "
+                                 "cross-encoder takes no instruction")
         if self.num_labels != 1:
             raise ModelLoadError(f"{spec.path}: a reranker (cross-encoder) has one label, this model has "
                                  f"{self.num_labels}; serve it as model.task: classification")
