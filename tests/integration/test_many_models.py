@@ -1,7 +1,8 @@
 """Several models in one server process: two embedders, a reranker and a classifier, on a real server.
 
 Each route with each model answers as a server of that model alone; the request's ``model`` picks the model
-(its task's default when omitted); names not served, and models of another task, are refused 404
+(its task's default when omitted; TEI's /predict, which names none, the classifier's for texts and the
+reranker's for pairs); names not served, and models of another task, are refused 404
 ``model_not_found``; a reload of one model under load on two leaves both at 0 non-2xx; one model failing to
 load leaves the others serving and readiness says which; SIGHUP adds, removes and changes models; a flooded
 model cannot hold another's request behind its backlog; the openai and cohere SDKs reach models by name.
@@ -144,6 +145,19 @@ def test_a_request_without_a_model_gets_its_tasks_default(pipeline: Server) -> N
     assert post(pipeline, "/v1/classify", {"input": "hi"})["model"] == "classifier@1"
     assert post(pipeline, "/predict", {"texts": ["hi"]})["model"] == "embedder@1"  # the server's default
     assert post(pipeline, "/v1/embeddings", {"input": "hi", "model": "embedder@1"})["model"] == "embedder@1"
+    # TEI's routes name no model: its /predict runs the classifier default for texts, the reranker's for pairs.
+    cls = post(pipeline, "/v1/classify", {"input": TEXTS})["data"]
+    labels = post(pipeline, "/predict", {"inputs": [[t] for t in TEXTS]})
+    assert [row[0]["label"] for row in labels] == [d["label"] for d in cls]
+    np.testing.assert_allclose([max(x["score"] for x in row) for row in labels], [max(d["probs"]) for d in cls],
+                               atol=TOL)
+    ranked = {r["index"]: r["relevance_score"]
+              for r in post(pipeline, "/v1/rerank", {"query": QUERY, "documents": DOCS})["results"]}
+    scored = post(pipeline, "/predict", {"inputs": [[QUERY, d] for d in DOCS]})
+    np.testing.assert_allclose([row[0]["score"] for row in scored], [ranked[i] for i in range(len(DOCS))],
+                               atol=TOL)
+    assert [r["index"] for r in post(pipeline, "/rerank", {"query": QUERY, "texts": DOCS})] == sorted(
+        ranked, key=lambda i: -ranked[i])
 
 
 @pytest.mark.parametrize(("path", "body", "named"), [

@@ -147,7 +147,7 @@ def test_answers_carry_the_request_id_and_return_documents_is_a_strict_boolean(r
     r = httpx.post(reranker.url + "/v1/rerank", json={**body, "return_documents": None})
     assert r.status_code == 200 and all("document" not in x for x in r.json()["results"]), r.text
     r = httpx.post(reranker.url + "/rerank", json={"query": "q", "texts": ["a"], "return_text": 1})
-    assert r.status_code == 422 and r.json()["error"]["param"] == "return_text", r.text
+    assert r.status_code == 422 and r.json()["error"].startswith("return_text: "), r.text  # TEI's shape
 
 
 @pytest.mark.parametrize(("body", "param", "code"), [

@@ -2,14 +2,17 @@
 
 Vectors equal ``SentenceTransformer.encode(..., prompt_name=..., truncate_dim=...)`` (≤ 1e-5); /similarity
 equals their cosines; /tokenize and /decode equal the model's tokenizer; TEI's /predict equals the
-classification and rerank tasks' own answers; every refusal on these routes is in TEI's error shape with
-inferd's statuses; a model with ``include_prompt: false`` pools without the prompt's tokens, as sentence-
-transformers does; a left cut keeps the prompt.
+classification and rerank tasks' own answers; every refusal on every TEI route (``/rerank`` and ``POST /``
+included) is in TEI's error shape with inferd's statuses; a model with ``include_prompt: false`` pools without
+the prompt's tokens, as sentence-transformers does; a left cut keeps the prompt; a rerank pair takes
+``truncate`` and ``truncation_direction`` (its document's start cut, as ``CrossEncoder`` with its tokenizer's
+``truncation_side`` left scores it).
 """
 
 from __future__ import annotations
 
 import random
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -282,15 +285,70 @@ def test_root_on_an_embedding_model_embeds_or_compares_by_the_body(mrl: Server, 
     np.testing.assert_allclose(own["results"][0], v[1], atol=TOL)
 
 
-def test_refusals_are_in_teis_shape_with_inferds_statuses(mrl: Server) -> None:
-    r = httpx.post(mrl.url + "/embed", content=b"{not json", timeout=30)
-    _tei_error(r, 400, "validation", "not valid JSON")
-    _tei_error(_post(mrl, "/embed", {"inputs": ["fine", ""]}), 422, "empty", "inputs[1]")
-    _tei_error(_post(mrl, "/embed", {"inputs": [1, 2, 3]}), 422, "validation", "token ids")
-    _tei_error(_post(mrl, "/embed", {"inputs": "x", "colour": "red"}), 422, "validation", "colour")
-    _tei_error(_post(mrl, "/embed", {"inputs": ["x"] * 300}), 422, "validation", "256")
-    _tei_error(_post(mrl, "/embed", {"inputs": "x", "truncation_direction": "up"}), 422, "validation",
-               "truncation_direction")
+# One server per model, shared: (server, route, body) → status, TEI's error_type, words the message holds.
+REFUSALS = [
+    ("mrl", "/embed", b"{not json", 400, "validation", "not valid JSON"),
+    ("mrl", "/embed", {"inputs": ["fine", ""]}, 422, "empty", "inputs[1]"),
+    ("mrl", "/embed", {"inputs": [1, 2, 3]}, 422, "validation", "token ids"),
+    ("mrl", "/embed", {"inputs": "x", "colour": "red"}, 422, "validation", "colour"),
+    ("mrl", "/embed", {"inputs": ["x"] * 300}, 422, "validation", "256"),
+    ("mrl", "/embed", {"inputs": "x", "truncation_direction": "up"}, 422, "validation", "truncation_direction"),
+    ("mrl", "/similarity", {"inputs": {"source_sentence": "x", "sentences": []}}, 422, "empty", "sentences"),
+    ("mrl", "/tokenize", {"inputs": "x", "prompt_name": "nope"}, 422, "validation", "Available prompts"),
+    ("mrl", "/decode", {"ids": []}, 422, "empty", "ids"),
+    ("mrl", "/", {"inputs": ""}, 422, "empty", "inputs"),
+    ("mrl", "/predict", {"inputs": "x"}, 404, "backend", "embedding"),  # TEI's 424: no such model here
+    ("mrl", "/rerank", {"query": "q", "texts": ["d"]}, 404, "backend", "rerank"),
+    ("reranker", "/rerank", {"query": "", "texts": ["d"]}, 422, "empty", "query"),
+    ("reranker", "/rerank", {"query": "q", "texts": ["d", " "]}, 422, "empty", "texts[1]"),
+    ("reranker", "/rerank", {"query": "q", "texts": ["d"], "raw_scores": "yes"}, 422, "validation", "raw_scores"),
+    ("reranker", "/rerank", b"[1]", 400, "validation", "object"),
+    ("reranker", "/", {"query": "q", "texts": ["d"], "model": "nope"}, 404, "validation", "nope"),
+    ("reranker", "/predict", {"inputs": [["q", "d"], ["x"]]}, 422, "validation", "not both"),
+    ("classifier", "/predict", {"inputs": [["q", "d"]]}, 422, "validation", "pairs"),
+    ("classifier", "/", {"inputs": ""}, 422, "empty", "inputs"),
+]
+
+
+@pytest.mark.parametrize(("server", "path", "body", "status", "error_type", "words"), REFUSALS,
+                         ids=[f"{r[0]}-{r[1]}-{i}" for i, r in enumerate(REFUSALS)])
+def test_every_tei_route_refuses_in_teis_shape_with_inferds_statuses(
+        request: pytest.FixtureRequest, server: str, path: str, body: Any, status: int, error_type: str,
+        words: str) -> None:
+    target: Server = request.getfixturevalue(server)
+    if isinstance(body, bytes):
+        r = httpx.post(target.url + path, content=body, timeout=30)
+    else:
+        r = _post(target, path, body)
+    _tei_error(r, status, error_type, words)
+
+
+def test_a_rerank_pair_takes_truncate_and_its_direction(reranker: Server, root: Path) -> None:
+    from sentence_transformers import CrossEncoder
+
+    limit = 64  # the tiny cross-encoder's max_position_embeddings
+    rng = random.Random(5)
+    words = [rng.choice(WORDS) for _ in range(180)]  # one token each: the pair is ~190 tokens
+    query, document = "which river runs past", " ".join(words)
+    # truncate: false refuses the over-long pair, naming the text at fault and the limit.
+    _tei_error(_post(reranker, "/rerank", {"query": query, "texts": ["short", document], "truncate": False}), 422,
+               "validation", "texts[1]", f"limit of {limit} tokens")
+    _tei_error(_post(reranker, "/predict", {"inputs": [query, document], "truncate": False}), 422, "validation",
+               "inputs", f"limit of {limit} tokens")
+    right = _post(reranker, "/rerank", {"query": query, "texts": [document]}).json()[0]["score"]
+    left = _post(reranker, "/rerank", {"query": query, "texts": [document], "truncate": True,
+                                       "truncation_direction": "Left"}).json()[0]["score"]
+    predicted = _post(reranker, "/predict", {"inputs": [query, document], "truncation_direction": "left"}).json()
+    assert abs(predicted[0]["score"] - left) <= TOL
+    # The query is kept whole; the document keeps what fits: its first words (right) or its last words (left).
+    tok = Tokenizer.from_file(str(root / "ce" / "tokenizer.json"))
+    room = limit - 3 - len(tok.encode(query, add_special_tokens=False).ids)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = CrossEncoder(str(root / "ce"), device="cpu")
+    want = model.predict([(query, " ".join(words[:room])), (query, " ".join(words[-room:]))])
+    np.testing.assert_allclose([right, left], want, atol=TOL)
+    assert abs(left - right) > 1e-4  # the side cut changed what was scored
 
 
 def test_info_carries_the_fields_tei_clients_read(mrl: Server, classifier: Server) -> None:

@@ -1,7 +1,9 @@
 """The one error shape: ``{"error": {"message", "type", "code", "param"}}``, request id in a header.
 
 Also the one table that says how each kind of engine refusal is answered over HTTP (``KINDS``): status,
-Retry-After, default code and the reason it is counted under in ``inferd_requests_rejected_total``.
+Retry-After, default code and the reason it is counted under in ``inferd_requests_rejected_total``; and, for
+the wire families with an error shape of their own, the table from a kind to their name for it (``TEI_TYPES``).
+A refusal carries its kind from the core to the wire: no family reads a kind back from a status.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ class APIError(Exception):
         param: str | None = None,
         headers: Mapping[str, str] | None = None,
         type_: str | None = None,
+        kind: Kind | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
@@ -53,6 +56,9 @@ class APIError(Exception):
         self.param = param
         self.headers = dict(headers or {})
         self.type = type_ or _TYPES.get(status, "server_error")
+        # The refusal's kind, for the families that name it in their own words (TEI_TYPES). None: the HTTP layer
+        # refused the request as sent (its JSON, its fields), which those families answer as an invalid input.
+        self.kind = kind
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +89,43 @@ KINDS: dict[Kind, Answer] = {
     Kind.FAILED: Answer(500, "inference_error"),
 }
 
+# text-embeddings-inference's ``error_type`` for each kind (its router/src/lib.rs ErrorType): the input's fault is
+# ``validation`` (``empty`` for an empty input or text, EMPTY_CODES), a model that cannot answer now is
+# ``unhealthy``, a full queue or a deadline that passed in it ``overloaded``; a route of another task is TEI's 424
+# "model is not a ... model", a ``backend`` error, as are a batch that failed and one out of memory.
+TEI_TYPES: dict[Kind, str] = {
+    Kind.INVALID_INPUT: "validation",
+    Kind.TOO_LONG: "validation",
+    Kind.WRONG_TASK: "backend",
+    Kind.MODEL_NOT_FOUND: "validation",
+    Kind.NOT_READY: "unhealthy",
+    Kind.MODEL_FAILED: "unhealthy",
+    Kind.MODEL_UNLOADED: "unhealthy",
+    Kind.WORKER_DEAD: "unhealthy",
+    Kind.OVERLOADED: "overloaded",
+    Kind.DRAINING: "unhealthy",
+    Kind.DEADLINE: "overloaded",
+    Kind.OOM: "backend",
+    Kind.FAILED: "backend",
+}
+# The codes of an input that is empty (a text, a list): TEI's ``empty`` rather than ``validation``.
+EMPTY_CODES = frozenset({"empty_string", "empty_input"})
+
+
+def tei_type(exc: APIError) -> str:
+    """TEI's ``error_type`` for a refusal: its kind's, ``empty`` for an empty input."""
+    kind = exc.kind or Kind.INVALID_INPUT
+    if kind is Kind.INVALID_INPUT and exc.code in EMPTY_CODES:
+        return "empty"
+    return TEI_TYPES[kind]
+
+
+def refusal(kind: Kind, message: str, code: str | None = None, param: str | None = None) -> APIError:
+    """A refusal the HTTP layer makes itself, answered as its kind is (KINDS: status, Retry-After, code)."""
+    answer = KINDS[kind]
+    headers = {"Retry-After": str(answer.retry_after)} if answer.retry_after else None
+    return APIError(answer.status, message, code or answer.code, param, headers=headers, kind=kind)
+
 
 def engine_refusal(exc: EngineError, field: str, listed: bool, metrics: Any = None) -> APIError:
     """An engine refusal in the error shape, counted under its reason.
@@ -98,12 +141,12 @@ def engine_refusal(exc: EngineError, field: str, listed: bool, metrics: Any = No
     headers = {"Retry-After": str(answer.retry_after)} if answer.retry_after else None
     code = exc.code or answer.code
     if answer.status != 422:
-        return APIError(answer.status, exc.message, code, exc.field, headers=headers)
+        return APIError(answer.status, exc.message, code, exc.field, headers=headers, kind=exc.kind)
     if exc.field is not None:
         param = exc.field
     else:
         param = f"{field}[{exc.index}]" if exc.index is not None and listed else field
-    return APIError(answer.status, f"{param}: {exc.message}", code, param, headers=headers)
+    return APIError(answer.status, f"{param}: {exc.message}", code, param, headers=headers, kind=exc.kind)
 
 
 def excerpt(text: str, limit: int = 40) -> str:

@@ -65,9 +65,11 @@ class TEIRerankRequest(_Body):
     texts: list[Any] = Field(json_schema_extra={"items": _TEXT, "minItems": 1})
     raw_scores: StrictBool = Field(False, description="The model's logits, not the activated scores")
     return_text: StrictBool = False
-    truncate: StrictBool | None = Field(None, description="Accepted for compatibility; model.truncate decides")
+    truncate: StrictBool | None = Field(None, description="Cut a pair over the model's limit (null: "
+                                        "model.truncate); false refuses it with 422")
     truncation_direction: Literal["left", "right", "Left", "Right"] = Field(
-        "right", description="Accepted for compatibility (tei-client sends it): a pair loses its document's end")
+        "right", description="The side of the document an over-long pair loses (the query is kept): right its "
+                             "end, left its start")
     # Not TEI's (a TEI server serves one model): inferd's, to name one of several; none = the rerank default.
     model: str | None = Field(None, description="A served rerank model's name (GET /v1/models); none: the "
                               "default rerank model")

@@ -1,4 +1,5 @@
-"""The rerank and classification routes: the shapes their clients send (Cohere/Jina/vLLM, TEI, vLLM).
+"""The rerank and classification routes: the shapes their clients send (Cohere/Jina/vLLM, vLLM). TEI's /rerank
+is TEI's (api/tei_routes.py), in TEI's error shape.
 
 Each (query, document) pair is one item for the engine, so a request of 100 documents batches with other
 requests' pairs; the routes only shape the scores the rerank task returns (``[score, raw logit]`` per pair)
@@ -28,8 +29,6 @@ from inferd.api.schemas import (
     ClassifyResponse,
     RerankRequest,
     RerankResponse,
-    TEIRerankRequest,
-    TEIRerankResult,
     request_body,
     responses,
 )
@@ -39,15 +38,10 @@ from inferd.core.work import TaskResult
 task_router = APIRouter(dependencies=[Depends(inference_auth)])  # the inference keys, as api/routes.py
 
 
-def _pairs_checked(request: Request, query: Any, documents: list[Any], field: str) -> None:
-    check_query(request, query)
+def _pairs_checked(request: Request, body: RerankRequest) -> None:
+    check_query(request, body.query)
     # Each document is an item: counts toward limits.max_items_per_request, named documents[i] when at fault.
-    prechecked(request, documents, field, True)
-
-
-async def _rerank(request: Request, body: Any, documents: list[str], field: str) -> TaskResult | Response:
-    pairs = [(body.query, d) for d in documents]
-    return await run_task(request, pairs, body, field, listed=True, task="rerank")
+    prechecked(request, body.documents, "documents", True)
 
 
 def _usage(result: TaskResult) -> dict[str, int]:
@@ -63,9 +57,9 @@ async def rerank(request: Request) -> Response:
 
     Also on /v2/rerank, where Cohere's v2 client (``cohere.ClientV2``) sends the same body."""
     require_task(request, "rerank")
-    body = await read_body(request, RerankRequest,
-                           lambda b: _pairs_checked(request, b.query, b.documents, "documents"))
-    result = await _rerank(request, body, body.documents, "documents")
+    body = await read_body(request, RerankRequest, lambda b: _pairs_checked(request, b))
+    pairs = [(body.query, d) for d in body.documents]
+    result = await run_task(request, pairs, body, "documents", listed=True, task="rerank")
     if isinstance(result, Response):
         return result
     order = sorted(range(len(body.documents)), key=lambda i: -float(result.outputs[i][0]))
@@ -80,29 +74,6 @@ async def rerank(request: Request) -> Response:
     return json_response({"id": context(request.scope)["request_id"], "results": results,
                           "model": served_name(result), "usage": _usage(result),
                           "meta": {"billed_units": {"search_units": 1}}})
-
-
-@task_router.post("/rerank", openapi_extra=request_body(TEIRerankRequest),
-                  responses=responses({"description": "Scored texts, best first", "content": {
-                      "application/json": {"schema": {"type": "array",
-                                                      "items": TEIRerankResult.model_json_schema()}}}},
-                      *INFERENCE_ERRORS))
-async def rerank_tei(request: Request) -> Response:
-    """text-embeddings-inference's rerank: ``{"query", "texts", "raw_scores"?, "return_text"?}`` → a list."""
-    require_task(request, "rerank")
-    body = await read_body(request, TEIRerankRequest, lambda b: _pairs_checked(request, b.query, b.texts, "texts"))
-    result = await _rerank(request, body, body.texts, "texts")
-    if isinstance(result, Response):
-        return result
-    column = 1 if body.raw_scores else 0
-    order = sorted(range(len(body.texts)), key=lambda i: -float(result.outputs[i][column]))
-    out = []
-    for i in order:
-        item: dict[str, Any] = {"index": i, "score": float(result.outputs[i][column])}
-        if body.return_text:
-            item["text"] = body.texts[i]
-        out.append(item)
-    return json_response(out)
 
 
 def _check_classify(request: Request, body: ClassifyRequest) -> None:

@@ -1,13 +1,17 @@
 """text-embeddings-inference's HTTP API (router/src/http/server.rs and types.rs of huggingface/text-embeddings-
-inference): /embed, /similarity, /tokenize, /decode, /predict in TEI's shape and POST / by the served task, so
-the clients built on it (huggingface_hub's InferenceClient, llama-index's and LangChain's TEI embeddings,
-tei-client) work unchanged. /rerank, the TEI route that came first, lives in api/task_routes.py.
+inference): /embed, /similarity, /rerank, /tokenize, /decode, /predict in TEI's shape and POST / by the served
+task, so the clients built on it (huggingface_hub's InferenceClient, llama-index's and LangChain's TEI
+embeddings, tei-client) work unchanged.
 
-Errors on these routes are in TEI's shape, ``{"error": message, "error_type": kind}``: its clients read
-``error`` as a string (tei-client lists a model's prompts by parsing the message of an unknown prompt_name).
-The statuses stay inferd's (api/errors.py); ``error_type`` is TEI's name for the kind: validation, empty,
-tokenizer, overloaded, unhealthy, backend. A refusal before the route runs (401 key, 413 body size) keeps
-the one error shape.
+Errors on every one of these routes are in TEI's shape, ``{"error": message, "error_type": kind}``: its clients
+read ``error`` as a string (tei-client lists a model's prompts by parsing the message of an unknown prompt_name).
+The statuses stay inferd's; ``error_type`` is TEI's name for the refusal's kind (api/errors.py: KINDS and
+TEI_TYPES, the two tables from a kind). A refusal before the route runs (401 key, 413 body size) keeps the one
+error shape.
+
+A server of several models runs each route's task default, as TEI's API names no model (``/rerank`` takes
+inferd's optional ``model``); TEI's ``/predict`` runs the classification default for texts and the rerank
+default for ``[query, document]`` pairs.
 
 ``POST /predict`` is inferd's own route (``{"texts": [...]}``) and TEI's (``{"inputs": ...}``): a body with
 ``inputs`` and no ``texts`` is TEI's (routes.py asks ``is_tei_predict`` first).
@@ -41,12 +45,14 @@ from inferd.api.client_schemas import (
     TEITokenizeRequest,
     direction,
 )
-from inferd.api.errors import APIError, excerpt
+from inferd.api.errors import APIError, engine_refusal, excerpt, refusal, tei_type
 from inferd.api.inference import INFERENCE_ERRORS, check_query, labels_of, prechecked, run_task
-from inferd.api.schemas import ErrorResponse, TEIRerankRequest, request_body
+from inferd.api.schemas import ErrorResponse, TEIRerankRequest, TEIRerankResult, request_body
 from inferd.api.services import inference_auth, services
-from inferd.api.task_routes import rerank_tei
+from inferd.core.admission import model_refusal, not_ready
+from inferd.core.errors import Kind
 from inferd.core.manager import ModelNotReady
+from inferd.core.preprocess import TextInput
 from inferd.core.registry import ModelNotFound
 
 tei_router = APIRouter(dependencies=[Depends(inference_auth)])  # the inference keys, as api/routes.py
@@ -58,24 +64,9 @@ _TOKENIZERS_KEPT = 4
 
 # -- TEI's error shape ---------------------------------------------------------------------------------------
 
-_EMPTY = frozenset({"empty_string", "empty_input"})
-_UNHEALTHY = frozenset({"model_not_ready", "model_failed", "model_unloaded", "worker_dead", "draining",
-                        "model_loading", "model_not_loaded"})
-
-
-def error_type(exc: APIError) -> str:
-    """TEI's ``error_type`` for an inferd refusal (router/src/lib.rs ErrorType)."""
-    if exc.status in (400, 413, 422):
-        return "empty" if exc.code in _EMPTY else "validation"
-    if exc.status == 503:
-        return "unhealthy" if exc.code in _UNHEALTHY else "overloaded"
-    if exc.status == 504:
-        return "overloaded"
-    return "backend"  # 404 (a route of another task: TEI's 424 "model is not a ... model"), 500, 507
-
 
 def tei_error(exc: APIError) -> Response:
-    return Response(orjson.dumps({"error": exc.message, "error_type": error_type(exc)}), status_code=exc.status,
+    return Response(orjson.dumps({"error": exc.message, "error_type": tei_type(exc)}), status_code=exc.status,
                     headers=exc.headers, media_type="application/json")
 
 
@@ -117,6 +108,16 @@ _PREDICTIONS = {"description": "Labels by score, best first: a list for one inpu
                     {"type": "array", "items": TEIPrediction.model_json_schema()}]}}}}}
 _ANY = {"description": "As /embed, /similarity, /predict or /rerank answer (the served model's task)",
         "content": {"application/json": {"schema": {}}}}
+_RANKED = _array(TEIRerankResult.model_json_schema(), "Scored texts, best first")
+
+
+def _require(request: Request, task: str) -> None:
+    """Refuse a route whose task no model here serves (404 wrong_task, TEI's ``backend``), before any work."""
+    try:
+        services(request).registry.resolve(None, task)
+    except ModelNotFound as exc:
+        if not exc.task_served:
+            raise engine_refusal(model_refusal(exc), "model", False) from None
 
 
 # -- /embed, /similarity -----------------------------------------------------------------------------------
@@ -125,7 +126,8 @@ _ANY = {"description": "As /embed, /similarity, /predict or /rerank answer (the 
 def _texts(request: Request, inputs: Any, field: str) -> tuple[list[Any], bool]:
     listed = isinstance(inputs, list)
     if listed and inputs and isinstance(inputs[0], int | list) and not isinstance(inputs[0], bool):
-        raise APIError(422, f"{field}: token ids are not supported; send text", "unsupported_input", field)
+        raise refusal(Kind.INVALID_INPUT, f"{field}: token ids are not supported; send text", "unsupported_input",
+                      field)
     texts = inputs if listed else [inputs]
     prechecked(request, texts, field, listed)
     return texts, listed
@@ -140,6 +142,7 @@ async def embed(request: Request) -> Response:
     checked: list[tuple[list[Any], bool]] = []
     body = await read_body(request, TEIEmbedRequest, lambda b: checked.append(_texts(request, b.inputs, "inputs")))
     texts, listed = checked[0]
+    _require(request, "embedding")
     _, info = await vectors.describe(request, None)
     vectors.require_unnormalised_allowed(info, body.normalize)
     prompt = vectors.prompt_of(info, body.prompt_name)
@@ -164,13 +167,14 @@ async def similarity(request: Request) -> Response:
         # refusal names the number the client sent (the engine would count both).
         most = services(request).settings.limits.max_items_per_request - 1
         if len(b.inputs.sentences) > most:
-            raise APIError(422, f"inputs.sentences: {len(b.inputs.sentences)} sentences given; at most {most} "
-                           f"per request: with inputs.source_sentence, {most + 1} texts (limits.max_items_per_request)",
-                           "too_many_items", "inputs.sentences")
+            raise refusal(Kind.INVALID_INPUT, f"inputs.sentences: {len(b.inputs.sentences)} sentences given; at "
+                          f"most {most} per request: with inputs.source_sentence, {most + 1} texts "
+                          "(limits.max_items_per_request)", "too_many_items", "inputs.sentences")
         prechecked(request, b.inputs.sentences, "inputs.sentences", True)
 
     body = await read_body(request, TEISimilarityRequest, check)
     params = body.parameters
+    _require(request, "embedding")
     _, info = await vectors.describe(request, None)
     prompt = vectors.prompt_of(info, params.prompt_name if params else None, "parameters.prompt_name")
     texts = [body.inputs.source_sentence, *body.inputs.sentences]
@@ -217,22 +221,44 @@ def _sequences(inputs: Any) -> tuple[list[str | tuple[str, str]], bool]:
     def one(value: Any, where: str) -> str | tuple[str, str]:
         if isinstance(value, list) and len(value) in (1, 2) and all(isinstance(v, str) for v in value):
             return value[0] if len(value) == 1 else (value[0], value[1])
-        raise APIError(422, f"{where}: must be [text] or [text, text]", "invalid_type", where)
+        raise refusal(Kind.INVALID_INPUT, f"{where}: must be [text] or [text, text]", "invalid_type", where)
 
     if isinstance(inputs, str):
         return [inputs], False
     if not isinstance(inputs, list) or not inputs:
-        raise APIError(422, "inputs: must be a text, a pair of texts, or a batch of texts and pairs",
-                       "invalid_type", "inputs")
+        raise refusal(Kind.INVALID_INPUT, "inputs: must be a text, a pair of texts, or a batch of texts and pairs",
+                      "invalid_type", "inputs")
     if isinstance(inputs[0], str):
         return [one(inputs, "inputs")], False
     return [one(v, f"inputs[{i}]") for i, v in enumerate(inputs)], True
 
 
+def _predict_task(request: Request, sequences: list[Any]) -> str:
+    """The task TEI's /predict runs for what was sent: texts are a classifier's, ``[query, document]`` pairs a
+    reranker's (TEI serves one model and hands it either; here each goes to its task's default model)."""
+    pairs = [not isinstance(s, str) for s in sequences]
+    if any(pairs) and not all(pairs):
+        raise refusal(Kind.INVALID_INPUT, "inputs: a batch is texts (for a classifier) or [query, document] pairs "
+                      "(for a reranker), not both", "invalid_type", "inputs")
+    task = "rerank" if pairs[0] else "classification"
+    tasks = {m.task for m in services(request).registry}
+    if task in tasks or None in tasks:
+        return task
+    if "classification" in tasks:
+        raise refusal(Kind.INVALID_INPUT, "inputs: this server's classifier takes single texts, not pairs",
+                      "invalid_type", "inputs")
+    if "rerank" in tasks:
+        raise refusal(Kind.INVALID_INPUT, "inputs: a rerank model scores [query, document] pairs, not single texts",
+                      "invalid_type", "inputs")
+    served = ", ".join(sorted(t for t in tasks if t)) or "no"
+    raise refusal(Kind.WRONG_TASK, f"/predict with inputs serves classification and rerank models; this server "
+                  f"serves {served} models (their routes: /embed, /v1/embeddings)")
+
+
 @tei_errors
 async def tei_predict(request: Request) -> Response:
-    """TEI's predict: each input's labels by score, best first (a classifier's probabilities, or a reranker's
-    pair score under ``LABEL_0``-style label)."""
+    """TEI's predict: each input's labels by score, best first (a classifier's probabilities for texts, or a
+    reranker's pair score under its ``LABEL_0``-style label for pairs)."""
     parsed: dict[str, Any] = {}
 
     def check(b: TEIPredictRequest) -> None:
@@ -243,18 +269,15 @@ async def tei_predict(request: Request) -> Response:
 
     body = await read_body(request, TEIPredictRequest, check)
     sequences, batch = parsed["sequences"], parsed["batch"]
-    served, info = await vectors.describe(request, None, task=None)
-    task = served.task
-    params = body.parameters
+    task = _predict_task(request, sequences)
+    _, info = await vectors.describe(request, None, task=task)
     if task == "classification":
         rows = await _classify(request, body, sequences, batch, info)
-    elif task == "rerank":
-        rows = await _score_pairs(request, body, sequences, batch, info)
     else:
-        raise APIError(404, f"/predict with inputs serves classification and rerank models; this server's model "
-                       f"is an {task} model (its routes: /embed, /v1/embeddings)", "wrong_task")
+        rows = await _score_pairs(request, body, sequences, batch, info)
     if isinstance(rows, Response):
         return rows
+    params = body.parameters
     if params is not None and params.top_k is not None:
         rows = [r[: params.top_k] for r in rows]
     return json_response(rows if batch else rows[0])
@@ -265,8 +288,8 @@ def _applied(params: Any, own: str, raw: bool) -> str | None:
     another activation than the model's own."""
     wanted = params.function_to_apply if params is not None else None
     if wanted is not None and wanted != "none" and wanted != own:
-        raise APIError(422, f"parameters.function_to_apply: this model applies {own}; {wanted} was asked",
-                       "invalid_value", "parameters.function_to_apply")
+        raise refusal(Kind.INVALID_INPUT, f"parameters.function_to_apply: this model applies {own}; {wanted} was "
+                      "asked", "invalid_value", "parameters.function_to_apply")
     if raw:
         return "raw_scores"
     return "parameters.function_to_apply" if wanted == "none" else None
@@ -274,14 +297,12 @@ def _applied(params: Any, own: str, raw: bool) -> str | None:
 
 async def _classify(request: Request, body: TEIPredictRequest, sequences: list[Any], batch: bool,
                     info: dict) -> list[list[dict[str, Any]]] | Response:
-    if any(not isinstance(s, str) for s in sequences):
-        raise APIError(422, "inputs: this classifier takes single texts, not pairs", "invalid_type", "inputs")
     own = "sigmoid" if info.get("multi_label") else "softmax"
     asked = _applied(body.parameters, own, body.raw_scores)
     if asked is not None:
         # The task computes probabilities only: a softmax's logits cannot be recovered from them.
-        raise APIError(422, f"{asked}: asks for logits; a classifier answers probabilities here ({own}: send "
-                       f"function_to_apply {own} or leave it out)", "invalid_value", asked)
+        raise refusal(Kind.INVALID_INPUT, f"{asked}: asks for logits; a classifier answers probabilities here "
+                      f"({own}: send function_to_apply {own} or leave it out)", "invalid_value", asked)
     inputs = vectors.inputs_of(sequences, "", direction(body.truncation_direction), body.truncate)
     result = await run_task(request, inputs, body, "inputs", batch, task="classification")
     if isinstance(result, Response):
@@ -291,19 +312,58 @@ async def _classify(request: Request, body: TEIPredictRequest, sequences: list[A
                    key=lambda r: -r["score"]) for probs in result.outputs]
 
 
+def _pairs(query: str, documents: list[str], truncate: bool | None, side: str) -> list[tuple[str, str]]:
+    """The engine's (query, document) pairs: a document carries the request's truncation choices when it asks
+    for any (core/preprocess.py PairEncoder: ``left`` cuts the document's start; the query is kept whole)."""
+    cut = direction(side)
+    if truncate is None and cut == "right":
+        return [(query, d) for d in documents]
+    return [(query, TextInput(d, direction=cut, truncate=truncate)) for d in documents]
+
+
 async def _score_pairs(request: Request, body: TEIPredictRequest, sequences: list[Any], batch: bool,
                        info: dict) -> list[list[dict[str, Any]]] | Response:
-    if any(isinstance(s, str) for s in sequences):
-        raise APIError(422, "inputs: a rerank model scores [query, document] pairs, not single texts",
-                       "invalid_type", "inputs")
-    for i, (query, _) in enumerate(sequences):
+    pairs = []
+    for i, (query, document) in enumerate(sequences):
         check_query(request, query, f"inputs[{i}][0]" if batch else "inputs[0]")
+        pairs.extend(_pairs(query, [document], body.truncate, body.truncation_direction))
     raw = _applied(body.parameters, "sigmoid", body.raw_scores) is not None
-    result = await run_task(request, list(sequences), body, "inputs", batch, task="rerank")
+    result = await run_task(request, pairs, body, "inputs", batch, task="rerank")
     if isinstance(result, Response):
         return result
     label = (info.get("labels") or ["LABEL_0"])[0]
     return [[{"score": float(o[1] if raw else o[0]), "label": label}] for o in result.outputs]
+
+
+# -- /rerank -----------------------------------------------------------------------------------------------
+
+
+@tei_router.post("/rerank", openapi_extra=request_body(TEIRerankRequest),
+                 responses=tei_responses(_RANKED, *INFERENCE_ERRORS))
+@tei_errors
+async def rerank(request: Request) -> Response:
+    """TEI's rerank: ``{"query", "texts", "raw_scores"?, "return_text"?, "truncate"?, "truncation_direction"?}``
+    → each text's index and score, best first. Each (query, text) pair is one item for the engine."""
+    _require(request, "rerank")
+
+    def check(b: TEIRerankRequest) -> None:
+        check_query(request, b.query)
+        prechecked(request, b.texts, "texts", True)  # each text is an item, named texts[i] when at fault
+
+    body = await read_body(request, TEIRerankRequest, check)
+    pairs = _pairs(body.query, body.texts, body.truncate, body.truncation_direction)
+    result = await run_task(request, pairs, body, "texts", listed=True, task="rerank")
+    if isinstance(result, Response):
+        return result
+    column = 1 if body.raw_scores else 0
+    order = sorted(range(len(body.texts)), key=lambda i: -float(result.outputs[i][column]))
+    out = []
+    for i in order:
+        item: dict[str, Any] = {"index": i, "score": float(result.outputs[i][column])}
+        if body.return_text:
+            item["text"] = body.texts[i]
+        out.append(item)
+    return json_response(out)
 
 
 # -- /tokenize, /decode ------------------------------------------------------------------------------------
@@ -324,10 +384,9 @@ class _Tokenizer:
                 await served.manager.ensure_loaded()
             self.slot = served.manager.pick(None, pin)
         except ModelNotFound as exc:
-            raise APIError(404, exc.message, "model_not_found") from None
+            raise engine_refusal(model_refusal(exc), "model", False) from None
         except ModelNotReady as exc:
-            raise APIError(503, f"the model is not ready ({exc.state})", f"model_{exc.state}",
-                           headers={"Retry-After": "1"}) from None
+            raise engine_refusal(not_ready(exc), "model", False) from None
         try:
             return self._untruncated(), self.slot.info
         except BaseException:
@@ -346,7 +405,7 @@ class _Tokenizer:
         if tok is None:
             own = getattr(self.slot.handler, "tokenizer", None)
             if not isinstance(own, Tokenizer):
-                raise APIError(404, "this model has no tokenizer to show", "no_tokenizer")
+                raise refusal(Kind.WRONG_TASK, "this model has no tokenizer to show", "no_tokenizer")
             tok = Tokenizer.from_str(own.to_str())
             tok.no_truncation()
             tok.no_padding()
@@ -411,18 +470,19 @@ def _id_lists(request: Request, ids: Any, vocab: int, raw: bytes) -> tuple[list[
     lists = ids if batch else [ids]
     limit = services(request).settings.limits.max_items_per_request
     if not isinstance(ids, list) or not ids:
-        raise APIError(422, "ids: must be a non-empty list of token ids, or a list of such lists", "empty_input",
-                       "ids")
+        raise refusal(Kind.INVALID_INPUT, "ids: must be a non-empty list of token ids, or a list of such lists",
+                      "empty_input", "ids")
     if len(lists) > limit:
-        raise APIError(422, f"ids: {len(lists)} id lists given; at most {limit} per request", "too_many_items", "ids")
+        raise refusal(Kind.INVALID_INPUT, f"ids: {len(lists)} id lists given; at most {limit} per request",
+                      "too_many_items", "ids")
     for i, row in enumerate(lists):
         where = f"ids[{i}]" if batch else "ids"
         if not isinstance(row, list) or not row:
-            raise APIError(422, f"{where}: must be a non-empty list of token ids", "empty_input", where)
+            raise refusal(Kind.INVALID_INPUT, f"{where}: must be a non-empty list of token ids", "empty_input", where)
         for j, v in enumerate(row):
             if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < vocab:
-                raise APIError(422, f"{where}[{j}]: {_as_sent(raw, batch, i, j, v)} is not a token id of this "
-                               f"model (0..{vocab - 1})", "invalid_value", f"{where}[{j}]")
+                raise refusal(Kind.INVALID_INPUT, f"{where}[{j}]: {_as_sent(raw, batch, i, j, v)} is not a token id "
+                              f"of this model (0..{vocab - 1})", "invalid_value", f"{where}[{j}]")
     return lists, batch
 
 
@@ -456,7 +516,7 @@ async def root(request: Request) -> Response:
     if task == "classification":
         return await tei_predict(request)
     if task == "rerank":
-        return await rerank_tei(request)
+        return await rerank(request)
     raw = await request.body()
     try:
         data = orjson.loads(raw) if raw.strip() else None
