@@ -3,7 +3,9 @@
 No weights: each text's vector is a function of the text (``vector_for``), so a test can check every
 answer. Each batch takes ``$LIFECYCLE_DELAY_S`` seconds (default 0.3), which keeps requests in flight
 long enough to send a signal among them; a batch holding a text that starts with ``stall`` takes
-``$LIFECYCLE_STALL_S`` (default 120) instead: a request still stuck when the drain times out.
+``$LIFECYCLE_STALL_S`` (default 120) instead: a request still stuck when the drain times out. While the file
+``$LIFECYCLE_HOLD_FILE`` names exists, every batch waits for it to go (at most the stall time): the worker is
+held, so a test knows its requests are still waiting when it changes the model under them.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ class SlowHandler:
         self.name, self.version = spec.name, spec.version
         self.delay = float(os.environ.get("LIFECYCLE_DELAY_S", "0.3"))
         self.stall = float(os.environ.get("LIFECYCLE_STALL_S", "120"))
+        self.hold = os.environ.get("LIFECYCLE_HOLD_FILE")
 
     def preprocess(self, texts: list[str]) -> list[Encoded]:
         # One "token" per character, so infer can recover the text.
@@ -46,6 +49,9 @@ class SlowHandler:
 
     def infer(self, batch: list[Encoded]) -> list[str]:
         texts = ["".join(map(chr, enc.ids)) for enc in batch]
+        held_until = time.monotonic() + self.stall
+        while self.hold and os.path.exists(self.hold) and time.monotonic() < held_until:
+            time.sleep(0.01)
         time.sleep(self.stall if any(t.startswith("stall") for t in texts) else self.delay)
         return texts
 

@@ -23,10 +23,12 @@ import pytest
 import torch
 import yaml
 from conftest import ROOT, Server, metric_value, start_server, wait_for
-from prompted import add_prompts, sentence_transformer
+from lifecycle_fakes import vector_for
+from prompted import add_matryoshka_card, add_prompts, sentence_transformer
 from tinymodel import write_st_v6, write_tiny_bert
 
 from inferd.config import load_settings
+from inferd.core import quantize
 from inferd.core.loading import load_handler
 from inferd.core.manager import ModelManager
 from inferd.core.spec import ModelSpec
@@ -322,6 +324,68 @@ def test_canary_sticky_keys_pinning_promote_and_rollback(
     assert client.post("/admin/models/rollback", headers=ADMIN).json()["active"]["version"] == "v2"
     assert {predict(client).headers["X-Model-Version"] for _ in range(10)} == {"v2"}
     assert client.post("/admin/models/rollback", headers=ADMIN).status_code == 409
+
+
+def test_a_canary_s_answer_is_shaped_by_the_canary_s_own_description(
+        client: httpx.Client, tiny_model: Path, models_root: Path) -> None:
+    """Issue 28: the canary, unnormalised, with prompts (a default one) and Matryoshka sizes, answers every
+    request beside an active model that normalises and has no prompts: its prompt is the one tokenised, and its
+    vectors are cut without renormalising, on the OpenAI and Cohere routes alike."""
+    folder = add_matryoshka_card(add_prompts(write_tiny_bert(models_root / "prompted-raw", seed=4, normalize=False),
+                                             default="query"))
+    st = sentence_transformer(folder)
+    ensure_active(client, tiny_model, "v1")
+    r = client.post("/admin/models/canary", json={"path": str(folder), "version": "raw", "weight": 1.0,
+                                                  "force": True}, headers=ADMIN)
+    assert r.status_code == 200, r.text
+    try:
+        openai = client.post("/v1/embeddings", json={"input": [TEXT], "dimensions": 16})
+        assert openai.status_code == 200 and openai.headers["X-Model-Version"] == "raw", openai.text
+        np.testing.assert_allclose(openai.json()["data"][0]["embedding"], st.encode([TEXT])[0][:16], atol=1e-5)
+        cohere = client.post("/v2/embed", json={"texts": [TEXT], "input_type": "search_document",
+                                                "embedding_types": ["float"], "output_dimension": 8})
+        assert cohere.status_code == 200 and cohere.headers["X-Model-Version"] == "raw", cohere.text
+        np.testing.assert_allclose(cohere.json()["embeddings"]["float"][0],
+                                   st.encode([TEXT], prompt_name="document")[0][:8], atol=1e-5)
+    finally:
+        assert client.post("/admin/models/rollback", headers=ADMIN).status_code == 200
+
+
+def test_cohere_int8_and_uint8_computed_before_a_reload_are_answered_after_it(serve: Any, tmp_path: Path) -> None:
+    """Issue 28: requests held in the worker across a hot reload get their int8/uint8 answers, with the ranges
+    of the model that computed them (they were answered 404 for a version no longer served, or 503)."""
+    hold = tmp_path / "hold"
+    hold.touch()
+    server = serve({"INFERD__MODEL__TASK": "lifecycle_fakes:SlowHandler", "INFERD__MODEL__PATH": str(tmp_path),
+                    "INFERD__MODEL__ROOT": str(tmp_path), "INFERD__MODEL__VERSION": "v10", "INFERD__MODEL__NAME": "x",
+                    "INFERD__SERVER__ADMIN_KEY": "admin-secret", "INFERD__BATCHING__MAX_BATCH_SIZE": "8",
+                    "LIFECYCLE_DELAY_S": "0", "LIFECYCLE_HOLD_FILE": str(hold)}, wait="/health/ready")
+    kinds = {f"text {i}": ("int8", "uint8")[i % 2] for i in range(40)}
+    answers: dict[str, httpx.Response] = {}
+
+    def one(text: str) -> None:
+        with server.client(timeout=60) as c:
+            answers[text] = c.post("/v2/embed", json={"texts": [text], "embedding_types": [kinds[text]]})
+
+    threads = [threading.Thread(target=one, args=(t,)) for t in kinds]
+    for t in threads:
+        t.start()
+    wait_for(lambda: metric(server, "inferd_requests_in_flight") == len(kinds), what="every request held")
+    with server.client() as c:
+        r = c.post("/admin/models/reload", json={"path": str(tmp_path), "version": "v11"}, headers=ADMIN)
+        assert r.status_code == 200, r.text
+        hold.unlink()
+        for t in threads:
+            t.join(60)
+        calibration = [vector_for(t) for t in quantize.calibration_texts(None) if t.strip()]
+        ranges = quantize.ranges_of(np.array(calibration, dtype=np.float32))
+        for text, kind in kinds.items():
+            got = answers[text]
+            assert got.status_code == 200 and got.headers["X-Model-Version"] == "v10", got.text
+            expected = quantize.quantize(np.array([vector_for(text)], dtype=np.float32), kind, ranges)
+            assert got.json()["embeddings"][kind] == expected.tolist()
+        after = c.post("/v2/embed", json={"texts": ["after"], "embedding_types": ["int8"]})
+        assert after.status_code == 200 and after.headers["X-Model-Version"] == "v11", after.text
 
 
 # -- SIGHUP and a reload while another is in progress -----------------------------------------------------

@@ -12,8 +12,10 @@ from tokenizers import Tokenizer, pre_tokenizers, processors
 from tokenizers.models import WordLevel
 
 from inferd.core.admission import wrong_dimensions
-from inferd.core.errors import ModelLoadError
+from inferd.core.errors import EngineError, ModelLoadError
 from inferd.core.preprocess import InputError, TextEncoder, TextInput, check_texts
+from inferd.core.prompts import Prompt, prompt_text, prompted
+from inferd.core.slots import ModelDescription
 from inferd.core.tasks.embedding import card_matryoshka, matryoshka
 from inferd.core.tasks.st_folder import read_folder
 
@@ -135,13 +137,33 @@ def test_matryoshka_sizes_come_from_the_setting_else_the_model_card(tmp_path: Pa
 
 
 def test_the_size_rule_allows_the_models_own_and_its_matryoshka_sizes() -> None:
-    assert wrong_dimensions({"dimension": 32}, 32) is None
-    refused = wrong_dimensions({"dimension": 32}, 16)
+    def described(matryoshka: tuple[int, ...] | str | None = None) -> ModelDescription:
+        return ModelDescription("m", "v1", 1, "/m", "embedding", dimension=32, matryoshka_dimensions=matryoshka)
+
+    assert wrong_dimensions(described(), 32) is None
+    refused = wrong_dimensions(described(), 16)
     assert refused is not None and refused.field == "dimensions" and "no Matryoshka sizes" in refused.message
-    listed = {"dimension": 32, "matryoshka_dimensions": [8, 16, 32]}
+    listed = described((8, 16, 32))
     assert wrong_dimensions(listed, 16) is None
     refused = wrong_dimensions(listed, 12)
     assert refused is not None and "[8, 16]" in refused.message
-    anything = {"dimension": 32, "matryoshka_dimensions": "any"}
+    anything = described("any")
     assert wrong_dimensions(anything, 1) is None and wrong_dimensions(anything, 31) is None
     assert wrong_dimensions(anything, 33) is not None
+
+
+def test_the_prompt_is_the_described_model_s_own() -> None:
+    """core/prompts.py: a name, the default, Cohere's input type (by the operator's mapping, else the built-in
+    names; an input type with no prompt gets none), and an unknown name refused under the request's field."""
+    prompts = {"query": "query: ", "passage": "passage: "}
+    d = ModelDescription("m", "v1", 1, "/m", "embedding", prompts=prompts, default_prompt_name="query")
+    assert prompt_text(d, Prompt(), {}) == "query: " and prompt_text(d, Prompt("passage"), {}) == "passage: "
+    assert prompt_text(d, Prompt(input_type="search_document"), {}) == "passage: "
+    assert prompt_text(d, Prompt(input_type="clustering"), {}) == ""
+    assert prompt_text(d, Prompt(input_type="clustering"), {"clustering": "query"}) == "query: "
+    with pytest.raises(EngineError) as caught:
+        prompt_text(d, Prompt(input_type="classification", field="input_type"), {"classification": "nope"})
+    assert caught.value.field == "input_type" and 'Available prompts: ["passage","query"]' in caught.value.message
+    assert prompt_text(ModelDescription("m", "v1", 1, "/m", "embedding"), Prompt(), {}) == ""
+    assert prompted(["a", TextInput("b", direction="left")], "q: ") == ["q: a", "q: b"]
+    assert prompted(["a", TextInput("b", direction="left")], "q: ")[1].direction == "left"

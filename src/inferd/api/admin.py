@@ -70,8 +70,9 @@ _OBJECT = raw_body("application/json", {"type": "object"})
 
 
 def _describe(slot: ModelSlot) -> dict[str, Any]:
-    return {"model": slot.spec.name,
-            **{k: slot.info.get(k) for k in ("name", "version", "path", "task", "dimension", "load_seconds")}}
+    d = slot.description
+    return {"model": slot.spec.name, "name": d.name, "version": d.version, "path": d.path, "task": d.task,
+            "dimension": d.dimension, "load_seconds": d.load_seconds}
 
 
 def _served(request: Request, name: str | None) -> ServedModel:

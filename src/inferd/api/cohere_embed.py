@@ -3,7 +3,8 @@
 The bodies and answers are the SDK's (cohere/v2/raw_client.py, cohere/types/embed_*response*.py): v1 without
 ``embedding_types`` answers ``embeddings_floats`` (a list of vectors), with them, and v2 always, answers
 ``embeddings_by_type`` (an object with one list per type asked: float, int8, uint8, binary, ubinary, base64).
-``input_type`` picks the model's prompt (api/vectors.py input_type_prompt); ``truncate`` NONE refuses texts over
+``input_type`` picks the model's prompt (core/prompts.py, on the model load that runs the request; int8 and
+uint8 take their ranges from that load too); ``truncate`` NONE refuses texts over
 the limit, START cuts their start, END their end; ``output_dimension`` is a Matryoshka size the model declares;
 ``model`` is a served model's name, as on every route; Cohere's ``priority`` (lower first) runs at -priority.
 """
@@ -27,9 +28,12 @@ from inferd.api.schemas import request_body, responses
 from inferd.api.services import inference_auth
 from inferd.core import quantize
 from inferd.core.preprocess import Direction
+from inferd.core.prompts import Prompt
 
 cohere_router = APIRouter(dependencies=[Depends(inference_auth)])  # the inference keys, as api/routes.py
 
+# The engine's field names in Cohere's terms.
+_FIELDS = {"dimensions": "output_dimension"}
 _TRUNCATE: dict[str | None, tuple[Direction, bool | None]] = {
     None: ("right", None), "END": ("right", True), "START": ("left", True), "NONE": ("right", False)}
 
@@ -56,18 +60,17 @@ def _check(request: Request, body: CohereEmbedRequest) -> None:
 async def _embed(request: Request, version: int) -> Response:
     require_task(request, "embedding")
     body = await read_body(request, CohereEmbedRequest, lambda b: _check(request, b))
-    served, info = await vectors.describe(request, body.model)
-    vectors.check_dimensions(info, body.output_dimension, "output_dimension")
-    prompt = vectors.input_type_prompt(served, info, body.input_type)
     side, truncate = _TRUNCATE[body.truncate]
-    inputs = vectors.inputs_of(body.texts, prompt, side, truncate, body.max_tokens)
+    inputs = vectors.inputs_of(body.texts, "", side, truncate, body.max_tokens)
     engine_body = _EngineBody(-body.priority, body.timeout_ms, body.model)
+    types = list(dict.fromkeys(body.embedding_types or ["float"]))
     result = await run_task(request, inputs, engine_body, "texts", True, task="embedding",
-                            dimensions=body.output_dimension)
+                            dimensions=body.output_dimension, prompt=Prompt(input_type=body.input_type,
+                                                                            field="input_type"),
+                            calibrate=bool({"int8", "uint8"} & set(types)), fields=_FIELDS)
     if isinstance(result, Response):
         return result
-    v = vectors.shaped(result, info, body.output_dimension)
-    types = list(dict.fromkeys(body.embedding_types or ["float"]))
+    v = vectors.vectors_of(result, body.output_dimension)
     by_type: dict[str, Any] = {}
     for kind in types:
         if kind == "float":
@@ -75,7 +78,7 @@ async def _embed(request: Request, version: int) -> Response:
         elif kind == "base64":
             by_type["base64"] = quantize.as_base64(v)
         elif kind in ("int8", "uint8"):
-            ranges = await vectors.ranges_for(request, result, info, body.output_dimension, engine_body)
+            ranges = vectors.ranges_for(result, body.output_dimension)
             by_type[kind] = quantize.quantize(v, kind, ranges).astype(np.int16)
         else:
             by_type[kind] = quantize.quantize(v, kind).astype(np.int16)

@@ -7,6 +7,7 @@ the rerank and classification shapes) build on these and never on each other.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from fastapi import Request
@@ -16,6 +17,7 @@ from inferd.api.errors import APIError, engine_refusal
 from inferd.api.middleware import context
 from inferd.api.services import services
 from inferd.core.errors import ClientGone, EngineError
+from inferd.core.prompts import Prompt
 from inferd.core.registry import ModelNotFound
 from inferd.core.work import TaskResult
 
@@ -70,22 +72,20 @@ def task_of(request: Request, model: str | None) -> str:
 
 
 def labels_of(request: Request, result: TaskResult) -> list[str]:
-    """The labels of the model that computed the result (its active or canary slot, by version)."""
-    served = services(request).registry.get(result.model)
-    for _, slot in served.manager.slots() if served is not None else []:
-        if slot.version == result.version:
-            return list(slot.info["labels"])
-    raise APIError(503, "the model that answered was unloaded meanwhile; retry", "model_unloaded",
-                   headers={"Retry-After": "1"})
+    """The labels of the model load that computed the result (a canary's own, a model switched out since)."""
+    return list(result.description.labels or ())
 
 
 async def run_task(request: Request, texts: list[Any], body: Any, field: str, listed: bool,
-                   task: str | None = None, dimensions: int | None = None) -> TaskResult | Response:
+                   task: str | None = None, dimensions: int | None = None, prompt: Prompt | None = None,
+                   calibrate: bool = False, fields: Mapping[str, str] | None = None) -> TaskResult | Response:
     """Hand a request's inputs to the engine; its refusals in the error shape, 499 for a client gone.
 
     ``field`` is the request field holding the inputs: an input at fault is named ``field[i]``.
-    ``dimensions`` is the embedding size the client asked for (OpenAI's field), refused by the engine
-    unless the model produces it.
+    ``dimensions`` is the embedding size the client asked for, refused by the engine unless the model
+    produces it; ``prompt`` the prompt the texts get on the model that runs them; ``calibrate`` asks for the
+    int8/uint8 calibration vectors with the result. ``fields`` renames the engine's fields into the route's
+    (Cohere's ``dimensions`` is ``output_dimension``).
     """
     s = services(request)
     if s.settings.server.log_inputs:
@@ -94,11 +94,13 @@ async def run_task(request: Request, texts: list[Any], body: Any, field: str, li
     try:
         result = await s.engine.run(
             texts, priority=body.priority, timeout_ms=body.timeout_ms, model=getattr(body, "model", None), task=task,
-            dimensions=dimensions, routing_key=request.headers.get("x-routing-key"),
+            dimensions=dimensions, prompt=prompt, calibrate=calibrate, routing_key=request.headers.get("x-routing-key"),
             disconnected=lambda: _disconnected(request))
     except EngineError as exc:
         if exc.model is not None:
             context(request.scope)["model"] = exc.model
+        if fields and exc.field in fields:
+            exc.field = fields[exc.field]
         raise engine_refusal(exc, field, listed, s.metrics) from None
     except ClientGone:
         return Response(status_code=499)

@@ -40,6 +40,7 @@ from inferd.api.schemas import (
 )
 from inferd.api.services import inference_auth, services
 from inferd.api.tei_routes import is_tei_predict, tei_info, tei_predict
+from inferd.core.prompts import Prompt
 from inferd.core.registry import ServedModel
 
 # Inference, and what is served (/v1/models, /info): the inference keys, checked once for the whole router.
@@ -110,14 +111,13 @@ async def embeddings(request: Request) -> Response:
     body = await read_body(request, EmbeddingsRequest, lambda b: _check_input(request, b))
     listed = isinstance(body.input, list)
     texts = body.input if listed else [body.input]
-    # The model's default prompt (as sentence-transformers' encode), and a Matryoshka size cut here.
-    _, described = await vectors.describe(request, body.model)
-    texts = vectors.inputs_of(texts, vectors.prompt_of(described, None))
-    result = await run_task(request, texts, body, "input", listed, task="embedding",
-                            dimensions=body.dimensions)
+    # The default prompt of the model that runs it (as sentence-transformers' encode), and a Matryoshka size cut
+    # here by that model's normalisation.
+    result = await run_task(request, texts, body, "input", listed, task="embedding", dimensions=body.dimensions,
+                            prompt=Prompt())
     if isinstance(result, Response):
         return result
-    outputs = result.outputs if body.dimensions is None else vectors.shaped(result, described, body.dimensions)
+    outputs = result.outputs if body.dimensions is None else vectors.vectors_of(result, body.dimensions)
     if body.encoding_format == "base64":
         data = [{"object": "embedding", "index": i,
                  "embedding": base64.b64encode(np.asarray(v, dtype="<f4").tobytes()).decode("ascii")}

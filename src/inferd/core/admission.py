@@ -17,19 +17,22 @@ import asyncio
 import logging
 import random
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from typing import Any
 
+import numpy as np
 import orjson
 
 from inferd.config import Settings
+from inferd.core import quantize
 from inferd.core.batcher import BatchQueue, QueueClosed, QueueFull
 from inferd.core.errors import ClientGone, EngineError, Kind, deadline_passed
 from inferd.core.manager import ModelNotReady
 from inferd.core.preprocess import InputError, check_texts
+from inferd.core.prompts import Prompt, prompt_text, prompted
 from inferd.core.registry import ModelNotFound, ModelRegistry, ServedModel
 from inferd.core.shadow import SHADOW_PRIORITY, SHADOW_TIMEOUT_S, Shadow, shadow_lane, shadow_policy
-from inferd.core.slots import ModelSlot
+from inferd.core.slots import ModelDescription, ModelSlot
 from inferd.core.work import Failure, Outcome, TaskResult, Ticket, WorkItem
 from inferd.utils import tracing
 from inferd.utils.logger import request_id_var
@@ -54,19 +57,19 @@ def input_refusal(exc: InputError) -> EngineError:
     return EngineError(kind, exc.message, exc.code, index=exc.index)
 
 
-def wrong_dimensions(info: Mapping[str, Any], dimensions: int) -> EngineError | None:
+def wrong_dimensions(description: ModelDescription, dimensions: int) -> EngineError | None:
     """``dimensions`` (OpenAI's, TEI's; Cohere's output_dimension) the model cannot give: its own size, or a
-    smaller one its description allows (``matryoshka_dimensions``: a list, or ``any``); the routes cut the
+    smaller one its description allows (``matryoshka_dimensions``: sizes, or ``any``); the routes cut the
     vectors (core/quantize.py), so the result cache keeps full vectors."""
-    dimension = info.get("dimension")
+    dimension = description.dimension
     if dimension is None or dimensions == dimension:
         return None
-    allowed = info.get("matryoshka_dimensions")
-    if (allowed == "any" and 0 < dimensions < dimension) or (isinstance(allowed, list) and dimensions in allowed):
+    allowed = description.matryoshka_dimensions
+    if (allowed == "any" and 0 < dimensions < dimension) or (isinstance(allowed, tuple) and dimensions in allowed):
         return None
     if allowed == "any":
         also = f", or any size from 1 to {dimension} (Matryoshka)"
-    elif isinstance(allowed, list) and [d for d in allowed if d != dimension]:
+    elif isinstance(allowed, tuple) and [d for d in allowed if d != dimension]:
         also = f", or one of {[d for d in allowed if d != dimension]} (Matryoshka)"
     else:
         also = " (it declares no Matryoshka sizes: model.matryoshka_dimensions)"
@@ -145,11 +148,14 @@ class Admission:
 
     async def run(self, inputs: list[Any], *, priority: int = 0, timeout_ms: float | None = None,
                   routing_key: str | None = None, model: str | None = None, task: str | None = None,
-                  dimensions: int | None = None, disconnected: Disconnected | None = None) -> TaskResult:
+                  dimensions: int | None = None, prompt: Prompt | None = None, calibrate: bool = False,
+                  disconnected: Disconnected | None = None) -> TaskResult:
         """One request's inputs (texts, or (query, document) pairs) through the model, one result each.
 
-        ``task`` refuses a model of another task, ``dimensions`` an embedding model of another size: both
-        are known from the picked model's description, before any work.
+        ``task`` refuses a model of another task, ``dimensions`` an embedding model of another size, and
+        ``prompt`` names a prompt of the model's (None: no prompt): all are read from the description of the
+        slot picked to run the request, before any work. ``calibrate``: the result carries that load's int8/uint8
+        calibration vectors too.
         """
         if self.draining:
             raise EngineError(Kind.DRAINING, "the server is draining; retry on another instance")
@@ -163,14 +169,15 @@ class Admission:
             raise model_refusal(exc) from None
         try:
             return await self._run_model(served, pin, inputs, priority, timeout_ms, routing_key, task, dimensions,
-                                         disconnected)
+                                         prompt, calibrate, disconnected)
         except EngineError as exc:
             exc.model = served.name  # the request metrics' label: the model that refused it
             raise
 
     async def _run_model(self, served: ServedModel, pin: str | None, inputs: list[Any], priority: int,
                          timeout_ms: float | None, routing_key: str | None, task: str | None,
-                         dimensions: int | None, disconnected: Disconnected | None) -> TaskResult:
+                         dimensions: int | None, prompt: Prompt | None, calibrate: bool,
+                         disconnected: Disconnected | None) -> TaskResult:
         batching = served.settings.batching
         if priority > batching.max_priority:
             raise EngineError(Kind.INVALID_INPUT, f"priority {priority} is above the highest allowed here, "
@@ -187,13 +194,19 @@ class Admission:
             if task is not None and slot.task != task:
                 raise EngineError(Kind.MODEL_NOT_FOUND, f"model {served.name!r} is a {slot.task} model, not a "
                                   f"{task} model", field="model")
-            refusal = None if dimensions is None else wrong_dimensions(slot.info, dimensions)
+            refusal = None if dimensions is None else wrong_dimensions(slot.description, dimensions)
             if refusal is not None:
                 raise refusal  # known before any work: refuse now rather than compute in vain
+            if prompt is not None:
+                # The prompt of the slot that runs (a canary's own), prepended before tokenisation.
+                inputs = prompted(inputs, prompt_text(slot.description, prompt,
+                                                      served.settings.model.input_type_prompts))
             if served.cache is None:
                 result = await self._run_on(served, slot, inputs, priority, timeout_ms, disconnected)
             else:
                 result = await self._run_cached(served, slot, inputs, priority, timeout_ms, disconnected)
+            if calibrate:
+                result.calibration = await self._calibration(served, slot, priority, timeout_ms)
             # While the slot is held: its version's series cannot have been removed (slot freed) under us.
             self.metrics.version_requests.labels(served.name, slot.version).inc()
             self.metrics.task_items.labels(served.name, slot.task).inc(len(inputs))
@@ -369,7 +382,7 @@ class Admission:
         if ticket.error is not None:
             raise ticket.error
         return TaskResult(
-            outputs=ticket.results, tokens=[e.tokens for e in encoded], model=slot.spec.name, version=version,
+            outputs=ticket.results, tokens=[e.tokens for e in encoded], description=slot.description,
             timings={"preprocess_ms": pre_s * 1e3, "queue_ms": ticket.queue_s * 1e3,
                      "inference_ms": ticket.infer_s * 1e3, "postprocess_ms": ticket.post_s * 1e3,
                      "batch_size": ticket.batch_size, "items": len(encoded)})
@@ -385,7 +398,7 @@ class Admission:
         keys = [getattr(t, "cache_key", t) if isinstance(t, str) else orjson.dumps(t).decode() for t in inputs]
         hits = cache.lookup(slot.load_id, keys)
         todo = [i for i in range(len(inputs)) if i not in hits]
-        fresh = TaskResult([], [], slot.spec.name, slot.version, {"batch_size": 0, "items": 0})
+        fresh = TaskResult([], [], slot.description, {"batch_size": 0, "items": 0})
         if todo:
             try:
                 fresh = await self._run_on(served, slot, [inputs[i] for i in todo], priority, timeout_ms,
@@ -402,7 +415,39 @@ class Admission:
         for j, i in enumerate(todo):
             outputs[i], tokens[i] = fresh.outputs[j], fresh.tokens[j]
         timings = {**fresh.timings, "items": len(inputs), "cache_hits": len(hits)}
-        return TaskResult(outputs, tokens, fresh.model, fresh.version, timings)
+        return TaskResult(outputs, tokens, slot.description, timings)
+
+    # -- int8 / uint8 calibration ------------------------------------------------------------------------
+
+    async def _calibration(self, served: ServedModel, slot: ModelSlot, priority: int,
+                           timeout_ms: float | None) -> np.ndarray:
+        """The int8/uint8 calibration vectors of this very load, measured the first time a request asks and
+        kept on the slot. Measured while the asking request holds the slot, so a request computed just before a
+        switch still gets the ranges of the model that computed it (not a 404 or a 503 for a version gone)."""
+        future = slot.calibration
+        if future is None or (future.done() and (future.cancelled() or future.exception() is not None)):
+            # A failed measure is tried again by the next request; its own error reaches the waiters.
+            future = slot.calibration = asyncio.ensure_future(
+                self._calibrate(served, slot.acquire(), priority, timeout_ms))
+            future.add_done_callback(lambda f: f.cancelled() or f.exception())
+        return await asyncio.shield(future)
+
+    async def _calibrate(self, served: ServedModel, slot: ModelSlot, priority: int,
+                         timeout_ms: float | None) -> np.ndarray:
+        """The calibration texts (``model.calibration_file``, else a built-in multilingual set) as they are (no
+        prompt), through the queue on ``slot``, whose reference this task holds until it is done."""
+        try:
+            settings = served.settings
+            limit = settings.limits.max_chars_per_text
+            texts = [t[:limit] for t in quantize.calibration_texts(settings.model.calibration_file) if t.strip()]
+            step = min(settings.limits.max_items_per_request, self.queue.max_queue(served.name))
+            out: list[Any] = []
+            for start in range(0, len(texts), step):
+                got = await self._run_on(served, slot, texts[start: start + step], priority, timeout_ms, None)
+                out.extend(got.outputs)
+            return np.vstack([np.asarray(v, dtype=np.float32) for v in out])
+        finally:
+            slot.release()
 
     async def _wait(self, ticket: Ticket, items: list[WorkItem], deadline: float,
                     disconnected: Disconnected | None, lane: str) -> None:

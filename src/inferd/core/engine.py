@@ -24,6 +24,7 @@ from inferd.core.cache import ResultCache
 from inferd.core.errors import ModelLoadError
 from inferd.core.loading import load_handler
 from inferd.core.manager import ModelManager, ModelNotReady, ReloadInProgress
+from inferd.core.prompts import Prompt
 from inferd.core.registry import ModelRegistry, ServedModel
 from inferd.core.slots import ModelSlot
 from inferd.core.spec import ModelSpec
@@ -83,11 +84,6 @@ class InferenceEngine:
         first = self.registry.first()
         assert first is not None, "a server serves at least one model"
         return first.manager
-
-    @property
-    def cache(self) -> ResultCache | None:
-        first = self.registry.first()
-        return first.cache if first is not None else None
 
     def slots(self) -> list[tuple[str, str, ModelSlot]]:
         """Every served slot of every model: (model name, role, slot)."""
@@ -214,13 +210,13 @@ class InferenceEngine:
 
     async def run(self, inputs: list[Any], *, priority: int = 0, timeout_ms: float | None = None,
                   routing_key: str | None = None, model: str | None = None, task: str | None = None,
-                  dimensions: int | None = None,
+                  dimensions: int | None = None, prompt: Prompt | None = None, calibrate: bool = False,
                   disconnected: Callable[[], Awaitable[Any]] | None = None) -> TaskResult:
-        """One request's inputs through the model it names (or its task's default), one result each."""
+        """One request's inputs through the model it names (or its task's default), one result each, with the
+        description of the model load that computed them (core/admission.py Admission.run)."""
         return await self.admission.run(inputs, priority=priority, timeout_ms=timeout_ms, routing_key=routing_key,
-                                        model=model, task=task, dimensions=dimensions, disconnected=disconnected)
-
-    embed = run  # the name the embedding tests know
+                                        model=model, task=task, dimensions=dimensions, prompt=prompt,
+                                        calibrate=calibrate, disconnected=disconnected)
 
     def precheck(self, inputs: Any) -> list[Any]:
         """The checks that need no model (types, emptiness, counts, lengths), for the HTTP layer to run early."""

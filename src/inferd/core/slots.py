@@ -13,7 +13,9 @@ from __future__ import annotations
 import itertools
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 import torch
@@ -26,22 +28,81 @@ log = logging.getLogger(__name__)
 _load_ids = itertools.count(1)
 
 
-def describe_model(handler: Handler, spec: ModelSpec, task: str, load_seconds: float, pads: bool) -> dict[str, Any]:
-    """What is served, as /info, /v1/models, the admin API and the metrics show it: built once per load.
+# The description's typed fields, by the name the dict form (/info, the reload rules) gives them.
+_TASK_FIELDS = ("dimension", "matryoshka_dimensions", "prompts", "default_prompt_name", "labels")
+_COMMON = ("name", "version", "path", "task", "max_seq_length", "device", "dtype", "backend", "quantize",
+           "backend_info", "load_seconds", "pads")
 
-    The one place a handler's optional attributes get their defaults (a plug-in handler may have no
-    ``backend``, ``dtype``, ``quantize`` or ``backend_info``). The task's own facts (an embedding's size and
-    pooling, a classifier's labels) sit beside the common ones, which they cannot override.
+
+@dataclass(frozen=True, slots=True)
+class ModelDescription:
+    """What one model load is, built once when it is loaded and never read from the handler again.
+
+    Every reader takes it from here: /info, /v1/models, the admin API, the metrics, and the routes, which
+    shape an answer with the description that travels with the result (core/work.py TaskResult), so an answer
+    computed by a canary is shaped by the canary's prompts, normalisation and labels. ``prompts`` is None for
+    a task without prompts; ``facts`` holds the task's other facts (an embedding's Dense layers and similarity,
+    a classifier's multi_label, a reranker's activation, a plug-in's own), shown as they are.
     """
-    return {
-        "pooling": getattr(handler, "pooling", None), "normalize": getattr(handler, "normalize", None),
-        **describe(handler),
-        "name": spec.name, "version": spec.version, "path": str(spec.path), "task": task,
-        "max_seq_length": getattr(handler, "max_seq_length", None),
-        "device": str(getattr(handler, "device", "")), "dtype": getattr(handler, "dtype", None),
-        "backend": getattr(handler, "backend", "torch"), "quantize": getattr(handler, "quantize", "none"),
-        "backend_info": getattr(handler, "backend_info", None),
-        "load_seconds": round(load_seconds, 3), "pads": pads}
+
+    name: str
+    version: str
+    load_id: int
+    path: str
+    task: str
+    dimension: int | None = None
+    normalize: bool | None = None
+    pooling: str | None = None
+    prompts: Mapping[str, str] | None = None
+    default_prompt_name: str | None = None
+    matryoshka_dimensions: tuple[int, ...] | str | None = None  # sizes, "any", or None
+    labels: tuple[str, ...] | None = None
+    max_seq_length: int | None = None
+    device: str = ""
+    dtype: str | None = None
+    backend: str = "torch"
+    quantize: str = "none"
+    backend_info: Mapping[str, Any] | None = None
+    load_seconds: float = 0.0
+    pads: bool = True
+    facts: Mapping[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, handler: Handler, spec: ModelSpec, load_id: int, task: str, load_seconds: float,
+           pads: bool) -> ModelDescription:
+        """The one place a handler's optional attributes get their defaults (a plug-in handler may have no
+        ``backend``, ``dtype``, ``quantize`` or ``backend_info``). The task's own facts cannot override the
+        common ones."""
+        told = {k: v for k, v in describe(handler).items() if k not in _COMMON}
+        matryoshka = told.pop("matryoshka_dimensions", None)
+        prompts, labels = told.pop("prompts", None), told.pop("labels", None)
+        dimension = told.pop("dimension", None)
+        return cls(
+            name=spec.name, version=spec.version, load_id=load_id, path=str(spec.path), task=task,
+            dimension=None if dimension is None else int(dimension),
+            normalize=told.pop("normalize", getattr(handler, "normalize", None)),
+            pooling=told.pop("pooling", getattr(handler, "pooling", None)),
+            prompts=None if prompts is None else MappingProxyType(dict(prompts)),
+            default_prompt_name=told.pop("default_prompt_name", None),
+            matryoshka_dimensions=tuple(matryoshka) if isinstance(matryoshka, list | tuple) else matryoshka,
+            labels=None if labels is None else tuple(labels),
+            max_seq_length=getattr(handler, "max_seq_length", None), device=str(getattr(handler, "device", "")),
+            dtype=getattr(handler, "dtype", None), backend=getattr(handler, "backend", "torch"),
+            quantize=getattr(handler, "quantize", "none"), backend_info=getattr(handler, "backend_info", None),
+            load_seconds=round(load_seconds, 3), pads=pads, facts=MappingProxyType(told))
+
+    def as_dict(self) -> dict[str, Any]:
+        """The description as /info, the admin API and the reload rules (a handler's ``incompatibility``)
+        read it: the task's facts it has, then the common ones."""
+        task = {k: getattr(self, k) for k in _TASK_FIELDS if getattr(self, k) is not None}
+        if isinstance(self.matryoshka_dimensions, tuple):
+            task["matryoshka_dimensions"] = list(self.matryoshka_dimensions)
+        if self.prompts is not None:
+            task["prompts"] = dict(self.prompts)
+        if self.labels is not None:
+            task["labels"] = list(self.labels)
+        return {"pooling": self.pooling, "normalize": self.normalize, **task, **self.facts,
+                **{k: getattr(self, k) for k in _COMMON}}
 
 
 class ModelSlot:
@@ -60,7 +121,11 @@ class ModelSlot:
         self.task = task_of(handler)
         # Whether padded positions cost this model compute (the scheduler's padding floor follows it).
         self.pads = bool(getattr(getattr(handler, "runner", None), "pads", True))
-        self.info = describe_model(handler, spec, self.task, load_seconds, self.pads)
+        self.description = ModelDescription.of(handler, spec, self.load_id, self.task, load_seconds, self.pads)
+        self.info = self.description.as_dict()
+        # This load's int8/uint8 calibration vectors, measured on it the first time a request asks (a future,
+        # on the event loop: core/admission.py); they go with the slot.
+        self.calibration: Any = None
         self.freed = threading.Event()
         self._refs = 0
         self._retired = False

@@ -14,8 +14,11 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from inferd.core.errors import EngineError
 from inferd.core.preprocess import Encoded
+from inferd.core.slots import ModelDescription
 from inferd.utils.tracing import BatchSpan, QueueTrace
 
 
@@ -119,18 +122,30 @@ Outcome = BatchReport | Failure
 
 @dataclass
 class TaskResult:
-    """A request's answer: one opaque result per input, in order (the task's routes shape them)."""
+    """A request's answer: one opaque result per input, in order, and the description of the model load that
+    computed them, by which the task's routes shape them (never a slot looked up again: a canary's answer is
+    shaped by the canary's description, and one computed just before a switch by the model switched out).
+
+    ``calibration`` holds that load's int8/uint8 calibration vectors (full size) when the request asked for them.
+    """
 
     outputs: list[Any]
     tokens: list[int]
-    model: str
-    version: str
+    description: ModelDescription
     timings: dict[str, float] = field(default_factory=dict)
+    calibration: np.ndarray | None = None
+
+    @property
+    def model(self) -> str:
+        return self.description.name
+
+    @property
+    def version(self) -> str:
+        return self.description.version
 
     @property
     def prompt_tokens(self) -> int:
         return sum(self.tokens)
-
 
 
 def tickets_of(items: list[WorkItem]) -> list[Ticket]:
