@@ -1,11 +1,15 @@
 """The one table from engine refusal kinds to HTTP (api/errors.py), alone: status, headers, code, param and
-the reason a refusal is counted under. The statuses clients see end to end are held in tests/integration."""
+the reason a refusal is counted under, and the table from a kind to TEI's error_type. The statuses clients see end
+to end are held in tests/integration."""
 
 from __future__ import annotations
 
+from typing import get_args
+
 import pytest
 
-from inferd.api.errors import KINDS, engine_refusal
+from inferd.api.client_schemas import TEIError
+from inferd.api.errors import KINDS, TEI_TYPES, APIError, engine_refusal, refusal, tei_type
 from inferd.core.errors import EngineError, Kind
 from inferd.utils.metrics import Metrics
 
@@ -16,6 +20,21 @@ def rejected(metrics: Metrics, reason: str) -> float:
 
 def test_every_kind_has_an_answer() -> None:
     assert set(KINDS) == set(Kind)
+
+
+def test_teis_error_type_is_the_refusals_kinds_never_its_statuss() -> None:
+    assert set(TEI_TYPES) == set(Kind)
+    assert set(TEI_TYPES.values()) <= set(get_args(TEIError.model_fields["error_type"].annotation))
+    # Two 503s of different kinds are told apart by their kind; an empty input is TEI's "empty".
+    assert tei_type(engine_refusal(EngineError(Kind.OVERLOADED, "full"), "inputs", True)) == "overloaded"
+    assert tei_type(engine_refusal(EngineError(Kind.DRAINING, "stopping"), "inputs", True)) == "unhealthy"
+    assert tei_type(engine_refusal(EngineError(Kind.INVALID_INPUT, "empty", "empty_string"), "inputs", True)) == "empty"
+    assert tei_type(refusal(Kind.WRONG_TASK, "no rerank model")) == "backend"
+    # A refusal the HTTP layer makes of the request as sent (its JSON, its fields) is an invalid input.
+    assert tei_type(APIError(400, "not JSON", "invalid_json")) == "validation"
+    made = refusal(Kind.NOT_READY, "loading")
+    assert (made.status, made.code, made.headers, made.kind) == (503, "model_not_ready", {"Retry-After": "1"},
+                                                                 Kind.NOT_READY)
 
 
 @pytest.mark.parametrize(("kind", "status", "code", "retry_after", "reason"), [
