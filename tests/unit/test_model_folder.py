@@ -315,6 +315,27 @@ def test_a_pipe_in_place_of_a_file_is_refused(rooted: tuple[Path, Path]) -> None
         check_confined(folder, root)
 
 
+def test_a_link_into_another_allowed_root_is_followed(rooted: tuple[Path, Path], tmp_path: Path) -> None:
+    root, folder = rooted
+    store = tmp_path / "weights"  # a second model.root entry: a shared weights store
+    store.mkdir()
+    os.replace(folder / "model.safetensors", store / "w.safetensors")
+    (folder / "model.safetensors").symlink_to(store / "w.safetensors")
+    with pytest.raises(ModelLoadError, match="model.safetensors in the model folder is a link"):
+        check_confined(folder, (root,))
+    check_confined(folder, (root, store))
+
+
+def test_a_spec_is_held_to_every_model_root_and_the_operator_s_own_folder_to_its_parent(tmp_path: Path) -> None:
+    from inferd.config import Settings
+    from inferd.core.spec import spec_from_settings
+
+    a, b, own = tmp_path / "a", tmp_path / "b", tmp_path / "own" / "m"
+    settings = Settings.model_validate({"model": {"path": str(own), "root": [str(a), str(b)]}})
+    assert spec_from_settings(settings, a / "m", "2").files_roots == (a.resolve(), b.resolve())
+    assert spec_from_settings(settings).files_roots == (a.resolve(), b.resolve(), own.parent.resolve())
+
+
 def test_a_sharded_index_naming_a_file_outside_the_folder_is_refused(rooted: tuple[Path, Path]) -> None:
     root, folder = rooted
     (folder / "model.safetensors.index.json").write_text(json.dumps(
@@ -328,7 +349,7 @@ def test_load_handler_holds_a_spec_to_its_root(rooted: tuple[Path, Path], tmp_pa
     (tmp_path / "outside" / "tokenizer.json").write_bytes((folder / "tokenizer.json").read_bytes())
     (folder / "tokenizer.json").unlink()
     (folder / "tokenizer.json").symlink_to(tmp_path / "outside" / "tokenizer.json")
-    spec = ModelSpec(path=folder, name="t", version="1", device="cpu", warmup=False, files_root=root)
+    spec = ModelSpec(path=folder, name="t", version="1", device="cpu", warmup=False, files_roots=(root,))
     with pytest.raises(ModelLoadError, match="tokenizer.json in the model folder is a link"):
         load_handler(spec)
     # The folder's parent is the root when a spec names none (a load built outside the server's settings).

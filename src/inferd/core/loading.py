@@ -1,7 +1,7 @@
 """Building a loaded handler from a spec, and the checks a model path and the files in it must pass.
 
-Every file a load opens resolves, symlinks followed, under the spec's ``files_root`` (the ``model.root`` that
-holds the folder): a folder an admin key may load cannot make the server read, or say whether there is, a
+Every file a load opens resolves, symlinks followed, under one of the spec's ``files_roots`` (the
+``model.root`` entries): a folder an admin key may load cannot make the server read, or say whether there is, a
 file anywhere else. The files are the folder's (the model, tokenizer and sentence-transformers files, read by
 name from the folder and its module folders) and those a file of it names: modules.json's module paths and a
 sharded checkpoint's index (``*.index.json``' ``weight_map``); each is checked before anything is loaded, and
@@ -29,7 +29,7 @@ def spec_task(spec: ModelSpec) -> str:
 
 def load_handler(spec: ModelSpec) -> Handler:
     """Build the task's handler, load the weights on the device and warm it up."""
-    check_confined(spec.path, spec.files_root)
+    check_confined(spec.path, spec.files_roots)
     handler: Any = handler_for(spec_task(spec), spec.path)
     handler.load(spec, resolve_device(spec.device))
     if spec.warmup and hasattr(handler, "warmup"):
@@ -63,13 +63,13 @@ def check_model_path(raw: str, roots: list[Path]) -> Path:
 _OUTSIDE = "is a link that leads outside model.root"
 
 
-def _under(path: Path, root: Path) -> bool:
-    return path == root or root in path.parents
+def _under(path: Path, roots: tuple[Path, ...]) -> bool:
+    return any(path == root or root in path.parents for root in roots)
 
 
-def _links_out(folder: Path, root: Path) -> tuple[Path, str] | None:
+def _links_out(folder: Path, roots: tuple[Path, ...]) -> tuple[Path, str] | None:
     """The first entry of the folder's tree (module folders and linked folders included) that is a symlink
-    resolving outside ``root``, or neither a file nor a folder (a FIFO would hang the reader that opens it),
+    resolving outside the roots, or neither a file nor a folder (a FIFO would hang the reader that opens it),
     relative to the folder, and what is wrong with it; None when there is none."""
     seen: set[Path] = set()
     todo = [folder]
@@ -90,7 +90,7 @@ def _links_out(folder: Path, root: Path) -> tuple[Path, str] | None:
                     target = path.resolve(strict=False)
                 except (OSError, RuntimeError):  # a loop: it leads nowhere under the root either
                     return path.relative_to(folder), _OUTSIDE
-                if not _under(target, root):
+                if not _under(target, roots):
                     return path.relative_to(folder), _OUTSIDE
             if entry.is_dir(follow_symlinks=True):
                 todo.append(path)
@@ -99,18 +99,19 @@ def _links_out(folder: Path, root: Path) -> tuple[Path, str] | None:
     return None
 
 
-def check_confined(path: Path, files_root: Path | None) -> None:
-    """Refuse a folder when a file its load would open resolves outside ``files_root`` (None: the folder's
-    parent), naming that file relative to the folder."""
+def check_confined(path: Path, files_roots: tuple[Path, ...] | Path = ()) -> None:
+    """Refuse a folder when a file its load would open resolves outside every one of ``files_roots`` (none:
+    the folder's parent), naming that file relative to the folder."""
     folder = Path(path).expanduser()
     if not folder.is_dir():
         return  # the handler's load names a missing folder
     real = folder.resolve()
-    root = files_root.expanduser().resolve() if files_root is not None else real.parent
-    if not _under(real, root):
-        raise ModelLoadError(f"model folder {folder} is not under its model.root {root}")
+    given = (files_roots,) if isinstance(files_roots, Path) else files_roots
+    roots = tuple(r.expanduser().resolve() for r in given) or (real.parent,)
+    if not _under(real, roots):
+        raise ModelLoadError(f"model folder {folder} is not under model.root")
     # Links first: the files read below (modules.json, an index) are then known to be the root's own.
-    wrong = _links_out(folder, root)
+    wrong = _links_out(folder, roots)
     if wrong is not None:
         raise ModelLoadError(f"{wrong[0]} in the model folder {wrong[1]}; every file a model load opens must be a "
                              "file under model.root")
@@ -124,5 +125,5 @@ def check_confined(path: Path, files_root: Path | None) -> None:
             for shard in sorted({v for v in weight_map.values() if isinstance(v, str)}):
                 inside_folder(shard, f"{index.name}'s weight_map")
     for m in mods:
-        if not _under((folder / m.path).resolve(), root):
+        if not _under((folder / m.path).resolve(), roots):
             raise ModelLoadError(f"modules.json: module {m.idx} ({m.path}) leads outside model.root")

@@ -1,5 +1,5 @@
 """What to load: a model's settings, with the folder and version one load uses (a reload or a canary
-brings its own path and version; every other ``model.*`` setting is the configuration's), the root every file
+brings its own path and version; every other ``model.*`` setting is the configuration's), the roots every file
 of the load must stay under, and the text limit the model's own prompts must fit."""
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ _MAX_CHARS = LimitSettings().max_chars_per_text
 class ModelSpec:
     """The resolved ``path`` and ``version``, and the ``ModelSettings`` they go with.
 
-    ``files_root``: the folder every file the load opens must resolve under, symlinks followed (the ``model.root``
-    that holds ``path``; None: ``path``'s parent, as when no ``model.root`` is set). ``max_chars_per_text``: the
+    ``files_roots``: the folders every file the load opens must resolve under, symlinks followed (the
+    ``model.root`` entries; empty: ``path``'s parent, as when no ``model.root`` is set). ``max_chars_per_text``: the
     server's ``limits.max_chars_per_text``, which a prompt the model prepends to texts may not exceed.
 
     The settings are declared once, in config.py: ``spec.device``, ``spec.backend``, ``spec.pooling`` and
@@ -29,11 +29,11 @@ class ModelSpec:
     path: Path
     version: str
     settings: ModelSettings
-    files_root: Path | None
+    files_roots: tuple[Path, ...]
     max_chars_per_text: int
 
     def __init__(self, path: Path, version: str | None = None, settings: ModelSettings | None = None,
-                 files_root: Path | None = None, max_chars_per_text: int = _MAX_CHARS, **overrides: Any) -> None:
+                 files_roots: tuple[Path, ...] = (), max_chars_per_text: int = _MAX_CHARS, **overrides: Any) -> None:
         base = settings if settings is not None else ModelSettings()
         if overrides:
             if "gate" in overrides and not isinstance(overrides["gate"], dict):
@@ -42,7 +42,7 @@ class ModelSpec:
         object.__setattr__(self, "path", Path(path))
         object.__setattr__(self, "version", version if version is not None else base.version)
         object.__setattr__(self, "settings", base)
-        object.__setattr__(self, "files_root", None if files_root is None else Path(files_root))
+        object.__setattr__(self, "files_roots", tuple(Path(r) for r in files_roots))
         object.__setattr__(self, "max_chars_per_text", max_chars_per_text)
 
     def __getattr__(self, name: str) -> Any:
@@ -55,7 +55,7 @@ class ModelSpec:
 def spec_from_settings(settings: Settings, path: Path | None = None, version: str | None = None) -> ModelSpec:
     m = settings.model
     folder = path or resolve_model_path(m)
-    return ModelSpec(folder, version or m.version, m, files_root=root_of(folder, settings),
+    return ModelSpec(folder, version or m.version, m, files_roots=roots_of(folder, settings),
                      max_chars_per_text=settings.limits.max_chars_per_text)
 
 
@@ -65,8 +65,10 @@ def model_roots(settings: Settings) -> list[Path]:
     return roots or [resolve_model_path(settings.model).expanduser().resolve().parent]
 
 
-def root_of(folder: Path, settings: Settings) -> Path:
-    """The root a load of ``folder`` is held to: the allowed root that holds it, else (the operator's own
-    folder, configured outside them) its parent."""
+def roots_of(folder: Path, settings: Settings) -> tuple[Path, ...]:
+    """The roots a load of ``folder`` is held to: every allowed root (a file linked from one to another is one
+    a client could load anyway), and the folder's parent when it is the operator's own, outside them."""
     real = Path(folder).expanduser().resolve()
-    return next((r for r in model_roots(settings) if r == real or r in real.parents), real.parent)
+    roots = model_roots(settings)
+    inside = any(r == real or r in real.parents for r in roots)
+    return tuple(roots) if inside else (*roots, real.parent)
