@@ -100,16 +100,20 @@ def test_a_causal_lm_without_sentence_transformers_files_pools_its_last_token(ro
     np.testing.assert_allclose(_outputs(handler, TEXTS), expected, atol=TOL, rtol=0)
 
 
-# Every decoder family the architecture list names (core/families.py), beside Qwen3 above.
-@pytest.mark.parametrize("kind", ["qwen2", "llama", "mistral", "gemma", "gemma2", "gemma3_text"])
-def test_each_listed_decoder_family_embeds_as_sentence_transformers(tmp_path: Path, kind: str) -> None:
+# Every decoder family the architecture list names (core/families.py), beside Qwen3 above; and Qwen3 again with a
+# tokenizer that pads on the right (sentence-transformers then pools the last token before the padding).
+@pytest.mark.parametrize(("kind", "side"), [("qwen2", "left"), ("llama", "left"), ("mistral", "left"),
+                                            ("gemma", "left"), ("gemma2", "left"), ("gemma3_text", "left"),
+                                            ("qwen3", "right")])
+def test_each_listed_decoder_family_embeds_as_sentence_transformers(tmp_path: Path, kind: str, side: str) -> None:
     from sentence_transformers import SentenceTransformer
 
-    folder = write_qwen3_embedder(tmp_path / kind, seed=9, model_type=kind, v6_pooling=True)
+    folder = write_qwen3_embedder(tmp_path / kind, seed=9, model_type=kind, v6_pooling=True, padding_side=side)
     got = _outputs(_handler(folder), [TextInput(t, prompt=QUERY_PROMPT) for t in TEXTS])
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         model = SentenceTransformer(str(folder), device="cpu")
+    assert model.tokenizer.padding_side == side
     expected = model.encode(TEXTS, prompt_name="query", batch_size=len(TEXTS), convert_to_numpy=True)
     np.testing.assert_allclose(got, expected, atol=TOL, rtol=0)
 
