@@ -144,6 +144,16 @@ def test_the_llm_rerankers_instruction_is_a_setting(root: Path) -> None:
         _handler(root / "seq-cls", rerank_instruction=instruction)
 
 
+def test_a_sentence_transformers_cross_encoder_folder_over_a_causal_lm_is_refused(root: Path, tmp_path: Path) -> None:
+    folder = shutil.copytree(root / "llm-reranker", tmp_path / "logit-score")
+    (folder / "modules.json").write_text(json.dumps([
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.base.modules.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_LogitScore",
+         "type": "sentence_transformers.cross_encoder.modules.LogitScore"}]))
+    with pytest.raises(ModelLoadError, match=r"CrossEncoder folder over a causal LM \(modules.json\) is not read"):
+        _handler(folder)
+
+
 def test_a_pair_past_the_limit_loses_its_document_end_as_the_model_card_cuts_it(root: Path) -> None:
     handler = _handler(root / "llm-reranker", max_seq_length=96)
     pairs = [("a dog", _sentence(random.Random(6), 200)), ("a dog", "the cat")]
