@@ -37,9 +37,12 @@ def offline(a: np.ndarray, b: np.ndarray, window: int = 256, k: int = 10) -> dic
     for i in range(len(a)):
         lo = max(0, i - window)
         if i - lo >= k:
-            na = set(np.argsort(-(ua[lo:i] @ ua[i]), kind="stable")[:k].tolist())
-            nb = set(np.argsort(-(ub[lo:i] @ ub[i]), kind="stable")[:k].tolist())
-            overlaps.append(len(na & nb) / k)
+            sa, sb = ua[lo:i] @ ua[i], ub[lo:i] @ ub[i]
+            # a neighbour within 1e-5 of the other side's k-th similarity is among its k (float noise, not
+            # disagreement); the lower of the two directions
+            within = [int((y[np.argsort(-x, kind="stable")[:k]] >= np.sort(y)[::-1][k - 1] - 1e-5).sum())
+                      for x, y in ((sa, sb), (sb, sa))]
+            overlaps.append(min(within) / k)
     return {"cosine_mean": float(cos.mean()), "cosine_min": float(cos.min()), "overlap_mean": float(np.mean(overlaps))}
 
 
@@ -105,7 +108,7 @@ def test_the_same_weights_on_onnx_keep_the_space_and_promote(server: Server, tin
         for figure in ("cosine_mean", "cosine_min", "overlap_mean"):
             assert report["figures"][figure] == pytest.approx(want[figure], abs=1e-5), figure
         # A tiny random encoder puts many texts at near-equal distances: a 1e-7 difference can swap two
-        # neighbours, so the overlap is near 1 rather than exactly 1 (and equals the offline figure above).
+        # neighbours, which the report counts as agreeing (ties within 1e-5), as the offline figure above does.
         assert report["figures"]["cosine_min"] > 0.9999 and report["figures"]["overlap_mean"] > 0.99
         assert all("input" not in item for item in report["most_drifted"])  # no text unless log_inputs
         assert state["verdict"] == {"promote": True, "code": None, "reasons": [], "min_items": 100}
