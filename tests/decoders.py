@@ -109,15 +109,17 @@ def write_qwen3_embedder(folder: Path, seed: int = 0, max_positions: int = 128, 
     return folder
 
 
-def write_qwen3_reranker(folder: Path, seed: int = 0, max_positions: int = 256, tied: bool = False) -> Path:
-    """A Qwen3-Reranker-shaped causal LM: ``Qwen3ForCausalLM`` with its LM head (``tied``: the input embeddings,
-    as the 0.6B and 4B models), a tokenizer that appends nothing, no sentence-transformers files."""
-    from transformers import Qwen3ForCausalLM
+def write_qwen3_reranker(folder: Path, seed: int = 0, max_positions: int = 256, tied: bool = False,
+                         model_type: str = "qwen3") -> Path:
+    """A Qwen3-Reranker-shaped causal LM: ``Qwen3ForCausalLM`` (or another family's, ``model_type``) with its LM
+    head (``tied``: the input embeddings, as the 0.6B and 4B models), a tokenizer that appends nothing, no
+    sentence-transformers files."""
+    from transformers import AutoModelForCausalLM
 
     folder.mkdir(parents=True, exist_ok=True)
     vocab = write_qwen_tokenizer(folder, append_eos=False, max_positions=max_positions)
-    config = qwen3_config(vocab, max_positions, seed, tie_word_embeddings=tied)
-    Qwen3ForCausalLM(config).eval().save_pretrained(folder)
+    config = qwen3_config(vocab, max_positions, seed, model_type, tie_word_embeddings=tied)
+    AutoModelForCausalLM.from_config(config).eval().save_pretrained(folder)
     return folder
 
 

@@ -144,6 +144,14 @@ def test_the_llm_rerankers_instruction_is_a_setting(root: Path) -> None:
         _handler(root / "seq-cls", rerank_instruction=instruction)
 
 
+def test_a_causal_lm_of_another_family_is_not_scored_with_qwens_template(tmp_path: Path) -> None:
+    folder = write_qwen3_reranker(tmp_path / "llama", model_type="llama")
+    assert detect_task(folder) == "rerank"
+    with pytest.raises(ModelLoadError, match=r"follows Qwen3-Reranker's chat template, for qwen2, qwen3 models; "
+                                             r"this one is 'llama'"):
+        _handler(folder)
+
+
 def test_a_sentence_transformers_cross_encoder_folder_over_a_causal_lm_is_refused(root: Path, tmp_path: Path) -> None:
     folder = shutil.copytree(root / "llm-reranker", tmp_path / "logit-score")
     (folder / "modules.json").write_text(json.dumps([
