@@ -42,6 +42,7 @@ from inferd.api.services import inference_auth, services
 from inferd.api.tei_routes import is_tei_predict, tei_info, tei_predict
 from inferd.core.prompts import Prompt
 from inferd.core.registry import ServedModel
+from inferd.core.slots import ModelDescription
 
 # Inference, and what is served (/v1/models, /info): the inference keys, checked once for the whole router.
 router = APIRouter(dependencies=[Depends(inference_auth)])
@@ -145,8 +146,8 @@ async def models(request: Request) -> Response:
     data = []
     for served in s.registry:
         manager = served.manager
-        versions = [{"version": slot.version, "role": role, "backend": slot.info["backend"],
-                     "dtype": slot.info["dtype"], "quantize": slot.info["quantize"],
+        versions = [{"version": slot.version, "role": role, "backend": slot.description.backend,
+                     "dtype": slot.description.dtype, "quantize": slot.description.quantize,
                      "weight": manager.canary_weight if role == "canary" else None}
                     for role, slot in manager.slots()]
         data.append({"id": served.name, "object": "model", "created": int(s.started_at), "owned_by": "inferd",
@@ -170,9 +171,8 @@ async def info(request: Request) -> Response:
     for served in ordered:
         manager = served.manager
         for role, slot in manager.slots():
-            d = slot.info  # the model's description, built at load (core/slots.py)
-            out["models"].append(_slot_info(d, role, manager.canary_weight if role == "canary" else None,
-                                            manager.state))
+            out["models"].append(_slot_info(slot.description, role,
+                                            manager.canary_weight if role == "canary" else None, manager.state))
     if out["models"] and out["models"][0]["name"] == (default.name if default else None):
         out.update({k: out["models"][0][k] for k in ("task", "name", "version", "dimension", "max_seq_length",
                                                      "device", "dtype", "backend", "quantize")})
@@ -180,14 +180,17 @@ async def info(request: Request) -> Response:
     return json_response(out)
 
 
-def _slot_info(d: dict[str, Any], role: str, weight: float | None, state: str) -> dict[str, Any]:
-    return {"role": role, "name": d["name"], "version": d["version"], "task": d["task"], "state": state,
-            "labels": d.get("labels"), "dimension": d.get("dimension"), "max_seq_length": d["max_seq_length"],
-            "device": d["device"], "dtype": d["dtype"], "pooling": d.get("pooling"), "normalize": d.get("normalize"),
-            "load_seconds": d["load_seconds"], "weight": weight,
-            "backend": d["backend"], "quantize": d["quantize"], "backend_info": d["backend_info"],
-            "matryoshka_dimensions": d.get("matryoshka_dimensions"), "prompts": d.get("prompts"),
-            "default_prompt_name": d.get("default_prompt_name"), "similarity_fn_name": d.get("similarity_fn_name")}
+def _slot_info(d: ModelDescription, role: str, weight: float | None, state: str) -> dict[str, Any]:
+    """A slot as /info shows it: its description, built at load (core/slots.py)."""
+    matryoshka = d.matryoshka_dimensions
+    return {"role": role, "name": d.name, "version": d.version, "task": d.task, "state": state,
+            "labels": None if d.labels is None else list(d.labels), "dimension": d.dimension,
+            "max_seq_length": d.max_seq_length, "device": d.device, "dtype": d.dtype, "pooling": d.pooling,
+            "normalize": d.normalize, "load_seconds": d.load_seconds, "weight": weight,
+            "backend": d.backend, "quantize": d.quantize, "backend_info": d.backend_info,
+            "matryoshka_dimensions": list(matryoshka) if isinstance(matryoshka, tuple) else matryoshka,
+            "prompts": None if d.prompts is None else dict(d.prompts), "default_prompt_name": d.default_prompt_name,
+            "similarity_fn_name": d.facts.get("similarity_fn_name")}
 
 
 def _model_readiness(served: ServedModel) -> tuple[bool, dict[str, Any]]:
