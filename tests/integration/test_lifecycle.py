@@ -330,7 +330,7 @@ def test_a_canary_s_answer_is_shaped_by_the_canary_s_own_description(
         client: httpx.Client, tiny_model: Path, models_root: Path) -> None:
     """Issue 28: the canary, unnormalised, with prompts (a default one) and Matryoshka sizes, answers every
     request beside an active model that normalises and has no prompts: its prompt is the one tokenised, and its
-    vectors are cut without renormalising, on the OpenAI and Cohere routes alike."""
+    vectors are cut without renormalising, on the OpenAI, Cohere and TEI routes alike."""
     folder = add_matryoshka_card(add_prompts(write_tiny_bert(models_root / "prompted-raw", seed=4, normalize=False),
                                              default="query"))
     st = sentence_transformer(folder)
@@ -347,6 +347,10 @@ def test_a_canary_s_answer_is_shaped_by_the_canary_s_own_description(
         assert cohere.status_code == 200 and cohere.headers["X-Model-Version"] == "raw", cohere.text
         np.testing.assert_allclose(cohere.json()["embeddings"]["float"][0],
                                    st.encode([TEXT], prompt_name="document")[0][:8], atol=1e-5)
+        # TEI's /embed too: the canary's default prompt, and normalize: false allowed as the canary does not.
+        tei = client.post("/embed", json={"inputs": [TEXT], "normalize": False})
+        assert tei.status_code == 200 and tei.headers["X-Model-Version"] == "raw", tei.text
+        np.testing.assert_allclose(tei.json()[0], st.encode([TEXT])[0], atol=1e-5)
     finally:
         assert client.post("/admin/models/rollback", headers=ADMIN).status_code == 200
 

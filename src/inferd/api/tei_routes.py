@@ -53,6 +53,7 @@ from inferd.core.admission import model_refusal, not_ready
 from inferd.core.errors import Kind
 from inferd.core.manager import ModelNotReady
 from inferd.core.preprocess import TextInput
+from inferd.core.prompts import Prompt
 from inferd.core.registry import ModelNotFound
 
 tei_router = APIRouter(dependencies=[Depends(inference_auth)])  # the inference keys, as api/routes.py
@@ -111,15 +112,6 @@ _ANY = {"description": "As /embed, /similarity, /predict or /rerank answer (the 
 _RANKED = _array(TEIRerankResult.model_json_schema(), "Scored texts, best first")
 
 
-def _require(request: Request, task: str) -> None:
-    """Refuse a route whose task no model here serves (404 wrong_task, TEI's ``backend``), before any work."""
-    try:
-        services(request).registry.resolve(None, task)
-    except ModelNotFound as exc:
-        if not exc.task_served:
-            raise engine_refusal(model_refusal(exc), "model", False) from None
-
-
 # -- /embed, /similarity -----------------------------------------------------------------------------------
 
 
@@ -142,16 +134,17 @@ async def embed(request: Request) -> Response:
     checked: list[tuple[list[Any], bool]] = []
     body = await read_body(request, TEIEmbedRequest, lambda b: checked.append(_texts(request, b.inputs, "inputs")))
     texts, listed = checked[0]
-    _require(request, "embedding")
-    _, info = await vectors.describe(request, None)
-    vectors.require_unnormalised_allowed(info, body.normalize)
-    prompt = vectors.prompt_of(info, body.prompt_name)
-    inputs = vectors.inputs_of(texts, prompt, direction(body.truncation_direction), body.truncate)
-    result = await run_task(request, inputs, body, "inputs", listed, task="embedding",
-                            dimensions=body.dimensions)
+    inputs = vectors.inputs_of(texts, "", direction(body.truncation_direction), body.truncate)
+    # The prompt and the normalisation are those of the model load that runs the texts (a canary's own).
+    result = await run_task(request, inputs, body, "inputs", listed, task="embedding", dimensions=body.dimensions,
+                            prompt=Prompt(body.prompt_name))
     if isinstance(result, Response):
         return result
-    return json_response(vectors.shaped(result, info, body.dimensions, body.normalize))
+    if not body.normalize and result.description.normalize:
+        raise refusal(Kind.INVALID_INPUT, "normalize: false is not available on this model: its own configuration "
+                      "normalises its vectors (a Normalize module, or model.normalize: true)", "invalid_value",
+                      "normalize")
+    return json_response(vectors.vectors_of(result, body.dimensions, body.normalize))
 
 
 @tei_router.post("/similarity", openapi_extra=request_body(TEISimilarityRequest),
@@ -174,14 +167,12 @@ async def similarity(request: Request) -> Response:
 
     body = await read_body(request, TEISimilarityRequest, check)
     params = body.parameters
-    _require(request, "embedding")
-    _, info = await vectors.describe(request, None)
-    prompt = vectors.prompt_of(info, params.prompt_name if params else None, "parameters.prompt_name")
     texts = [body.inputs.source_sentence, *body.inputs.sentences]
-    inputs = vectors.inputs_of(texts, prompt, direction(params.truncation_direction) if params else "right",
+    inputs = vectors.inputs_of(texts, "", direction(params.truncation_direction) if params else "right",
                                params.truncate if params else None)
+    prompt = Prompt(params.prompt_name if params else None, field="parameters.prompt_name")
     try:
-        result = await run_task(request, inputs, body, "inputs", True, task="embedding")
+        result = await run_task(request, inputs, body, "inputs", True, task="embedding", prompt=prompt)
     except APIError as exc:
         raise _similarity_param(exc) from None
     if isinstance(result, Response):
@@ -269,12 +260,10 @@ async def tei_predict(request: Request) -> Response:
 
     body = await read_body(request, TEIPredictRequest, check)
     sequences, batch = parsed["sequences"], parsed["batch"]
-    task = _predict_task(request, sequences)
-    _, info = await vectors.describe(request, None, task=task)
-    if task == "classification":
-        rows = await _classify(request, body, sequences, batch, info)
+    if _predict_task(request, sequences) == "classification":
+        rows = await _classify(request, body, sequences, batch)
     else:
-        rows = await _score_pairs(request, body, sequences, batch, info)
+        rows = await _score_pairs(request, body, sequences, batch)
     if isinstance(rows, Response):
         return rows
     params = body.parameters
@@ -295,18 +284,19 @@ def _applied(params: Any, own: str, raw: bool) -> str | None:
     return "parameters.function_to_apply" if wanted == "none" else None
 
 
-async def _classify(request: Request, body: TEIPredictRequest, sequences: list[Any], batch: bool,
-                    info: dict) -> list[list[dict[str, Any]]] | Response:
-    own = "sigmoid" if info.get("multi_label") else "softmax"
+async def _classify(request: Request, body: TEIPredictRequest, sequences: list[Any], batch: bool
+                    ) -> list[list[dict[str, Any]]] | Response:
+    inputs = vectors.inputs_of(sequences, "", direction(body.truncation_direction), body.truncate)
+    result = await run_task(request, inputs, body, "inputs", batch, task="classification")
+    if isinstance(result, Response):
+        return result
+    # The activation is the answering model's (a canary's own): checked on its description, after the run.
+    own = "sigmoid" if result.description.facts.get("multi_label") else "softmax"
     asked = _applied(body.parameters, own, body.raw_scores)
     if asked is not None:
         # The task computes probabilities only: a softmax's logits cannot be recovered from them.
         raise refusal(Kind.INVALID_INPUT, f"{asked}: asks for logits; a classifier answers probabilities here "
                       f"({own}: send function_to_apply {own} or leave it out)", "invalid_value", asked)
-    inputs = vectors.inputs_of(sequences, "", direction(body.truncation_direction), body.truncate)
-    result = await run_task(request, inputs, body, "inputs", batch, task="classification")
-    if isinstance(result, Response):
-        return result
     labels = labels_of(request, result)
     return [sorted(({"score": float(p), "label": labels[i]} for i, p in enumerate(probs)),
                    key=lambda r: -r["score"]) for probs in result.outputs]
@@ -321,8 +311,8 @@ def _pairs(query: str, documents: list[str], truncate: bool | None, side: str) -
     return [(query, TextInput(d, direction=cut, truncate=truncate)) for d in documents]
 
 
-async def _score_pairs(request: Request, body: TEIPredictRequest, sequences: list[Any], batch: bool,
-                       info: dict) -> list[list[dict[str, Any]]] | Response:
+async def _score_pairs(request: Request, body: TEIPredictRequest, sequences: list[Any], batch: bool
+                       ) -> list[list[dict[str, Any]]] | Response:
     pairs = []
     for i, (query, document) in enumerate(sequences):
         check_query(request, query, f"inputs[{i}][0]" if batch else "inputs[0]")
@@ -331,7 +321,7 @@ async def _score_pairs(request: Request, body: TEIPredictRequest, sequences: lis
     result = await run_task(request, pairs, body, "inputs", batch, task="rerank")
     if isinstance(result, Response):
         return result
-    label = (info.get("labels") or ["LABEL_0"])[0]
+    label = (result.description.labels or ("LABEL_0",))[0]
     return [[{"score": float(o[1] if raw else o[0]), "label": label}] for o in result.outputs]
 
 
@@ -344,7 +334,11 @@ async def _score_pairs(request: Request, body: TEIPredictRequest, sequences: lis
 async def rerank(request: Request) -> Response:
     """TEI's rerank: ``{"query", "texts", "raw_scores"?, "return_text"?, "truncate"?, "truncation_direction"?}``
     → each text's index and score, best first. Each (query, text) pair is one item for the engine."""
-    _require(request, "rerank")
+    # As the other task routes: a server without a reranker refuses the route itself before reading the body.
+    try:
+        services(request).registry.resolve(None, "rerank")
+    except ModelNotFound as exc:
+        raise engine_refusal(model_refusal(exc), "model", False) from None
 
     def check(b: TEIRerankRequest) -> None:
         check_query(request, b.query)
