@@ -50,11 +50,12 @@ from inferd.api.inference import INFERENCE_ERRORS, check_query, labels_of, prech
 from inferd.api.schemas import ErrorResponse, TEIRerankRequest, TEIRerankResult, request_body
 from inferd.api.services import inference_auth, services
 from inferd.core.admission import model_refusal, not_ready
-from inferd.core.errors import Kind
+from inferd.core.errors import EngineError, Kind
 from inferd.core.manager import ModelNotReady
 from inferd.core.preprocess import TextInput
-from inferd.core.prompts import Prompt
+from inferd.core.prompts import Prompt, prompt_text
 from inferd.core.registry import ModelNotFound
+from inferd.core.slots import ModelDescription
 
 tei_router = APIRouter(dependencies=[Depends(inference_auth)])  # the inference keys, as api/routes.py
 
@@ -370,7 +371,7 @@ class _Tokenizer:
     def __init__(self, request: Request) -> None:
         self.request = request
 
-    async def __aenter__(self) -> tuple[Tokenizer, dict[str, Any]]:
+    async def __aenter__(self) -> tuple[Tokenizer, ModelDescription]:
         s = services(self.request)
         try:
             served, pin = s.registry.resolve(None, None)
@@ -382,7 +383,7 @@ class _Tokenizer:
         except ModelNotReady as exc:
             raise engine_refusal(not_ready(exc), "model", False) from None
         try:
-            return self._untruncated(), self.slot.info
+            return self._untruncated(), self.slot.description
         except BaseException:
             self.slot.release()
             raise
@@ -434,8 +435,11 @@ async def tokenize(request: Request) -> Response:
     (``{"id", "text", "special", "start", "stop"}``, offsets in bytes of the prompted input)."""
     checked: list[tuple[list[Any], bool]] = []
     body = await read_body(request, TEITokenizeRequest, lambda b: checked.append(_texts(request, b.inputs, "inputs")))
-    async with _Tokenizer(request) as (tok, info):
-        prompt = vectors.prompt_of(info, body.prompt_name)
+    async with _Tokenizer(request) as (tok, description):
+        try:
+            prompt = prompt_text(description, Prompt(body.prompt_name), {})
+        except EngineError as exc:
+            raise engine_refusal(exc, "inputs", False) from None
         texts = [prompt + t for t in checked[0][0]]
         if sum(map(len, texts)) > _INLINE_CHARS:
             rows = await asyncio.to_thread(_tokens, tok, texts, body.add_special_tokens)
