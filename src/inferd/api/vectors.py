@@ -14,64 +14,14 @@ description of the model load that computed the result (core/work.py TaskResult)
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-import orjson
-from fastapi import Request
 
-from inferd.api.errors import APIError, engine_refusal
-from inferd.api.services import services
 from inferd.core import quantize
-from inferd.core.admission import not_ready
-from inferd.core.manager import ModelNotReady
 from inferd.core.preprocess import Direction, TextInput
-from inferd.core.registry import ModelNotFound, ServedModel
 from inferd.core.work import TaskResult
-
-
-async def describe(request: Request, model: str | None, task: str | None = "embedding"
-                   ) -> tuple[ServedModel, dict]:
-    """The model a request names (or its task's default), loaded, and the description of the slot it pins
-    (else the active one): its size, normalisation, prompts and Matryoshka sizes."""
-    s = services(request)
-    try:
-        served, pin = s.registry.resolve(model, task)
-    except ModelNotFound as exc:
-        if not exc.task_served:
-            raise APIError(404, f"{request.url.path} serves the {task} task; {exc.message}", "wrong_task") from None
-        raise APIError(404, exc.message, "model_not_found", "model") from None
-    try:
-        if served.settings.model.load_mode == "lazy":
-            await served.manager.ensure_loaded()
-        slots = served.manager.slots()
-        if not slots:
-            raise ModelNotReady(served.manager.state)
-    except ModelNotReady as exc:
-        # The engine's own refusal (503 model_failed or model_not_ready, its Retry-After), naming the model.
-        raise engine_refusal(not_ready(exc, served.name), "model", False) from None
-    version = (pin.partition("@")[2] or pin) if pin else None
-    info = next((slot.info for _, slot in slots if slot.version == version), slots[0][1].info)
-    return served, info
-
-
-def prompt_of(info: Mapping[str, Any], prompt_name: str | None, field: str = "prompt_name") -> str:
-    """The prompt text a request's ``prompt_name`` names (None: the model's default prompt, if any).
-
-    An unknown name is refused with the names there are, worded as text-embeddings-inference words it
-    (``Available prompts: [...]``: its clients read the list from the message)."""
-    prompts: dict[str, str] = dict(info.get("prompts") or {})
-    if prompt_name is None:
-        default = info.get("default_prompt_name")
-        return prompts.get(default, "") if default else ""
-    if prompt_name not in prompts:
-        if not prompts:
-            raise APIError(422, f"{field}: {prompt_name!r} was asked, but this model has no prompts "
-                           "(config_sentence_transformers.json)", "unknown_prompt", field)
-        raise APIError(422, f"{field}: {prompt_name!r} is not one of this model's prompts. Available prompts: "
-                       f"{orjson.dumps(sorted(prompts)).decode()}", "unknown_prompt", field)
-    return prompts[prompt_name]
 
 
 def inputs_of(texts: Sequence[str], prompt: str = "", direction: Direction = "right", truncate: bool | None = None,
@@ -102,18 +52,3 @@ def _cut(vectors: np.ndarray, own: bool, dimensions: int | None, normalize: bool
         return quantize.shorten(vectors, dimensions, renormalise=own)
     cut = quantize.shorten(vectors, dimensions, renormalise=False)
     return quantize.unit(cut) if normalize else cut
-
-
-def shaped(result: TaskResult, info: Mapping[str, Any], dimensions: int | None, normalize: bool | None = None
-           ) -> np.ndarray:
-    """vectors_of by a description looked up by the route (TEI's routes, until they read the result's)."""
-    return _cut(np.vstack([np.asarray(v, dtype=np.float32) for v in result.outputs]), bool(info.get("normalize")),
-                dimensions, normalize)
-
-
-def require_unnormalised_allowed(info: Mapping[str, Any], normalize: bool) -> None:
-    if not normalize and info.get("normalize"):
-        raise APIError(422, "normalize: false is not available on this model: its own configuration normalises "
-                       "its vectors (a Normalize module, or model.normalize: true)", "invalid_value", "normalize")
-
-
