@@ -205,7 +205,8 @@ def write_st_legacy(folder: Path, source: Path, pooling: tuple[str, ...] = ("mea
             "weightedmean": "pooling_mode_weightedmean_tokens", "lasttoken": "pooling_mode_lasttoken"}
     shutil.copytree(source, folder, dirs_exist_ok=True,
                     ignore=shutil.ignore_patterns("modules.json", "1_Pooling", "2_Normalize"))
-    size = json.loads((folder / "config.json").read_text())["hidden_size"]
+    config = json.loads((folder / "config.json").read_text())
+    size = config.get("hidden_size") or config["dim"]  # DistilBERT names it dim
     modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
                {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]
     (folder / "1_Pooling").mkdir(exist_ok=True)
