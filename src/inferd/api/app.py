@@ -83,10 +83,9 @@ def _publish_models(slots: list[tuple[str, str, ModelSlot]], metrics: Metrics) -
     metrics.model_info.clear()
     metrics.model_gate.clear()
     for model, role, slot in slots:
-        d = slot.info  # the model's description, built at load (core/slots.py)
-        metrics.model_info.labels(model, role, d["version"], d["device"], d["dtype"], d["backend"],
-                                  d["quantize"], d["task"]).set(1)
-        gate = (d["backend_info"] or {}).get("gate") or {}
+        d = slot.description  # built at load (core/slots.py)
+        metrics.model_info.labels(model, role, d.version, d.device, d.dtype, d.backend, d.quantize, d.task).set(1)
+        gate = (d.backend_info or {}).get("gate") or {}
         for figure, value in (gate.get("figures") or {}).items():
             # Every figure of the task's gate (cosines and overlap; rank and label agreement, differences).
             if isinstance(value, int | float) and not isinstance(value, bool) and figure != "texts":

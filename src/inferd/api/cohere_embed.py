@@ -61,7 +61,7 @@ async def _embed(request: Request, version: int) -> Response:
     require_task(request, "embedding")
     body = await read_body(request, CohereEmbedRequest, lambda b: _check(request, b))
     side, truncate = _TRUNCATE[body.truncate]
-    inputs = vectors.inputs_of(body.texts, "", side, truncate, body.max_tokens)
+    inputs = vectors.inputs_of(body.texts, side, truncate, body.max_tokens)
     engine_body = _EngineBody(-body.priority, body.timeout_ms, body.model)
     types = list(dict.fromkeys(body.embedding_types or ["float"]))
     result = await run_task(request, inputs, engine_body, "texts", True, task="embedding",

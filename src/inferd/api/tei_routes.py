@@ -135,7 +135,7 @@ async def embed(request: Request) -> Response:
     checked: list[tuple[list[Any], bool]] = []
     body = await read_body(request, TEIEmbedRequest, lambda b: checked.append(_texts(request, b.inputs, "inputs")))
     texts, listed = checked[0]
-    inputs = vectors.inputs_of(texts, "", direction(body.truncation_direction), body.truncate)
+    inputs = vectors.inputs_of(texts, direction(body.truncation_direction), body.truncate)
     # The prompt and the normalisation are those of the model load that runs the texts (a canary's own).
     result = await run_task(request, inputs, body, "inputs", listed, task="embedding", dimensions=body.dimensions,
                             prompt=Prompt(body.prompt_name))
@@ -169,7 +169,7 @@ async def similarity(request: Request) -> Response:
     body = await read_body(request, TEISimilarityRequest, check)
     params = body.parameters
     texts = [body.inputs.source_sentence, *body.inputs.sentences]
-    inputs = vectors.inputs_of(texts, "", direction(params.truncation_direction) if params else "right",
+    inputs = vectors.inputs_of(texts, direction(params.truncation_direction) if params else "right",
                                params.truncate if params else None)
     prompt = Prompt(params.prompt_name if params else None, field="parameters.prompt_name")
     try:
@@ -287,7 +287,7 @@ def _applied(params: Any, own: str, raw: bool) -> str | None:
 
 async def _classify(request: Request, body: TEIPredictRequest, sequences: list[Any], batch: bool
                     ) -> list[list[dict[str, Any]]] | Response:
-    inputs = vectors.inputs_of(sequences, "", direction(body.truncation_direction), body.truncate)
+    inputs = vectors.inputs_of(sequences, direction(body.truncation_direction), body.truncate)
     result = await run_task(request, inputs, body, "inputs", batch, task="classification")
     if isinstance(result, Response):
         return result
