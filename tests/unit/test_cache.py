@@ -98,3 +98,15 @@ def test_engine_answers_repeated_texts_from_the_cache_without_computing_them(tmp
             engine.stop()
 
     asyncio.run(scenario())
+
+
+def test_a_pairs_key_carries_each_documents_truncation_choices() -> None:
+    from inferd.core.admission import cache_key
+    from inferd.core.preprocess import TextInput
+
+    plain = cache_key(("query", "a long document"))
+    keys = {plain, cache_key(("query", TextInput("a long document", direction="left"))),
+            cache_key(("query", TextInput("a long document", truncate=False)))}
+    assert len(keys) == 3  # cut from the left, or refused when too long: neither may be answered as the default
+    assert cache_key(("query", TextInput("a long document"))) == plain  # no choice made: the same entry
+    assert cache_key("text") != cache_key(TextInput("text", direction="left"))

@@ -52,6 +52,16 @@ def _chars(item: Any) -> int:
     return len(item) if isinstance(item, str) else sum(map(len, item))
 
 
+def cache_key(item: Any) -> str:
+    """What the result cache keys one input by. A text carrying per-request choices (core/preprocess.py
+    TextInput: its prompt, cut side, truncate, max_tokens) is keyed by them too: the same words cut another way
+    are another vector. A pair is keyed by both its texts, each with its choices (a rerank document's cut side
+    and truncate change its score); one slot serves one task, so a pair's key never meets a text's."""
+    if isinstance(item, str):
+        return getattr(item, "cache_key", item)
+    return orjson.dumps([getattr(part, "cache_key", part) for part in item]).decode()
+
+
 def input_refusal(exc: InputError) -> EngineError:
     kind = Kind.TOO_LONG if exc.code in _TOO_LONG else Kind.INVALID_INPUT
     return EngineError(kind, exc.message, exc.code, index=exc.index)
@@ -392,10 +402,7 @@ class Admission:
         """Answer what the model's cache holds for this very slot; queue only the rest, then remember it."""
         cache = served.cache
         assert cache is not None
-        # A pair is keyed by both its texts; one slot serves one task, so a pair's key never meets a text's.
-        # A text carrying per-request choices (core/preprocess.py TextInput: its prompt, cut side, truncate,
-        # max_tokens) is keyed by them too: the same words cut another way are another vector.
-        keys = [getattr(t, "cache_key", t) if isinstance(t, str) else orjson.dumps(t).decode() for t in inputs]
+        keys = [cache_key(t) for t in inputs]
         hits = cache.lookup(slot.load_id, keys)
         todo = [i for i in range(len(inputs)) if i not in hits]
         fresh = TaskResult([], [], slot.description, {"batch_size": 0, "items": 0})
