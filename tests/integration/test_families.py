@@ -1,12 +1,13 @@
 """The encoder families people serve, each as a tiny random model, against sentence-transformers.
 
-BERT, XLM-RoBERTa, MPNet, DistilBERT and ModernBERT, each saved in both sentence-transformers formats (the
-2-4 ``pooling_mode_*`` keys written by hand, and sentence-transformers 6's own ``save``): inferd's torch output
-equals ``SentenceTransformer.encode`` within 1e-5, and its OpenVINO fp32 export within 1e-4, texts of very
-different lengths batched together and each alone; OpenVINO bf16 is served only when its gate passes it, and a
-refusal says the figures it failed on. Each family's quirk is in play: XLM-RoBERTa's positions
-count from its padding id, MPNet's relative attention, DistilBERT's forward without segment ids, ModernBERT's
-sliding-window layers. The decoder families are in test_decoders.py.
+BERT, XLM-RoBERTa, MPNet, DistilBERT, ModernBERT, ELECTRA and DeBERTa-v2, each saved in both sentence-transformers
+formats (the 2-4 ``pooling_mode_*`` keys written by hand, and sentence-transformers 6's own ``save``): inferd's
+torch output equals ``SentenceTransformer.encode`` within 1e-5, and its OpenVINO fp32 export within 1e-4, texts of
+very different lengths batched together and each alone; OpenVINO bf16 is served only when its gate passes it, and
+a refusal says the figures it failed on. Each family's quirk is in play: XLM-RoBERTa's positions count from its
+padding id, MPNet's relative attention, DistilBERT's forward without segment ids, ModernBERT's sliding-window
+layers, ELECTRA's embeddings narrower than its hidden size, DeBERTa's relative positions. The decoder families are
+in test_decoders.py.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from inferd.core.errors import ModelLoadError
 from inferd.core.loading import load_handler
 from inferd.core.spec import ModelSpec
 
-FAMILIES = ("bert", "xlm-roberta", "mpnet", "distilbert", "modernbert")
+FAMILIES = ("bert", "xlm-roberta", "mpnet", "distilbert", "modernbert", "electra", "deberta-v2")
 TEXTS = [" ".join(random.Random(i).choice(WORDS) for _ in range(n)) for i, n in enumerate((1, 3, 12, 40, 90))]
 
 
@@ -33,8 +34,12 @@ def _bare(folder: Path, family: str) -> Path:
     """A Hugging Face folder of ``family``'s bare encoder, with the tiny BERT's tokenizer ([PAD] is id 0)."""
     import torch
     from transformers import (
+        DebertaV2Config,
+        DebertaV2Model,
         DistilBertConfig,
         DistilBertModel,
+        ElectraConfig,
+        ElectraModel,
         MPNetConfig,
         MPNetModel,
         XLMRobertaConfig,
@@ -62,6 +67,15 @@ def _bare(folder: Path, family: str) -> Path:
         model = MPNetModel(MPNetConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                                        intermediate_size=64, max_position_embeddings=130, initializer_range=0.2,
                                        **common))
+    elif family == "electra":
+        model = ElectraModel(ElectraConfig(embedding_size=16, hidden_size=32, num_hidden_layers=2,
+                                           num_attention_heads=4, intermediate_size=64, max_position_embeddings=128,
+                                           initializer_range=0.2, **common))
+    elif family == "deberta-v2":
+        model = DebertaV2Model(DebertaV2Config(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                               intermediate_size=64, max_position_embeddings=128,
+                                               relative_attention=True, position_buckets=32,
+                                               pos_att_type=["p2c", "c2p"], initializer_range=0.2, **common))
     else:
         model = DistilBertModel(DistilBertConfig(dim=32, hidden_dim=64, n_layers=2, n_heads=4,
                                                  max_position_embeddings=128, initializer_range=0.2, **common))
