@@ -242,8 +242,9 @@ def test_the_decoder_embedder_exports_equal_to_sentence_transformers(root: Path,
         np.testing.assert_allclose(_outputs(handler, prompted[i: i + 1])[0], expected[i], atol=GRAPH_TOL, rtol=0)
 
 
-def test_the_llm_reranker_on_openvino_equals_its_model_card(root: Path, tmp_path: Path) -> None:
-    handler = _exported(root / "llm-reranker", "openvino", tmp_path)
+@pytest.mark.parametrize("backend", ["onnx", "openvino"])
+def test_the_llm_reranker_exported_equals_its_model_card(root: Path, tmp_path: Path, backend: str) -> None:
+    handler = _exported(root / "llm-reranker", backend, tmp_path)
     pairs = [("which river runs past the city", _sentence(random.Random(10), n)) for n in (1, 6, 30, 90)]
     np.testing.assert_allclose(_outputs(handler, pairs)[:, 0], model_card_scores(root / "llm-reranker", pairs),
                                atol=GRAPH_TOL, rtol=0)
@@ -258,6 +259,26 @@ def test_a_converted_sequence_classifier_on_onnx_equals_the_cross_encoder(root: 
         warnings.simplefilter("ignore")
         expected = CrossEncoder(str(root / "seq-cls"), device="cpu").predict(pairs, batch_size=len(pairs))
     np.testing.assert_allclose(_outputs(handler, pairs)[:, 0], expected, atol=GRAPH_TOL, rtol=0)
+
+
+@pytest.mark.parametrize("name", ["embedder", "llm-reranker"])
+def test_a_decoder_on_openvino_bf16_is_served_only_through_its_gate(root: Path, tmp_path: Path, name: str) -> None:
+    try:
+        handler = _handler(root / name, backend="openvino", dtype="bfloat16", cache_dir=str(tmp_path),
+                           gate={"texts": 32})
+    except ModelLoadError as exc:  # refused: the message names the figures that missed their bounds
+        assert "Figures against torch fp32" in str(exc), str(exc)
+        return
+    assert handler.backend_info["gate"]["passed"] and handler.backend_info["gate"]["kind"] == "half"
+    if name == "embedder":
+        got = _outputs(handler, TEXTS)
+        want = _outputs(_handler(root / name), TEXTS)
+        assert np.isfinite(got).all() and ((got * want).sum(axis=1) >= 0.99).all()  # unit vectors
+    else:
+        pairs = [("which river runs past the city", _sentence(random.Random(12), n)) for n in (1, 6, 30, 90)]
+        scores = _outputs(handler, pairs)[:, 0]
+        assert np.isfinite(scores).all()
+        assert np.abs(scores - model_card_scores(root / name, pairs)).max() <= 0.05  # a probability, bf16-rounded
 
 
 @pytest.fixture(scope="module")
