@@ -71,11 +71,6 @@ def task_of(request: Request, model: str | None) -> str:
     return served.task or "embedding"
 
 
-def labels_of(request: Request, result: TaskResult) -> list[str]:
-    """The labels of the model load that computed the result (a canary's own, a model switched out since)."""
-    return list(result.description.labels or ())
-
-
 async def run_task(request: Request, texts: list[Any], body: Any, field: str, listed: bool,
                    task: str | None = None, dimensions: int | None = None, prompt: Prompt | None = None,
                    calibrate: bool = False, fields: Mapping[str, str] | None = None) -> TaskResult | Response:

@@ -20,7 +20,6 @@ from inferd.api.errors import APIError
 from inferd.api.inference import (
     INFERENCE_ERRORS,
     check_query,
-    labels_of,
     prechecked,
     require_task,
     run_task,
@@ -79,7 +78,7 @@ async def predict(request: Request) -> Response:
         return result
     outputs: list[Any] = result.outputs
     if task == "classification":
-        labels = labels_of(request, result)
+        labels = list(result.description.labels or ())
         outputs = [{"label": labels[int(p.argmax())], "probs": p} for p in outputs]
     return json_response({"results": outputs, "model": served_name(result),
                           "usage": {"prompt_tokens": result.prompt_tokens}})

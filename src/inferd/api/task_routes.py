@@ -17,7 +17,6 @@ from inferd.api.bodies import json_response, read_body
 from inferd.api.inference import (
     INFERENCE_ERRORS,
     check_query,
-    labels_of,
     prechecked,
     require_task,
     run_task,
@@ -92,7 +91,7 @@ async def classify(request: Request) -> Response:
     result = await run_task(request, texts, body, "input", listed, task="classification")
     if isinstance(result, Response):
         return result
-    labels = labels_of(request, result)
+    labels = list(result.description.labels or ())
     data = [{"index": i, "label": labels[int(p.argmax())], "probs": [float(x) for x in p],
              "num_classes": len(labels), "object": "classification"} for i, p in enumerate(result.outputs)]
     return json_response({"id": context(request.scope)["request_id"], "object": "list", "data": data,

@@ -46,7 +46,7 @@ from inferd.api.client_schemas import (
     direction,
 )
 from inferd.api.errors import APIError, engine_refusal, excerpt, refusal, tei_type
-from inferd.api.inference import INFERENCE_ERRORS, check_query, labels_of, prechecked, run_task
+from inferd.api.inference import INFERENCE_ERRORS, check_query, prechecked, run_task
 from inferd.api.schemas import ErrorResponse, TEIRerankRequest, TEIRerankResult, request_body
 from inferd.api.services import inference_auth, services
 from inferd.core.admission import model_refusal, not_ready
@@ -298,7 +298,7 @@ async def _classify(request: Request, body: TEIPredictRequest, sequences: list[A
         # The task computes probabilities only: a softmax's logits cannot be recovered from them.
         raise refusal(Kind.INVALID_INPUT, f"{asked}: asks for logits; a classifier answers probabilities here "
                       f"({own}: send function_to_apply {own} or leave it out)", "invalid_value", asked)
-    labels = labels_of(request, result)
+    labels = list(result.description.labels or ())
     return [sorted(({"score": float(p), "label": labels[i]} for i, p in enumerate(probs)),
                    key=lambda r: -r["score"]) for probs in result.outputs]
 

@@ -69,7 +69,6 @@ def family_of(path: Path) -> Family:
     return family
 
 
-
 def default_pooling(config: Any) -> tuple[str, ...]:
     """The pooling of a folder that names none, as sentence-transformers chooses it: the last token of a causal LM
     (``*ForCausalLM`` first in ``architectures``, unless its config says ``is_causal: false``), else the mean."""
