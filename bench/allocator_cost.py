@@ -32,7 +32,7 @@ CHILD = r"""
 import json, random, resource, sys, psutil, torch
 from inferd.bench.ceiling import load_handler
 from inferd.corpus import texts as corpus_texts
-from inferd.config import ModelSettings, resolve_model_path
+from inferd.settings import ModelSettings, resolve_model_path
 from inferd.core.memory import NativeHeap
 threshold, trim_every, batches, seed = (int(a) for a in sys.argv[1:5])
 heap = NativeHeap()

@@ -105,8 +105,8 @@ def check_models(checks: Checks, model: Path, guard: Any) -> None:
 
 
 def check_allocator(checks: Checks, guard: Any) -> None:
-    from inferd.config import MemorySettings
     from inferd.core.memory import ALLOC_CONF, CudaStats, MemoryGuard
+    from inferd.settings import MemorySettings
     from inferd.utils.metrics import Metrics
 
     checks.expect("expandable_segments:True" in os.environ.get(ALLOC_CONF, ""), "allocator option set",
@@ -252,8 +252,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gpu_check: skipped: no CUDA device is present (torch {torch.__version__}, "
               f"torch.cuda.is_available() is False)")
         return 0
-    from inferd.config import ModelSettings, resolve_model_path
     from inferd.core.memory import configure_process
+    from inferd.settings import ModelSettings, resolve_model_path
 
     model = args.model or resolve_model_path(ModelSettings())
     if args.oom_child:

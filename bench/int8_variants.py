@@ -36,13 +36,13 @@ from typing import Any
 import torch
 
 from inferd.bench.backends import in_process
-from inferd.config import ModelSettings, resolve_model_path
 from inferd.core.backends import gate
 from inferd.core.backends import openvino as ovb
 from inferd.core.backends.torch import TorchRunner, load_model
 from inferd.core.loading import load_handler
 from inferd.core.spec import ModelSpec
 from inferd.corpus import texts as corpus_texts
+from inferd.settings import ModelSettings, resolve_model_path
 
 DEFAULT = ('[{"name": "fp32"}, {"name": "server"}, {"name": "all", "keep_down": false}, '
            '{"name": "overflow", "overflow": "enable"}]')

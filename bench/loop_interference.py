@@ -38,10 +38,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cache", type=Path, default=Path("/tmp/inferd-interference-cache"))
     args = p.parse_args(argv)
 
-    from inferd.config import ModelSettings, resolve_model_path
     from inferd.core.loading import load_handler
     from inferd.core.spec import ModelSpec
     from inferd.corpus import texts
+    from inferd.settings import ModelSettings, resolve_model_path
 
     backend, _, dtype = args.backend.partition(":")
     handler = load_handler(ModelSpec(resolve_model_path(ModelSettings()), "1", device="cpu", backend=backend,

@@ -42,7 +42,6 @@ import numpy as np
 import torch
 import torch.nn.functional as F  # noqa: N812
 
-from inferd.config import ModelSettings, resolve_model_path
 from inferd.core.backends import varlen
 from inferd.core.backends.torch import TorchRunner
 from inferd.core.loading import load_handler
@@ -50,6 +49,7 @@ from inferd.core.preprocess import Encoded
 from inferd.core.spec import ModelSpec
 from inferd.core.tasks.embedding import EmbeddingHandler
 from inferd.corpus import texts as corpus_texts
+from inferd.settings import ModelSettings, resolve_model_path
 
 Forward = Callable[..., torch.Tensor]
 

@@ -29,8 +29,8 @@ import httpx
 
 from inferd.bench.load import Target, TextSource, run_closed, run_open
 from inferd.bench.procs import start_inferd
-from inferd.config import ModelSettings, resolve_model_path
 from inferd.corpus import texts as corpus_texts
+from inferd.settings import ModelSettings, resolve_model_path
 
 KEY = "bench-shadow"
 ADMIN = {"Authorization": f"Bearer {KEY}"}

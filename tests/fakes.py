@@ -26,10 +26,10 @@ from typing import Any
 
 import torch
 
-from inferd.config import Settings
 from inferd.core.engine import InferenceEngine
 from inferd.core.preprocess import Encoded
 from inferd.core.spec import ModelSpec
+from inferd.settings import Settings
 from inferd.utils.metrics import Metrics
 
 DIM = 8

@@ -11,9 +11,10 @@ from typing import Any
 
 import yaml
 
-from inferd.config import ConfigError, Settings, load_settings
+from inferd.config import ConfigError, load_settings
 from inferd.config_flags import add_config_flags, overrides
 from inferd.fleet import command as fleet_command
+from inferd.settings import Settings
 
 _SECRETS = ("admin_key", "api_keys", "metrics_key")
 

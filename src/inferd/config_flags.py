@@ -10,7 +10,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from inferd.config import BACKENDS, DTYPES, LOAD_MODES, LOG_FORMATS, LOG_LEVELS, QUANTIZE, RawValue
+from inferd.config import RawValue
+from inferd.settings import BACKENDS, DTYPES, LOAD_MODES, LOG_FORMATS, LOG_LEVELS, QUANTIZE
 
 # flag name -> dotted settings key
 FLAGS = {

@@ -18,7 +18,8 @@ import yaml
 from conftest import Server, free_port, start_server
 from prometheus_client.parser import text_string_to_metric_families
 
-from inferd.config import Settings, load_settings
+from inferd.config import load_settings
+from inferd.settings import Settings
 
 from .dockerfile import last, parse
 from .k8s_objects import (

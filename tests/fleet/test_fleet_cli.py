@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from inferd import cli
-from inferd.config import Settings
 from inferd.fleet import command, control
+from inferd.settings import Settings
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 

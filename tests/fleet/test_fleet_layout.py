@@ -20,11 +20,12 @@ import pytest
 
 from inferd import cli
 from inferd.api.errors import _TYPES
-from inferd.config import Settings, load_settings
+from inferd.config import load_settings
 from inferd.fleet import render
 from inferd.fleet.layout import plan, visible_gpus
 from inferd.fleet.render import RenderError, find_nginx
 from inferd.fleet.runner import supervisor_env
+from inferd.settings import Settings
 
 from .fleetkit import requires_nginx
 

@@ -23,8 +23,8 @@ from huggingface_hub import InferenceClient
 from prompted import add_prompts, sentence_transformer
 from sentence_transformers.quantization import quantize_embeddings
 
-from inferd.config import ModelSettings, resolve_model_path
 from inferd.core import quantize
+from inferd.settings import ModelSettings, resolve_model_path
 
 pytestmark = [pytest.mark.model, pytest.mark.usefixtures("hub_client_online")]
 

@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 from conftest import Server, start_server
 
-from inferd.config import ModelSettings, Settings, resolve_model_path
 from inferd.core.loading import load_handler
 from inferd.core.spec import spec_from_settings
 from inferd.core.tasks.base import Handler
 from inferd.core.tasks.embedding import EmbeddingHandler
+from inferd.settings import ModelSettings, Settings, resolve_model_path
 
 pytestmark = pytest.mark.model
 

@@ -12,12 +12,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from inferd.config import GateSettings, ModelSettings, resolve_model_path
 from inferd.core.backends.base import BackendError, cpu_flags, quantize_warning
 from inferd.core.loading import load_handler
 from inferd.core.shadow import DriftReport, verdict
 from inferd.core.spec import ModelSpec
 from inferd.corpus import texts as corpus_texts
+from inferd.settings import GateSettings, ModelSettings, resolve_model_path
 
 from .conftest import MINILM_GATE
 

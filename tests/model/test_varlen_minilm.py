@@ -8,13 +8,13 @@ import numpy as np
 import pytest
 import torch
 
-from inferd.config import ModelSettings, resolve_model_path
 from inferd.core.backends.torch import TorchRunner
 from inferd.core.backends.varlen import VarlenRunner
 from inferd.core.loading import load_handler
 from inferd.core.spec import ModelSpec
 from inferd.core.tasks.embedding import EmbeddingHandler
 from inferd.corpus import texts as corpus_texts
+from inferd.settings import ModelSettings, resolve_model_path
 
 pytestmark = pytest.mark.model
 

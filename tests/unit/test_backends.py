@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from inferd.config import GateSettings, Settings, load_settings
+from inferd.config import load_settings
 from inferd.core.backends import factory, gate
 from inferd.core.backends.base import (
     INT8_BF16_FIRST,
@@ -23,6 +23,7 @@ from inferd.core.backends.base import (
     resolve_dtype,
 )
 from inferd.core.spec import spec_from_settings
+from inferd.settings import GateSettings, Settings
 
 CPU = torch.device("cpu")
 CUDA = torch.device("cuda")

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 from fakes import HashHandler, engine_for, vector_for
 
-from inferd.config import BatchingSettings, CacheSettings, ModelSettings, Settings
 from inferd.core.cache import ResultCache
 from inferd.core.engine import InferenceEngine
 from inferd.core.errors import EngineError, Kind
+from inferd.settings import BatchingSettings, CacheSettings, ModelSettings, Settings
 from inferd.utils.metrics import Metrics
 
 

@@ -9,8 +9,8 @@ import pytest
 import yaml
 
 from inferd import cli
-from inferd.config import Settings
 from inferd.config_flags import FLAGS
+from inferd.settings import Settings
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 

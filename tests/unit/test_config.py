@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from inferd.config import ConfigError, Settings, load_settings, resolve_model_path
+from inferd.config import ConfigError, load_settings
+from inferd.settings import Settings, resolve_model_path
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = ROOT / "configs"

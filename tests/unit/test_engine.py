@@ -18,9 +18,9 @@ from starlette.testclient import TestClient
 
 from inferd.api.app import create_app
 from inferd.api.services import services_of
-from inferd.config import BatchingSettings, ModelSettings, Settings
 from inferd.core.engine import InferenceEngine
 from inferd.core.errors import ClientGone, EngineError, Kind
+from inferd.settings import BatchingSettings, ModelSettings, Settings
 from inferd.utils.metrics import Metrics
 
 

@@ -15,7 +15,6 @@ import pytest
 import torch
 from fakes import HashHandler, vector_for
 
-from inferd.config import BatchingSettings, CacheSettings, LimitSettings, ModelSettings, Settings
 from inferd.core import admission
 from inferd.core.engine import InferenceEngine
 from inferd.core.errors import ClientGone, EngineError, Kind
@@ -23,6 +22,7 @@ from inferd.core.manager import ModelManager
 from inferd.core.preprocess import Encoded
 from inferd.core.spec import ModelSpec
 from inferd.core.work import Ticket
+from inferd.settings import BatchingSettings, CacheSettings, LimitSettings, ModelSettings, Settings
 from inferd.utils.metrics import Metrics
 
 

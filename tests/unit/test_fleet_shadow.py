@@ -10,12 +10,12 @@ from typing import Any
 import httpx
 import pytest
 
-from inferd.config import GateSettings
 from inferd.fleet.control import RunDir
 from inferd.fleet.layout import Layout, WorkerSlot
 from inferd.fleet.render import read_worker_config, write_worker_config
 from inferd.fleet.rollout import ChangeFailed
 from inferd.fleet.shadow import ShadowChange, ShadowRollout
+from inferd.settings import GateSettings
 
 KEY = "admin-key"
 GATE = GateSettings()

@@ -19,12 +19,13 @@ from fakes import engine_for
 from fastapi.testclient import TestClient
 
 from inferd.api.app import create_app
-from inferd.config import Settings, load_settings
+from inferd.config import load_settings
 from inferd.core import memory
 from inferd.core.engine import InferenceEngine
 from inferd.core.errors import EngineError, Kind
 from inferd.core.memory import CudaStats, MemoryGuard, MemoryStats, ProcessStats, build_guard, configure_process
 from inferd.core.preprocess import Encoded
+from inferd.settings import Settings
 from inferd.utils.metrics import Metrics
 
 MARKER = "BOOM"

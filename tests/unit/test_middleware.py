@@ -10,7 +10,7 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
 from inferd.api.app import create_admin_app, create_app, route_paths
-from inferd.config import ModelSettings, ServerSettings, Settings
+from inferd.settings import ModelSettings, ServerSettings, Settings
 
 ADMIN_PATHS = {"/admin/memory", "/admin/models/reload", "/admin/models/canary", "/admin/models/promote",
                "/admin/models/rollback", "/admin/models", "/admin/models/shadow", "/admin/models/shadow/promote"}

@@ -327,8 +327,8 @@ def test_a_link_into_another_allowed_root_is_followed(rooted: tuple[Path, Path],
 
 
 def test_a_spec_is_held_to_every_model_root_and_the_operator_s_own_folder_to_its_parent(tmp_path: Path) -> None:
-    from inferd.config import Settings
     from inferd.core.spec import spec_from_settings
+    from inferd.settings import Settings
 
     a, b, own = tmp_path / "a", tmp_path / "b", tmp_path / "own" / "m"
     settings = Settings.model_validate({"model": {"path": str(own), "root": [str(a), str(b)]}})

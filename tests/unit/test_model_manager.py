@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from inferd.config import Settings, load_settings
+from inferd.config import load_settings
 from inferd.core.errors import ModelLoadError
 from inferd.core.loading import check_model_path
 from inferd.core.manager import (
@@ -22,6 +22,7 @@ from inferd.core.manager import (
     VersionInUse,
 )
 from inferd.core.spec import ModelSpec
+from inferd.settings import Settings
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 

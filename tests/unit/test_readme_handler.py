@@ -10,7 +10,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from inferd.api.app import create_app
-from inferd.config import Settings
+from inferd.settings import Settings
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 

@@ -15,9 +15,9 @@ from fakes import DIM, HashHandler, loader_for, vector_for
 from fastapi.testclient import TestClient
 
 from inferd.api.app import create_admin_app, create_app
-from inferd.config import BatchingSettings, LimitSettings, ModelSettings, ServerSettings, Settings
 from inferd.core.errors import ModelLoadError
 from inferd.core.spec import ModelSpec
+from inferd.settings import BatchingSettings, LimitSettings, ModelSettings, ServerSettings, Settings
 
 ADMIN = {"Authorization": "Bearer admin-key"}
 

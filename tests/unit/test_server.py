@@ -13,8 +13,8 @@ from conftest import metric_value
 from prometheus_client import generate_latest
 
 from inferd import server as server_mod
-from inferd.config import Settings
 from inferd.server import DrainingServer, reload_from_config
+from inferd.settings import Settings
 from inferd.utils.metrics import Metrics
 
 

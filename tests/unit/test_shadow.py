@@ -14,7 +14,6 @@ import pytest
 import torch
 from fakes import HashHandler, vector_for
 
-from inferd.config import BatchingSettings, CanarySettings, GateSettings, ModelSettings, Settings, ShadowSettings
 from inferd.core.batcher import BatchQueue, Policy, QueueFull
 from inferd.core.engine import InferenceEngine
 from inferd.core.errors import ModelLoadError
@@ -29,6 +28,7 @@ from inferd.core.shadow import (
     verdict,
 )
 from inferd.core.spec import ModelSpec
+from inferd.settings import BatchingSettings, CanarySettings, GateSettings, ModelSettings, Settings, ShadowSettings
 from inferd.utils.metrics import Metrics
 
 GATE = GateSettings()

@@ -11,9 +11,9 @@ from fakes import DIM, HashHandler, loader_for
 from fastapi.testclient import TestClient
 
 from inferd.api.app import create_app
-from inferd.config import ModelSettings, Settings
 from inferd.core.slots import ModelSlot
 from inferd.core.spec import ModelSpec
+from inferd.settings import ModelSettings, Settings
 
 ADMIN = {"Authorization": "Bearer admin-key"}
 

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from inferd.config import ModelSettings, Settings
 from inferd.core.backends.base import options_for
 from inferd.core.spec import ModelSpec, spec_from_settings
+from inferd.settings import ModelSettings, Settings
 
 
 def test_a_spec_reads_every_model_setting_from_the_settings_it_holds(tmp_path: Path) -> None:

@@ -29,7 +29,7 @@ from opentelemetry.trace import Link, SpanContext, SpanKind, StatusCode, TraceFl
 
 from inferd.api.app import create_app
 from inferd.api.services import services_of
-from inferd.config import BatchingSettings, ModelSettings, Settings
+from inferd.settings import BatchingSettings, ModelSettings, Settings
 from inferd.utils import tracing
 from inferd.utils.logger import JsonFormatter, RequestIdFilter
 from inferd.utils.trace_export import (

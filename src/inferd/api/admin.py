@@ -15,7 +15,6 @@ from inferd.api.bodies import json_response, read_body
 from inferd.api.errors import APIError
 from inferd.api.schemas import AdminModels, ModelChange, raw_body, request_body, responses
 from inferd.api.services import admin_auth, services
-from inferd.config import Backend, Dtype, Quantize
 from inferd.core.errors import ModelLoadError
 from inferd.core.manager import (
     ManagerClosed,
@@ -31,6 +30,7 @@ from inferd.core.manager import (
 from inferd.core.registry import ServedModel
 from inferd.core.shadow import verdict
 from inferd.core.slots import ModelSlot
+from inferd.settings import Backend, Dtype, Quantize
 
 log = logging.getLogger(__name__)
 

@@ -13,11 +13,11 @@ from typing import Any
 from starlette.requests import Request
 
 from inferd.api.security import require_admin, require_keys
-from inferd.config import Settings
 from inferd.core.engine import InferenceEngine
 from inferd.core.manager import ModelManager
 from inferd.core.memory import MemoryGuard
 from inferd.core.registry import ModelRegistry
+from inferd.settings import Settings
 from inferd.utils.metrics import Metrics
 
 

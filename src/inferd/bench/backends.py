@@ -28,8 +28,8 @@ import numpy as np
 
 from inferd.bench.load import Target, TextSource, run_closed
 from inferd.bench.procs import ServerFailed, ServerProc, start_inferd
-from inferd.config import BACKENDS, DTYPES, QUANTIZE
 from inferd.core.backends import gate
+from inferd.settings import BACKENDS, DTYPES, QUANTIZE
 
 DEFAULT_CONFIGS = ("torch,torch:padded,torch:bfloat16,onnx,onnx:int8,openvino,openvino:bfloat16,"
                    "openvino:int8-weights,openvino:int8")

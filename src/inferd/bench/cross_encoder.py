@@ -17,7 +17,7 @@ def build(out: Path, seed: int = 0) -> Path:
     import torch
     from transformers import AutoTokenizer, BertForSequenceClassification
 
-    from inferd.config import ModelSettings, resolve_model_path
+    from inferd.settings import ModelSettings, resolve_model_path
 
     source = resolve_model_path(ModelSettings())
     torch.manual_seed(seed)

@@ -23,7 +23,6 @@ from typing import Any
 import numpy as np
 import orjson
 
-from inferd.config import Settings
 from inferd.core import quantize
 from inferd.core.batcher import BatchQueue, QueueClosed, QueueFull
 from inferd.core.errors import ClientGone, EngineError, Kind, deadline_passed
@@ -34,6 +33,7 @@ from inferd.core.registry import ModelNotFound, ModelRegistry, ServedModel
 from inferd.core.shadow import SHADOW_PRIORITY, SHADOW_TIMEOUT_S, Shadow, shadow_lane, shadow_policy
 from inferd.core.slots import ModelDescription, ModelSlot
 from inferd.core.work import Failure, Outcome, TaskResult, Ticket, WorkItem
+from inferd.settings import Settings
 from inferd.utils import tracing
 from inferd.utils.logger import request_id_var
 from inferd.utils.metrics import Metrics

@@ -17,7 +17,6 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeAlias
 
-from inferd.config import ModelEntry, Settings
 from inferd.core.admission import Admission
 from inferd.core.batcher import BatchQueue, Policy
 from inferd.core.cache import ResultCache
@@ -31,6 +30,7 @@ from inferd.core.spec import ModelSpec
 from inferd.core.tasks.base import Handler
 from inferd.core.work import TaskResult, WorkItem
 from inferd.core.worker import BatchWorker
+from inferd.settings import ModelEntry, Settings
 from inferd.utils.metrics import Metrics
 
 log = logging.getLogger(__name__)

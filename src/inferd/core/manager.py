@@ -20,7 +20,6 @@ from typing import Any, TypeAlias
 
 import numpy as np
 
-from inferd.config import Settings
 from inferd.core.backends.gate import builtin_texts
 from inferd.core.loading import check_model_path, load_handler, spec_task
 from inferd.core.memory import device_memory
@@ -29,6 +28,7 @@ from inferd.core.slots import ModelSlot
 from inferd.core.spec import ModelSpec, spec_from_settings
 from inferd.core.tasks.base import Handler, ModelLoadError, incompatibility
 from inferd.core.tasks.embedding import allows_change
+from inferd.settings import Settings
 
 log = logging.getLogger(__name__)
 

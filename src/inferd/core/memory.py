@@ -21,7 +21,7 @@ from typing import Any, Protocol
 import psutil
 import torch
 
-from inferd.config import MemorySettings, Settings
+from inferd.settings import MemorySettings, Settings
 
 log = logging.getLogger(__name__)
 

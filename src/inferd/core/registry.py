@@ -13,10 +13,10 @@ import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from inferd.config import ModelEntry, Settings
 from inferd.core.batcher import Policy
 from inferd.core.cache import ResultCache
 from inferd.core.manager import ModelManager
+from inferd.settings import ModelEntry, Settings
 
 
 @dataclass(eq=False)

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from inferd.config import LimitSettings, ModelSettings, Settings, resolve_model_path
+from inferd.settings import LimitSettings, ModelSettings, Settings, resolve_model_path
 
 _MAX_CHARS = LimitSettings().max_chars_per_text
 

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from inferd.config import Settings
+from inferd.settings import Settings
 
 # Workers on a CPU when fleet.workers is not set: two shows the fleet working without oversubscribing.
 CPU_WORKERS = 2

@@ -32,8 +32,9 @@ from typing import Any
 
 import yaml
 
-from inferd.config import Settings, entry_tree, resolve_model_path
+from inferd.config import entry_tree
 from inferd.fleet.layout import Layout, WorkerSlot
+from inferd.settings import Settings, resolve_model_path
 
 _PLACEHOLDER = re.compile(r"\{\{\s*(\w+)\s*\}\}")
 _EACH = re.compile(r"^#@each (\w+)\n(.*?)^#@end\n", re.S | re.M)
@@ -279,7 +280,7 @@ def worker_settings(fleet: Fleet) -> dict[str, Any]:
 
 def _entry_paths(entry: dict[str, Any]) -> dict[str, Any]:
     """One ``models:`` entry as every worker reads it: absolute paths, roots pinned, one GPU as cuda."""
-    from inferd.config import ModelSettings
+    from inferd.settings import ModelSettings
 
     settings = ModelSettings.model_validate({k: v for k, v in entry.items() if k in ModelSettings.model_fields})
     path = resolve_model_path(settings).resolve()

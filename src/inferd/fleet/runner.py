@@ -22,7 +22,6 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, TextIO
 
-from inferd.config import Settings
 from inferd.fleet.control import RunDir, pid_alive, pointer_path, status
 from inferd.fleet.layout import free_port, plan, usable_cores, visible_gpus
 from inferd.fleet.render import (
@@ -40,6 +39,7 @@ from inferd.fleet.render import (
     write_health,
     write_run_dir,
 )
+from inferd.settings import Settings
 
 HEALTH_EVERY_S = 2.0
 # supervisord's "gave up" state: a worker that could not stay up through startretries tries.

@@ -29,7 +29,8 @@ from typing import Any
 
 import uvicorn
 
-from inferd.config import ConfigError, Settings, load_settings
+from inferd.config import ConfigError, load_settings
+from inferd.settings import Settings
 
 log = logging.getLogger(__name__)
 

@@ -24,8 +24,8 @@ from typing import Any, Protocol
 
 import torch
 
-from inferd.config import BACKENDS, DTYPES, QUANTIZE, UNPADDED, GateSettings
 from inferd.core.errors import ModelLoadError
+from inferd.settings import BACKENDS, DTYPES, QUANTIZE, UNPADDED, GateSettings
 
 log = logging.getLogger(__name__)
 

@@ -40,10 +40,10 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from inferd.config import GateSettings
 from inferd.core.agreement import spearman, top_agreement
 from inferd.core.backends.base import BackendError, Runner
 from inferd.core.preprocess import Encoded, InputError
+from inferd.settings import GateSettings
 
 BUILTIN_SEED = 11_2024  # the gate's texts
 CALIBRATION_SEED = 11_2025  # int8 calibration's texts: not the ones the gate judges

