@@ -26,7 +26,7 @@ from schemathesis.specs.openapi.checks import (
 )
 
 from inferd.api.app import create_app
-from inferd.config import BatchingSettings, CanarySettings, ModelSettings, ServerSettings, Settings
+from inferd.settings import BatchingSettings, CanarySettings, ModelSettings, ServerSettings, Settings
 
 KEY = "fuzz-key"
 # Hypothesis examples per operation (derandomized, so the same ones every run): 60, down from 100, which took 65 s
@@ -34,7 +34,7 @@ KEY = "fuzz-key"
 EXAMPLES = 60
 # Health answers 503 with its own documented shape (a state); every other error is the one error shape.
 HEALTH = {"/health", "/health/ready", "/health/live"}
-# text-embeddings-inference's routes answer in its shape, {"error": str, "error_type": str} (api/tei_routes.py),
+# text-embeddings-inference's routes answer in its shape, {"error": str, "error_type": str} (api/tei_shape.py),
 # except a refusal before the route runs (401, 413, 405 for another method), which keeps the one shape.
 TEI = {"/embed", "/similarity", "/rerank", "/tokenize", "/decode", "/"}
 TEI_TYPES = {"validation", "tokenizer", "empty", "overloaded", "unhealthy", "backend"}

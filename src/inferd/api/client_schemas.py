@@ -1,4 +1,4 @@
-"""The bodies of text-embeddings-inference's routes and Cohere's embed (api/tei_routes.py, api/cohere_embed.py),
+"""The bodies of text-embeddings-inference's routes and Cohere's embed (api/tei*.py, api/cohere.py),
 as those projects' own OpenAPI and SDKs define them: validated here for shape, the texts by core.preprocess.
 
 Built on schemas.py's conventions (``_Body``: priority and timeout_ms on every inference body; strict fields;

@@ -1,4 +1,5 @@
-"""Cohere's embed: ``POST /v1/embed`` (``cohere.Client().embed``) and ``POST /v2/embed`` (``cohere.ClientV2()``).
+"""Cohere's API: rerank (``POST /v1/rerank``, ``/v2/rerank``: Cohere's shape, which Jina, vLLM and infinity
+share) and embed: ``POST /v1/embed`` (``cohere.Client().embed``) and ``POST /v2/embed`` (``cohere.ClientV2()``).
 
 The bodies and answers are the SDK's (cohere/v2/raw_client.py, cohere/types/embed_*response*.py): v1 without
 ``embedding_types`` answers ``embeddings_floats`` (a list of vectors), with them, and v2 always, answers
@@ -20,17 +21,33 @@ from starlette.responses import Response
 
 from inferd.api import vectors
 from inferd.api.bodies import json_response, read_body
-from inferd.api.client_schemas import CohereEmbedRequest, CohereEmbedResponse
+from inferd.api.client_schemas import (
+    CohereEmbedRequest,
+    CohereEmbedResponse,
+)
 from inferd.api.errors import APIError
-from inferd.api.inference import INFERENCE_ERRORS, prechecked, require_task, run_task
+from inferd.api.inference import (
+    INFERENCE_ERRORS,
+    check_query,
+    prechecked,
+    require_task,
+    run_task,
+    served_name,
+)
 from inferd.api.middleware import context
-from inferd.api.schemas import request_body, responses
+from inferd.api.schemas import (
+    RerankRequest,
+    RerankResponse,
+    request_body,
+    responses,
+)
 from inferd.api.services import inference_auth
 from inferd.core import quantize
 from inferd.core.preprocess import Direction
 from inferd.core.prompts import Prompt
+from inferd.core.work import TaskResult
 
-cohere_router = APIRouter(dependencies=[Depends(inference_auth)])  # the inference keys, as api/routes.py
+cohere_router = APIRouter(dependencies=[Depends(inference_auth)])  # the inference keys
 
 # The engine's field names in Cohere's terms.
 _FIELDS = {"dimensions": "output_dimension"}
@@ -104,3 +121,42 @@ async def embed_v1(request: Request) -> Response:
 async def embed_v2(request: Request) -> Response:
     """Cohere's v2 embed (``cohere.ClientV2(base_url=URL).embed(model=..., input_type=..., embedding_types=...)``)."""
     return await _embed(request, 2)
+
+
+def _pairs_checked(request: Request, body: RerankRequest) -> None:
+    check_query(request, body.query)
+    # Each document is an item: counts toward limits.max_items_per_request, named documents[i] when at fault.
+    prechecked(request, body.documents, "documents", True)
+
+
+def _usage(result: TaskResult) -> dict[str, int]:
+    return {"prompt_tokens": result.prompt_tokens, "total_tokens": result.prompt_tokens}
+
+
+@cohere_router.post("/v1/rerank", openapi_extra=request_body(RerankRequest),
+                  responses=responses(RerankResponse, *INFERENCE_ERRORS))
+@cohere_router.post("/v2/rerank", openapi_extra=request_body(RerankRequest),
+                  responses=responses(RerankResponse, *INFERENCE_ERRORS))
+async def rerank(request: Request) -> Response:
+    """Cohere / Jina / vLLM / infinity rerank: ``{"query", "documents", "top_n"?, "return_documents"?}``.
+
+    Also on /v2/rerank, where Cohere's v2 client (``cohere.ClientV2``) sends the same body."""
+    require_task(request, "rerank")
+    body = await read_body(request, RerankRequest, lambda b: _pairs_checked(request, b))
+    pairs = [(body.query, d) for d in body.documents]
+    result = await run_task(request, pairs, body, "documents", listed=True, task="rerank")
+    if isinstance(result, Response):
+        return result
+    order = sorted(range(len(body.documents)), key=lambda i: -float(result.outputs[i][0]))
+    if body.top_n is not None:
+        order = order[: body.top_n]
+    results: list[dict[str, Any]] = []
+    for i in order:
+        item: dict[str, Any] = {"index": i, "relevance_score": float(result.outputs[i][0])}
+        if body.return_documents:
+            item["document"] = {"text": body.documents[i]}
+        results.append(item)
+    return json_response({"id": context(request.scope)["request_id"], "results": results,
+                          "model": served_name(result), "usage": _usage(result),
+                          "meta": {"billed_units": {"search_units": 1}}})
+

@@ -1,0 +1,105 @@
+"""What is served: ``/v1/models`` (OpenAI's list, with each model's task, readiness and versions) and ``/info``
+(inferd's description of every served load, with the fields text-embeddings-inference's clients read)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Depends, Request
+from starlette.responses import Response
+
+from inferd import __version__
+from inferd.api.bodies import json_response
+from inferd.api.schemas import (
+    Info,
+    ModelList,
+    responses,
+)
+from inferd.api.services import inference_auth, services
+from inferd.core.slots import ModelDescription
+
+# What is served: the inference keys' business, as the inference routes.
+catalog_router = APIRouter(dependencies=[Depends(inference_auth)])
+
+
+@catalog_router.get("/v1/models", responses=responses(ModelList, 401))
+async def models(request: Request) -> Response:
+    """Every served model by the name clients send as ``model``, with its task, readiness and versions."""
+    s = services(request)
+    data = []
+    for served in s.registry:
+        manager = served.manager
+        versions = [{"version": slot.version, "role": role, "backend": slot.description.backend,
+                     "dtype": slot.description.dtype, "quantize": slot.description.quantize,
+                     "weight": manager.canary_weight if role == "canary" else None}
+                    for role, slot in manager.slots()]
+        data.append({"id": served.name, "object": "model", "created": int(s.started_at), "owned_by": "inferd",
+                     "task": served.task, "state": manager.state, "ready": manager.state == "ready",
+                     "required": served.required, "default": s.registry.default_for(served.task) is served,
+                     "backend": versions[0]["backend"] if versions else served.settings.model.backend,
+                     "versions": versions})
+    return json_response({"object": "list", "data": data})
+
+
+@catalog_router.get("/info", responses=responses(Info, 401))
+async def info(request: Request) -> Response:
+    # What is served, on which device, with which limits: as much the inference keys' business as /v1/models
+    # (the router checks them). ``models`` holds every served slot of every model; the top-level fields are the
+    # default model's active slot (a single-model server's).
+    registry = services(request).registry
+    default = registry.first()
+    state = default.manager.state if default is not None else "not_loaded"
+    out: dict[str, Any] = {"inferd_version": __version__, "state": state, "models": []}
+    ordered = sorted(registry, key=lambda m: m is not default)
+    for served in ordered:
+        manager = served.manager
+        for role, slot in manager.slots():
+            out["models"].append(_slot_info(slot.description, role,
+                                            manager.canary_weight if role == "canary" else None, manager.state))
+    if out["models"] and out["models"][0]["name"] == (default.name if default else None):
+        out.update({k: out["models"][0][k] for k in ("task", "name", "version", "dimension", "max_seq_length",
+                                                     "device", "dtype", "backend", "quantize")})
+    out.update(tei_info(request))  # the fields text-embeddings-inference's clients read (model_id, model_type, ...)
+    return json_response(out)
+
+
+def _slot_info(d: ModelDescription, role: str, weight: float | None, state: str) -> dict[str, Any]:
+    """A slot as /info shows it: its description, built at load (core/slots.py)."""
+    matryoshka = d.matryoshka_dimensions
+    return {"role": role, "name": d.name, "version": d.version, "task": d.task, "state": state,
+            "labels": None if d.labels is None else list(d.labels), "dimension": d.dimension,
+            "max_seq_length": d.max_seq_length, "device": d.device, "dtype": d.dtype, "pooling": d.pooling,
+            "normalize": d.normalize, "load_seconds": d.load_seconds, "weight": weight,
+            "backend": d.backend, "quantize": d.quantize, "backend_info": d.backend_info,
+            "matryoshka_dimensions": list(matryoshka) if isinstance(matryoshka, tuple) else matryoshka,
+            "prompts": None if d.prompts is None else dict(d.prompts), "default_prompt_name": d.default_prompt_name,
+            "similarity_fn_name": d.facts.get("similarity_fn_name")}
+
+
+
+def tei_info(request: Request) -> dict[str, Any]:
+    """The /info fields text-embeddings-inference's clients read (router/src/lib.rs Info; tei-client requires
+    each key), for the default model: ``model_type`` is ``{"embedding": {"pooling"}}``, ``{"classifier":
+    {"id2label", "label2id"}}`` or ``{"reranker": ...}``. TEI's own ``version`` (its router's) is not given:
+    inferd's ``version`` is the model's."""
+    s = services(request)
+    served = s.registry.first()
+    settings = served.settings if served is not None else s.settings
+    slots = served.manager.slots() if served is not None else []
+    d: dict[str, Any] = slots[0][1].info if slots else {}
+    task = (served.task if served is not None else None) or d.get("task") or "embedding"
+    if task == "embedding":
+        model_type: dict[str, Any] = {"embedding": {"pooling": d.get("pooling") or settings.model.pooling or "mean"}}
+    else:
+        labels = d.get("labels") or ["LABEL_0"]
+        model_type = {"classifier" if task == "classification" else "reranker": {
+            "id2label": {str(i): label for i, label in enumerate(labels)},
+            "label2id": {label: i for i, label in enumerate(labels)}}}
+    return {
+        "model_id": d.get("name") or settings.model.name, "model_sha": None,
+        "model_dtype": d.get("dtype") or settings.model.dtype, "served_model_name": served.name if served else None,
+        "model_type": model_type, "max_concurrent_requests": settings.server.limit_concurrency,
+        "max_input_length": d.get("max_seq_length"), "max_batch_tokens": settings.batching.max_batch_tokens,
+        "max_batch_requests": settings.batching.max_batch_size,
+        "max_client_batch_size": settings.limits.max_items_per_request, "auto_truncate": settings.model.truncate,
+        "tokenization_workers": settings.limits.preprocess_concurrency, "sha": None, "docker_label": None}

@@ -1,0 +1,190 @@
+"""text-embeddings-inference's HTTP API (router/src/http/server.rs and types.rs of huggingface/text-embeddings-
+inference) in TEI's shapes, so the clients built on it (huggingface_hub's InferenceClient, llama-index's and
+LangChain's TEI embeddings, tei-client) work unchanged: this module holds /embed, /similarity, /rerank and POST /
+(by the served task); api/tei_tokens.py /tokenize and /decode; api/tei_predict.py /predict; api/catalog.py the
+fields of /info TEI's clients read. What they share (the error shape, the inputs) is api/tei_shape.py's.
+
+Errors on every one of these routes are in TEI's shape, ``{"error": message, "error_type": kind}``: its clients
+read ``error`` as a string (tei-client lists a model's prompts by parsing the message of an unknown prompt_name).
+The statuses stay inferd's; ``error_type`` is TEI's name for the refusal's kind (api/errors.py: KINDS and
+TEI_TYPES, the two tables from a kind). A refusal before the route runs (401 key, 413 body size) keeps the one
+error shape.
+
+A server of several models runs each route's task default, as TEI's API names no model (``/rerank`` takes
+inferd's optional ``model``); TEI's ``/predict`` runs the classification default for texts and the rerank
+default for ``[query, document]`` pairs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import orjson
+from fastapi import APIRouter, Depends, Request
+from starlette.responses import Response
+
+from inferd.api import vectors
+from inferd.api.bodies import json_response, read_body
+from inferd.api.client_schemas import (
+    TEIEmbedRequest,
+    TEIPredictRequest,
+    TEISimilarityRequest,
+    direction,
+)
+from inferd.api.errors import APIError, engine_refusal, refusal
+from inferd.api.inference import (
+    INFERENCE_ERRORS,
+    check_query,
+    prechecked,
+    run_task,
+)
+from inferd.api.schemas import (
+    TEIRerankRequest,
+    request_body,
+)
+from inferd.api.services import inference_auth, services
+from inferd.api.tei_predict import tei_predict
+from inferd.api.tei_shape import ANY, RANKED, SCORES, VECTORS, tei_errors, tei_pairs, tei_responses, tei_texts
+from inferd.core.admission import model_refusal
+from inferd.core.errors import Kind
+from inferd.core.prompts import Prompt
+from inferd.core.registry import ModelNotFound
+
+tei_router = APIRouter(dependencies=[Depends(inference_auth)])  # the inference keys
+
+
+# -- /embed, /similarity -----------------------------------------------------------------------------------
+
+
+@tei_router.post("/embed", openapi_extra=request_body(TEIEmbedRequest),
+                 responses=tei_responses(VECTORS, *INFERENCE_ERRORS))
+@tei_errors
+async def embed(request: Request) -> Response:
+    """TEI's embed: ``{"inputs": str | [str], "normalize"?, "truncate"?, "truncation_direction"?,
+    "prompt_name"?, "dimensions"?}`` → one vector per input (a list of lists, one text or many)."""
+    checked: list[tuple[list[Any], bool]] = []
+    body = await read_body(request, TEIEmbedRequest, lambda b: checked.append(tei_texts(request, b.inputs, "inputs")))
+    texts, listed = checked[0]
+    inputs = vectors.inputs_of(texts, direction(body.truncation_direction), body.truncate)
+    # The prompt and the normalisation are those of the model load that runs the texts (a canary's own).
+    result = await run_task(request, inputs, body, "inputs", listed, task="embedding", dimensions=body.dimensions,
+                            prompt=Prompt(body.prompt_name))
+    if isinstance(result, Response):
+        return result
+    if not body.normalize and result.description.normalize:
+        raise refusal(Kind.INVALID_INPUT, "normalize: false is not available on this model: its own configuration "
+                      "normalises its vectors (a Normalize module, or model.normalize: true)", "invalid_value",
+                      "normalize")
+    return json_response(vectors.vectors_of(result, body.dimensions, body.normalize))
+
+
+@tei_router.post("/similarity", openapi_extra=request_body(TEISimilarityRequest),
+                 responses=tei_responses(SCORES, *INFERENCE_ERRORS))
+@tei_errors
+async def similarity(request: Request) -> Response:
+    """TEI's (and the Hugging Face sentence-similarity task's): ``{"inputs": {"source_sentence", "sentences"},
+    "parameters"?: {"truncate", "truncation_direction", "prompt_name"}}`` → a cosine per sentence."""
+
+    def check(b: TEISimilarityRequest) -> None:
+        check_query(request, b.inputs.source_sentence, "inputs.source_sentence")
+        # The source sentence is one of the request's texts: count the sentences against what is left, so the
+        # refusal names the number the client sent (the engine would count both).
+        most = services(request).settings.limits.max_items_per_request - 1
+        if len(b.inputs.sentences) > most:
+            raise refusal(Kind.INVALID_INPUT, f"inputs.sentences: {len(b.inputs.sentences)} sentences given; at "
+                          f"most {most} per request: with inputs.source_sentence, {most + 1} texts "
+                          "(limits.max_items_per_request)", "too_many_items", "inputs.sentences")
+        prechecked(request, b.inputs.sentences, "inputs.sentences", True)
+
+    body = await read_body(request, TEISimilarityRequest, check)
+    params = body.parameters
+    texts = [body.inputs.source_sentence, *body.inputs.sentences]
+    inputs = vectors.inputs_of(texts, direction(params.truncation_direction) if params else "right",
+                               params.truncate if params else None)
+    prompt = Prompt(params.prompt_name if params else None, field="parameters.prompt_name")
+    try:
+        result = await run_task(request, inputs, body, "inputs", True, task="embedding", prompt=prompt)
+    except APIError as exc:
+        raise _similarity_param(exc) from None
+    if isinstance(result, Response):
+        return result
+    v = vectors.quantize.unit(np.vstack([np.asarray(o, dtype=np.float32) for o in result.outputs]))
+    return json_response([float(x) for x in v[1:].astype(np.float64) @ v[0].astype(np.float64)])
+
+
+def _similarity_param(exc: APIError) -> APIError:
+    """The engine names an input by its place among [source_sentence, *sentences]: name it by its field."""
+    if exc.param and exc.param.startswith("inputs["):
+        index = int(exc.param[len("inputs["): -1])
+        param = "inputs.source_sentence" if index == 0 else f"inputs.sentences[{index - 1}]"
+        exc.message = exc.message.replace(exc.param, param, 1)
+        exc.param = param
+    return exc
+
+
+
+# -- /rerank -----------------------------------------------------------------------------------------------
+
+
+@tei_router.post("/rerank", openapi_extra=request_body(TEIRerankRequest),
+                 responses=tei_responses(RANKED, *INFERENCE_ERRORS))
+@tei_errors
+async def rerank(request: Request) -> Response:
+    """TEI's rerank: ``{"query", "texts", "raw_scores"?, "return_text"?, "truncate"?, "truncation_direction"?}``
+    → each text's index and score, best first. Each (query, text) pair is one item for the engine."""
+    # As the other task routes: a server without a reranker refuses the route itself before reading the body.
+    try:
+        services(request).registry.resolve(None, "rerank")
+    except ModelNotFound as exc:
+        raise engine_refusal(model_refusal(exc), "model", False) from None
+
+    def check(b: TEIRerankRequest) -> None:
+        check_query(request, b.query)
+        prechecked(request, b.texts, "texts", True)  # each text is an item, named texts[i] when at fault
+
+    body = await read_body(request, TEIRerankRequest, check)
+    pairs = tei_pairs(body.query, body.texts, body.truncate, body.truncation_direction)
+    result = await run_task(request, pairs, body, "texts", listed=True, task="rerank")
+    if isinstance(result, Response):
+        return result
+    column = 1 if body.raw_scores else 0
+    order = sorted(range(len(body.texts)), key=lambda i: -float(result.outputs[i][column]))
+    out = []
+    for i in order:
+        item: dict[str, Any] = {"index": i, "score": float(result.outputs[i][column])}
+        if body.return_text:
+            item["text"] = body.texts[i]
+        out.append(item)
+    return json_response(out)
+
+
+
+# -- POST / ------------------------------------------------------------------------------------------------
+
+
+@tei_router.post("/", openapi_extra={"requestBody": {"required": True, "content": {"application/json": {"schema": {
+    "anyOf": [TEIEmbedRequest.model_json_schema(), TEISimilarityRequest.model_json_schema(),
+              TEIPredictRequest.model_json_schema(), TEIRerankRequest.model_json_schema()]}}}}},
+    responses=tei_responses(ANY, *INFERENCE_ERRORS))
+@tei_errors
+async def root(request: Request) -> Response:
+    """TEI's POST /, by the served (default) model's task: embedding → /embed (or /similarity for a body whose
+    ``inputs`` is ``{"source_sentence", "sentences"}``: huggingface_hub's sentence_similarity posts it here),
+    classification → /predict, rerank → /rerank."""
+    s = services(request)
+    served = s.registry.first()
+    task = (served.task if served is not None else None) or "embedding"
+    if task == "classification":
+        return await tei_predict(request)
+    if task == "rerank":
+        return await rerank(request)
+    raw = await request.body()
+    try:
+        data = orjson.loads(raw) if raw.strip() else None
+    except orjson.JSONDecodeError:
+        data = None  # /embed answers the malformed body
+    if isinstance(data, dict) and isinstance(data.get("inputs"), dict):
+        return await similarity(request)
+    return await embed(request)
+

@@ -1,0 +1,177 @@
+"""TEI's /tokenize and /decode: the served model's tokenizer, untruncated, in TEI's shapes and error shape."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections import OrderedDict
+from typing import Any
+
+import numpy as np
+import orjson
+from fastapi import APIRouter, Depends, Request
+from starlette.responses import Response
+from tokenizers import Tokenizer
+
+from inferd.api.bodies import json_response, read_body
+from inferd.api.client_schemas import (
+    TEIDecodeRequest,
+    TEITokenizeRequest,
+)
+from inferd.api.errors import engine_refusal, excerpt, refusal
+from inferd.api.schemas import (
+    request_body,
+)
+from inferd.api.services import inference_auth, services
+from inferd.api.tei_shape import DECODED, TOKENS, tei_errors, tei_responses, tei_texts
+from inferd.core.admission import model_refusal, not_ready
+from inferd.core.errors import EngineError, Kind
+from inferd.core.manager import ModelNotReady
+from inferd.core.prompts import Prompt, prompt_text
+from inferd.core.registry import ModelNotFound
+from inferd.core.slots import ModelDescription
+
+tei_tokens_router = APIRouter(dependencies=[Depends(inference_auth)])  # the inference keys
+
+
+# Requests over this many characters are tokenised (for /tokenize) in a thread, as admission does.
+_INLINE_CHARS = 4096
+# Non-truncating tokenizer copies kept for /tokenize and /decode, one per model load.
+_TOKENIZERS_KEPT = 4
+
+
+# -- /tokenize, /decode ------------------------------------------------------------------------------------
+
+
+class _Tokenizer:
+    """The served model's tokenizer, untruncated (TEI's /tokenize shows every token), with a slot reference
+    held while it is used."""
+
+    def __init__(self, request: Request) -> None:
+        self.request = request
+
+    async def __aenter__(self) -> tuple[Tokenizer, ModelDescription]:
+        s = services(self.request)
+        try:
+            served, pin = s.registry.resolve(None, None)
+            if served.settings.model.load_mode == "lazy":
+                await served.manager.ensure_loaded()
+            self.slot = served.manager.pick(None, pin)
+        except ModelNotFound as exc:
+            raise engine_refusal(model_refusal(exc), "model", False) from None
+        except ModelNotReady as exc:
+            raise engine_refusal(not_ready(exc), "model", False) from None
+        try:
+            return self._untruncated(), self.slot.description
+        except BaseException:
+            self.slot.release()
+            raise
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.slot.release()
+
+    def _untruncated(self) -> Tokenizer:
+        state = self.request.app.state
+        kept: OrderedDict[Any, Tokenizer] | None = getattr(state, "inferd_tokenizers", None)
+        if kept is None:
+            kept = state.inferd_tokenizers = OrderedDict()
+        tok = kept.get(self.slot.load_id)
+        if tok is None:
+            own = getattr(self.slot.handler, "tokenizer", None)
+            if not isinstance(own, Tokenizer):
+                raise refusal(Kind.WRONG_TASK, "this model has no tokenizer to show", "no_tokenizer")
+            tok = Tokenizer.from_str(own.to_str())
+            tok.no_truncation()
+            tok.no_padding()
+            kept[self.slot.load_id] = tok
+            while len(kept) > _TOKENIZERS_KEPT:
+                kept.popitem(last=False)
+        return tok
+
+
+def _tokens(tok: Tokenizer, texts: list[str], add_special_tokens: bool) -> list[list[dict[str, Any]]]:
+    out = []
+    for text, enc in zip(texts, tok.encode_batch(texts, add_special_tokens=add_special_tokens), strict=True):
+        # TEI's offsets are bytes of the (prompted) input; the tokenizer's are characters.
+        at = np.concatenate(([0], np.cumsum([len(c.encode("utf-8", "surrogatepass")) for c in text]))).tolist()
+        row = []
+        for tid, (start, stop), special, token in zip(enc.ids, enc.offsets, enc.special_tokens_mask, enc.tokens,
+                                                      strict=True):
+            if special:
+                row.append({"id": tid, "text": token, "special": True, "start": None, "stop": None})
+            else:
+                row.append({"id": tid, "text": text[start:stop], "special": False, "start": at[start],
+                            "stop": at[stop]})
+        out.append(row)
+    return out
+
+
+@tei_tokens_router.post("/tokenize", openapi_extra=request_body(TEITokenizeRequest),
+                 responses=tei_responses(TOKENS, 400, 401, 404, 413, 422, 503))
+@tei_errors
+async def tokenize(request: Request) -> Response:
+    """TEI's tokenize: ``{"inputs": str | [str], "add_special_tokens"?, "prompt_name"?}`` → each input's tokens
+    (``{"id", "text", "special", "start", "stop"}``, offsets in bytes of the prompted input)."""
+    checked: list[tuple[list[Any], bool]] = []
+    body = await read_body(request, TEITokenizeRequest,
+                           lambda b: checked.append(tei_texts(request, b.inputs, "inputs")))
+    async with _Tokenizer(request) as (tok, description):
+        try:
+            prompt = prompt_text(description, Prompt(body.prompt_name), {})
+        except EngineError as exc:
+            raise engine_refusal(exc, "inputs", False) from None
+        texts = [prompt + t for t in checked[0][0]]
+        if sum(map(len, texts)) > _INLINE_CHARS:
+            rows = await asyncio.to_thread(_tokens, tok, texts, body.add_special_tokens)
+        else:
+            rows = _tokens(tok, texts, body.add_special_tokens)
+    return json_response(rows)
+
+
+def _as_sent(raw: bytes, batch: bool, i: int, j: int, value: Any) -> str:
+    """A refused id as the client wrote it: orjson reads an integer beyond 64 bits as a float, whose digits are
+    not the client's (2**64 + 1 became "1.8446744073709552e+"); the standard parser keeps them (refusals only)."""
+    if isinstance(value, float):
+        try:
+            ids = json.loads(raw)["ids"]
+            exact = ids[i][j] if batch else ids[j]
+        except (ValueError, LookupError, TypeError, RecursionError):
+            exact = value
+        return excerpt(str(exact) if isinstance(exact, int) else repr(value))
+    if isinstance(value, bool | int | str) or value is None:
+        return excerpt(orjson.dumps(value).decode())
+    return "a list" if isinstance(value, list) else "an object"  # never echoed: it may nest a thousand deep
+
+
+def _id_lists(request: Request, ids: Any, vocab: int, raw: bytes) -> tuple[list[list[int]], bool]:
+    batch = isinstance(ids, list) and bool(ids) and isinstance(ids[0], list)
+    lists = ids if batch else [ids]
+    limit = services(request).settings.limits.max_items_per_request
+    if not isinstance(ids, list) or not ids:
+        raise refusal(Kind.INVALID_INPUT, "ids: must be a non-empty list of token ids, or a list of such lists",
+                      "empty_input", "ids")
+    if len(lists) > limit:
+        raise refusal(Kind.INVALID_INPUT, f"ids: {len(lists)} id lists given; at most {limit} per request",
+                      "too_many_items", "ids")
+    for i, row in enumerate(lists):
+        where = f"ids[{i}]" if batch else "ids"
+        if not isinstance(row, list) or not row:
+            raise refusal(Kind.INVALID_INPUT, f"{where}: must be a non-empty list of token ids", "empty_input", where)
+        for j, v in enumerate(row):
+            if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < vocab:
+                raise refusal(Kind.INVALID_INPUT, f"{where}[{j}]: {_as_sent(raw, batch, i, j, v)} is not a token id "
+                              f"of this model (0..{vocab - 1})", "invalid_value", f"{where}[{j}]")
+    return lists, batch
+
+
+@tei_tokens_router.post("/decode", openapi_extra=request_body(TEIDecodeRequest),
+                 responses=tei_responses(DECODED, 400, 401, 404, 413, 422, 503))
+@tei_errors
+async def decode(request: Request) -> Response:
+    """TEI's decode: ``{"ids": [int] | [[int]], "skip_special_tokens"?}`` → the text of each id list."""
+    body = await read_body(request, TEIDecodeRequest)
+    async with _Tokenizer(request) as (tok, _):
+        lists, _ = _id_lists(request, body.ids, tok.get_vocab_size(with_added_tokens=True), await request.body())
+        texts = tok.decode_batch(lists, skip_special_tokens=body.skip_special_tokens)
+    return json_response(texts)
+
