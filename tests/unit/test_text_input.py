@@ -52,8 +52,13 @@ def test_the_cache_key_tells_apart_what_can_change_a_vector() -> None:
     assert TextInput("one two").cache_key == "one two"  # no choices: a plain text's key
     keys = {TextInput("one two", prompt="query: ").cache_key, TextInput("query: one two").cache_key,
             TextInput("one two", direction="left").cache_key, TextInput("one two", truncate=False).cache_key,
-            TextInput("one two", max_tokens=4).cache_key, "one two"}
-    assert len(keys) == 6
+            TextInput("one two", max_tokens=4).cache_key, "one two",
+            TextInput("one two", outputs=("sparse",)).cache_key,
+            TextInput("one two", outputs=("dense", "sparse")).cache_key}
+    assert len(keys) == 8
+    # A prompt added on the slot that runs the text keeps the outputs it asked (issue 32).
+    (asked,) = prompted([TextInput("one two", outputs=("sparse",))], "query: ")
+    assert asked.outputs == ("sparse",) and asked.cache_key != prompted([TextInput("one two")], "query: ")[0].cache_key
 
 
 def test_the_left_cut_is_the_tokenizers_own_and_keeps_the_prompt() -> None:

@@ -70,27 +70,32 @@ class TextInput(str):
     the result cache, which keys by the value, never answers a prompted text with an unprompted one's vector.
     ``direction`` is the side cut from a text that is too long (``left`` keeps its end, and the prompt),
     ``truncate`` overrides ``model.truncate`` for this request, ``max_tokens`` cuts below the model's limit.
+    ``outputs`` names the outputs asked of a model with more than a dense head (core/outputs.py), None: its
+    default ones.
     """
 
     prompt: str
     direction: Direction
     truncate: bool | None
     max_tokens: int | None
+    outputs: tuple[str, ...] | None
 
     def __new__(cls, text: str, prompt: str = "", direction: Direction = "right", truncate: bool | None = None,
-                max_tokens: int | None = None) -> TextInput:
+                max_tokens: int | None = None, outputs: tuple[str, ...] | None = None) -> TextInput:
         self = super().__new__(cls, prompt + text)
         self.prompt, self.direction, self.truncate, self.max_tokens = prompt, direction, truncate, max_tokens
+        self.outputs = outputs
         return self
 
     @property
     def cache_key(self) -> str:
         """What a result cache must key this text by: its value (prompt included), and the choices that can
         change its vector or its refusal when it is too long (the side cut, truncate, max_tokens, and where the
-        prompt ends, for a pooling that leaves it out)."""
-        if not self.prompt and self.direction == "right" and self.truncate is None and self.max_tokens is None:
+        prompt ends, for a pooling that leaves it out), and the outputs asked: an entry holds only those."""
+        if (not self.prompt and self.direction == "right" and self.truncate is None and self.max_tokens is None
+                and self.outputs is None):
             return str(self)
-        return f"{self}\x00{len(self.prompt)}:{self.direction}:{self.truncate}:{self.max_tokens}"
+        return f"{self}\x00{len(self.prompt)}:{self.direction}:{self.truncate}:{self.max_tokens}:{self.outputs}"
 
     @property
     def cut_by_hand(self) -> bool:

@@ -75,5 +75,5 @@ def prompted(inputs: list[Any], prompt: str) -> list[Any]:
     """The texts with ``prompt`` prepended (a TextInput keeps its other choices); none: the texts as they are."""
     if not prompt:
         return inputs
-    return [TextInput(str(t), prompt, t.direction, t.truncate, t.max_tokens) if isinstance(t, TextInput)
+    return [TextInput(str(t), prompt, t.direction, t.truncate, t.max_tokens, t.outputs) if isinstance(t, TextInput)
             else TextInput(t, prompt) for t in inputs]
