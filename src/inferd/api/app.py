@@ -18,17 +18,19 @@ from starlette.responses import Response
 
 from inferd import __version__
 from inferd.api.admin import admin_router
-from inferd.api.cohere_embed import cohere_router
+from inferd.api.catalog import catalog_router
+from inferd.api.cohere import cohere_router
 from inferd.api.docs import docs_router
 from inferd.api.errors import install_error_handlers
+from inferd.api.health import health_router
+from inferd.api.inferd_routes import router
 from inferd.api.middleware import BodyLimitMiddleware, RequestContextMiddleware
-from inferd.api.routes import health_router, router
+from inferd.api.openai import openai_router
 from inferd.api.schemas import raw_body, responses
 from inferd.api.security import require_keys
 from inferd.api.services import Services, services, services_of
-from inferd.api.task_routes import task_router
-from inferd.api.tei_routes import tei_router
-from inferd.config import Settings
+from inferd.api.tei import tei_router
+from inferd.api.tei_tokens import tei_tokens_router
 from inferd.core.engine import InferenceEngine
 from inferd.core.errors import ModelLoadError
 from inferd.core.loading import load_handler
@@ -38,6 +40,7 @@ from inferd.core.registry import ServedModel
 from inferd.core.slots import ModelSlot
 from inferd.core.spec import ModelSpec
 from inferd.core.tasks.base import Handler
+from inferd.settings import Settings
 from inferd.utils.metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -67,8 +70,9 @@ def _routers(settings: Settings, admin: bool = False) -> list[APIRouter]:
     if admin:
         return [admin_router]
     own_port = settings.server.admin_port is not None  # then the admin routes are the admin app's only
-    return [router, task_router, tei_router, cohere_router, health_router, *([] if own_port else [admin_router]),
-            metrics_router]
+    # One module per client family (api/*.py), none importing another.
+    return [router, openai_router, catalog_router, cohere_router, tei_router, tei_tokens_router, health_router,
+            *([] if own_port else [admin_router]), metrics_router]
 
 
 def route_paths(settings: Settings, admin: bool = False) -> frozenset[str]:
