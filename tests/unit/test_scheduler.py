@@ -15,6 +15,7 @@ from inferd.core.batcher import (
     BatchQueue,
     Candidate,
     Decision,
+    Lane,
     Policy,
     QueueClosed,
     QueueFull,
@@ -204,16 +205,16 @@ def test_adaptive_wait_runs_a_lone_request_when_no_companion_is_due():
     assert next_batch([first], 1.0001, p, arrival_gap=None).batch == []
 
 
-def test_the_queue_estimates_the_gap_between_requests():
-    q = BatchQueue(policy(), max_queue=8)
+def test_a_lane_estimates_the_gap_between_requests():
+    lane = Lane("m", policy(), 8)
     for t in (0.0, 0.010, 0.020, 0.030):
-        q._note_arrival(t)
-    assert q.arrival_gap == pytest.approx(0.010)
-    q._note_arrival(100.0)  # a long pause counts as ARRIVAL_GAP_CAP_S (1 s), weighted 0.2
-    assert q.arrival_gap == pytest.approx(0.2 * 1.0 + 0.8 * 0.010)
+        lane.note_arrival(t)
+    assert lane.arrival_gap == pytest.approx(0.010)
+    lane.note_arrival(100.0)  # a long pause counts as ARRIVAL_GAP_CAP_S (1 s), weighted 0.2
+    assert lane.arrival_gap == pytest.approx(0.2 * 1.0 + 0.8 * 0.010)
     for i in range(1, 30):  # a burst 1 ms apart brings it back down
-        q._note_arrival(100.0 + i * 0.001)
-    assert q.arrival_gap < 0.002
+        lane.note_arrival(100.0 + i * 0.001)
+    assert lane.arrival_gap < 0.002
 
 
 def test_no_waiting_when_max_wait_is_zero():
@@ -314,13 +315,13 @@ def test_every_item_ends_in_exactly_one_outcome_and_no_batch_breaks_a_limit(item
 @given(sizes=st.lists(st.integers(1, 8), max_size=20), max_queue=st.integers(8, 24),
        p=policies.map(lambda p: Policy(p.max_batch_size, p.max_batch_tokens, 0.0, p.sort_window, p.ageing_ms)))
 def test_queue_accepts_or_refuses_whole_requests_and_loses_nothing(sizes: list[int], max_queue: int, p: Policy):
-    queue = BatchQueue(p, max_queue)
+    queue = lanes_queue(m=(p, max_queue, 1.0))
     accepted: list[Item] = []
     refused = 0
     for n in sizes:
         request = [Item(10, seq=queue.next_seq()) for _ in range(n)]
         try:
-            queue.put(request)
+            queue.put(request, "m")
             accepted += request
         except QueueFull:
             refused += n
@@ -353,9 +354,10 @@ def test_the_queue_claims_each_batch_it_hands_out_under_its_lock():
         assert other == [False]
         claimed.append(list(batch))
 
-    queue = BatchQueue(policy(max_batch_size=2), 16, claim=claim)
+    queue = BatchQueue(claim=claim)
+    queue.add_lane("m", policy(max_batch_size=2), 16)
     items = [Item(5, seq=queue.next_seq()) for _ in range(3)]
-    queue.put(items)
+    queue.put(items, "m")
     first, second = queue.take(timeout=0), queue.take(timeout=0)
     assert first is not None and second is not None
     assert claimed == [first.batch, second.batch] and sum(map(len, claimed)) == 3
@@ -363,7 +365,7 @@ def test_the_queue_claims_each_batch_it_hands_out_under_its_lock():
 
 
 def test_a_posted_chore_reaches_the_taker_even_with_nothing_queued():
-    queue = BatchQueue(policy(), 4)
+    queue = BatchQueue()
     ran: list[str] = []
     queue.post(lambda: ran.append("freed"))
     decision = queue.take(timeout=1.0)
@@ -399,7 +401,7 @@ def test_choose_lane_ranks_priority_then_least_served_then_deadline_then_order()
 
 
 def lanes_queue(**lanes: tuple[Policy, int, float]) -> BatchQueue:
-    queue = BatchQueue(policy(), 1, lanes=True)
+    queue = BatchQueue()
     for name, (p, max_queue, share) in lanes.items():
         queue.add_lane(name, p, max_queue, share)
     return queue

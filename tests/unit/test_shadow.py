@@ -204,7 +204,7 @@ class Item:
 
 
 def test_a_shadow_lane_runs_only_while_no_live_lane_holds_work() -> None:
-    queue = BatchQueue(Policy(max_wait_ms=0.0), 8, lanes=True)
+    queue = BatchQueue()
     queue.add_lane("m", Policy(max_wait_ms=0.0), 8)
     queue.add_lane(shadow_lane("m"), Policy(max_wait_ms=0.0), 2, shadow=True)
     live, mirrored = Item(5), Item(5, priority=-1000)
@@ -226,7 +226,7 @@ def test_shadow_batches_are_capped_by_the_shadow_settings_and_never_wait() -> No
     # A live policy already below the caps keeps its own limits.
     small = shadow_policy(Policy(max_batch_size=2, max_batch_tokens=50), ShadowSettings(max_batch_size=4))
     assert (small.max_batch_size, small.max_batch_tokens) == (2, 50)
-    queue = BatchQueue(live, 64, lanes=True)
+    queue = BatchQueue()
     queue.add_lane("m", live, 64)
     queue.add_lane(shadow_lane("m"), capped, 64, shadow=True)
     assert queue.lane_rules(shadow_lane("m")) == (capped, 64) and queue.lane_rules("nope") is None

@@ -43,7 +43,8 @@ def run_worker(handler: HashHandler, tmp_path: Path, loop: asyncio.AbstractEvent
                requests: list[list[str]], deadline_s: float = 60.0) -> tuple[list[Ticket], list[Outcome]]:
     """Queue the requests (paused, so they form one batch), let the worker run them, stop it."""
     slot = ModelSlot(handler, ModelSpec(tmp_path, "1"), 0.0)
-    queue = BatchQueue(Policy(max_batch_size=16, max_wait_ms=0.0), 64, claim=lambda b: b[0].group.acquire())
+    queue = BatchQueue(claim=lambda b: b[0].group.acquire())
+    queue.add_lane("m", Policy(max_batch_size=16, max_wait_ms=0.0), 64)
     outcomes: list[Outcome] = []
     delivered = threading.Event()
     worker = BatchWorker(queue, Metrics(16), None, deliver=lambda o: (outcomes.append(o), delivered.set()))
@@ -54,7 +55,7 @@ def run_worker(handler: HashHandler, tmp_path: Path, loop: asyncio.AbstractEvent
         ticket = Ticket(loop.create_future(), len(texts))
         tickets.append(ticket)
         queue.put([WorkItem(ticket, i, encode(t), len(t), 0, now, now + deadline_s, queue.next_seq(), slot)
-                   for i, t in enumerate(texts)])
+                   for i, t in enumerate(texts)], "m")
     worker.start()
     queue.pause(False)
     assert delivered.wait(10)

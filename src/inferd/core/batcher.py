@@ -128,8 +128,6 @@ def next_batch(pending: Sequence[Schedulable], now: float, policy: Policy,
 # The adaptive wait's estimate of the gap between requests: the weight of the newest gap, and its cap.
 ARRIVAL_EWMA = 0.2
 ARRIVAL_GAP_CAP_S = 1.0
-# The lane of a queue built for one model (the single-model server, and the unit tests).
-DEFAULT_LANE = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,10 +192,9 @@ class BatchQueue:
     thread (chores).
     """
 
-    def __init__(self, policy: Policy, max_queue: int,
-                 claim: Callable[[list[Any]], None] | None = None, lanes: bool = False) -> None:
-        """``lanes``: start with none (add_lane adds each model's); otherwise one default lane of these rules."""
-        self._lanes: dict[str, Lane] = {} if lanes else {DEFAULT_LANE: Lane(DEFAULT_LANE, policy, max_queue)}
+    def __init__(self, claim: Callable[[list[Any]], None] | None = None) -> None:
+        """No lanes yet: ``add_lane`` adds each model's, with its own rules and bound."""
+        self._lanes: dict[str, Lane] = {}
         self._cond = threading.Condition()
         self._closed = False
         self._seq = itertools.count()
@@ -230,7 +227,7 @@ class BatchQueue:
         with self._cond:
             return list(self._lanes)
 
-    def max_queue(self, lane: str = DEFAULT_LANE) -> int:
+    def max_queue(self, lane: str) -> int:
         with self._cond:
             found = self._lanes.get(lane)
             return found.max_queue if found is not None else 0
@@ -241,17 +238,9 @@ class BatchQueue:
             found = self._lanes.get(lane)
             return None if found is None or found.retiring else (found.policy, found.max_queue)
 
-    def depth(self, lane: str = DEFAULT_LANE) -> int:
+    def depth(self, lane: str) -> int:
         found = self._lanes.get(lane)
         return len(found.pending) if found is not None else 0
-
-    @property
-    def arrival_gap(self) -> float | None:
-        """The default lane's estimate (a single-model queue's)."""
-        return self._lanes[DEFAULT_LANE].arrival_gap
-
-    def _note_arrival(self, now: float, lane: str = DEFAULT_LANE) -> None:
-        self._lanes[lane].note_arrival(now)
 
     def __len__(self) -> int:
         return sum(len(lane.pending) for lane in list(self._lanes.values()))
@@ -259,7 +248,7 @@ class BatchQueue:
     def next_seq(self) -> int:
         return next(self._seq)
 
-    def put(self, items: Sequence[Any], lane: str = DEFAULT_LANE) -> None:
+    def put(self, items: Sequence[Any], lane: str) -> None:
         with self._cond:
             if self._closed:
                 raise QueueClosed

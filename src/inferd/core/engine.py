@@ -58,7 +58,7 @@ class InferenceEngine:
         self._on_change: OnModelsChange = on_change or (lambda slots: None)
         self._on_lazy_failure = on_lazy_failure
         # One lane per model (add_model), each with its own rules; one worker takes batches across them.
-        self.queue = BatchQueue(Policy(), 1, claim=_claim, lanes=True)
+        self.queue = BatchQueue(claim=_claim)
         self.registry = ModelRegistry()
         for entry in settings.served():
             self.registry.add(self._build(entry, settings))
