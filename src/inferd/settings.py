@@ -155,6 +155,9 @@ class LimitSettings(_Section):
     max_chars_per_text: int = Field(20_000, gt=0)
     # Requests tokenised at once in the thread pool (small ones are tokenised on the event loop, unbounded).
     preprocess_concurrency: int = Field(1, gt=0)
+    # Token vectors one response may carry (a multi-vector output is tokens x dimension per text: 8,192 x 1,024
+    # floats for one long bge-m3 text); a request over it is refused, naming this setting.
+    max_multivector_tokens: int = Field(16_384, gt=0)
 
 
 class BatchingSettings(_Section):
