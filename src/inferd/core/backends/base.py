@@ -6,7 +6,13 @@ torch tensor whatever runtime computed it, what the task's *head* is:
 
 - ``hidden``: the encoder's last hidden state ``[batch, length, hidden]``, which the embedding task pools;
 - ``logits``: a sequence-classification head's float32 logits ``[batch, labels]``, which rerank and
-  classification turn into scores and probabilities.
+  classification turn into scores and probabilities;
+- ``splade``: SPLADE's weights over the vocabulary ``[batch, vocab]``, pooled from the masked-LM logits inside the
+  pass (the logits themselves, ``[batch, length, vocab]``, would be the largest tensor of the pass to hand over);
+- ``tokens``: what the task's own token-level head module gives ``[batch, length, width]`` (bge-m3's hidden state,
+  lexical weight and ColBERT vector side by side; a ColBERT projection), which the task masks and splits.
+
+The last two are the task's modules on top of the model (``head_module``), exported inside the same graph.
 
 Every backend serves both heads: torch eager (padded, or unpadded for BERT), ONNX Runtime and OpenVINO (the
 head exported with the encoder, through the same exporter). Which runtime, at which precision and with
@@ -30,7 +36,9 @@ from inferd.settings import BACKENDS, DTYPES, QUANTIZE, UNPADDED, GateSettings
 log = logging.getLogger(__name__)
 
 # What a runner returns (see above); a task names its head when it opens a backend.
-HEADS = ("hidden", "logits")
+HEADS = ("hidden", "logits", "splade", "tokens")
+# The heads whose module the task supplies (``head_module(model)``) on top of the loaded model.
+TASK_HEADS = ("splade", "tokens")
 # The graph's inputs, in this order; a runner feeds zeros for token_type_ids when the task has none.
 INPUT_NAMES = ("input_ids", "attention_mask", "token_type_ids")
 # CPU flags that mean bf16 matrix multiplication in hardware (otherwise bf16 is emulated and slow).

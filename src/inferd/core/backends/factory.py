@@ -27,6 +27,7 @@ import torch
 
 from inferd.core.backends import gate
 from inferd.core.backends.base import (
+    TASK_HEADS,
     BackendError,
     BackendOptions,
     Runner,
@@ -123,6 +124,18 @@ def _texts(options: BackendOptions) -> tuple[list[str], list[str], str]:
                                                                          gate.CALIBRATION_SEED), "builtin:1")
 
 
+def task_model(path: Path, safetensors: bool, head: str, probe: gate.Probe) -> torch.nn.Module:
+    """The model a runner runs and an export traces: the folder's, under the task's head module for the heads a
+    task defines (backends/base.py TASK_HEADS)."""
+    model = load_model(path, safetensors, head)
+    if head not in TASK_HEADS:
+        return model
+    attach = getattr(probe, "head_module", None)
+    if attach is None:
+        raise BackendError(f"the {head} head is the task's own module, and this task defines none (head_module)")
+    return attach(model).eval()
+
+
 def open_runner(backend: str, graph: Path, head: str, dtype: str, quantize: str, threads: int,
                 info: dict[str, Any] | None = None, compile_cache: Path | None = None) -> Runner:
     if backend == "openvino":
@@ -171,7 +184,7 @@ def build(path: Path, entry: Path, key: dict[str, Any], options: BackendOptions,
                            "model.cache_dir to a writable folder, or prepare it with `inferd export`") from exc
     try:
         gate_texts, calibration_texts, _ = _texts(options)
-        model = load_model(path, safetensors, options.head)
+        model = task_model(path, safetensors, options.head, probe)
         reference = TorchRunner(model, torch.device("cpu"), "float32", head=options.head)
         samples = []
         if options.quantize == "int8":
@@ -212,7 +225,7 @@ def open_backend(path: Path, options: BackendOptions, device: torch.device, prob
     dtype, why = resolve_dtype(options.dtype, options.backend, device, quantize=options.quantize)
     threads = options.threads or torch.get_num_threads()
     if options.backend == "torch":
-        model = load_model(path, safetensors, options.head)
+        model = task_model(path, safetensors, options.head, probe)
         unpadded, how = choose(options.unpadded, model, device, options.head)
         log.info("backend torch, dtype %s (%s), %s (%s)", dtype, why, "unpadded" if unpadded else "padded", how)
         runner = VarlenRunner if unpadded else TorchRunner

@@ -47,7 +47,7 @@ def export(model: torch.nn.Module, folder: Path, head: str = "hidden") -> Path:
     _ort()
     wrapper = ExportWrapper(model, head).eval()
     axes = {name: {0: "batch", 1: "sequence"} for name in wrapper.inputs}
-    axes[wrapper.output] = {0: "batch", 1: "sequence"} if head == "hidden" else {0: "batch"}
+    axes[wrapper.output] = {0: "batch", 1: "sequence"} if head in ("hidden", "tokens") else {0: "batch"}
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / GRAPH
     with warnings.catch_warnings():

@@ -11,14 +11,16 @@ import torch
 from inferd.core.backends.base import BackendError
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+# The exported graph's output, by head.
+OUTPUT_NAMES = {"hidden": "last_hidden_state", "logits": "logits", "splade": "weights", "tokens": "token_outputs"}
 
 
 def load_model(path: Path, safetensors: bool, head: str = "hidden", dtype: str = "float32") -> torch.nn.Module:
-    """The encoder (head ``hidden``) or the encoder with its sequence-classification head (``logits``), its
-    weights checked against the architecture config.json names."""
-    from transformers import AutoModel, AutoModelForSequenceClassification
+    """The encoder (head ``hidden``, ``tokens``), the encoder with its sequence-classification head (``logits``) or
+    its masked-LM head (``splade``), its weights checked against the architecture config.json names."""
+    from transformers import AutoModel, AutoModelForMaskedLM, AutoModelForSequenceClassification
 
-    auto = AutoModelForSequenceClassification if head == "logits" else AutoModel
+    auto = {"logits": AutoModelForSequenceClassification, "splade": AutoModelForMaskedLM}.get(head, AutoModel)
     try:
         model, loading = auto.from_pretrained(
             path, local_files_only=True, use_safetensors=safetensors, dtype=_DTYPES[dtype],
@@ -38,13 +40,19 @@ def load_model(path: Path, safetensors: bool, head: str = "hidden", dtype: str =
 
 
 def output_of(out: Any, head: str) -> torch.Tensor:
-    """What a transformers model's output holds for ``head``: the last hidden state, or float32 logits."""
+    """What a transformers model's output holds for ``head``: the last hidden state, or float32 logits; a task's
+    head module (``splade``, ``tokens``) answers its tensor itself."""
+    if isinstance(out, torch.Tensor):
+        return out
     return out.logits.float() if head == "logits" else out.last_hidden_state
 
 
 def accepts_token_type_ids(model: torch.nn.Module) -> bool:
     import inspect
 
+    own = getattr(model, "takes_token_type_ids", None)  # a task's head module says whether the model under it does
+    if own is not None:
+        return bool(own)
     return "token_type_ids" in inspect.signature(model.forward).parameters
 
 
@@ -112,7 +120,7 @@ class ExportWrapper(torch.nn.Module):
         super().__init__()
         self.model = model
         self.head = head
-        self.output = "logits" if head == "logits" else "last_hidden_state"
+        self.output = OUTPUT_NAMES.get(head, "last_hidden_state")
         self.inputs = ("input_ids", "attention_mask", "token_type_ids") if accepts_token_type_ids(model) \
             else ("input_ids", "attention_mask")
 

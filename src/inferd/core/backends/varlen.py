@@ -133,6 +133,8 @@ def decoder_unsupported(model: torch.nn.Module) -> str | None:
 
 def unsupported(model: torch.nn.Module, head: str = "hidden") -> str | None:
     """Why this module cannot run unpadded, or None."""
+    if head not in ("hidden", "logits"):
+        return f"unpadded execution is written for the hidden and logits heads, not a task's {head} head"
     if head == "hidden" and getattr(getattr(model, "config", None), "model_type", None) in DECODERS:
         return decoder_unsupported(model)
     if head == "logits" and type(model).__name__ not in HEADS:

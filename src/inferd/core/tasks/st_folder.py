@@ -4,8 +4,10 @@
 Transformer → Pooling → (Dense | Normalize)*: the Transformer is the folder's own Hugging Face model (its
 ``sentence_bert_config.json`` may cap the length), the Pooling one or more modes (concatenated, in the order
 the folder gives), then each Dense (a linear layer and an activation torch names) and Normalize on the pooled
-vector. Any other module (a Router of asymmetric models, a SPLADE head, static embeddings, a custom class
-that needs remote code) is refused by name: serving a chain with a step left out would answer wrong vectors.
+vector. A sentence-transformers ``SparseEncoder`` folder (SPLADE) is the chain Transformer (``fill-mask``, or
+``MLMTransformer`` as before 5.4) → SpladePooling, read into ``Splade``. Any other module (a Router of asymmetric
+models, static embeddings, a custom class that needs remote code) is refused by name: serving a chain with a step
+left out would answer wrong vectors.
 
 Formats: sentence-transformers before 5 wrote a Pooling config of booleans (``pooling_mode_mean_tokens: true``
 …, several true = concatenated in a fixed order, none = mean); 5 and 6 write ``pooling_mode`` (a name or a
@@ -42,7 +44,9 @@ ACTIVATIONS = {"Identity": torch.nn.Identity, "Tanh": torch.nn.Tanh, "Sigmoid": 
                "Mish": torch.nn.Mish, "Hardtanh": torch.nn.Hardtanh, "Tanhshrink": torch.nn.Tanhshrink}
 SIMILARITIES = {"cosine": "cosine", "dot": "dot", "dot_product": "dot", "euclidean": "euclidean",
                 "manhattan": "manhattan"}
-KNOWN_MODULES = ("Transformer", "Pooling", "Dense", "Normalize")
+KNOWN_MODULES = ("Transformer", "Pooling", "Dense", "Normalize", "MLMTransformer", "SpladePooling")
+SPLADE_STRATEGIES = ("max", "sum")
+SPLADE_ACTIVATIONS = ("relu", "log1p_relu")
 # The Transformer module's config, under each name sentence-transformers has read it by.
 _TRANSFORMER_CONFIGS = ("sentence_bert_config.json", "sentence_roberta_config.json",
                         "sentence_distilbert_config.json", "sentence_camembert_config.json",
@@ -95,6 +99,15 @@ class Normalize:
 
 
 @dataclass(frozen=True)
+class Splade:
+    """SpladePooling: ``log(1 + activation(logits))`` of the masked-LM logits (``log1p_relu`` takes log1p twice),
+    pooled over the text's tokens by ``strategy`` (max or sum)."""
+
+    strategy: str = "max"
+    activation: str = "relu"
+
+
+@dataclass(frozen=True)
 class STFolder:
     """What the folder says; a folder without modules.json (a bare Hugging Face model) says nothing of
     pooling, and its model's settings decide."""
@@ -108,6 +121,7 @@ class STFolder:
     prompts: dict[str, str] = field(default_factory=dict)
     default_prompt_name: str | None = None
     similarity_fn_name: str | None = None
+    splade: Splade | None = None  # a SparseEncoder folder: no Pooling, SPLADE weights over the vocabulary
 
     @property
     def normalize(self) -> bool:
@@ -154,10 +168,10 @@ def modules(folder: Path) -> list[Module] | None:
 
 
 def has_pooling(folder: Path) -> bool:
-    """Whether the folder is a sentence-transformers embedding folder (modules.json with a Pooling module);
-    an unreadable modules.json is left for the load to name."""
+    """Whether the folder is a sentence-transformers embedding folder (modules.json with a Pooling or a
+    SpladePooling module); an unreadable modules.json is left for the load to name."""
     try:
-        return any(m.kind == "Pooling" for m in modules(folder) or [])
+        return any(m.kind in ("Pooling", "SpladePooling") for m in modules(folder) or [])
     except ModelLoadError:
         return False
 
@@ -273,9 +287,9 @@ def _length(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
-def _transformer(folder: Path, module: Module) -> tuple[int | None, bool]:
+def _transformer(folder: Path, module: Module, task: str = "feature-extraction") -> tuple[int | None, bool]:
     """The length cap and lowercasing the Transformer module's config sets, after checking it gives what
-    pooling reads."""
+    pooling reads (``fill-mask``: the masked-LM logits SpladePooling reads)."""
     if module.path:
         raise ModelLoadError(f"{module.describe()}: the transformer must be the model folder itself "
                              "(path ''), as sentence-transformers 2 and later save it")
@@ -284,17 +298,18 @@ def _transformer(folder: Path, module: Module) -> tuple[int | None, bool]:
         return None, False
     if not isinstance(cfg, dict):
         raise ModelLoadError("sentence_bert_config.json must be a JSON object")
-    task = cfg.get("transformer_task", "feature-extraction")
-    if task != "feature-extraction":
-        raise ModelLoadError(f"{module.describe()}: transformer_task {task!r} is not an embedding model's "
-                             "(feature-extraction)")
+    default = "fill-mask" if module.kind == "MLMTransformer" else "feature-extraction"
+    found = cfg.get("transformer_task", default)
+    if found != task:
+        raise ModelLoadError(f"{module.describe()}: transformer_task {found!r}; the modules after it read "
+                             f"{task}'s output")
+    output = "logits" if task == "fill-mask" else "last_hidden_state"
     modality = cfg.get("modality_config") or {}
-    text = modality.get("text", {"method": "forward", "method_output_name": "last_hidden_state"}) \
+    text = modality.get("text", {"method": "forward", "method_output_name": output}) \
         if isinstance(modality, dict) else modality
-    if not isinstance(text, dict) or (text.get("method"), text.get("method_output_name")) != (
-            "forward", "last_hidden_state"):
+    if not isinstance(text, dict) or (text.get("method"), text.get("method_output_name")) != ("forward", output):
         raise ModelLoadError(f"{module.describe()}: its text output is {text!r}; inferd pools the forward pass's "
-                             "last_hidden_state")
+                             f"{output}")
     if cfg.get("module_output_name", "token_embeddings") != "token_embeddings":
         raise ModelLoadError(f"{module.describe()} outputs {cfg['module_output_name']!r}; inferd pools "
                              "token_embeddings")
@@ -308,6 +323,8 @@ def _chain(folder: Path, mods: list[Module], allow_pickle: bool) -> dict[str, An
             raise ModelLoadError(f"{m.describe()} is not a module inferd runs; it runs "
                                  f"sentence-transformers' {', '.join(KNOWN_MODULES)}, in that order")
     kinds = [m.kind for m in mods]
+    if "SpladePooling" in kinds:
+        return _splade_chain(folder, mods)
     if kinds[:2] != ["Transformer", "Pooling"] or "Transformer" in kinds[2:] or "Pooling" in kinds[2:]:
         raise ModelLoadError(f"modules.json: the modules are {', '.join(kinds)}; inferd runs a Transformer, "
                              "then a Pooling, then Dense and Normalize modules")
@@ -323,7 +340,26 @@ def _chain(folder: Path, mods: list[Module], allow_pickle: bool) -> dict[str, An
             "max_seq_length": max_len, "lowercase": lowercase}
 
 
-def _st_config(folder: Path) -> dict[str, Any]:
+def _splade_chain(folder: Path, mods: list[Module]) -> dict[str, Any]:
+    kinds = [m.kind for m in mods]
+    if len(mods) != 2 or kinds[0] not in ("Transformer", "MLMTransformer") or kinds[1] != "SpladePooling":
+        raise ModelLoadError(f"modules.json: the modules are {', '.join(kinds)}; inferd runs a SPLADE model as a "
+                             "Transformer (fill-mask) followed by a SpladePooling, and nothing else")
+    max_len, lowercase = _transformer(folder, mods[0], "fill-mask")
+    name = f"{mods[1].path}/config.json"
+    cfg = (_json(folder, name) if mods[1].path else None) or {}
+    if not isinstance(cfg, dict):
+        raise ModelLoadError(f"{name} must be a JSON object")
+    strategy, activation = cfg.get("pooling_strategy", "max"), cfg.get("activation_function", "relu")
+    if strategy not in SPLADE_STRATEGIES:
+        raise ModelLoadError(f"{name}: pooling_strategy {strategy!r} is not one of {', '.join(SPLADE_STRATEGIES)}")
+    if activation not in SPLADE_ACTIVATIONS:
+        raise ModelLoadError(f"{name}: activation_function {activation!r} is not one of "
+                             f"{', '.join(SPLADE_ACTIVATIONS)}")
+    return {"splade": Splade(strategy, activation), "max_seq_length": max_len, "lowercase": lowercase}
+
+
+def _st_config(folder: Path, kind_wanted: str = "SentenceTransformer") -> dict[str, Any]:
     """config_sentence_transformers.json: prompts, the default prompt's name, the similarity function."""
     name = "config_sentence_transformers.json"
     data = _json(folder, name)
@@ -331,9 +367,9 @@ def _st_config(folder: Path) -> dict[str, Any]:
         return {}
     if not isinstance(data, dict):
         raise ModelLoadError(f"{name} must be a JSON object")
-    kind = data.get("model_type", "SentenceTransformer")
-    if kind != "SentenceTransformer":
-        raise ModelLoadError(f"{name}: model_type {kind!r}; an embedding model is a SentenceTransformer")
+    kind = data.get("model_type", kind_wanted)
+    if kind != kind_wanted:
+        raise ModelLoadError(f"{name}: model_type {kind!r}; a folder of these modules is a {kind_wanted}")
     raw = data.get("prompts") or {}
     if not isinstance(raw, dict) or not all(isinstance(k, str) and isinstance(v, str | None) for k, v in raw.items()):
         raise ModelLoadError(f"{name}: 'prompts' must map names to prompt texts")
@@ -356,4 +392,4 @@ def read_folder(folder: Path, allow_pickle: bool = False) -> STFolder:
     if not mods:
         legacy = _json(folder, "sentence_bert_config.json")
         chain = {"max_seq_length": _length(legacy.get("max_seq_length")) if isinstance(legacy, dict) else None}
-    return STFolder(**chain, **_st_config(folder))
+    return STFolder(**chain, **_st_config(folder, "SparseEncoder" if chain.get("splade") else "SentenceTransformer"))

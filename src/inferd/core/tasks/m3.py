@@ -1,0 +1,182 @@
+"""bge-m3's three outputs from one forward pass: a dense vector, lexical weights (sparse) and token vectors
+(multi-vector), for any subset a text asks for (core/outputs.py ``asked``).
+
+The folder is an XLM-RoBERTa encoder with its heads beside it: ``sparse_linear`` (hidden -> 1) and
+``colbert_linear`` (hidden -> dim), as ``.pt`` (torch's weights-only loader: tensors only) or ``.safetensors``
+(tasks/heads.py). As BAAI's reference (FlagEmbedding's M3 embedder) computes them:
+
+- dense: the folder's pooling and Normalize (bge-m3's: the first token, normalised; cls + Normalize without
+  sentence-transformers files);
+- sparse: ``relu(sparse_linear(h))`` per token, the largest per token id, the tokenizer's cls, eos, pad and unk ids
+  dropped, zeros dropped;
+- multi-vector: ``colbert_linear(h)`` of every token after the first (the eos included) up to the text's end,
+  each normalised.
+
+A text that asks for nothing is answered with its dense vector alone (a bare vector, as every embedding route
+takes); one that asks (``outputs``) gets ``TextOutputs`` with exactly those outputs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from inferd.core.errors import ModelLoadError
+from inferd.core.outputs import SparseVector, TextOutputs, asked, sparse_from_weights
+from inferd.core.preprocess import Encoded, InputError, TextEncoder
+from inferd.core.spec import ModelSpec
+from inferd.core.tasks import st_folder
+from inferd.core.tasks.base import ModelTask, check_weights, dimension_refusal, length_limit, load_tokenizer
+from inferd.core.tasks.embedding import POOLERS, PooledHead, check_prompts, head_steps, lowercase_first
+from inferd.core.tasks.heads import TokenHeads, linear_weights
+from inferd.core.tasks.sparse import vocabulary
+
+HEAD_FILES = ("sparse_linear", "colbert_linear")
+
+
+def has_heads(path: Path) -> bool:
+    """Whether the folder ships bge-m3's sparse or ColBERT head beside its encoder."""
+    return any((path / f"{stem}{ext}").is_file() for stem in HEAD_FILES for ext in (".pt", ".safetensors"))
+
+
+@dataclass(frozen=True, slots=True)
+class Asked(Encoded):
+    """A tokenised text and the outputs it asked for (empty: none named, its dense vector alone)."""
+
+    outputs: tuple[str, ...] = ()
+
+
+def special_ids(tokenizer: Any) -> set[int]:
+    """The ids lexical weights leave out: the tokenizer's cls, eos, pad and unk tokens, as BAAI's reference does."""
+    out = set()
+    for name in ("cls_token_id", "eos_token_id", "pad_token_id", "unk_token_id"):
+        value = getattr(tokenizer, name, None)
+        if isinstance(value, int):
+            out.add(value)
+    return out
+
+
+class M3Handler(ModelTask):
+    """Dense, sparse and multi-vector outputs of a bge-m3-shaped folder, from one forward pass."""
+
+    task = "embedding"
+    inputs = "texts"
+    head = "tokens"
+
+    def load(self, spec: ModelSpec, device: torch.device) -> None:
+        folder = st_folder.read_folder(spec.path, spec.allow_pickle)
+        safetensors = check_weights(spec.path, spec.allow_pickle)
+        config, tokenizer = load_tokenizer(spec.path)
+        self.hidden = hidden = int(config.hidden_size)
+        self.sparse_linear = linear_weights(spec.path, "sparse_linear", hidden)
+        self.colbert_linear = linear_weights(spec.path, "colbert_linear", hidden)
+        if self.sparse_linear is not None and self.sparse_linear.out_features != 1:
+            raise ModelLoadError(f"sparse_linear gives {self.sparse_linear.out_features} values per token; a lexical "
+                                 "weight is one")
+        self.outputs = ("dense",) + (("sparse",) if self.sparse_linear is not None else ()) + (
+            ("multivector",) if self.colbert_linear is not None else ())
+        self.name, self.version = spec.name, spec.version
+        limit = length_limit(config, tokenizer, None)
+        self.max_seq_length = min(spec.max_seq_length or folder.max_seq_length or limit, limit)
+        # bge-m3 without sentence-transformers files: its first token, normalised (BAAI's reference).
+        self.pooling_modes = (spec.pooling,) if spec.pooling else folder.pooling or ("cls",)
+        if any(m not in POOLERS for m in self.pooling_modes):
+            raise ModelLoadError(f"model.pooling {spec.pooling!r} is not a pooling of hidden states")
+        normalize = True if spec.normalize is None and not folder.pooling else spec.normalize
+        steps, self.dimension = head_steps(folder, self.pooling_modes, hidden, normalize)
+        self.normalize = bool(steps) and isinstance(steps[-1], st_folder.Normalize)
+        self._dense = PooledHead(steps).eval() if steps else None
+        self.colbert_dim = 0 if self.colbert_linear is None else self.colbert_linear.out_features
+        self.unused = special_ids(tokenizer)
+        self.vocab = vocabulary(tokenizer, int(config.vocab_size))
+        self.pad_id = tokenizer.pad_token_id or 0
+        self.prompts, self.default_prompt_name = folder.prompts, folder.default_prompt_name
+        self.tokenizer = tokenizer.backend_tokenizer
+        if folder.lowercase:
+            lowercase_first(self.tokenizer)
+        self.encoder = TextEncoder(self.tokenizer, self.max_seq_length, spec.truncate,
+                                   exclude_prompt=not folder.include_prompt)
+        check_prompts(self.prompts, self.encoder, spec.max_chars_per_text)
+        self.open_runner(spec, device, safetensors)
+
+    def head_module(self, model: torch.nn.Module) -> torch.nn.Module:
+        return TokenHeads(model, self.sparse_linear, self.colbert_linear)
+
+    def describe(self) -> dict[str, Any]:
+        return {"dimension": self.dimension, "outputs": list(self.outputs), "pooling": "+".join(self.pooling_modes),
+                "normalize": self.normalize, "multivector_dimension": self.colbert_dim or None,
+                "similarity_fn_name": "cosine", "prompts": dict(self.prompts),
+                "default_prompt_name": self.default_prompt_name, "include_prompt": not self.encoder.exclude_prompt}
+
+    def incompatibility(self, serving: Any, allow_change: bool) -> str | None:
+        return dimension_refusal(self.dimension, serving, allow_change)
+
+    def preprocess(self, texts: list[str]) -> list[Encoded]:
+        out: list[Encoded] = []
+        for i, (text, enc) in enumerate(zip(texts, self.encoder.encode(texts), strict=True)):
+            wanted = asked(text, ())
+            missing = [k for k in wanted if k not in self.outputs]
+            if missing:
+                raise InputError(i, f"asks for {', '.join(missing)}; this model gives {', '.join(self.outputs)}",
+                                 "unsupported_output")
+            out.append(Asked(enc.ids, enc.truncated, enc.type_ids, enc.skip, wanted) if wanted else enc)
+        return out
+
+    def tokens(self, runner: Any, batch: list[Encoded]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The head's token outputs ``[batch, length, hidden + 1 + dim]`` and the attention mask."""
+        ids, mask, _ = self.collate(batch)
+        with torch.inference_mode():
+            return runner(ids, mask).float().cpu(), mask
+
+    def dense(self, out: torch.Tensor, mask: torch.Tensor, batch: list[Encoded]) -> np.ndarray:
+        hidden = out[..., : self.hidden]
+        keep = mask
+        if any(e.skip for e in batch):
+            skip = torch.tensor([e.skip for e in batch]).unsqueeze(1)
+            keep = mask * (mask.cumsum(dim=1) > skip)
+        with torch.inference_mode():
+            pooled = torch.cat([POOLERS[m](hidden, keep, mask) for m in self.pooling_modes], dim=-1)
+            if self._dense is not None:
+                pooled = self._dense(pooled)
+        return pooled.numpy()
+
+    def run(self, runner: Any, batch: list[Encoded]) -> np.ndarray:
+        """The dense vectors (what the accuracy gate compares as an embedding's)."""
+        out, mask = self.tokens(runner, batch)
+        return self.dense(out, mask, batch)
+
+    def infer(self, batch: list[Encoded]) -> tuple[list[Encoded], torch.Tensor, np.ndarray]:
+        out, mask = self.tokens(self.runner, batch)
+        return batch, out, self.dense(out, mask, batch)
+
+    def postprocess(self, outputs: tuple[list[Encoded], torch.Tensor, np.ndarray]) -> list[Any]:
+        batch, out, dense = outputs
+        results: list[Any] = []
+        for row, enc in enumerate(batch):
+            wanted = enc.outputs if isinstance(enc, Asked) else ()
+            if not wanted:
+                results.append(dense[row])
+                continue
+            results.append(TextOutputs(
+                dense=dense[row] if "dense" in wanted else None,
+                sparse=self.lexical(enc.ids, out[row, : enc.tokens, self.hidden].numpy())
+                if "sparse" in wanted else None,
+                multivector=self.multivector(out[row, 1: enc.tokens, -self.colbert_dim:])
+                if "multivector" in wanted else None))
+        return results
+
+    def lexical(self, ids: list[int], weights: np.ndarray) -> SparseVector:
+        kept = [(i, w) for i, w in zip(ids, weights, strict=True) if i not in self.unused]
+        vector = sparse_from_weights([i for i, _ in kept], [w for _, w in kept])
+        return SparseVector(vector.indices, vector.values, tuple(self.vocab[vector.indices]))
+
+    def multivector(self, vectors: torch.Tensor) -> np.ndarray:
+        return torch.nn.functional.normalize(vectors, p=2, dim=-1).numpy()
+
+    def warmup(self) -> None:
+        sample = self.preprocess(["warm up", "a somewhat longer sentence to warm up the padded path"])
+        self.infer(sample)

@@ -1,0 +1,125 @@
+"""SPLADE: texts in, one sparse vector over the model's vocabulary per text out (``TextOutputs.sparse``).
+
+A sentence-transformers ``SparseEncoder`` folder (a ``*ForMaskedLM`` under a fill-mask Transformer, then
+SpladePooling: core/tasks/st_folder.py), or any masked-LM folder with ``model.pooling: splade``. The weights are
+sentence-transformers': ``log(1 + relu(logits))`` of each token's masked-LM logits, max over the text's tokens
+(``pooling_strategy`` and ``activation_function`` as the folder says), computed inside the forward pass
+(tasks/heads.py SpladeHead) so that a converted graph hands over ``[batch, vocab]`` and never the logits. Pruning is
+the operator's: ``model.sparse_top_k`` keeps the largest weights, ``model.sparse_threshold`` drops those at or below
+it; none set: every nonzero weight, as ``SparseEncoder.encode`` gives.
+
+Memory: the masked-LM logits are ``batch x length x vocab`` floats (32 texts of 512 tokens over BERT's 30,522 ids:
+2 GB); ``batching.max_batch_tokens`` bounds a batch's tokens, and so them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from inferd.core.errors import ModelLoadError
+from inferd.core.outputs import SparseVector, TextOutputs
+from inferd.core.preprocess import Encoded, TextEncoder
+from inferd.core.spec import ModelSpec
+from inferd.core.tasks import st_folder
+from inferd.core.tasks.base import ModelTask, check_weights, dimension_refusal, length_limit, load_tokenizer
+from inferd.core.tasks.embedding import check_prompts, lowercase_first
+from inferd.core.tasks.heads import SpladeHead
+
+
+def is_splade(path: Path) -> bool:
+    """Whether the folder is a SPLADE model by its modules (SpladePooling); an unreadable modules.json is left for
+    the load to name."""
+    try:
+        return any(m.kind == "SpladePooling" for m in st_folder.modules(path) or [])
+    except ModelLoadError:
+        return False
+
+
+def vocabulary(tokenizer: Any, size: int) -> np.ndarray:
+    """Each id's token text, ``size`` of them (a model's vocabulary may be padded past its tokenizer's: "")."""
+    out = np.full(size, "", dtype=object)
+    for token, i in tokenizer.get_vocab().items():
+        if 0 <= i < size:
+            out[i] = token
+    return out
+
+
+def pruning(spec: ModelSpec) -> tuple[int | None, float | None]:
+    settings = spec.settings
+    return getattr(settings, "sparse_top_k", None), getattr(settings, "sparse_threshold", None)
+
+
+class SparseHandler(ModelTask):
+    """SPLADE weights from a masked-LM encoder, as the folder's SpladePooling (or ``model.pooling: splade``) says."""
+
+    task = "embedding"
+    inputs = "texts"
+    head = "splade"
+    outputs = ("sparse",)
+    splade = st_folder.Splade()
+
+    def load(self, spec: ModelSpec, device: torch.device) -> None:
+        folder = st_folder.read_folder(spec.path, spec.allow_pickle)
+        if folder.pooling is not None and spec.pooling == "splade":
+            raise ModelLoadError("model.pooling: splade, but the folder's Pooling module pools hidden states; SPLADE "
+                                 "reads a masked-LM head's logits (serve the folder as it is, or a *ForMaskedLM)")
+        safetensors = check_weights(spec.path, spec.allow_pickle)
+        config, tokenizer = load_tokenizer(spec.path)
+        archs = [str(a) for a in getattr(config, "architectures", None) or []]
+        if not any(a.endswith("ForMaskedLM") for a in archs):
+            raise ModelLoadError(f"SPLADE needs a masked-LM model (*ForMaskedLM); config.json names {archs or 'none'}")
+        self.splade = folder.splade or st_folder.Splade()
+        self.name, self.version = spec.name, spec.version
+        limit = length_limit(config, tokenizer, None)
+        self.max_seq_length = min(spec.max_seq_length or folder.max_seq_length or limit, limit)
+        self.dimension = int(config.vocab_size)
+        self.top_k, self.threshold = pruning(spec)
+        self.pad_id = tokenizer.pad_token_id or 0
+        self.vocab = vocabulary(tokenizer, self.dimension)
+        self.prompts, self.default_prompt_name = folder.prompts, folder.default_prompt_name
+        self.tokenizer = tokenizer.backend_tokenizer
+        if folder.lowercase:
+            lowercase_first(self.tokenizer)
+        self.encoder = TextEncoder(self.tokenizer, self.max_seq_length, spec.truncate)
+        check_prompts(self.prompts, self.encoder, spec.max_chars_per_text)
+        self.open_runner(spec, device, safetensors)
+
+    def head_module(self, model: torch.nn.Module) -> torch.nn.Module:
+        return SpladeHead(model, self.splade.strategy, self.splade.activation)
+
+    def describe(self) -> dict[str, Any]:
+        return {"dimension": self.dimension, "outputs": list(self.outputs), "pooling": "splade",
+                "splade": {"pooling_strategy": self.splade.strategy, "activation_function": self.splade.activation},
+                "sparse_top_k": self.top_k, "sparse_threshold": self.threshold, "normalize": False,
+                "similarity_fn_name": "dot", "prompts": dict(self.prompts),
+                "default_prompt_name": self.default_prompt_name}
+
+    def incompatibility(self, serving: Any, allow_change: bool) -> str | None:
+        return dimension_refusal(self.dimension, serving, allow_change)
+
+    def preprocess(self, texts: list[str]) -> list[Encoded]:
+        return self.encoder.encode(texts)
+
+    def run(self, runner: Any, batch: list[Encoded]) -> np.ndarray:
+        """The weights over the vocabulary ``[batch, vocab]`` (what the accuracy gate compares)."""
+        ids, mask, _ = self.collate(batch)
+        with torch.inference_mode():
+            return runner(ids, mask).float().cpu().numpy()
+
+    def sparse(self, row: np.ndarray) -> SparseVector:
+        nonzero = np.flatnonzero(row > 0)
+        vector = SparseVector(nonzero.astype(np.int64), row[nonzero].astype(np.float32))
+        if self.top_k is not None or self.threshold is not None:
+            vector = vector.pruned(self.top_k, self.threshold)
+        return SparseVector(vector.indices, vector.values, tuple(self.vocab[vector.indices]))
+
+    def postprocess(self, outputs: np.ndarray) -> list[TextOutputs]:
+        return [TextOutputs(sparse=self.sparse(row)) for row in outputs]
+
+    def warmup(self) -> None:
+        sample = self.preprocess(["warm up", "a somewhat longer sentence to warm up the padded path"])
+        self.infer(sample)

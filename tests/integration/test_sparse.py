@@ -1,0 +1,196 @@
+"""Sparse and multi-vector outputs on tiny random models (issue 32): a SPLADE folder saved by sentence-transformers'
+SparseEncoder equals ``SparseEncoder.encode``; a bge-m3-shaped folder (XLM-RoBERTa + sparse_linear.pt +
+colbert_linear.pt) equals BAAI's formulas, written out below on the bare transformers model, for any subset of its
+three outputs from one pass; its heads are read as plain tensors only."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from inferd.core.errors import ModelLoadError
+from inferd.core.outputs import TextOutputs
+from inferd.core.preprocess import InputError
+from inferd.core.spec import ModelSpec
+from inferd.core.tasks.m3 import M3Handler
+from inferd.core.tasks.sparse import SparseHandler
+from tests.tinymodel import _tiny_encoder_config, write_tiny_bert
+
+TEXTS = ["hello world", "the cat and the dog run to the river in the city", "a", "yes no yes no yes",
+         "我你他 model service"]
+
+
+class Asking(str):
+    """A text that asks for some outputs (as a request's ``outputs`` reaches the handler)."""
+
+    outputs: tuple[str, ...]
+
+    def __new__(cls, text: str, outputs: tuple[str, ...]) -> Asking:
+        obj = super().__new__(cls, text)
+        obj.outputs = outputs
+        return obj
+
+
+def _splade(root: Path) -> dict[str, Path]:
+    """The same tiny BertForMaskedLM saved by SparseEncoder as sentence-transformers 6 writes it (Transformer with
+    transformer_task fill-mask) and as 5 did (MLMTransformer)."""
+    from sentence_transformers import SparseEncoder
+    from sentence_transformers.base.modules.transformer import Transformer
+    from sentence_transformers.sparse_encoder.modules import MLMTransformer, SpladePooling
+    from transformers import BertForMaskedLM
+
+    hf = root / "mlm-hf"
+    config = _tiny_encoder_config(hf, 3, 32, 2, 64)
+    BertForMaskedLM(config).eval().save_pretrained(hf)
+    out = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        modules = {"v6": Transformer(str(hf), transformer_task="fill-mask"), "v5": MLMTransformer(str(hf))}
+        for name, module in modules.items():
+            model = SparseEncoder(modules=[module, SpladePooling("max")], device="cpu")
+            model.save(str(root / f"splade-{name}"), create_model_card=False)
+            out[name] = root / f"splade-{name}"
+    return out
+
+
+def _m3(root: Path) -> Path:
+    """bge-m3's layout, tiny: an XLM-RoBERTa encoder, a tokenizer whose cls, eos, pad and unk are special, and its two
+    heads as torch-saved state dicts."""
+    from transformers import AutoTokenizer, XLMRobertaConfig, XLMRobertaModel
+
+    folder = write_tiny_bert(root / "m3", seed=4)
+    for name in ("modules.json", "sentence_bert_config.json", "model.safetensors", "config.json"):
+        (folder / name).unlink()
+    for sub in ("1_Pooling", "2_Normalize"):
+        shutil.rmtree(folder / sub, ignore_errors=True)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    tokenizer.add_special_tokens({"eos_token": "[SEP]", "bos_token": "[CLS]"})
+    tokenizer.save_pretrained(folder)
+    torch.manual_seed(4)
+    config = XLMRobertaConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                              intermediate_size=64, max_position_embeddings=130, type_vocab_size=1, pad_token_id=0,
+                              initializer_range=0.2)
+    XLMRobertaModel(config).eval().save_pretrained(folder)
+    torch.save(torch.nn.Linear(32, 1).state_dict(), folder / "sparse_linear.pt")
+    torch.save(torch.nn.Linear(32, 24).state_dict(), folder / "colbert_linear.pt")
+    return folder
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("sparse")
+    _splade(root)
+    _m3(root)
+    return root
+
+
+def _load(handler: Any, folder: Path, **settings: Any) -> Any:
+    handler.load(ModelSpec(folder, "1", device="cpu", warmup=False, **settings), torch.device("cpu"))
+    return handler
+
+
+def _run(handler: Any, texts: list[Any]) -> list[Any]:
+    return handler.postprocess(handler.infer(handler.preprocess(texts)))
+
+
+@pytest.mark.parametrize("form", ["v6", "v5"])
+def test_splade_equals_sparse_encoder(root: Path, form: str) -> None:
+    from sentence_transformers import SparseEncoder
+
+    folder = root / f"splade-{form}"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        want = SparseEncoder(str(folder), device="cpu").encode(TEXTS, convert_to_sparse_tensor=True).to_dense().numpy()
+    handler = _load(SparseHandler(), folder)
+    batched = _run(handler, TEXTS)
+    alone = [_run(handler, [t])[0] for t in TEXTS]
+    for row, b, a in zip(want, batched, alone, strict=True):
+        ids = np.flatnonzero(row)
+        for got in (b.sparse, a.sparse):  # among texts of other lengths (padded), and alone
+            np.testing.assert_array_equal(got.indices, ids)
+            np.testing.assert_allclose(got.values, row[ids], atol=1e-5, rtol=0)
+        vocab = handler.tokenizer.id_to_token
+        assert b.sparse.tokens == tuple(vocab(int(i)) for i in ids)
+    assert handler.describe()["outputs"] == ["sparse"]
+
+
+def _m3_reference(folder: Path, text: str) -> dict[str, Any]:
+    """BAAI's formulas on the bare model, one text, no padding."""
+    from transformers import AutoModel, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    model = AutoModel.from_pretrained(folder).eval()
+    sparse_linear, colbert_linear = torch.nn.Linear(32, 1), torch.nn.Linear(32, 24)
+    sparse_linear.load_state_dict(torch.load(folder / "sparse_linear.pt"))
+    colbert_linear.load_state_dict(torch.load(folder / "colbert_linear.pt"))
+    ids = tokenizer(text, return_tensors="pt")["input_ids"]
+    with torch.no_grad():
+        hidden = model(input_ids=ids, attention_mask=torch.ones_like(ids)).last_hidden_state[0]
+        weights = torch.relu(sparse_linear(hidden))[:, 0]
+        colbert = torch.nn.functional.normalize(colbert_linear(hidden[1:]), dim=-1)
+    unused = {tokenizer.cls_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id, tokenizer.unk_token_id}
+    lexical: dict[int, float] = {}
+    for i, w in zip(ids[0].tolist(), weights.tolist(), strict=True):
+        if i not in unused and w > 0:
+            lexical[i] = max(lexical.get(i, 0.0), w)
+    return {"dense": torch.nn.functional.normalize(hidden[0], dim=-1).numpy(), "sparse": lexical,
+            "multivector": colbert.numpy()}
+
+
+def test_m3_gives_any_subset_of_its_outputs_as_baai_computes_them(root: Path) -> None:
+    folder = root / "m3"
+    handler = _load(M3Handler(), folder)
+    assert handler.describe()["outputs"] == ["dense", "sparse", "multivector"]
+    subsets = [("dense", "sparse", "multivector"), ("sparse",), ("multivector", "dense"), ("sparse", "multivector")]
+    asks = [Asking(t, subsets[i % len(subsets)]) for i, t in enumerate(TEXTS)]
+    got = _run(handler, asks)  # one batch, one pass, every text its own subset
+    for text, ask, out in zip(TEXTS, asks, got, strict=True):
+        want = _m3_reference(folder, text)
+        assert isinstance(out, TextOutputs) and out.kinds == tuple(k for k in ("dense", "sparse", "multivector")
+                                                                     if k in ask.outputs)
+        if out.dense is not None:
+            np.testing.assert_allclose(out.dense, want["dense"], atol=1e-5, rtol=0)
+        if out.sparse is not None:
+            assert out.sparse.indices.tolist() == sorted(want["sparse"])
+            np.testing.assert_allclose(out.sparse.values, [want["sparse"][i] for i in sorted(want["sparse"])],
+                                       atol=1e-5, rtol=0)
+        if out.multivector is not None:
+            assert out.multivector.shape == want["multivector"].shape  # every token after the first, eos included
+            np.testing.assert_allclose(out.multivector, want["multivector"], atol=1e-5, rtol=0)
+    # A text that asks for nothing gets its dense vector, as every embedding route takes it.
+    plain = _run(handler, TEXTS[:2])
+    np.testing.assert_allclose(plain[1], _m3_reference(folder, TEXTS[1])["dense"], atol=1e-5, rtol=0)
+
+
+def test_m3_heads_are_read_as_plain_tensors_only(root: Path, tmp_path: Path) -> None:
+    folder = tmp_path / "m3-pickled"
+    shutil.copytree(root / "m3", folder)
+    # A whole module pickled: loading it would import and build a class the file names.
+    torch.save(torch.nn.Linear(32, 1), folder / "sparse_linear.pt")
+    with pytest.raises(ModelLoadError, match="sparse_linear.pt cannot be read as weights"):
+        _load(M3Handler(), folder)
+    (folder / "sparse_linear.pt").unlink()
+    from safetensors.torch import save_file
+
+    save_file({"weight": torch.randn(1, 16)}, str(folder / "sparse_linear.safetensors"))
+    with pytest.raises(ModelLoadError, match="taking the model's 32 hidden values"):
+        _load(M3Handler(), folder)
+
+
+def test_an_output_the_model_lacks_is_refused_by_name(root: Path, tmp_path: Path) -> None:
+    folder = tmp_path / "m3-sparse-only"
+    shutil.copytree(root / "m3", folder)
+    (folder / "colbert_linear.pt").unlink()
+    handler = _load(M3Handler(), folder)
+    assert handler.describe()["outputs"] == ["dense", "sparse"]
+    with pytest.raises(InputError, match="asks for multivector; this model gives dense, sparse"):
+        handler.preprocess([Asking("hello", ("dense",)), Asking("world", ("multivector",))])
+    cfg = json.loads((folder / "config.json").read_text())
+    assert cfg["model_type"] == "xlm-roberta"
