@@ -131,6 +131,11 @@ class ModelSettings(_Section):
     # An LLM reranker's instruction (Qwen3-Reranker's <Instruct>: the task its model card says to describe in
     # English); None = the card's default. A cross-encoder has no instruction: it is refused there.
     rerank_instruction: str | None = Field(None, min_length=1, max_length=2000)
+    # Workers that run this model's batches at the same time, each with its own threads, or CUDA stream, on one
+    # load of the weights (core/instances.py).
+    instances: int = Field(1, ge=1, le=64)
+    # Intra-op threads of each instance; 0 = the machine's cores split evenly between every model's instances.
+    threads: int = Field(0, ge=0, le=1024)
 
     @field_validator("device")
     @classmethod

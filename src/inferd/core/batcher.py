@@ -212,7 +212,7 @@ class BatchQueue:
                 self._lanes[name] = Lane(name, policy, max_queue, share, shadow=shadow)
             else:
                 lane.policy, lane.max_queue, lane.share, lane.retiring = policy, max_queue, share, False
-            self._cond.notify()
+            self._cond.notify_all()  # takers of other lanes wait on the one condition
 
     def retire_lane(self, name: str) -> None:
         """The model is no longer served: the lane takes nothing new; what it holds still runs, then it goes."""
@@ -265,7 +265,7 @@ class BatchQueue:
                     target.served = max(target.served, min(busy))
             target.pending.extend(items)
             target.note_arrival(time.monotonic())
-            self._cond.notify()
+            self._cond.notify_all()  # takers of other lanes wait on the one condition
 
     def charge(self, lane: str, seconds: float) -> None:
         """The worker's report of how long a batch of ``lane`` held the device (the fairness clock)."""
@@ -290,7 +290,7 @@ class BatchQueue:
         """Run ``chore`` on the thread that calls ``take`` (it comes back as ``Decision.chores``)."""
         with self._cond:
             self._chores.append(chore)
-            self._cond.notify()
+            self._cond.notify_all()  # takers of other lanes wait on the one condition
 
     def take_chores(self) -> list[Callable[[], None]]:
         """The chores not yet handed out (for the taker's own shutdown: nothing may be left undone)."""
@@ -302,17 +302,24 @@ class BatchQueue:
         """Hold batches back (items still expire and drop). For operators and for tests of backpressure."""
         with self._cond:
             self._paused = paused
-            self._cond.notify()
+            self._cond.notify_all()  # takers of other lanes wait on the one condition
 
     def close(self) -> None:
         with self._cond:
             self._closed = True
             self._cond.notify_all()
 
-    def drain_all(self) -> list[Any]:
+    def wake(self) -> None:
+        """Wake every taker to look again (one was told to stop)."""
         with self._cond:
-            items = [it for lane in self._lanes.values() for it in lane.pending]
-            for lane in self._lanes.values():
+            self._cond.notify_all()
+
+    def drain_all(self, lanes: Callable[[Lane], bool] | None = None) -> list[Any]:
+        """Take every pending item out (of the lanes ``lanes`` accepts; None: all)."""
+        with self._cond:
+            drained = [lane for lane in self._lanes.values() if lanes is None or lanes(lane)]
+            items = [it for lane in drained for it in lane.pending]
+            for lane in drained:
                 lane.pending = []
             self._drop_retired()
             return items
@@ -321,15 +328,16 @@ class BatchQueue:
         for name in [n for n, lane in self._lanes.items() if lane.retiring and not lane.pending]:
             del self._lanes[name]
 
-    def _decide(self, now: float) -> Decision:
-        """One decision across the lanes: every lane's expired and dropped items, and one lane's batch."""
+    def _decide(self, now: float, lanes: Callable[[Lane], bool] | None = None) -> Decision:
+        """One decision across the lanes ``lanes`` accepts (None: all): their expired and dropped items, and one
+        lane's batch."""
         decision = Decision()
         ready: list[tuple[Lane, list[Any]]] = []
         waits = []
         # Shadow work waits while any live lane holds work, even work waiting for companions: it never delays it.
         live_waiting = any(lane.pending for lane in self._lanes.values() if not lane.shadow)
         for lane in self._lanes.values():
-            if not lane.pending:
+            if not lane.pending or (lanes is not None and not lanes(lane)):
                 continue
             d = next_batch(lane.pending, now, lane.policy, lane.arrival_gap)
             decision.expired += d.expired
@@ -351,14 +359,19 @@ class BatchQueue:
             decision.wait = max(0.0, min(waits))
         return decision
 
-    def take(self, timeout: float | None = None) -> Decision | None:
-        """The next decision with something in it; None once closed and empty (or on timeout)."""
+    def take(self, timeout: float | None = None, *, lanes: Callable[[Lane], bool] | None = None,
+             chores: bool = True, stop: Callable[[], bool] | None = None) -> Decision | None:
+        """The next decision with something in it; None once closed and empty (or on timeout).
+
+        ``lanes``: only the lanes it accepts (a model instance's own; None: all); ``chores``: whether this taker
+        runs posted chores; ``stop``: checked on each wake, None once it says so and nothing is ready for it.
+        """
         give_up = None if timeout is None else time.monotonic() + timeout
         with self._cond:
             while True:
                 now = time.monotonic()
-                decision = self._decide(now)
-                if self._chores:
+                decision = self._decide(now, lanes)
+                if self._chores and chores:
                     decision.chores, self._chores = self._chores, []
                 if not decision.empty or decision.chores:
                     taken = {id(it) for it in (*decision.batch, *decision.expired, *decision.dropped)}
@@ -369,7 +382,10 @@ class BatchQueue:
                     if decision.batch and self._claim is not None:
                         self._claim(decision.batch)
                     return decision
-                if self._closed and not len(self):
+                if self._closed and not any(lanes is None or lanes(lane) for lane in self._lanes.values()
+                                            if lane.pending):
+                    return None
+                if stop is not None and stop():
                     return None
                 wait = decision.wait
                 if give_up is not None:

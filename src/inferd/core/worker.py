@@ -1,4 +1,4 @@
-"""The batch worker: its own thread takes the scheduler's decisions from the queue and runs them.
+"""The batch workers: each on its own thread takes the scheduler's decisions for its lanes and runs them.
 
 It runs each batch through the handler of the slot the queue claimed for it, splits a batch that runs out
 of device memory in halves (so only what cannot fit fails), frees retired slots (the chores the manager
@@ -6,10 +6,14 @@ posts: freeing closes a handler and empties the device cache, which must not blo
 reports what happened as an outcome object (core/work.py: ``BatchReport`` or ``Failure``) handed to
 ``deliver``. It never writes a request's outcome itself: the event loop applies the outcome, and stays
 the only writer of a ticket.
+
+A worker is one model instance (core/instances.py): it takes only its own model's lanes, under its own
+thread count and CUDA stream. ``Workers`` holds every model's instances and the shadow lanes' one.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -20,9 +24,11 @@ import torch
 
 from inferd.core.batcher import BatchQueue, Decision
 from inferd.core.errors import EngineError, Kind, deadline_passed
+from inferd.core.instances import Instance, plan, shadow_instance
 from inferd.core.shadow import SHADOW_SUFFIX
 from inferd.core.slots import ModelSlot
 from inferd.core.work import BatchReport, Failure, Outcome, WorkItem, tickets_of
+from inferd.settings import ModelEntry
 from inferd.utils import tracing
 from inferd.utils.metrics import Metrics
 
@@ -46,23 +52,44 @@ def run_chores(chores: list[Callable[[], None]]) -> None:
             log.exception("freeing a model failed")
 
 
+def _any_lane(lane: Any) -> bool:
+    return True
+
+
 class BatchWorker:
     def __init__(self, queue: BatchQueue, metrics: Metrics, memory_guard: Any,
-                 deliver: Callable[[Outcome], None]) -> None:
+                 deliver: Callable[[Outcome], None], instance: Instance | None = None,
+                 guard_lock: threading.Lock | None = None) -> None:
+        """``instance``: the lanes it serves and its budget (None: every lane, the process's threads);
+        ``guard_lock``: shared by the workers that count into one memory guard."""
         self.queue = queue
         self.metrics = metrics
         self.memory_guard = memory_guard
         self.deliver = deliver
+        self.instance = instance
         self.error: str | None = None  # why the thread died (for the log and /admin/models)
         self.batches_run = 0
         self._thread: threading.Thread | None = None
+        self._retired = False
+        self._serves = instance.serves if instance is not None else _any_lane
+        self._guard_lock = guard_lock or threading.Lock()
 
     # -- lifecycle (called from the event loop) --------------------------------------------------------
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="inferd-worker", daemon=True)
+        name = "inferd-worker" if self.instance is None else f"inferd-{self.instance.model}-{self.instance.label}"
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
         self.metrics.worker_alive.set(1)
+
+    def retire(self) -> None:
+        """Stop once its lanes hold nothing it could take (its model was removed, or has fewer instances)."""
+        self._retired = True
+        self.queue.wake()
+
+    @property
+    def thread(self) -> threading.Thread | None:
+        return self._thread
 
     @property
     def alive(self) -> bool:
@@ -88,8 +115,11 @@ class BatchWorker:
     def _run(self) -> None:
         decision: Decision | None = None
         try:
+            if self.instance is not None:
+                self.instance.enter_thread()
             while True:
-                decision = self.queue.take()
+                decision = self.queue.take(lanes=self._serves, chores=self._takes_chores,
+                                           stop=lambda: self._retired)
                 if decision is None:
                     break
                 try:
@@ -106,9 +136,14 @@ class BatchWorker:
             err = EngineError(Kind.WORKER_DEAD, "the inference worker stopped")
             # The batch in hand as well as the queue: none of their requests may wait for ever.
             in_hand = [] if decision is None else [*decision.batch, *decision.expired]
-            self.deliver(Failure(tickets_of([*in_hand, *self.queue.drain_all()]), err))
+            self.deliver(Failure(tickets_of([*in_hand, *self.queue.drain_all(lanes=self._serves)]), err))
             run_chores(self.queue.take_chores())
             raise
+
+    @property
+    def _takes_chores(self) -> bool:
+        # Not the shadow instance: a model's free or a space check must not wait on the lowest-priority thread.
+        return self.instance is None or not self.instance.nice
 
     def _handle(self, decision: Decision) -> None:
         expired = tickets_of(decision.expired)
@@ -118,19 +153,38 @@ class BatchWorker:
             slot: ModelSlot = decision.batch[0].group  # type: ignore[assignment]
             started = time.monotonic()
             live = not decision.lane.endswith(SHADOW_SUFFIX)  # shadow work stays out of the live metrics
+            if self.instance is not None:
+                self.instance.apply_threads()
             try:
                 report = self._run_batch(slot, decision.batch, live)
             finally:
                 slot.release()  # the claim the queue took for this batch; a retired slot is freed here
+                took = time.monotonic() - started
                 # The device time the lane's model took: the fair share between models (core/batcher.py).
-                self.queue.charge(decision.lane, time.monotonic() - started)
+                self.queue.charge(decision.lane, took)
+                self._count(slot.spec.name, decision.batch, started, took)
             if report is not None:
                 self.deliver(report)
             if live:
                 self.metrics.queue_depth.labels(slot.spec.name).set(self.queue.depth(decision.lane))
         run_chores(decision.chores)
         if self.memory_guard is not None and decision.batch:
-            self.memory_guard.tick(len({id(i.ticket) for i in decision.batch}))
+            with self._guard_lock:  # every instance's requests count into the one guard
+                self.memory_guard.tick(len({id(i.ticket) for i in decision.batch}))
+
+    def _count(self, model: str, batch: list[WorkItem], started: float, took: float) -> None:
+        instance = self.instance
+        if instance is None:
+            return
+        instance.batches += 1
+        instance.busy_s += took
+        label = instance.label
+        m = self.metrics
+        m.instance_busy.labels(model, label).inc(took)
+        m.instance_batches.labels(model, label).inc()
+        waited = m.instance_queue_wait.labels(model, label)
+        for item in batch:
+            waited.observe(max(0.0, started - item.enqueued))
 
     def _run_batch(self, slot: ModelSlot, batch: list[WorkItem], live: bool = True) -> BatchReport | None:
         # Requests that left since the batch was chosen are not computed for.
@@ -178,11 +232,13 @@ class BatchWorker:
     def _infer_split(self, slot: ModelSlot, items: list[WorkItem], timing: list[float]) -> list[Any]:
         """Run items as one batch; on out-of-memory split in halves so only what cannot fit fails."""
         handler = slot.handler
+        running = self.instance.running() if self.instance is not None else contextlib.nullcontext()
         try:
-            t0 = time.perf_counter()
-            outputs = handler.infer([it.encoded for it in items])
-            t1 = time.perf_counter()
-            results = handler.postprocess(outputs)
+            with running:  # on a GPU, this instance's own stream: the postprocess's copy out waits for it alone
+                t0 = time.perf_counter()
+                outputs = handler.infer([it.encoded for it in items])
+                t1 = time.perf_counter()
+                results = handler.postprocess(outputs)
             timing[0] += t1 - t0
             timing[1] += time.perf_counter() - t1
             if len(results) != len(items):
@@ -202,3 +258,90 @@ class BatchWorker:
                                     "text or retry later")]
             log.exception("batch of %d failed", len(items))
             return [_failed()] * len(items)
+
+
+class Workers:
+    """Every model's instances and the shadow lanes' one, with the one surface the engine had of its worker."""
+
+    def __init__(self, queue: BatchQueue, metrics: Metrics, memory_guard: Any,
+                 deliver: Callable[[Outcome], None], device: str = "cpu") -> None:
+        self.queue = queue
+        self.metrics = metrics
+        self.memory_guard = memory_guard
+        self.deliver = deliver
+        self._by_model: dict[str, list[BatchWorker]] = {}
+        self._retired: list[BatchWorker] = []
+        self._guard_lock = threading.Lock()
+        self._started = False
+        self._shadow = self._worker(shadow_instance(device))
+
+    def _worker(self, instance: Instance) -> BatchWorker:
+        return BatchWorker(self.queue, self.metrics, self.memory_guard, self.deliver, instance, self._guard_lock)
+
+    def set_model(self, entry: ModelEntry, device: str = "cpu") -> None:
+        """A served model's instances as its (budget-resolved) entry says: added, or grown, shrunk, re-budgeted."""
+        wanted = plan(entry, device)
+        workers = self._by_model.setdefault(entry.name, [])
+        for worker, instance in zip(workers, wanted, strict=False):
+            worker.instance.threads = instance.threads  # type: ignore[union-attr]  # applied before its next batch
+        for instance in wanted[len(workers):]:
+            worker = self._worker(instance)
+            workers.append(worker)
+            if self._started:
+                worker.start()
+        while len(workers) > len(wanted):
+            self._retire(workers.pop())
+
+    def remove_model(self, name: str) -> None:
+        for worker in self._by_model.pop(name, []):
+            self._retire(worker)
+
+    def _retire(self, worker: BatchWorker) -> None:
+        worker.retire()
+        self._retired.append(worker)
+
+    def all(self) -> list[BatchWorker]:
+        return [w for ws in self._by_model.values() for w in ws] + [self._shadow]
+
+    def instances(self, model: str) -> list[Instance]:
+        return [w.instance for w in self._by_model.get(model, []) if w.instance is not None]
+
+    @property
+    def shadow(self) -> Instance:
+        assert self._shadow.instance is not None
+        return self._shadow.instance
+
+    def start(self) -> None:
+        self._started = True
+        for worker in self.all():
+            worker.start()
+
+    @property
+    def alive(self) -> bool:
+        return all(w.alive for w in self.all())
+
+    @property
+    def error(self) -> str | None:
+        return next((w.error for w in self.all() if w.error is not None), None)
+
+    @property
+    def batches_run(self) -> int:
+        return sum(w.batches_run for w in [*self.all(), *self._retired])
+
+    def stop(self, timeout: float) -> None:
+        self.queue.close()
+        give_up = time.monotonic() + timeout
+        for worker in [*self.all(), *self._retired]:
+            if worker.thread is not None:
+                worker.thread.join(max(0.0, give_up - time.monotonic()))
+        if not any(w.thread is not None and w.thread.is_alive() for w in self.all()):
+            run_chores(self.queue.take_chores())  # frees posted as the workers stopped
+
+    def on_worker(self, chore: Callable[[], None]) -> None:
+        """Run ``chore`` on a live instance's thread (a slot's free); here when this is one, or there is none."""
+        threads = [w.thread for w in self.all() if w._takes_chores and w.thread is not None]  # noqa: SLF001
+        alive = [t for t in threads if t.is_alive()]
+        if not alive or threading.current_thread() in threads:
+            run_chores([chore])
+        else:
+            self.queue.post(chore)

@@ -105,6 +105,14 @@ class Metrics:
                                     registry=r)
         self.worker_alive = Gauge("inferd_worker_alive", "1 while the inference worker thread runs",
                                   registry=r)
+        # Per model instance (core/instances.py); instance "shadow" is the shadow lanes' own.
+        self.instance_busy = Counter("inferd_instance_busy_seconds_total", "Seconds an instance spent running "
+                                     "batches", ["model", "instance"], registry=r)
+        self.instance_batches = Counter("inferd_instance_batches_total", "Batches an instance ran",
+                                        ["model", "instance"], registry=r)
+        self.instance_queue_wait = Histogram("inferd_instance_queue_wait_seconds", "Time a text waited in the "
+                                             "queue before an instance took its batch", ["model", "instance"],
+                                             buckets=LATENCY_BUCKETS, registry=r)
         # Shadow traffic (core/shadow.py): mirrored requests by outcome, and the drift report's figures.
         self.shadow_requests = Counter("inferd_shadow_requests_total", "Live requests mirrored to a model's shadow "
                                        "candidate, by outcome (sampled, computed, shed, failed)",

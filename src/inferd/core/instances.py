@@ -1,0 +1,145 @@
+"""Model instances: the workers that run batches, each with its own compute budget.
+
+One inference worker ran every model's batches one at a time, so a one-text embedding waited for a whole
+32-pair rerank batch of another model, and a live request for a shadow batch (bench/RESULTS.md, "Pipeline").
+Here each served model gets ``model.instances`` workers of its own, and every model's shadow lane one more;
+each worker takes only its own lanes' batches (``BatchQueue.take(lanes=...)``), so batches of different
+instances run at the same time and share no barrier.
+
+An instance's budget is a number of intra-op threads. torch's ``set_num_threads`` is per calling thread under
+its OpenMP backend once that thread has been initialised (measured on torch 2.13: a worker thread that asks
+for one thread keeps one while the thread beside it runs two; a thread not yet initialised copies the last
+count any thread set), so each worker initialises its thread, then sets its own count. OpenVINO and ONNX
+Runtime get theirs from the model's load (core/backends/base.py ``options_for``: streams and threads per
+compiled model). By default the machine's cores are split evenly between every live instance, never more
+than one core each way; ``model.threads`` sets a model's own. On a GPU each instance runs on its own CUDA
+stream. The shadow instance has one thread at the lowest OS priority: it uses what the live instances leave.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from inferd.settings import ModelEntry, Settings
+
+log = logging.getLogger(__name__)
+
+SHADOW_INSTANCE = "shadow"
+
+
+def machine_cores() -> int:
+    """The cores this process may run on (its affinity mask: a container's or taskset's limit, not the host's)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def thread_budgets(entries: tuple[ModelEntry, ...], cores: int) -> dict[str, int]:
+    """Each model's threads per instance: its own ``model.threads``, or the cores left by those that set theirs
+    split evenly between the other models' instances (at least one each: more instances than cores time-share)."""
+    fixed = {e.name: e.model.threads for e in entries if e.model.threads}
+    left = cores - sum(fixed[name] * e.model.instances for e in entries for name in [e.name] if name in fixed)
+    shared = sum(e.model.instances for e in entries if e.name not in fixed)
+    even = max(1, left // shared) if shared else 0
+    if shared and left < shared:
+        log.warning("%d instances share %d cores: each gets one thread and they time-share", shared, max(left, 0))
+    return {e.name: fixed.get(e.name, even) for e in entries}
+
+
+def with_budgets(settings: Settings, cores: int | None = None) -> Settings:
+    """``settings`` with every model's ``model.threads`` resolved (0 = its even share of the cores), so that the
+    load (OpenVINO's and ONNX Runtime's thread counts) and the workers read one figure."""
+    total = cores or settings.runtime.torch_threads or machine_cores()
+    budgets = thread_budgets(settings.served(), total)
+    if settings.models:
+        models = tuple(e.model_copy(update={"model": e.model.model_copy(update={"threads": budgets[e.name]})})
+                       for e in settings.models)
+        return settings.model_copy(update={"models": models})
+    only = settings.served()[0]
+    return settings.model_copy(update={"model": settings.model.model_copy(update={"threads": budgets[only.name]})})
+
+
+def _new_stream(device: str) -> Any:
+    """A CUDA stream of its own on a GPU; None on a CPU (the instance's threads are its budget there)."""
+    if (device == "auto" or device.startswith("cuda")) and torch.cuda.is_available():
+        return torch.cuda.Stream(torch.device(device))
+    return None
+
+
+@dataclass
+class Instance:
+    """One worker's identity and budget: the model it serves (its lanes), its index, its threads, its stream."""
+
+    model: str
+    index: int | str
+    threads: int
+    serves: Callable[[Any], bool]
+    stream: Any = None
+    nice: int = 0  # the OS priority of its thread (the shadow instance's is the lowest)
+    # What /admin/models and the metrics read; written by the worker thread only.
+    batches: int = 0
+    busy_s: float = 0.0
+    _applied: int = field(default=0, repr=False)
+
+    @property
+    def label(self) -> str:
+        return str(self.index)
+
+    def enter_thread(self) -> None:
+        """On the worker's own thread, before its first batch: its priority and its thread count."""
+        if self.nice:
+            with contextlib.suppress(AttributeError, OSError):  # not Linux, or not permitted: the default priority
+                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), self.nice)
+        self.apply_threads()
+
+    def apply_threads(self) -> None:
+        """This thread's intra-op count, when it changed (a SIGHUP that adds instances splits the cores anew)."""
+        if self.threads and self.threads != self._applied:
+            # Initialise the thread first: its first parallel call would otherwise copy the last count set by any
+            # thread over the one set here.
+            torch.get_num_threads()
+            torch.set_num_threads(self.threads)
+            self._applied = self.threads
+
+    @contextlib.contextmanager
+    def running(self) -> Iterator[None]:
+        """A batch's device context: its own CUDA stream, so instances on one GPU overlap."""
+        if self.stream is None:
+            yield
+            return
+        with stream_context(self.stream):
+            yield
+
+
+def stream_context(stream: Any) -> Any:
+    """torch's stream context for a real CUDA stream; a fake's own context (unit tests on the CPU)."""
+    if isinstance(stream, torch.cuda.Stream):
+        return torch.cuda.stream(stream)
+    return stream
+
+
+def live_lane(model: str) -> Callable[[Any], bool]:
+    return lambda lane: lane.name == model and not lane.shadow
+
+
+def shadow_lanes(lane: Any) -> bool:
+    return bool(lane.shadow)
+
+
+def plan(entry: ModelEntry, device: str = "cpu") -> list[Instance]:
+    """The instances of one served model, as its (budget-resolved) entry says."""
+    return [Instance(entry.name, i, entry.model.threads, live_lane(entry.name), _new_stream(device))
+            for i in range(entry.model.instances)]
+
+
+def shadow_instance(device: str = "cpu") -> Instance:
+    return Instance("", SHADOW_INSTANCE, 1, shadow_lanes, _new_stream(device), nice=19)
