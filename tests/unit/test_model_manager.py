@@ -11,16 +11,9 @@ from typing import Any
 import pytest
 
 from inferd.config import load_settings
-from inferd.core.errors import ModelLoadError
+from inferd.core.errors import ManagerClosed, ModelLoadError, ModelNotReady, NoCanary, ReloadInProgress, VersionInUse
 from inferd.core.loading import check_model_path
-from inferd.core.manager import (
-    ManagerClosed,
-    ModelManager,
-    ModelNotReady,
-    NoCanary,
-    ReloadInProgress,
-    VersionInUse,
-)
+from inferd.core.manager import ModelManager
 from inferd.core.spec import ModelSpec
 from inferd.settings import Settings
 

@@ -16,17 +16,16 @@ from fakes import HashHandler, vector_for
 
 from inferd.core.batcher import BatchQueue, Policy, QueueFull
 from inferd.core.engine import InferenceEngine
-from inferd.core.errors import ModelLoadError
-from inferd.core.manager import NoShadow, ShadowRefused, SpaceChanged
+from inferd.core.errors import ModelLoadError, NoShadow, ShadowRefused, SpaceChanged
 from inferd.core.shadow import (
     COSINE_EDGES,
     DriftReport,
     aggregate,
-    sampled,
     shadow_lane,
     shadow_policy,
     verdict,
 )
+from inferd.core.shadow_slot import sampled
 from inferd.core.spec import ModelSpec
 from inferd.settings import BatchingSettings, CanarySettings, GateSettings, ModelSettings, Settings, ShadowSettings
 from inferd.utils.metrics import Metrics

@@ -15,9 +15,9 @@ from inferd.api.bodies import json_response, read_body
 from inferd.api.errors import APIError
 from inferd.api.schemas import AdminModels, ModelChange, raw_body, request_body, responses
 from inferd.api.services import admin_auth, services
-from inferd.core.errors import ModelLoadError
-from inferd.core.manager import (
+from inferd.core.errors import (
     ManagerClosed,
+    ModelLoadError,
     ModelNotReady,
     NoCanary,
     NoShadow,

@@ -25,8 +25,7 @@ from inferd.api.schemas import (
 from inferd.api.services import inference_auth, services
 from inferd.api.tei_shape import DECODED, TOKENS, tei_errors, tei_responses, tei_texts
 from inferd.core.admission import model_refusal, not_ready
-from inferd.core.errors import EngineError, Kind
-from inferd.core.manager import ModelNotReady
+from inferd.core.errors import EngineError, Kind, ModelNotReady
 from inferd.core.prompts import Prompt, prompt_text
 from inferd.core.registry import ModelNotFound
 from inferd.core.slots import ModelDescription

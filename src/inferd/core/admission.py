@@ -25,8 +25,7 @@ import orjson
 
 from inferd.core import quantize
 from inferd.core.batcher import BatchQueue, QueueClosed, QueueFull
-from inferd.core.errors import ClientGone, EngineError, Kind, deadline_passed
-from inferd.core.manager import ModelNotReady
+from inferd.core.errors import ClientGone, EngineError, Kind, ModelNotReady, deadline_passed
 from inferd.core.preprocess import InputError, check_texts
 from inferd.core.prompts import Prompt, prompt_text, prompted
 from inferd.core.registry import ModelNotFound, ModelRegistry, ServedModel

@@ -3,6 +3,10 @@
 The API layer keeps the one table that turns a kind into a status, headers, an error type and a metric
 reason (api/errors.py). Core says *what* went wrong and *where*: ``index`` is the input (text or pair) at
 fault, ``field`` another request field at fault; each route names them in its own request's terms.
+
+The exceptions of a model's load and changes live here too (a load that failed, a change refused, no slot to
+run on): the engine turns some into kinds, the admin API answers the others, and neither imports the manager
+for them.
 """
 
 from __future__ import annotations
@@ -57,3 +61,68 @@ class ClientGone(Exception):
 def deadline_passed() -> EngineError:
     # Seen by the waiter (the deadline's timer) or by the worker (the scheduler's expiry): the same answer.
     return EngineError(Kind.DEADLINE, "the request's deadline passed while it was queued")
+
+
+# -- a model's changes: why the manager refused one, or cannot serve (the admin API answers each) -----------
+
+
+class ReloadInProgress(Exception):
+    """A model change while another runs: one at a time per model."""
+
+
+class VersionInUse(ModelLoadError):
+    """A model change under a version string that a served slot already carries (refused)."""
+
+    def __init__(self, version: str, role: str) -> None:
+        super().__init__(
+            f"version {version!r} is already being served by the {role} model; a different model needs a "
+            "version of its own (responses, pinning, metrics and the cache tell models apart by it)")
+        self.version = version
+        self.role = role
+
+
+class TaskMismatch(ModelLoadError):
+    """A model change to a model of another task (refused): clients of one task's routes would break."""
+
+    def __init__(self, new: str, serving: str, role: str) -> None:
+        super().__init__(f"the new model is a {new} model; this server serves the {serving} task (the {role} "
+                         f"model), and a model change stays within its task: start a {new} server instead")
+        self.new, self.serving = new, serving
+
+
+class SpaceChanged(ModelLoadError):
+    """A canary embedding model whose vectors live in another space than the active model's: clients indexing
+    during the canary would store a mixture no query can search. Refused unless forced."""
+
+
+class ModelNotReady(Exception):
+    """No slot to run on: the model is loading, not loaded, failed (``reason``) or closed."""
+
+    def __init__(self, state: str, reason: str | None = None) -> None:
+        super().__init__(state)
+        self.state = state
+        self.reason = reason
+
+
+class ManagerClosed(ModelNotReady):
+    """A model change during or after shutdown: refused, or its new slot retired; nothing switched."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__("closed", reason)
+
+
+class NoCanary(Exception):
+    """promote/rollback with no canary slot: a state conflict, not a failed load."""
+
+
+class NoShadow(Exception):
+    """A shadow report, drop or promote with no shadow candidate: a state conflict."""
+
+
+class ShadowRefused(Exception):
+    """A shadow promotion the drift report does not support (``code``: shadow_drifted, shadow_insufficient,
+    or canary_set when a canary is being served), unless forced."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code

@@ -16,15 +16,24 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeAlias
+from typing import TypeAlias
 
-import numpy as np
-
-from inferd.core.backends.gate import builtin_texts
+from inferd.core.errors import (
+    ManagerClosed,
+    ModelNotReady,
+    NoCanary,
+    NoShadow,
+    ReloadInProgress,
+    SpaceChanged,
+    TaskMismatch,
+    VersionInUse,
+)
 from inferd.core.loading import check_model_path, load_handler, spec_task
 from inferd.core.memory import device_memory
-from inferd.core.shadow import MIN_ITEMS, DriftReport, Shadow, sampled, space_check, verdict
+from inferd.core.shadow import MIN_ITEMS, Shadow
+from inferd.core.shadow_slot import ShadowSlot
 from inferd.core.slots import ModelSlot
+from inferd.core.space_check import space_changed
 from inferd.core.spec import ModelSpec, spec_from_settings
 from inferd.core.tasks.base import Handler, ModelLoadError, incompatibility
 from inferd.core.tasks.embedding import allows_change
@@ -36,66 +45,6 @@ log = logging.getLogger(__name__)
 OnChange: TypeAlias = Callable[[list[tuple[str, ModelSlot]]], None]
 # Told when a slot is freed, and whether it was the last loaded slot of its version.
 OnFreed: TypeAlias = Callable[[ModelSlot, bool], None]
-
-
-class ReloadInProgress(Exception):
-    pass
-
-
-class VersionInUse(ModelLoadError):
-    """A model change under a version string that a served slot already carries (refused)."""
-
-    def __init__(self, version: str, role: str) -> None:
-        super().__init__(
-            f"version {version!r} is already being served by the {role} model; a different model needs a "
-            "version of its own (responses, pinning, metrics and the cache tell models apart by it)")
-        self.version = version
-        self.role = role
-
-
-class TaskMismatch(ModelLoadError):
-    """A model change to a model of another task (refused): clients of one task's routes would break."""
-
-    def __init__(self, new: str, serving: str, role: str) -> None:
-        super().__init__(f"the new model is a {new} model; this server serves the {serving} task (the {role} "
-                         f"model), and a model change stays within its task: start a {new} server instead")
-        self.new, self.serving = new, serving
-
-
-class ModelNotReady(Exception):
-    def __init__(self, state: str, reason: str | None = None) -> None:
-        super().__init__(state)
-        self.state = state
-        self.reason = reason
-
-
-class ManagerClosed(ModelNotReady):
-    """A model change during or after shutdown: refused, or its new slot retired; nothing switched."""
-
-    def __init__(self, reason: str) -> None:
-        super().__init__("closed", reason)
-
-
-class NoCanary(Exception):
-    """promote/rollback with no canary slot: a state conflict, not a failed load."""
-
-
-class NoShadow(Exception):
-    """A shadow report, drop or promote with no shadow candidate: a state conflict."""
-
-
-class ShadowRefused(Exception):
-    """A shadow promotion the drift report does not support (``code``: shadow_drifted, shadow_insufficient,
-    or canary_set when a canary is being served), unless forced."""
-
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-
-
-class SpaceChanged(ModelLoadError):
-    """A canary embedding model whose vectors live in another space than the active model's: clients indexing
-    during the canary would store a mixture no query can search. Refused unless forced."""
 
 
 class ModelManager:
@@ -121,8 +70,8 @@ class ModelManager:
         self.active: ModelSlot | None = None
         self.canary: ModelSlot | None = None
         self.canary_weight = 0.0
-        # A candidate computing mirrored traffic beside the active model (core/shadow.py); never answers.
-        self.shadow: Shadow | None = None
+        # A candidate computing mirrored traffic beside the active model (core/shadow_slot.py); never answers.
+        self._shadow = ShadowSlot(settings)
         self.switches = 0
         self._closed = False
         self._live: dict[int, ModelSlot] = {}  # loaded and not yet freed, by load_id
@@ -260,14 +209,15 @@ class ModelManager:
                     slot = canary if random.random() < self.canary_weight else active
             return slot.acquire()
 
+    @property
+    def shadow(self) -> Shadow | None:
+        """The shadow candidate (None: none), its share and its drift report."""
+        return self._shadow.candidate
+
     def pick_shadow(self, routing_key: str | None, draw: float) -> Shadow | None:
         """The shadow candidate, with a reference on its slot, if this request is sampled for it."""
         with self._lock:
-            shadow = self.shadow
-            if shadow is None or not sampled(shadow.weight, routing_key, draw):
-                return None
-            shadow.slot.acquire()
-            return shadow
+            return self._shadow.pick(routing_key, draw)
 
     def slots(self) -> list[tuple[str, ModelSlot]]:
         with self._lock:
@@ -347,8 +297,7 @@ class ModelManager:
                 self.switches += 1
                 # A reload after a failed start is how an operator recovers without a restart.
                 self.state, self.reason = "ready", None
-                if self.shadow is not None:  # the report compared with the old active model: start afresh
-                    self.shadow.report = self._report(self.shadow.slot)
+                self._shadow.active_changed()
         if closed:
             raise self._discard_after_close(slot)
         log.info("model switched", extra={"model": slot.spec.name, "version": slot.version,
@@ -458,62 +407,11 @@ class ModelManager:
 
     def _space_changed(self, slot: ModelSlot, active: ModelSlot | None = None) -> str | None:
         """For an embedding canary: why its vectors are not ``active``'s space (default: the active model's;
-        None: they are), measured on the gate's built-in texts on the worker thread (between batches; handlers
-        are not shared across threads). A different size, or any text's cosine below
-        model.gate.int8_cosine_min, is another space."""
+        None: they are), measured on the worker (core/space_check.py)."""
         active = active or self.active
-        if active is None or slot.task != "embedding" or active.task != "embedding":
+        if active is None:
             return None
-        texts = builtin_texts(SPACE_TEXTS)
-        active.acquire()
-        try:
-            a, b = self._on_worker_wait(lambda: (_vectors(active, texts), _vectors(slot, texts)))
-        except ModelLoadError as exc:
-            # A handler that cannot embed the built-in texts (a plug-in's own inputs): not measured, not refused.
-            log.warning("the canary's space check could not run: %s", exc, extra={"version": slot.version})
-            return None
-        finally:
-            active.release()
-        same, low = space_check(a, b)
-        # The loosest bound the accuracy gate accepts (int8's): quantisation noise stays above it, another
-        # model's vectors (cosine near 0) fall far below. The half-precision bound would refuse an int8 canary
-        # its own gate passed.
-        bound = self.settings.model.gate.int8_cosine_min
-        if same and low is not None and low >= bound:
-            return None
-        what = (f"its vectors have {b.shape[1]} dimensions, the active model's {a.shape[1]}" if low is None else
-                f"its vectors of the same texts have cosine min {low:.4f} with the active model's, below "
-                f"{bound} (model.gate.int8_cosine_min)")
-        return (f"the canary's embedding space differs from the active model's: {what} on {len(texts)} built-in "
-                "texts. Clients indexing during a canary would store vectors of two spaces that no query can "
-                "search together; shadow it instead (POST /admin/models/shadow: it never answers clients, and its "
-                "drift report guards promotion), or force the canary (force: true)")
-
-    def _on_worker_wait(self, fn: Callable[[], Any]) -> Any:
-        """Run ``fn`` on the thread that runs batches (the reaper's) and wait for its result."""
-        done, box = threading.Event(), {}
-
-        def chore() -> None:
-            try:
-                box["value"] = fn()
-            except BaseException as exc:  # handed back to the caller below
-                box["error"] = exc
-            finally:
-                done.set()
-
-        (self._reaper or (lambda c: c()))(chore)
-        if not done.wait(SPACE_TIMEOUT_S):
-            raise ModelLoadError("the space check did not get the worker in time")
-        if "error" in box:
-            raise ModelLoadError(f"the space check failed: {box['error']}")
-        return box["value"]
-
-    def _report(self, slot: ModelSlot) -> DriftReport:
-        info = slot.info
-        tuning = self.settings.shadow
-        return DriftReport(slot.task, slot.version, labels=info.get("labels"),
-                           multi_label=bool(info.get("multi_label")), log_inputs=self.settings.server.log_inputs,
-                           window=tuning.window, neighbours=tuning.neighbours)
+        return space_changed(slot, active, self.settings.model.gate.int8_cosine_min, self._reaper)
 
     def set_shadow(self, path: str, version: str, weight: float,
                    runtime: dict[str, str] | None = None) -> ModelSlot:
@@ -529,7 +427,7 @@ class ModelManager:
             with self._lock:
                 closed = self._closed
                 if not closed:
-                    old, self.shadow = self.shadow, Shadow(slot, weight, self._report(slot))
+                    old = self._shadow.replace(slot, weight)
             if closed:
                 raise self._discard_after_close(slot)
             log.info("shadow set", extra={"version": slot.version, "weight": weight})
@@ -544,7 +442,7 @@ class ModelManager:
         self._exclusive()
         try:
             with self._lock:
-                old, self.shadow = self.shadow, None
+                old = self._shadow.take()
             if old is None:
                 raise NoShadow("there is no shadow candidate")
             log.info("shadow dropped", extra={"version": old.slot.version})
@@ -558,22 +456,12 @@ class ModelManager:
         self._exclusive()
         try:
             with self._lock:
-                shadow, canary = self.shadow, self.canary
-            if shadow is None:
-                raise NoShadow("there is no shadow candidate to promote")
-            if canary is not None:
-                raise ShadowRefused("canary_set", f"a canary ({canary.version}) is being served; promote or roll "
-                                    "it back first")
-            report = shadow.report
-            decided = verdict(report.task, report.items, report.figures(), self.settings.model.gate, min_items)
-            if not decided.ok:
-                if not force:
-                    raise ShadowRefused(decided.code or "shadow_drifted", "shadow promotion refused: "
-                                        + "; ".join(decided.reasons) + " (force: true overrides)")
-                log.warning("shadow promotion forced against the drift report: %s", "; ".join(decided.reasons),
-                            extra={"version": shadow.slot.version})
+                canary = self.canary
+            # Judged outside the lock (the report's figures take their own); one change at a time holds it still.
+            shadow = self._shadow.promotable(canary, force, min_items)
             with self._lock:
-                old, self.active, self.shadow = self.active, shadow.slot, None
+                old, self.active = self.active, shadow.slot
+                self._shadow.take()
                 self.switches += 1
             log.info("shadow promoted", extra={"version": shadow.slot.version,
                                                "previous": old.version if old else None})
@@ -589,26 +477,13 @@ class ModelManager:
         with self._lock:
             self._closed = True
             slots = [s for s in (self.active, self.canary) if s is not None]
-            if self.shadow is not None:
-                slots.append(self.shadow.slot)
-                self.shadow = None
+            shadow = self._shadow.take()
+            if shadow is not None:
+                slots.append(shadow.slot)
             self.active = self.canary = None
             self.state = "closed"
         for slot in slots:
             slot.retire()
-
-
-# The canary's space check: how many of the gate's built-in texts, and how long it may wait for the worker.
-SPACE_TEXTS = 64
-SPACE_TIMEOUT_S = 120.0
-
-
-def _vectors(slot: ModelSlot, texts: list[str]) -> np.ndarray:
-    handler = slot.handler
-    rows = []
-    for k in range(0, len(texts), 16):
-        rows += handler.postprocess(handler.infer(handler.preprocess(texts[k:k + 16])))
-    return np.asarray([np.asarray(r, dtype=np.float64) for r in rows])
 
 
 def _bucket(key: str) -> float:

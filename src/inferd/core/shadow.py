@@ -20,7 +20,6 @@ minimum amount of traffic before a promotion may proceed.
 
 from __future__ import annotations
 
-import hashlib
 import heapq
 import threading
 from collections import deque
@@ -66,15 +65,6 @@ def shadow_policy(live: Policy, settings: Any) -> Policy:
     the delay shadow work can add to a live answer."""
     return replace(live, max_batch_size=min(live.max_batch_size, settings.max_batch_size),
                    max_batch_tokens=min(live.max_batch_tokens, settings.max_batch_tokens), max_wait_ms=0.0)
-
-
-def sampled(weight: float, routing_key: str | None, draw: float) -> bool:
-    """Whether a request is mirrored: by its routing key's bucket (stable per key; salted, so the keys the
-    canary takes are not the ones shadowed), else by ``draw`` (a uniform number in [0, 1))."""
-    if routing_key is not None:
-        digest = hashlib.blake2b(b"shadow:" + routing_key.encode("utf-8", "surrogatepass"), digest_size=8).digest()
-        draw = int.from_bytes(digest, "big") / 2**64
-    return draw < weight
 
 
 # -- pure figures -----------------------------------------------------------------------------------------
