@@ -1,4 +1,4 @@
-"""The inference engine: admission on the event loop, a batch worker on its own thread, a queue between.
+"""The inference engine: admission on the event loop, batch workers (model instances) on threads, a queue between.
 
 This module only wires them: the bounded queue and the pure scheduler (core/batcher.py), the admission
 side (core/admission.py: validate, route, cache, enqueue, wait, drain) and the worker (core/worker.py: run
@@ -20,16 +20,17 @@ from typing import Any, TypeAlias
 from inferd.core.admission import Admission
 from inferd.core.batcher import BatchQueue, Policy
 from inferd.core.cache import ResultCache
-from inferd.core.errors import ModelLoadError, ModelNotReady, ReloadInProgress
+from inferd.core.errors import ModelLoadError
+from inferd.core.instances import with_budgets
 from inferd.core.loading import load_handler
-from inferd.core.manager import ModelManager
+from inferd.core.manager import ModelManager, ModelNotReady, ReloadInProgress
 from inferd.core.prompts import Prompt
 from inferd.core.registry import ModelRegistry, ServedModel
 from inferd.core.slots import ModelSlot
 from inferd.core.spec import ModelSpec
 from inferd.core.tasks.base import Handler
 from inferd.core.work import TaskResult, WorkItem
-from inferd.core.worker import BatchWorker
+from inferd.core.worker import Workers
 from inferd.settings import ModelEntry, Settings
 from inferd.utils.metrics import Metrics
 
@@ -51,6 +52,8 @@ class InferenceEngine:
                  on_lazy_failure: Callable[[str], None] | None = None) -> None:
         """``loader`` is every model's ModelManager's (core/manager.py); ``on_lazy_failure`` that of each model
         with ``exit_on_load_failure`` set."""
+        # Every model's threads per instance resolved once (core/instances.py): the loads and the workers read them.
+        settings = with_budgets(settings)
         self.settings = settings
         self.metrics = metrics
         self.memory_guard = memory_guard
@@ -63,7 +66,11 @@ class InferenceEngine:
         for entry in settings.served():
             self.registry.add(self._build(entry, settings))
         self.admission = Admission(self.registry, settings, metrics, self.queue, worker_alive=lambda: self.alive)
-        self.worker = BatchWorker(self.queue, metrics, memory_guard, deliver=self.admission.deliver)
+        # Each model's instances, and the shadow lanes' own (core/worker.py Workers).
+        self.worker = Workers(self.queue, metrics, memory_guard, deliver=self.admission.deliver,
+                              device=settings.served()[0].model.device)
+        for served in self.registry:
+            self.worker.set_model(served.entry, served.entry.model.device)
 
     def _build(self, entry: ModelEntry, settings: Settings) -> ServedModel:
         view = settings.for_model(entry)
@@ -152,12 +159,14 @@ class InferenceEngine:
         batching and cache rules of the rest. Returns each model's outcome: added, removed, reloaded, updated,
         unchanged, or why it failed (conflict, not_ready, failed); a failure leaves that model as it was."""
         outcomes: dict[str, str] = {}
+        fresh = with_budgets(fresh)
         wanted = {e.name: e for e in fresh.served()}
         for served in list(self.registry):
             if served.name not in wanted:
                 self.registry.remove(served.name)
                 self.queue.retire_lane(served.name)
                 served.manager.close()  # its slots go once their last requests let go
+                self.worker.remove_model(served.name)
                 self.metrics.queue_depth.remove(served.name)
                 log.info("model removed", extra={"model": served.name})
                 outcomes[served.name] = "removed"
@@ -176,6 +185,8 @@ class InferenceEngine:
                 self._changed()
                 continue
             outcomes[name] = await self._update(served, entry, fresh)
+        for served in self.registry:  # instances added or removed anywhere split the cores anew
+            self.worker.set_model(served.entry, served.entry.model.device)
         return outcomes
 
     async def _update(self, served: ServedModel, entry: ModelEntry, fresh: Settings) -> str:

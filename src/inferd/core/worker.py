@@ -77,7 +77,7 @@ class BatchWorker:
     # -- lifecycle (called from the event loop) --------------------------------------------------------
 
     def start(self) -> None:
-        name = "inferd-worker" if self.instance is None else f"inferd-{self.instance.model}-{self.instance.label}"
+        name = "inferd-worker" + ("" if self.instance is None else f"-{self.instance.model}-{self.instance.label}")
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
         self.metrics.worker_alive.set(1)

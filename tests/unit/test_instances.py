@@ -1,0 +1,251 @@
+"""Model instances (core/instances.py, core/worker.py Workers): batches of different models, and a model's
+shadow, run at the same time on workers of their own, each with its own threads (or CUDA stream).
+
+Batches are held with the fake's in-process gates (``hold:NAME``, tests/fakes.py), so a test sees two batches
+running at the same moment instead of timing them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import torch
+from fakes import HashHandler, encode, vector_for
+
+from inferd.core.batcher import BatchQueue, Policy
+from inferd.core.engine import InferenceEngine
+from inferd.core.instances import Instance, live_lane, thread_budgets, with_budgets
+from inferd.core.slots import ModelSlot
+from inferd.core.spec import ModelSpec
+from inferd.core.work import Outcome, Ticket, WorkItem
+from inferd.core.worker import BatchWorker
+from inferd.settings import BatchingSettings, ModelEntry, ModelSettings, Settings
+from inferd.utils.metrics import Metrics
+
+
+class ThreadsHandler(HashHandler):
+    """Records the intra-op thread count torch reports on the thread that runs each batch."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.threads: list[int] = []
+
+    def infer(self, batch: list[Any]) -> list[str]:
+        self.threads.append(torch.get_num_threads())
+        return super().infer(batch)
+
+
+def entry(tmp_path: Path, name: str, batch: int = 32, **model: Any) -> ModelEntry:
+    (tmp_path / name).mkdir(exist_ok=True)
+    return ModelEntry(name=name, model=ModelSettings(name=name, path=str(tmp_path / name), warmup=False,
+                                                     load_mode="eager", **model),
+                      batching=BatchingSettings(max_wait_ms=0.0, max_batch_size=batch, max_queue=64))
+
+
+def engine_of(tmp_path: Path, handlers: dict[str, HashHandler], entries: list[ModelEntry]) -> InferenceEngine:
+    def load(spec: ModelSpec) -> Any:
+        handler = handlers[Path(spec.path).name]
+        handler.load(spec, torch.device("cpu"))
+        return handler
+
+    engine = InferenceEngine(Settings(models=tuple(entries)), Metrics(), loader=load)
+    for served in engine.registry:
+        served.manager.load_initial()
+    return engine
+
+
+def run(engine: InferenceEngine, handlers: dict[str, HashHandler], scenario: Any) -> None:
+    async def main() -> None:
+        engine.start()
+        try:
+            await asyncio.wait_for(scenario(), 20)
+        finally:
+            for handler in handlers.values():
+                for event in handler.gates.values():
+                    event.set()
+            engine.stop()
+
+    asyncio.run(main())
+
+
+async def until(condition: Any) -> None:
+    while not condition():
+        await asyncio.sleep(0.002)
+
+
+def ask(engine: InferenceEngine, texts: list[str], model: str | None = None) -> asyncio.Future[Any]:
+    return asyncio.ensure_future(engine.run(engine.request(texts, model=model)))
+
+
+def test_two_models_batches_run_at_the_same_moment(tmp_path: Path) -> None:
+    handlers = {"a": HashHandler(), "b": HashHandler()}
+    engine = engine_of(tmp_path, handlers, [entry(tmp_path, "a"), entry(tmp_path, "b")])
+
+    async def scenario() -> None:
+        for name, handler in handlers.items():
+            handler.gates[name] = threading.Event()
+        held_a = ask(engine, ["hold:a"], "a")
+        held_b = ask(engine, ["hold:b"], "b")
+        # Both batches are inside their handlers at once: neither waits for the other to finish.
+        await until(lambda: handlers["a"].batches == [["hold:a"]] and handlers["b"].batches == [["hold:b"]])
+        handlers["b"].gates["b"].set()
+        assert (await held_b).outputs == [vector_for("hold:b")]
+        assert not held_a.done()  # a's batch still runs: b's was answered beside it
+        handlers["a"].gates["a"].set()
+        assert (await held_a).outputs == [vector_for("hold:a")]
+        busy = {m: engine.metrics.registry.get_sample_value("inferd_instance_batches_total",
+                                                            {"model": m, "instance": "0"}) for m in "ab"}
+        assert busy == {"a": 1.0, "b": 1.0}
+
+    run(engine, handlers, scenario)
+
+
+def test_a_model_s_instances_run_its_batches_at_the_same_time(tmp_path: Path) -> None:
+    handlers = {"a": HashHandler()}
+    engine = engine_of(tmp_path, handlers, [entry(tmp_path, "a", batch=1, instances=2)])
+
+    async def scenario() -> None:
+        handlers["a"].gates["x"] = threading.Event()
+        held = [ask(engine, ["hold:x one"], "a"), ask(engine, ["hold:x two"], "a")]
+        await until(lambda: len(handlers["a"].batches) == 2)  # two batches of one model held together
+        handlers["a"].gates["x"].set()
+        assert [r.outputs for r in await asyncio.gather(*held)] == [[vector_for("hold:x one")],
+                                                                    [vector_for("hold:x two")]]
+
+    run(engine, handlers, scenario)
+
+
+def test_a_live_request_is_answered_while_a_shadow_batch_is_held(tmp_path: Path) -> None:
+    handlers = {"a": HashHandler(), "cand": HashHandler()}
+    engine = engine_of(tmp_path, handlers, [entry(tmp_path, "a")])
+    (tmp_path / "cand").mkdir()
+    engine.manager.set_shadow(str(tmp_path / "cand"), "v2", 1.0)
+
+    async def scenario() -> None:
+        handlers["a"].gates["s"] = threading.Event()
+        handlers["a"].gates["s"].set()  # the live model passes the gate; its mirrored copy is held on the candidate
+        handlers["cand"].gates["s"] = threading.Event()
+        await ask(engine, ["hold:s"])
+        await until(lambda: handlers["cand"].batches == [["hold:s"]])
+        # The shadow batch holds its instance; live work runs on the model's own.
+        assert (await ask(engine, ["live"])).outputs == [vector_for("live")]
+        assert handlers["cand"].batches == [["hold:s"]]
+        handlers["cand"].gates["s"].set()
+
+    run(engine, handlers, scenario)
+
+
+def test_each_instance_runs_with_its_own_torch_thread_count(tmp_path: Path) -> None:
+    previous = torch.get_num_threads()
+    handlers: dict[str, HashHandler] = {"one": ThreadsHandler(), "two": ThreadsHandler()}
+    engine = engine_of(tmp_path, handlers, [entry(tmp_path, "one", threads=1), entry(tmp_path, "two", threads=2)])
+
+    async def scenario() -> None:
+        for _ in range(3):
+            await asyncio.gather(ask(engine, ["x"], "one"), ask(engine, ["y"], "two"))
+        assert handlers["one"].threads == [1, 1, 1]  # type: ignore[attr-defined]
+        assert handlers["two"].threads == [2, 2, 2]  # type: ignore[attr-defined]
+
+    try:
+        run(engine, handlers, scenario)
+    finally:
+        torch.set_num_threads(previous)
+
+
+def test_the_cores_are_split_between_every_instance_unless_a_model_sets_its_own(tmp_path: Path) -> None:
+    a, b = entry(tmp_path, "a"), entry(tmp_path, "b", instances=2)
+    assert thread_budgets((a, b), 6) == {"a": 2, "b": 2}
+    assert thread_budgets((a,), 2) == {"a": 2}
+    assert thread_budgets((entry(tmp_path, "a", threads=4), b), 8) == {"a": 4, "b": 2}
+    # More instances than cores: one thread each (they time-share), never none.
+    assert thread_budgets((a, b), 2) == {"a": 1, "b": 1}
+    resolved = with_budgets(Settings(models=(a, b)), cores=6)
+    assert [e.model.threads for e in resolved.models] == [2, 2]
+    single = with_budgets(Settings(model=ModelSettings(path=str(tmp_path / "a"))), cores=3)
+    assert single.model.threads == 3 and single.served()[0].model.threads == 3
+
+
+class FakeStream:
+    """Stands for a CUDA stream on the CPU: a context that records what ran inside it, and on which thread."""
+
+    def __init__(self) -> None:
+        self.active = threading.local()
+        self.entered = 0
+
+    def __enter__(self) -> FakeStream:
+        self.active.on = True
+        self.entered += 1
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.active.on = False
+
+
+class StreamHandler(HashHandler):
+    def __init__(self, streams: list[FakeStream]) -> None:
+        super().__init__()
+        self.streams = streams
+        self.seen: list[tuple[str, list[int]]] = []
+
+    def infer(self, batch: list[Any]) -> list[str]:
+        self.seen.append(("infer", [i for i, s in enumerate(self.streams) if getattr(s.active, "on", False)]))
+        return super().infer(batch)
+
+    def postprocess(self, outputs: list[str]) -> list[list[float]]:
+        self.seen.append(("post", [i for i, s in enumerate(self.streams) if getattr(s.active, "on", False)]))
+        return super().postprocess(outputs)
+
+
+@contextmanager
+def workers_on(queue: BatchQueue, instances: list[Instance]) -> Iterator[list[Outcome]]:
+    outcomes: list[Outcome] = []
+    workers = [BatchWorker(queue, Metrics(), None, outcomes.append, instance) for instance in instances]
+    for worker in workers:
+        worker.start()
+    try:
+        yield outcomes
+    finally:
+        for worker in workers:
+            worker.retire()
+        for worker in workers:
+            assert worker.thread is not None
+            worker.thread.join(5)
+
+
+def test_on_a_gpu_each_instance_runs_its_batch_and_the_copy_out_on_its_own_stream(tmp_path: Path) -> None:
+    streams = [FakeStream(), FakeStream()]
+    handler = StreamHandler(streams)
+    slot = ModelSlot(handler, ModelSpec(tmp_path, "1"), 0.0)
+    queue = BatchQueue(claim=lambda b: b[0].group.acquire())
+    queue.add_lane("m", Policy(max_batch_size=1, max_wait_ms=0.0), 64)
+    handler.gates["g"] = threading.Event()
+    instances = [Instance("m", i, 1, live_lane("m"), stream) for i, stream in enumerate(streams)]
+    loop = asyncio.new_event_loop()
+    try:
+        with workers_on(queue, instances) as outcomes:
+            now = time.monotonic()
+            for text in ("hold:g a", "hold:g b"):
+                ticket = Ticket(loop.create_future(), 1)
+                queue.put([WorkItem(ticket, 0, encode(text), len(text), 0, now, now + 60, queue.next_seq(), slot)],
+                          "m")
+            give_up = time.monotonic() + 10
+            while len(handler.batches) < 2 and time.monotonic() < give_up:
+                time.sleep(0.002)
+            handler.gates["g"].set()
+            while len(outcomes) < 2 and time.monotonic() < give_up:
+                time.sleep(0.002)
+    finally:
+        loop.close()
+    assert len(outcomes) == 2
+    # Both batches were in flight together, each inside exactly one stream, the postprocess (the copy to the
+    # host) on the stream its forward pass ran on; the two instances used different streams.
+    assert sorted(s.entered for s in streams) == [1, 1]
+    by_step = [(step, on) for step, on in handler.seen]
+    assert all(len(on) == 1 for _, on in by_step)
+    assert {tuple(on) for step, on in by_step if step == "infer"} == {(0,), (1,)}
