@@ -287,7 +287,7 @@ def test_empty_cache_runs_on_the_worker_between_batches(tmp_path: Path) -> None:
 
     asyncio.run(scenario())
     assert engine.batches_run >= 6  # 5 texts per wave, at most 3 per batch
-    assert source.calls and set(source.calls) == {"inferd-worker"}
+    assert source.calls and set(source.calls) == {"inferd-worker-all-MiniLM-L6-v2-0"}  # the model's one instance
     assert all(busy is False for kind, busy in events if kind == "empty_cache")
     # Each empty_cache follows a finished batch: never two batches' infer calls without one between them.
     kinds = [kind for kind, _ in events]
@@ -396,7 +396,7 @@ def test_trims_run_on_the_worker_between_batches(tmp_path: Path) -> None:
             engine.stop()
 
     asyncio.run(scenario())
-    assert heap.threads and set(heap.threads) == {"inferd-worker"}
+    assert heap.threads and set(heap.threads) == {"inferd-worker-all-MiniLM-L6-v2-0"}  # the model's one instance
     assert all(busy is False for kind, busy in events if kind == "trim")  # never during a forward pass
 
 
