@@ -85,6 +85,12 @@ def asked(text: object, default: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(k for k in OUTPUTS if k in wanted)
 
 
+def is_query(text: object) -> bool:
+    """Whether an input is a query (its ``role`` attribute says "query"), which a late-interaction model encodes
+    with its query marker and expansion; anything else is a document."""
+    return getattr(text, "role", None) == "query"
+
+
 def maxsim(query: np.ndarray, document: np.ndarray) -> float:
     """Late interaction (ColBERT): for each query token vector its best dot product over the document's token
     vectors, summed. Vectors are normalised by the model, so each term is a cosine."""

@@ -67,7 +67,7 @@ class SpladeHead(HeadModule):
 
 
 class TokenHeads(HeadModule):
-    def __init__(self, model: torch.nn.Module, sparse: torch.nn.Linear | None, colbert: torch.nn.Linear | None,
+    def __init__(self, model: torch.nn.Module, sparse: torch.nn.Module | None, colbert: torch.nn.Module | None,
                  keep_hidden: bool = True) -> None:
         super().__init__(model)
         self.sparse_linear = sparse

@@ -219,6 +219,11 @@ def _activation(raw: Any, module: Module) -> str:
     return name
 
 
+def json_file(folder: Path, name: str) -> Any:
+    """A JSON file of the folder (None when absent), for readers of other layouts (core/tasks/multivector.py)."""
+    return _json(folder, name)
+
+
 def _dense_weights(folder: Path, module: Module, allow_pickle: bool) -> dict[str, torch.Tensor]:
     sub = folder / module.path
     where = f"{module.path}/" if module.path else ""
@@ -247,7 +252,12 @@ def _dense_weights(folder: Path, module: Module, allow_pickle: bool) -> dict[str
 
 def _dense(folder: Path, module: Module, allow_pickle: bool) -> Dense:
     name = f"{module.path}/config.json"
-    cfg = _json(folder, name) if module.path else None
+    return dense_module(folder, module, allow_pickle, _json(folder, name) if module.path else None)
+
+
+def dense_module(folder: Path, module: Module, allow_pickle: bool, cfg: Any) -> Dense:
+    """A Dense module from its config (read by the caller) and its weights."""
+    name = f"{module.path}/config.json"
     if not isinstance(cfg, dict):
         raise ModelLoadError(f"{module.describe()} has no config ({name})")
     for key in ("module_input_name", "module_output_name"):

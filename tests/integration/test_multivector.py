@@ -1,0 +1,146 @@
+"""ColBERT token vectors (issue 32) on a tiny random PyLate-layout folder: queries carry the query marker and are
+expanded with mask tokens the text does not attend to, documents carry theirs and drop punctuation; every vector is
+the Dense projection of the token state, normalised. The handler's vectors and MaxSim scores equal a direct
+computation on the bare transformers model, written out below."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from inferd.core.errors import ModelLoadError
+from inferd.core.outputs import maxsim, maxsim_scores
+from inferd.core.preprocess import InputError
+from inferd.core.spec import ModelSpec
+from inferd.core.tasks.multivector import ColbertHandler
+from tests.tinymodel import write_tiny_bert
+
+QUERY_LENGTH, DOCUMENT_LENGTH, DIM = 12, 24, 16
+QUERIES = ["cat and dog", "the river in the city, the mountain!"]
+DOCUMENTS = ["the cat and the dog run.", "a river runs in the city, by the mountain; yes!", "hello",
+             " ".join(["model"] * 40)]
+
+
+class Role(str):
+    """A text that says whether it is a query (as a late-interaction request marks its query)."""
+
+    role: str
+
+    def __new__(cls, text: str, role: str) -> Role:
+        obj = super().__new__(cls, text)
+        obj.role = role
+        return obj
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """PyLate's layout: the encoder (its vocabulary grown by the two markers), a bias-free Dense projection of every
+    token, and the markers, lengths and skiplist in config_sentence_transformers.json."""
+    from safetensors.torch import save_file
+    from transformers import AutoTokenizer, BertModel
+
+    folder = write_tiny_bert(tmp_path_factory.mktemp("colbert") / "colbert", seed=7, max_positions=64)
+    shutil.rmtree(folder / "1_Pooling")
+    shutil.rmtree(folder / "2_Normalize", ignore_errors=True)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    tokenizer.add_tokens(["[Q] ", "[D] "])
+    tokenizer.save_pretrained(folder)
+    model = BertModel.from_pretrained(folder)
+    model.resize_token_embeddings(len(tokenizer))
+    model.save_pretrained(folder)
+    (folder / "modules.json").write_text(json.dumps([
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Dense", "type": "pylate.models.Dense.Dense"}]))
+    (folder / "1_Dense").mkdir()
+    (folder / "1_Dense" / "config.json").write_text(json.dumps(
+        {"in_features": 32, "out_features": DIM, "bias": False,
+         "activation_function": "torch.nn.modules.linear.Identity", "use_residual": False}))
+    torch.manual_seed(7)
+    save_file({"linear.weight": torch.randn(DIM, 32) / 4}, str(folder / "1_Dense" / "model.safetensors"))
+    (folder / "config_sentence_transformers.json").write_text(json.dumps(
+        {"query_prefix": "[Q] ", "document_prefix": "[D] ", "query_length": QUERY_LENGTH,
+         "document_length": DOCUMENT_LENGTH, "attend_to_expansion_tokens": False, "do_query_expansion": True,
+         "skiplist_words": [",", ".", "!", ";"], "similarity_fn_name": "MaxSim"}))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def reference(folder: Path) -> tuple[Any, Any, torch.Tensor]:
+    from safetensors.torch import load_file
+    from transformers import AutoTokenizer, BertModel
+
+    return (AutoTokenizer.from_pretrained(folder), BertModel.from_pretrained(folder).eval(),
+            load_file(str(folder / "1_Dense" / "model.safetensors"))["linear.weight"])
+
+
+def _direct(reference: tuple[Any, Any, torch.Tensor], text: str, query: bool) -> np.ndarray:
+    """The vectors as PyLate computes them, for one text alone."""
+    tokenizer, model, weight = reference
+    length = QUERY_LENGTH if query else DOCUMENT_LENGTH
+    ids = tokenizer(text, truncation=True, max_length=length - 1)["input_ids"]
+    ids = ids[:1] + [tokenizer.convert_tokens_to_ids("[Q] " if query else "[D] ")] + ids[1:]
+    mask = [1] * len(ids)
+    if query:
+        pad = QUERY_LENGTH - len(ids)
+        ids, mask = ids + [tokenizer.mask_token_id] * pad, mask + [0] * pad
+    with torch.no_grad():
+        hidden = model(input_ids=torch.tensor([ids]), attention_mask=torch.tensor([mask])).last_hidden_state[0]
+        vectors = torch.nn.functional.normalize(hidden @ weight.T, dim=-1).numpy()
+    if query:
+        return vectors
+    skip = {tokenizer.convert_tokens_to_ids(w) for w in (",", ".", "!", ";")}
+    return vectors[[i for i, t in enumerate(ids) if t not in skip]]
+
+
+@pytest.fixture(scope="module")
+def handler(folder: Path) -> Any:
+    handler = ColbertHandler()
+    handler.load(ModelSpec(folder, "1", device="cpu", warmup=False), torch.device("cpu"))
+    return handler
+
+
+def _vectors(handler: Any, texts: list[Any]) -> list[np.ndarray]:
+    return [o.multivector for o in handler.postprocess(handler.infer(handler.preprocess(texts)))]
+
+
+def test_queries_and_documents_equal_the_direct_computation(reference: Any, handler: Any) -> None:
+    texts = [Role(q, "query") for q in QUERIES] + list(DOCUMENTS)
+    got = _vectors(handler, texts)  # queries and documents of every length in one batch
+    for text, vectors in zip(texts, got, strict=True):
+        want = _direct(reference, str(text), isinstance(text, Role))
+        assert vectors.shape == want.shape
+        np.testing.assert_allclose(vectors, want, atol=1e-5, rtol=0)
+    assert got[0].shape == (QUERY_LENGTH, DIM)  # expanded to the query length
+    assert got[-1].shape == (DOCUMENT_LENGTH, DIM)  # cut to the document length, markers included
+    assert handler.describe()["multivector_dimension"] == DIM
+
+
+def test_maxsim_rerank_equals_the_direct_computation(reference: Any, handler: Any) -> None:
+    query = _vectors(handler, [Role(QUERIES[1], "query")])[0]
+    documents = _vectors(handler, DOCUMENTS)
+    want_q = _direct(reference, QUERIES[1], True)
+    want = [float((want_q @ _direct(reference, doc, False).T).max(axis=1).sum()) for doc in DOCUMENTS]
+    np.testing.assert_allclose(maxsim_scores(query, documents), want, atol=1e-4, rtol=0)
+    assert int(np.argmax(want)) == 1  # the document sharing the query's words ranks first
+    assert maxsim(query, documents[1]) == pytest.approx(want[1], abs=1e-4)
+
+
+def test_a_dense_output_is_refused_and_a_marker_missing_from_the_tokenizer_is_named(folder: Path, handler: Any,
+                                                                                      tmp_path: Path) -> None:
+    from inferd.core.preprocess import TextInput
+
+    with pytest.raises(InputError, match="asks for dense; this model gives multivector only"):
+        handler.preprocess([TextInput("hello", outputs=("dense",))])
+    other = tmp_path / "other"
+    shutil.copytree(folder, other)
+    cfg = json.loads((other / "config_sentence_transformers.json").read_text())
+    cfg["query_prefix"] = "[QUERY] "
+    (other / "config_sentence_transformers.json").write_text(json.dumps(cfg))
+    with pytest.raises(ModelLoadError, match="query marker '\\[QUERY\\] ' is not a token"):
+        ColbertHandler().load(ModelSpec(other, "1", device="cpu", warmup=False), torch.device("cpu"))
