@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from inferd.config import load_settings
+from inferd.core.agreement import cosine_rows, overlap_at_k
 from inferd.core.backends import factory, gate
 from inferd.core.backends.base import (
     INT8_BF16_FIRST,
@@ -174,12 +175,12 @@ def test_defaults_keep_torch_fp32() -> None:
 def test_cosines_and_neighbour_overlap() -> None:
     rng = np.random.default_rng(0)
     ref = rng.normal(size=(40, 8))
-    assert np.allclose(gate.cosines(ref, 3 * ref), 1.0)
-    assert gate.overlap_at_k(ref, ref) == 1.0
+    assert np.allclose(cosine_rows(ref, 3 * ref), 1.0)
+    assert overlap_at_k(ref, ref) == 1.0
     # Rows shuffled: each text's neighbours become unrelated texts.
-    assert gate.overlap_at_k(ref, ref[rng.permutation(40)]) < 0.5
+    assert overlap_at_k(ref, ref[rng.permutation(40)]) < 0.5
     noisy = ref + rng.normal(scale=0.05, size=ref.shape)
-    assert 0.5 < gate.overlap_at_k(ref, noisy) < 1.0
+    assert 0.5 < overlap_at_k(ref, noisy) < 1.0
 
 
 def figures(cos_min: float, cos_mean: float, overlap: float) -> gate.GateFigures:

@@ -14,6 +14,7 @@ import pytest
 import torch
 from fakes import HashHandler, vector_for
 
+from inferd.core.agreement import overlap_at_k
 from inferd.core.batcher import BatchQueue, Policy, QueueFull
 from inferd.core.engine import InferenceEngine
 from inferd.core.errors import ModelLoadError, NoShadow, ShadowRefused, SpaceChanged
@@ -104,10 +105,8 @@ def test_repeated_texts_computed_in_other_batches_are_no_disagreement() -> None:
     assert report.as_dict()["neighbours"]["min"] == 1.0
     assert verdict("embedding", report.items, f, GATE, 100).ok
     # The accuracy gate's overlap over a probe set with repeated texts is the same figure.
-    from inferd.core.backends import gate
-
     probe = texts[[0, 1] * 12]
-    assert gate.overlap_at_k(np.asarray(computed(probe)), np.asarray(computed(probe))) == 1.0
+    assert overlap_at_k(np.asarray(computed(probe)), np.asarray(computed(probe))) == 1.0
     # A rerank request listing a document twice: the copies tie, under both models.
     scores = rng.random(6)[[0, 1, 2, 2, 3, 4, 5, 5]]
     ranked = DriftReport("rerank", "v2")
@@ -173,6 +172,24 @@ def test_the_verdict_needs_enough_traffic_and_every_figure_within_the_gates_boun
     assert verdict("classification", 500, {"label_agreement": 1.0}, GATE, 100).ok
     unmeasured = verdict("embedding", 500, {"cosine_mean": 1.0, "cosine_min": 1.0, "overlap_mean": None}, GATE, 100)
     assert unmeasured.code == "shadow_insufficient"
+
+
+def test_the_shadow_report_measures_and_judges_as_the_accuracy_gate() -> None:
+    from inferd.core.backends import gate
+
+    # A multi-label classifier: one of four label decisions differs for 10 of 40 texts. Both count decisions
+    # (the shadow once counted texts with any differing label: 0.75 against the gate's 0.9375).
+    rng = np.random.default_rng(8)
+    pa = rng.random((40, 4))
+    pb = pa.copy()
+    pb[:10, 0] = 1.0 - pb[:10, 0]
+    report = DriftReport("classification", "v2", multi_label=True)
+    report.add(list(pa), list(pb))
+    assert report.figures()["label_agreement"] == pytest.approx(1 - 10 / 160)
+    assert gate.label_figures(pa, pb, True)["label_agreement"] == pytest.approx(1 - 10 / 160)
+    # A NaN figure passes no bound, in the shadow's verdict as in the gate's judge.
+    nan = verdict("embedding", 500, {"cosine_mean": float("nan"), "cosine_min": 1.0, "overlap_mean": 1.0}, GATE, 100)
+    assert nan.code == "shadow_drifted" and "cosine_mean nan < 0.995" in nan.reasons[0]
 
 
 def test_aggregating_workers_sums_the_counts_and_takes_the_worst_figures() -> None:

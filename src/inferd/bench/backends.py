@@ -28,6 +28,7 @@ import numpy as np
 
 from inferd.bench.load import Target, TextSource, run_closed
 from inferd.bench.procs import ServerFailed, ServerProc, start_inferd
+from inferd.core.agreement import cosine_rows, overlap_at_k
 from inferd.core.backends import gate
 from inferd.settings import BACKENDS, DTYPES, QUANTIZE
 
@@ -120,10 +121,10 @@ def accuracy(handler: Any, texts: Sequence[str], reference: np.ndarray) -> dict[
     mins, means, overlaps = [], [], []
     for plan in gate.plans(0).values():
         got = gate.outputs(handler, handler.runner, items, plan(items), filler)
-        cos = gate.cosines(reference, got)
+        cos = cosine_rows(reference, got)
         mins.append(float(cos.min()))
         means.append(float(cos.mean()))
-        overlaps.append(gate.overlap_at_k(reference, got))
+        overlaps.append(overlap_at_k(reference, got))
     return {"cosine_min": round(min(mins), 6), "cosine_mean": round(min(means), 6),
             "overlap_at_10": round(min(overlaps), 4)}
 
@@ -264,10 +265,10 @@ def run_phase(args: argparse.Namespace, model: Path, texts: Sequence[str], sourc
             try:
                 if name.startswith("infinity") and "accuracy" not in row and reference.size:
                     got = infinity_vectors(server, corpus)
-                    cos = gate.cosines(reference, got)
+                    cos = cosine_rows(reference, got)
                     row["accuracy"] = {"cosine_min": round(float(cos.min()), 6),
                                        "cosine_mean": round(float(cos.mean()), 6),
-                                       "overlap_at_10": round(gate.overlap_at_k(reference, got), 4)}
+                                       "overlap_at_10": round(overlap_at_k(reference, got), 4)}
                 result = run_closed(Target(server.url, target.path, target.field, target.client), source, 32, 1,
                                     args.duration, args.warmup)
             except Exception as exc:  # noqa: BLE001 - one engine that breaks must not cost the others' figures

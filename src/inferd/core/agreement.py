@@ -1,19 +1,34 @@
-"""Rank agreement between two models' figures for the same items (numpy only): what the accuracy gate and the
-shadow report measure — rank correlation and top-k agreement of scores, and the neighbour overlap of vectors
-(top-k agreement of one text's similarities). Kept apart from the gate, which needs torch, so that the fleet's
-CLI (shadow aggregation) starts without importing it.
+"""How far two models' outputs for the same inputs agree, and whether that is within the configured bounds
+(numpy only): what the accuracy gate (core/backends/gate.py: a converted model against torch fp32) and the
+shadow report (core/shadow.py: a candidate against the active model on live traffic) both measure and judge,
+written once so that the two hold a model to the same figures under the same ``model.gate`` settings.
+
+- vectors: the cosine of each input's two vectors, and neighbour overlap (top-k agreement of one text's
+  similarities to other texts);
+- rankings: rank correlation and top-k agreement of one query's scores;
+- labels: the share of an input's label decisions both models make alike.
+
+Kept apart from the gate, which needs torch, so that the fleet's CLI (shadow aggregation) starts without it.
 
 Equal items are not a disagreement: the same text sent twice is computed in different batches, with other
 padding, and its two figures differ by float noise (~1e-7); which of them a model ranks first is then row
 order. Figures within ``TIE`` (relative to the list's scale) are ties: tied neighbours at the k-th place count
 as agreeing, and items tied under both models share their rank.
+
+A bound is judged so that it can always fail: a NaN figure passes no bound.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
 import numpy as np
 
 TOP = 3
+# Neighbours compared per text (the gate's overlap@10; shadow.neighbours sets the shadow report's own).
+NEIGHBOURS = 10
 # Far above float32 noise on a cosine or a logit of order 1, far below any difference a user's ranking acts on.
 TIE = 1e-5
 
@@ -66,3 +81,113 @@ def top_agreement(a: np.ndarray, b: np.ndarray, k: int = TOP) -> float:
     a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
     k = min(k, len(a))
     return min(_top_within(a, b, k), _top_within(b, a, k)) / k
+
+
+# -- vectors --------------------------------------------------------------------------------------------------
+
+
+def unit_rows(v: np.ndarray) -> np.ndarray:
+    v = np.asarray(v, dtype=np.float64)
+    return v / np.clip(np.linalg.norm(v, axis=1, keepdims=True), 1e-12, None)
+
+
+def cosine_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Cosine of each row of ``a`` with the same row of ``b``; two spaces of different sizes share none (0)."""
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    if a.shape != b.shape:
+        return np.zeros(len(a))
+    return (unit_rows(a) * unit_rows(b)).sum(axis=1)
+
+
+def neighbour_overlap(others_a: np.ndarray, others_b: np.ndarray, a: np.ndarray, b: np.ndarray,
+                      k: int = NEIGHBOURS) -> float:
+    """Of one text's k nearest among other texts, the share both models agree on: ``a`` and ``b`` are the text's
+    unit vectors under each model, ``others_a`` and ``others_b`` the other texts' (the same texts, row by row).
+    A text repeated among the others ties with its copies, and which copy fills the k-th place is no
+    disagreement."""
+    return top_agreement(others_a @ a, others_b @ b, k)
+
+
+def overlap_at_k(a: np.ndarray, b: np.ndarray, k: int = NEIGHBOURS) -> float:
+    """The mean neighbour overlap of every text among all the others (itself excluded)."""
+    ua, ub = unit_rows(a), unit_rows(b)
+    sa, sb = ua @ ua.T, ub @ ub.T
+    return float(np.mean([top_agreement(np.delete(x, i), np.delete(y, i), k)
+                          for i, (x, y) in enumerate(zip(sa, sb, strict=True))]))
+
+
+# -- rankings and labels --------------------------------------------------------------------------------------
+
+
+def ranking(a: np.ndarray, b: np.ndarray) -> dict[str, float]:
+    """One query's documents as two models score them: Spearman's correlation and top-3 agreement."""
+    return {"spearman": spearman(a, b), "top3": top_agreement(a, b)}
+
+
+def labels_of(probs: np.ndarray, multi_label: bool) -> np.ndarray:
+    """A classifier's decisions: its label (argmax), or for a multi-label model each label at 0.5."""
+    probs = np.asarray(probs, dtype=np.float64)
+    return (probs >= 0.5) if multi_label else probs.argmax(axis=1)
+
+
+def label_agreement(a: np.ndarray, b: np.ndarray, multi_label: bool) -> np.ndarray:
+    """Per input, the share of its label decisions both models make alike (1 or 0 for one label per input)."""
+    la, lb = labels_of(a, multi_label), labels_of(b, multi_label)
+    return (la == lb).mean(axis=1) if multi_label else (la == lb).astype(np.float64)
+
+
+# -- bounds ---------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Bound:
+    """A figure's bound: at least ``bound`` (at most, when ``upper``), set by ``model.gate.<setting>``."""
+
+    figure: str
+    setting: str
+    bound: float
+    upper: bool = False
+
+    def passes(self, value: float) -> bool:
+        # Written so that NaN fails: every comparison with NaN is false.
+        return bool(value <= self.bound) if self.upper else bool(value >= self.bound)
+
+    def failure(self, value: float, name: str | None = None) -> str:
+        """The figure past its bound, worded for an operator (``name``: the figure as the caller shows it)."""
+        return (f"{name or self.figure} {value:.6f} {'>' if self.upper else '<'} {self.bound} "
+                f"(model.gate.{self.setting})")
+
+
+def bounds(task: str, kind: str, gate: Any) -> list[Bound]:
+    """The bounds a model's figures are held to, per task and the precision it runs at (fp32, half, int8):
+    ``gate`` is the model.gate settings. Agreement bounds are the task's whatever the precision; a difference's
+    bound (``upper``) is the precision's."""
+    if task == "rerank":
+        return [Bound("spearman_mean", "rerank_spearman_min", gate.rerank_spearman_min),
+                Bound("top3_agreement", "rerank_top3_min", gate.rerank_top3_min),
+                Bound("score_diff_max", f"{kind}_score_diff_max", getattr(gate, f"{kind}_score_diff_max"), True)]
+    if task == "classification":
+        return [Bound("label_agreement", "classification_agreement_min", gate.classification_agreement_min),
+                Bound("score_diff_max", f"{kind}_probability_diff_max",
+                      getattr(gate, f"{kind}_probability_diff_max"), True)]
+    if kind == "int8":
+        return [Bound("cosine_min", "int8_cosine_min", gate.int8_cosine_min),
+                Bound("cosine_mean", "int8_cosine_mean", gate.int8_cosine_mean),
+                Bound("overlap_at_10", "int8_overlap_at_10", gate.int8_overlap_at_10)]
+    if kind == "half":
+        return [Bound("cosine_min", "half_cosine_min", gate.half_cosine_min)]
+    return [Bound("cosine_min", "fp32_cosine_min", gate.fp32_cosine_min)]
+
+
+def judge(figures: Mapping[str, float | None], held_to: list[Bound],
+          names: Mapping[str, str] | None = None) -> tuple[list[str], list[Bound]]:
+    """Every figure past its bound, worded (``names``: how the caller shows each figure), and the bounds whose
+    figure is not there (None: not measured, or not one this model has)."""
+    failures, missing = [], []
+    for b in held_to:
+        value = figures.get(b.figure)
+        if value is None:
+            missing.append(b)
+        elif not b.passes(value):
+            failures.append(b.failure(value, (names or {}).get(b.figure)))
+    return failures, missing

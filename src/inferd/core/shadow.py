@@ -14,8 +14,9 @@ offline computation on the same outputs (tests/unit/test_shadow.py).
   top-3 agreement, and the score deltas;
 - classification: label agreement, probability deltas and the confusion matrix (active label -> candidate's).
 
-The verdict (``verdict``) holds the report to the accuracy gate's thresholds (model.gate.*) and to a
-minimum amount of traffic before a promotion may proceed.
+The measures and the judge of a figure against its bound are the accuracy gate's own (core/agreement.py);
+the verdict (``verdict``) holds the report to the gate's agreement bounds (model.gate.*) and to a minimum
+amount of traffic before a promotion may proceed.
 """
 
 from __future__ import annotations
@@ -29,7 +30,17 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from inferd.core.agreement import spearman, top_agreement
+from inferd.core.agreement import (
+    Bound,
+    cosine_rows,
+    judge,
+    label_agreement,
+    labels_of,
+    neighbour_overlap,
+    ranking,
+    unit_rows,
+)
+from inferd.core.agreement import bounds as gate_bounds
 from inferd.core.batcher import Policy
 
 if TYPE_CHECKING:  # the fleet's CLI aggregates reports without torch, which slots imports
@@ -65,47 +76,6 @@ def shadow_policy(live: Policy, settings: Any) -> Policy:
     the delay shadow work can add to a live answer."""
     return replace(live, max_batch_size=min(live.max_batch_size, settings.max_batch_size),
                    max_batch_tokens=min(live.max_batch_tokens, settings.max_batch_tokens), max_wait_ms=0.0)
-
-
-# -- pure figures -----------------------------------------------------------------------------------------
-
-
-def unit_rows(v: np.ndarray) -> np.ndarray:
-    v = np.asarray(v, dtype=np.float64)
-    return v / np.clip(np.linalg.norm(v, axis=1, keepdims=True), 1e-12, None)
-
-
-def cosine_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Cosine of each row of ``a`` with the same row of ``b``; two spaces of different sizes share none (0)."""
-    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
-    if a.shape != b.shape:
-        return np.zeros(len(a))
-    return (unit_rows(a) * unit_rows(b)).sum(axis=1)
-
-
-def neighbour_overlap(win_a: np.ndarray, win_b: np.ndarray, a: np.ndarray, b: np.ndarray, k: int) -> float:
-    """Of a text's k nearest texts in the window, the share both spaces agree on (rows of the windows are the
-    same texts, in each model's space); a text repeated in the window ties with its copies, and which copy
-    fills the k-th place is no disagreement (core/agreement.py)."""
-    return top_agreement(win_a @ a, win_b @ b, k)
-
-
-def ranking(active: np.ndarray, shadow: np.ndarray) -> dict[str, float]:
-    """One query's documents: Spearman of the two models' scores, top-3 agreement, the largest score delta."""
-    return {"spearman": spearman(active, shadow), "top3": top_agreement(active, shadow),
-            "score_delta_max": float(np.abs(active - shadow).max())}
-
-
-def labels_of(probs: np.ndarray, multi_label: bool) -> np.ndarray:
-    return (probs >= 0.5) if multi_label else probs.argmax(axis=1)
-
-
-def space_check(active: np.ndarray, candidate: np.ndarray) -> tuple[bool, float | None]:
-    """Whether two models' vectors of the same texts can share one space: the same size (returns it, and the
-    cosine min, None for another size; the caller holds the minimum to its bound)."""
-    if np.asarray(active).shape != np.asarray(candidate).shape:
-        return False, None
-    return True, float(cosine_rows(active, candidate).min())
 
 
 # -- the report -------------------------------------------------------------------------------------------
@@ -247,18 +217,18 @@ class DriftReport:
 
     def _add_labels(self, a: np.ndarray, b: np.ndarray, request_id: str | None, tokens: Sequence[int],
                     inputs: Sequence[Any]) -> dict[str, Any]:
-        la, lb = labels_of(a, self.multi_label), labels_of(b, self.multi_label)
-        agree = (la == lb).all(axis=1) if self.multi_label else (la == lb)
-        self.agree.add(agree.astype(np.float64))
+        agree = label_agreement(a, b, self.multi_label)
+        self.agree.add(agree)
         deltas = np.abs(a - b).max(axis=1)
         self.delta.add(deltas)
         names = self.labels or [str(i) for i in range(a.shape[1])]
         if not self.multi_label:
+            la, lb = labels_of(a, False), labels_of(b, False)
             for x, y in zip(la.tolist(), lb.tolist(), strict=True):
                 key = (names[x], names[y])
                 self.confusion[key] = self.confusion.get(key, 0) + 1
         for i in range(len(a)):
-            self._note(float(deltas[i]) + (0.0 if agree[i] else 1.0), request_id, i, tokens, inputs,
+            self._note(float(deltas[i]) + 1.0 - float(agree[i]), request_id, i, tokens, inputs,
                        probability_delta=deltas[i], agrees=float(agree[i]))
         return {"agree": agree.tolist(), "probability_delta": deltas.tolist()}
 
@@ -309,24 +279,17 @@ class DriftReport:
 # -- the verdict ------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Bound:
-    figure: str
-    setting: str
-    bound: float
+# The live figure the gate's names for: the shadow measures neighbours among recent texts, not on the gate's set.
+_LIVE_NAMES = {"overlap_at_10": "overlap_mean"}
 
 
 def bounds(task: str, gate: Any) -> list[Bound]:
-    """The thresholds a shadowed candidate is held to, per task: the accuracy gate's loosest accepted
-    figures (an int8 model the gate passes keeps the space; live traffic must show it too)."""
-    if task == "embedding":
-        return [Bound("cosine_mean", "int8_cosine_mean", gate.int8_cosine_mean),
-                Bound("cosine_min", "int8_cosine_min", gate.int8_cosine_min),
-                Bound("overlap_mean", "int8_overlap_at_10", gate.int8_overlap_at_10)]
-    if task == "rerank":
-        return [Bound("spearman_mean", "rerank_spearman_min", gate.rerank_spearman_min),
-                Bound("top3_agreement", "rerank_top3_min", gate.rerank_top3_min)]
-    return [Bound("label_agreement", "classification_agreement_min", gate.classification_agreement_min)]
+    """The bounds a shadowed candidate is held to: the accuracy gate's loosest accepted agreement (int8's; an
+    int8 model the gate passes keeps the space, and live traffic must show it too), under the shadow report's
+    names. The gate's difference bounds are not among them: its differences are relative to torch's range over
+    its own set, which live traffic has not."""
+    return [replace(b, figure=_LIVE_NAMES.get(b.figure, b.figure)) for b in gate_bounds(task, "int8", gate)
+            if not b.upper]
 
 
 @dataclass(frozen=True)
@@ -348,16 +311,11 @@ def verdict(task: str, items: int, figures: dict[str, float | None], gate: Any,
     if items < min_items:
         return Verdict("shadow_insufficient", [f"the report is based on {items} items; at least {min_items} "
                                                "are needed (shadow.min_items)"])
-    failures = []
-    for b in bounds(task, gate):
-        value = figures.get(b.figure)
-        if value is None:
-            failures.append(f"{b.figure} not measured yet (needs more traffic)")
-        elif value < b.bound:
-            failures.append(f"{b.figure} {value:.6f} < {b.bound} (model.gate.{b.setting})")
-    if any("not measured" in f for f in failures) and len(failures) == sum("not measured" in f for f in failures):
-        return Verdict("shadow_insufficient", failures)
-    return Verdict("shadow_drifted" if failures else None, failures)
+    failures, missing = judge(figures, bounds(task, gate))
+    unmeasured = [f"{b.figure} not measured yet (needs more traffic)" for b in missing]
+    if not failures:
+        return Verdict("shadow_insufficient" if unmeasured else None, unmeasured)
+    return Verdict("shadow_drifted", failures + unmeasured)
 
 
 def aggregate(reports: Sequence[dict[str, Any]]) -> dict[str, Any]:

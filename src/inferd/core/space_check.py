@@ -18,9 +18,9 @@ from typing import Any
 
 import numpy as np
 
+from inferd.core.agreement import cosine_rows
 from inferd.core.backends.gate import builtin_texts
 from inferd.core.errors import ModelLoadError
-from inferd.core.shadow import space_check
 from inferd.core.slots import ModelSlot
 
 log = logging.getLogger(__name__)
@@ -46,8 +46,8 @@ def space_changed(candidate: ModelSlot, active: ModelSlot, bound: float, reaper:
         return None
     finally:
         active.release()
-    same, low = space_check(a, b)
-    if same and low is not None and low >= bound:
+    low = float(cosine_rows(a, b).min()) if a.shape == b.shape else None
+    if low is not None and low >= bound:
         return None
     what = (f"its vectors have {b.shape[1]} dimensions, the active model's {a.shape[1]}" if low is None else
             f"its vectors of the same texts have cosine min {low:.4f} with the active model's, below "

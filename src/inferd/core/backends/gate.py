@@ -40,7 +40,8 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from inferd.core.agreement import spearman, top_agreement
+from inferd.core.agreement import bounds, cosine_rows, label_agreement, overlap_at_k, ranking
+from inferd.core.agreement import judge as judge_figures
 from inferd.core.backends.base import BackendError, Runner
 from inferd.core.preprocess import Encoded, InputError
 from inferd.settings import GateSettings
@@ -332,41 +333,20 @@ def outputs(probe: Probe, runner: Runner, items: list[Encoded], plan: list[list[
     return np.stack(rows).astype(np.float64)  # type: ignore[arg-type]
 
 
-def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    na = a / np.clip(np.linalg.norm(a, axis=1, keepdims=True), 1e-12, None)
-    nb = b / np.clip(np.linalg.norm(b, axis=1, keepdims=True), 1e-12, None)
-    return (na * nb).sum(axis=1)
-
-
-def overlap_at_k(reference: np.ndarray, candidate: np.ndarray, k: int = OVERLAP_K) -> float:
-    """Mean share of each text's k nearest neighbours (itself excluded) that both models agree on; a repeated
-    text's copies are ties, not disagreement (core/agreement.py)."""
-
-    def similarities(v: np.ndarray) -> np.ndarray:
-        n = v / np.clip(np.linalg.norm(v, axis=1, keepdims=True), 1e-12, None)
-        return n @ n.T
-
-    ref, cand = similarities(reference), similarities(candidate)
-    return float(np.mean([top_agreement(np.delete(r, i), np.delete(c, i), k)
-                          for i, (r, c) in enumerate(zip(ref, cand, strict=True))]))
-
-
 def ranking_figures(reference: np.ndarray, got: np.ndarray) -> dict[str, float]:
     """Rerank: per query (each PER_QUERY consecutive pairs), rank agreement with the reference; score
     difference as a share of the reference's range over the whole set."""
     groups = [slice(k, k + PER_QUERY) for k in range(0, len(reference) - PER_QUERY + 1, PER_QUERY)]
     span = float(reference.max() - reference.min()) or 1.0
-    return {"spearman_mean": round(float(np.mean([spearman(reference[g], got[g]) for g in groups])), 6),
-            "top3_agreement": round(float(np.mean([top_agreement(reference[g], got[g]) for g in groups])), 4),
+    per_query = [ranking(reference[g], got[g]) for g in groups]
+    return {"spearman_mean": round(float(np.mean([q["spearman"] for q in per_query])), 6),
+            "top3_agreement": round(float(np.mean([q["top3"] for q in per_query])), 4),
             "score_diff_max": round(float(np.abs(reference - got).max()) / span, 7)}
 
 
 def label_figures(reference: np.ndarray, got: np.ndarray, multi_label: bool) -> dict[str, float]:
     """Classification: the share of decisions that agree, and the largest probability difference."""
-    if multi_label:
-        agree = float(((reference >= 0.5) == (got >= 0.5)).mean())
-    else:
-        agree = float((reference.argmax(axis=1) == got.argmax(axis=1)).mean())
+    agree = float(label_agreement(reference, got, multi_label).mean())
     return {"label_agreement": round(agree, 6), "score_diff_max": round(float(np.abs(reference - got).max()), 7)}
 
 
@@ -462,14 +442,15 @@ def measure_embeddings(probe: Probe, reference: Runner, candidate: Runner, texts
         per_shape[name] = got
         bad = nonfinite_rows(got)
         nonfinite += bad
-        cos = cosines(ref, got)
+        cos = cosine_rows(ref, got)
         nan = float("nan")
         shapes[name] = {"cosine_min": nan if bad else round(float(cos.min()), 7),
                         "cosine_mean": nan if bad else round(float(cos.mean()), 7),
-                        "overlap_at_10": (nan if bad else round(overlap_at_k(ref, got), 4)) if ranked else None,
+                        "overlap_at_10": ((nan if bad else round(overlap_at_k(ref, got, OVERLAP_K), 4))
+                                          if ranked else None),
                         "nonfinite": bad}
     alone = per_shape["1"]
-    invariance = worst([float(np.min(cosines(alone, v))) for name, v in per_shape.items() if name != "1"])
+    invariance = worst([float(np.min(cosine_rows(alone, v))) for name, v in per_shape.items() if name != "1"])
 
     def figure(name: str) -> float | None:
         return worst([s[name] for s in shapes.values()])
@@ -483,40 +464,6 @@ def measure_embeddings(probe: Probe, reference: Runner, candidate: Runner, texts
 # -- the verdict ------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Rule:
-    """A figure's bound: at least ``bound`` (or at most, when ``upper``), set by ``model.gate.<setting>``."""
-
-    figure: str
-    setting: str
-    bound: float
-    upper: bool = False
-
-
-def rules(kind: str, t: GateSettings, task: str = "embedding") -> list[Rule]:
-    """The bounds for a gate kind (int8, half, fp32) and task."""
-    if task == "rerank":
-        return [Rule("spearman_mean", "rerank_spearman_min", t.rerank_spearman_min),
-                Rule("top3_agreement", "rerank_top3_min", t.rerank_top3_min),
-                Rule("score_diff_max", f"{kind}_score_diff_max", getattr(t, f"{kind}_score_diff_max"), True)]
-    if task == "classification":
-        return [Rule("label_agreement", "classification_agreement_min", t.classification_agreement_min),
-                Rule("score_diff_max", f"{kind}_probability_diff_max", getattr(t, f"{kind}_probability_diff_max"),
-                     True)]
-    if kind == "int8":
-        return [Rule("cosine_min", "int8_cosine_min", t.int8_cosine_min),
-                Rule("cosine_mean", "int8_cosine_mean", t.int8_cosine_mean),
-                Rule("overlap_at_10", "int8_overlap_at_10", t.int8_overlap_at_10)]
-    if kind == "half":
-        return [Rule("cosine_min", "half_cosine_min", t.half_cosine_min)]
-    return [Rule("cosine_min", "fp32_cosine_min", t.fp32_cosine_min)]
-
-
-def _passes(value: float, rule: Rule) -> bool:
-    # Written so that NaN fails: every comparison with NaN is false.
-    return bool(value <= rule.bound) if rule.upper else bool(value >= rule.bound)
-
-
 def _nonfinite_shapes(figures: Figures) -> list[str]:
     return [name for name, shape in figures.shapes.items() if shape.get("nonfinite")]
 
@@ -528,12 +475,8 @@ def judge(figures: Figures, kind: str, thresholds: GateSettings) -> list[str]:
     if figures.nonfinite:
         failures.append(f"{figures.nonfinite} outputs are not finite (NaN or infinity) in batch shapes "
                         f"{', '.join(_nonfinite_shapes(figures)) or '?'}")
-    for rule in rules(kind, thresholds, figures.task):
-        value = getattr(figures, rule.figure)
-        if value is None or _passes(value, rule):
-            continue
-        sign = ">" if rule.upper else "<"
-        failures.append(f"{_FIGURE_NAMES[rule.figure]} {value:.6f} {sign} {rule.bound} (model.gate.{rule.setting})")
+    # A figure the model has not (None: overlap of one-dimensional outputs) is not judged.
+    failures += judge_figures(figures.as_dict(), bounds(figures.task, kind, thresholds), _FIGURE_NAMES)[0]
     return failures
 
 
@@ -562,7 +505,7 @@ def summary(figures: Figures, kind: str, thresholds: GateSettings) -> str:
     """The figures the rules judge, each with its bound (no other figure: one no rule judges reads as a pass
     whatever its value), and what they were measured on."""
     parts = [f"non-finite outputs {figures.nonfinite} (must be 0)"]
-    for rule in rules(kind, thresholds, figures.task):
+    for rule in bounds(figures.task, kind, thresholds):
         value = getattr(figures, rule.figure)
         if value is not None:
             parts.append(f"{_FIGURE_NAMES[rule.figure]} {value:.6f} ({'≤' if rule.upper else '≥'} {rule.bound})")
