@@ -135,6 +135,15 @@ class ShortHandler(HashHandler):
         return results[:-1] if len(results) > 1 else results
 
 
+class PacedHandler(HashHandler):
+    """Costs ``$FAKE_SECONDS_PER_TOKEN`` per real token of a batch: a queue drains at a known pace (fair shares)."""
+
+    def infer(self, batch: list[Encoded]) -> list[str]:
+        out = super().infer(batch)
+        time.sleep(float(os.environ.get("FAKE_SECONDS_PER_TOKEN", "0")) * sum(len(e.ids) for e in batch))
+        return out
+
+
 def loader_for(handler: Any) -> Any:
     """A ModelManager loader that 'loads' this very handler instance on the CPU."""
 

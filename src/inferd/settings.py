@@ -36,12 +36,76 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+# A tenant's name: a metric label and a log field, so short and plain.
+TENANT_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
+# A key stored as its hash: ``sha256:`` and 64 hex digits (README: Tenants says how to make one).
+KEY_HASH = re.compile(r"^sha256:[0-9a-fA-F]{64}$")
+
+
+class TenantSettings(_Section):
+    """One caller of the service (core/tenants.py): its keys and its optional limits; None = no limit."""
+
+    name: str = Field(pattern=TENANT_NAME)
+    # Each a key as sent, or its hash (``sha256:<hex>``) so the configuration need not hold the key itself.
+    keys: tuple[str, ...] = Field(min_length=1)
+    requests_per_second: float | None = Field(None, gt=0)
+    tokens_per_minute: int | None = Field(None, gt=0)
+    max_concurrent: int | None = Field(None, gt=0)
+    # The models it may call, by served name (empty: all).
+    models: tuple[str, ...] = ()
+    # The highest priority it may ask for (above: refused), and what it gets when it asks for none.
+    priority_ceiling: int | None = None
+    default_priority: int = 0
+    # Its weight when the queue is contended (weighted fair queuing across tenants inside a priority).
+    share: float = Field(1.0, gt=0.0, le=1000.0)
+
+    @field_validator("keys")
+    @classmethod
+    def _keys(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        for key in v:
+            if not key or key != key.strip() or " " in key:
+                raise ValueError("a key is one non-empty word (it travels as 'Authorization: Bearer <key>')")
+            if key.startswith("sha256:") and not KEY_HASH.match(key):
+                raise ValueError("a hashed key is 'sha256:' and 64 hex digits")
+        return v
+
+    @model_validator(mode="after")
+    def _priorities(self) -> TenantSettings:
+        if self.priority_ceiling is not None and self.default_priority > self.priority_ceiling:
+            raise ValueError(f"tenant {self.name!r}: default_priority {self.default_priority} is above its "
+                             f"priority_ceiling {self.priority_ceiling}")
+        return self
+
+
+def check_tenants(tenants: tuple[TenantSettings, ...]) -> None:
+    """One name per tenant and one tenant per key (a key of two tenants would answer as either)."""
+    names: set[str] = set()
+    keys: set[str] = set()
+    for tenant in tenants:
+        if tenant.name in names:
+            raise ValueError(f"tenants: {tenant.name!r} is named twice")
+        names.add(tenant.name)
+        for key in tenant.keys:
+            if key in keys:
+                raise ValueError(f"tenants: a key of {tenant.name!r} is another tenant's too")
+            keys.add(key)
+
+
 class ServerSettings(_Section):
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=0, le=65535)
     admin_port: int | None = Field(None, ge=0, le=65535)
     admin_key: str | None = None
     api_keys: tuple[str, ...] = ()
+    # Callers with their own keys, limits and shares (core/tenants.py); api_keys are one more, without limits.
+    tenants: tuple[TenantSettings, ...] = ()
+    # A YAML file of more tenants (``tenants: [...]``), read at start and again on SIGHUP.
+    tenants_file: Path | None = None
+
+    @model_validator(mode="after")
+    def _tenants(self) -> ServerSettings:
+        check_tenants(self.tenants)
+        return self
     metrics_key: str | None = None
     # /docs, /redoc, /openapi.json: keys = behind api_keys (the admin key on the admin port), so open while none
     # are set; public; off (404). The admin routes are never in the main port's schema (api/docs.py).

@@ -13,7 +13,8 @@ from inferd.api.app import create_admin_app, create_app, route_paths
 from inferd.settings import ModelSettings, ServerSettings, Settings
 
 ADMIN_PATHS = {"/admin/memory", "/admin/models/reload", "/admin/models/canary", "/admin/models/promote",
-               "/admin/models/rollback", "/admin/models", "/admin/models/shadow", "/admin/models/shadow/promote"}
+               "/admin/models/rollback", "/admin/models", "/admin/models/shadow", "/admin/models/shadow/promote",
+               "/admin/usage"}
 SERVING_PATHS = {"/predict", "/v1/embeddings", "/v1/rerank", "/v2/rerank", "/rerank", "/v1/classify", "/v1/models",
                  "/info", "/health", "/health/live", "/health/ready", "/metrics",
                  # text-embeddings-inference's and Cohere's embedding routes

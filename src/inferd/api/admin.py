@@ -258,6 +258,13 @@ def _admin_row(served: ServedModel, queue_depth: int) -> dict[str, Any]:
                                                    "weight": shadow.weight}}
 
 
+@admin_router.get("/usage", responses=responses(raw_body("application/json", {"type": "object"}), 401, 404))
+async def usage(request: Request) -> Response:
+    """Per tenant served now, since start (or since a SIGHUP added it): per model the requests answered and the
+    tokens the model ran for them, the refusals by the tenant's own limits by reason, the requests running."""
+    return json_response({"tenants": services(request).tenancy.report()})
+
+
 @admin_router.get("/memory", responses=responses(raw_body("application/json", {"type": "object"}), 401, 404))
 async def memory(request: Request) -> Response:
     """The memory guard's figures; on a GPU also ``torch.cuda.memory_summary()`` (in a thread: it locks)."""

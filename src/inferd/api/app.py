@@ -29,6 +29,7 @@ from inferd.api.openai import openai_router
 from inferd.api.schemas import raw_body, responses
 from inferd.api.security import require_keys
 from inferd.api.services import Services, services, services_of
+from inferd.core.tenants import Tenancy
 from inferd.api.tei import tei_router
 from inferd.api.tei_tokens import tei_tokens_router
 from inferd.core.engine import InferenceEngine
@@ -131,7 +132,8 @@ def create_app(settings: Settings, loader: Callable[[ModelSpec], Handler] = load
 
     app = FastAPI(title="inferd", version=__version__, lifespan=lifespan, **_NO_BUILT_INS)
     app.state.services = Services(settings=settings, engine=engine, metrics=metrics,
-                                  memory_guard=memory_guard, started_at=time.time())
+                                  memory_guard=memory_guard, started_at=time.time(),
+                                  tenancy=Tenancy(settings, metrics))
     install_error_handlers(app)
     for included in _routers(settings):
         app.include_router(included)

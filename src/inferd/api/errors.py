@@ -9,6 +9,7 @@ A refusal carries its kind from the core to the wire: no family reads a kind bac
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -31,6 +32,7 @@ _TYPES = {
     409: "conflict_error",
     413: "invalid_request_error",
     422: "invalid_request_error",
+    429: "rate_limit_error",
     500: "server_error",
     503: "overloaded_error",
     504: "timeout_error",
@@ -83,6 +85,7 @@ KINDS: dict[Kind, Answer] = {
     Kind.MODEL_UNLOADED: Answer(503, "model_unloaded", retry_after=1),
     Kind.WORKER_DEAD: Answer(503, "worker_dead", retry_after=5),
     Kind.OVERLOADED: Answer(503, "queue_full", retry_after=1, reason="overloaded"),
+    Kind.RATE_LIMITED: Answer(429, "rate_limit_exceeded", retry_after=1, reason="rate_limited"),
     Kind.DRAINING: Answer(503, "draining", retry_after=1, reason="draining"),
     Kind.DEADLINE: Answer(504, "deadline_exceeded", reason="deadline"),
     Kind.OOM: Answer(507, "out_of_memory", reason="oom"),
@@ -103,6 +106,7 @@ TEI_TYPES: dict[Kind, str] = {
     Kind.MODEL_UNLOADED: "unhealthy",
     Kind.WORKER_DEAD: "unhealthy",
     Kind.OVERLOADED: "overloaded",
+    Kind.RATE_LIMITED: "overloaded",
     Kind.DRAINING: "unhealthy",
     Kind.DEADLINE: "overloaded",
     Kind.OOM: "backend",
@@ -139,6 +143,10 @@ def engine_refusal(exc: EngineError, field: str, listed: bool, metrics: Any = No
     if metrics is not None and answer.reason is not None:
         metrics.rejected.labels(answer.reason).inc()
     headers = {"Retry-After": str(answer.retry_after)} if answer.retry_after else None
+    if exc.retry_after is not None:
+        # Whole seconds for Retry-After (RFC 9110); OpenAI's SDK reads retry-after-ms first, to the millisecond.
+        headers = {"Retry-After": str(max(1, math.ceil(exc.retry_after))),
+                   "retry-after-ms": str(max(1, math.ceil(exc.retry_after * 1000)))}
     code = exc.code or answer.code
     if answer.status != 422:
         return APIError(answer.status, exc.message, code, exc.field, headers=headers, kind=exc.kind)

@@ -33,6 +33,11 @@ CLIENT_CLOSED = 499  # nginx's "client closed request": counted apart from the s
 UNTRACED = frozenset({"/health", "/health/live", "/health/ready", "/metrics"})
 
 
+# The scope's key for a callable giving more response headers from the time the response starts (a tenant's
+# rate-limit headers: api/security.py require_tenant).
+EXTRA_HEADERS = "inferd.headers"
+
+
 def context(scope: Scope) -> dict[str, Any]:
     """The per-request dict routes fill (stage timings, version) for headers and the access log."""
     return scope.setdefault("inferd", {})
@@ -78,6 +83,9 @@ class RequestContextMiddleware:
                     headers["X-Inference-Time"] = f"{ctx['inference_ms']:.3f}"
                 if "version" in ctx:
                     headers["X-Model-Version"] = str(ctx["version"])
+                extra = scope.get(EXTRA_HEADERS)
+                if extra is not None:
+                    headers.update(extra(time.monotonic()))
             await send(message)
 
         try:

@@ -14,6 +14,8 @@ from typing import Any
 from starlette.requests import Request
 
 from inferd.api.errors import APIError
+from inferd.api.middleware import EXTRA_HEADERS, context
+from inferd.core.tenants import Tenancy, current_tenant
 
 
 def bearer_token(request: Request) -> str | None:
@@ -46,6 +48,20 @@ def _unauthorized(what: str, metrics: Any) -> APIError:
         metrics.rejected.labels("unauthorized").inc()
     return APIError(401, f"a valid API key is required for {what}: send 'Authorization: Bearer <key>'",
                     "invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
+
+
+def require_tenant(request: Request, tenancy: Tenancy, metrics: Any = None) -> None:
+    """The inference routes' key check, by tenant (core/tenants.py): open when no key of any tenant is configured;
+    otherwise the Bearer key's tenant, set for the request (admission reads it, the access log shows its name,
+    the response carries its rate-limit headers). Nothing else the client sends names a tenant."""
+    if not tenancy.enabled:
+        return
+    tenant = tenancy.resolve(bearer_token(request))
+    if tenant is None:
+        raise _unauthorized("inference", metrics)
+    current_tenant.set(tenant)
+    context(request.scope)["tenant"] = tenant.name
+    request.scope[EXTRA_HEADERS] = tenant.headers
 
 
 def require_keys(request: Request, keys: tuple[str, ...], what: str, metrics: Any = None) -> None:

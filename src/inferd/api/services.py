@@ -12,11 +12,12 @@ from typing import Any
 
 from starlette.requests import Request
 
-from inferd.api.security import require_admin, require_keys
+from inferd.api.security import require_admin, require_tenant
 from inferd.core.engine import InferenceEngine
 from inferd.core.manager import ModelManager
 from inferd.core.memory import MemoryGuard
 from inferd.core.registry import ModelRegistry
+from inferd.core.tenants import Tenancy
 from inferd.settings import Settings
 from inferd.utils.metrics import Metrics
 
@@ -28,6 +29,7 @@ class Services:
     metrics: Metrics
     memory_guard: MemoryGuard  # or a stand-in with its methods (tests)
     started_at: float
+    tenancy: Tenancy  # who may call, with what limits; replaced in place on SIGHUP
 
     @property
     def registry(self) -> ModelRegistry:
@@ -56,9 +58,10 @@ def services(request: Request) -> Services:
 # (a thread woken, the GIL handed over and back, a loop wake-up) cost every request more CPU than the check itself.
 
 async def inference_auth(request: Request) -> None:
-    """The inference routes (and what is served, /v1/models, /info): one of ``server.api_keys``, if any."""
+    """The inference routes (and what is served, /v1/models, /info): a tenant's key (``server.api_keys`` are the
+    tenant ``default``'s), if any is configured."""
     s = services(request)
-    require_keys(request, s.settings.server.api_keys, "inference", s.metrics)
+    require_tenant(request, s.tenancy, s.metrics)
 
 
 async def admin_auth(request: Request) -> None:

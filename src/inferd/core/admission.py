@@ -31,6 +31,7 @@ from inferd.core.prompts import Prompt, prompt_text, prompted
 from inferd.core.registry import ModelNotFound, ModelRegistry, ServedModel
 from inferd.core.shadow import SHADOW_PRIORITY, SHADOW_TIMEOUT_S, Shadow, shadow_lane, shadow_policy
 from inferd.core.slots import ModelDescription, ModelSlot
+from inferd.core.tenants import Tenant, current_tenant
 from inferd.core.work import Failure, Outcome, TaskResult, Ticket, WorkItem
 from inferd.settings import Settings
 from inferd.utils import tracing
@@ -198,8 +199,12 @@ class Admission:
             raise EngineError(Kind.INVALID_INPUT, f"{len(inputs)} texts given; at most {max_queue} "
                               "(batching.max_queue) per request", "too_many_items")
         slot = await self._route(served, routing_key, pin)
+        tenant, admitted = current_tenant.get(), None
         self._enter()
         try:
+            if tenant is not None:
+                # The tenant's own rules on the model chosen (core/tenants.py); its place is given back below.
+                priority, admitted = tenant.admit(served.name, priority), tenant
             if task is not None and slot.task != task:
                 raise EngineError(Kind.MODEL_NOT_FOUND, f"model {served.name!r} is a {slot.task} model, not a "
                                   f"{task} model", field="model")
@@ -223,6 +228,8 @@ class Admission:
                 self._mirror(served, routing_key, inputs, result)
             return result
         finally:
+            if admitted is not None:
+                admitted.leave()
             slot.release()
             self._leave()
 
@@ -366,15 +373,23 @@ class Admission:
         ticket = Ticket(self._loop.create_future(), len(encoded), tracing.queued())
         now = time.monotonic()
         deadline = now + (timeout_ms or batching.default_timeout_ms) / 1000.0
-        items = [WorkItem(ticket, i, enc, enc.tokens, priority, now, deadline, self.queue.next_seq(), slot)
+        tenant: Tenant | None = current_tenant.get()
+        tokens = sum(e.tokens for e in encoded)
+        # A tenant's work is charged the tokens the model will run, and queued at its priority lowered by how far
+        # ahead of its share it is (core/tenants.py). ``done`` settles the charge once it leaves the queue.
+        rank = priority if tenant is None else tenant.queue(name, tokens, now, priority, batching.ageing_ms / 1e3)
+        # A fractional priority: the batcher adds waiting time to it (ageing), which is all a rank needs.
+        items = [WorkItem(ticket, i, enc, enc.tokens, rank, now, deadline, self.queue.next_seq(), slot)  # type: ignore[arg-type]
                  for i, enc in enumerate(encoded)]
         try:
             self.queue.put(items, name)
-        except QueueFull:
+        except (QueueFull, QueueClosed) as exc:
+            if tenant is not None:
+                tenant.done(name, tokens, ran=False)  # refused: not charged
+            if isinstance(exc, QueueClosed):
+                raise EngineError(Kind.DRAINING, "the server is shutting down") from None
             raise EngineError(Kind.OVERLOADED, f"the request queue of model {name!r} is full; retry "
                               "shortly") from None
-        except QueueClosed:
-            raise EngineError(Kind.DRAINING, "the server is shutting down") from None
         depth = self.metrics.queue_depth.labels(name)
         depth.set(self.queue.depth(name))
         self._open.add(ticket)
@@ -388,6 +403,9 @@ class Admission:
                 ticket.close()
                 if self.queue.remove(items):
                     depth.set(self.queue.depth(name))
+            if tenant is not None:
+                tenant.done(name, tokens, ticket.error is None and not ticket.remaining, ticket.infer_s,
+                            ticket.batch_size, len(encoded))
         if ticket.error is not None:
             raise ticket.error
         return TaskResult(
@@ -442,6 +460,9 @@ class Admission:
                          timeout_ms: float | None) -> np.ndarray:
         """The calibration texts (``model.calibration_file``, else a built-in multilingual set) as they are (no
         prompt), through the queue on ``slot``, whose reference this task holds until it is done."""
+        # The calibration is the load's, measured once for every caller: no tenant's budget or share (this task
+        # runs in a copy of the asking request's context, so this reaches nothing else).
+        current_tenant.set(None)
         try:
             settings = served.settings
             limit = settings.limits.max_chars_per_text

@@ -24,6 +24,7 @@ class Kind(StrEnum):
     MODEL_UNLOADED = "model_unloaded"  # the model this request was routed to went away under it
     WORKER_DEAD = "worker_dead"  # the inference worker stopped
     OVERLOADED = "overloaded"  # the queue is full
+    RATE_LIMITED = "rate_limited"  # the caller's tenant is over one of its limits (core/tenants.py)
     DRAINING = "draining"  # the server is shutting down
     DEADLINE = "deadline"  # the request's deadline passed while it was queued
     OOM = "oom"  # out of device memory even for this input alone
@@ -39,10 +40,12 @@ class EngineError(Exception):
     """
 
     def __init__(self, kind: Kind, message: str, code: str | None = None, *, index: int | None = None,
-                 field: str | None = None) -> None:
+                 field: str | None = None, retry_after: float | None = None) -> None:
         super().__init__(message)
         self.kind, self.message, self.code = kind, message, code
         self.index, self.field = index, field
+        # Seconds until a retry can succeed, when the refusal knows (a rate limit): else the kind's default.
+        self.retry_after = retry_after
         # The served model the request was routed to, once known (the request metrics' model label).
         self.model: str | None = None
 

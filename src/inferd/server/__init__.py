@@ -30,6 +30,7 @@ from typing import Any
 import uvicorn
 
 from inferd.config import ConfigError, load_settings
+from inferd.core.tenants import Tenancy
 from inferd.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -115,11 +116,15 @@ _OUTCOMES = {"added": "ok", "removed": "ok", "reloaded": "ok", "updated": "ok", 
              "conflict": "conflict", "not_ready": "not_ready"}
 
 
-async def reload_from_config(engine: Any, metrics: Any, reread: Callable[[], Settings]) -> str:
+async def reload_from_config(engine: Any, metrics: Any, reread: Callable[[], Settings],
+                             tenancy: Tenancy | None = None) -> str:
     """SIGHUP: read the configuration again and serve its list of models (``engine.reconfigure``: models added,
-    removed, changed). Returns the outcome label: ok, unchanged, or the worst of failed, conflict, not_ready."""
+    removed, changed) and its tenants. Returns the outcome label: ok, unchanged, or the worst of failed, conflict,
+    not_ready (the models')."""
     try:
         fresh = reread()
+        if tenancy is not None:
+            _reload_tenants(tenancy, fresh)
         outcomes: dict[str, str] = await engine.reconfigure(fresh)
     except (ConfigError, OSError) as exc:
         # OSError: a configuration file that cannot be read (permissions, a half-written mount).
@@ -139,13 +144,24 @@ async def reload_from_config(engine: Any, metrics: Any, reread: Callable[[], Set
     return worst or ("ok" if labels else "unchanged")
 
 
+def _reload_tenants(tenancy: Tenancy, fresh: Settings) -> None:
+    """The tenants swap in one step on the loop: a request running keeps its tenant, a removed key is refused from
+    the next request on. A tenants file that cannot be read leaves them as they were."""
+    try:
+        changes = tenancy.configure(fresh)
+    except ValueError as exc:
+        log.error("SIGHUP: the tenants are unchanged: %s", exc)
+        return
+    log.info("SIGHUP: tenants %s", ", ".join(changes) or "unchanged", extra={"tenants": sorted(tenancy.tenants)})
+
+
 def _install_sighup(loop: asyncio.AbstractEventLoop, engine: Any, metrics: Any,
-                    reread: Callable[[], Settings]) -> None:
+                    reread: Callable[[], Settings], tenancy: Tenancy | None = None) -> None:
     tasks: set[asyncio.Task[str]] = set()
 
     def on_sighup() -> None:
         log.info("SIGHUP received: re-reading the configuration's models")
-        task = loop.create_task(reload_from_config(engine, metrics, reread))
+        task = loop.create_task(reload_from_config(engine, metrics, reread, tenancy))
         tasks.add(task)  # a reference, or the task could be collected mid-reload
         task.add_done_callback(tasks.discard)
 
@@ -197,7 +213,7 @@ def serve(settings: Settings, reread: Callable[[], Settings] | None = None) -> i
 
     async def serve_all() -> None:
         _install_sighup(asyncio.get_running_loop(), shared.engine, metrics,
-                        reread or (lambda: load_settings(settings.env)))
+                        reread or (lambda: load_settings(settings.env)), shared.tenancy)
         await asyncio.gather(*(s.serve() for s in servers))
 
     try:

@@ -33,7 +33,7 @@ GPU_METRICS = {
 }
 
 REJECT_REASONS = ("overloaded", "deadline", "disconnected", "too_long", "invalid", "not_ready", "draining",
-                  "oom", "unauthorized")
+                  "oom", "unauthorized", "rate_limited")
 
 
 def batch_size_buckets(max_batch_size: int) -> tuple[float, ...]:
@@ -105,6 +105,13 @@ class Metrics:
                                     registry=r)
         self.worker_alive = Gauge("inferd_worker_alive", "1 while the inference worker thread runs",
                                   registry=r)
+        # Per tenant (core/tenants.py): names from the configuration only, so no caller can add a series.
+        self.tenant_requests = Counter("inferd_tenant_requests_total", "Requests a tenant had answered by a model",
+                                       ["tenant", "model"], registry=r)
+        self.tenant_tokens = Counter("inferd_tenant_tokens_total", "Tokens a model ran for a tenant (after "
+                                     "truncation)", ["tenant", "model"], registry=r)
+        self.tenant_rejected = Counter("inferd_tenant_rejected_total", "A tenant's requests refused by its own "
+                                       "limits, by reason", ["tenant", "reason"], registry=r)
         # Per model instance (core/instances.py); instance "shadow" is the shadow lanes' own.
         self.instance_busy = Counter("inferd_instance_busy_seconds_total", "Seconds an instance spent running "
                                      "batches", ["model", "instance"], registry=r)
