@@ -14,15 +14,27 @@ from __future__ import annotations
 import hashlib
 from collections import OrderedDict
 from collections.abc import Hashable, Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
+
+from inferd.core.outputs import TextOutputs
 
 CacheKey = tuple[Hashable, bytes]
 
 
 def _key(owner: Hashable, text: str) -> CacheKey:
     return owner, hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
+
+
+def _owned(output: Any) -> Any:
+    """A copy owning its memory: a row of the batch's output array would keep the whole batch array alive. A text's
+    several outputs (core/outputs.py) stay themselves, their arrays copied (a sparse vector's are its own)."""
+    if isinstance(output, TextOutputs):
+        return replace(output, dense=None if output.dense is None else np.array(output.dense, copy=True),
+                       multivector=None if output.multivector is None else np.array(output.multivector, copy=True))
+    return np.array(output, copy=True)
 
 
 class ResultCache:
@@ -32,12 +44,12 @@ class ResultCache:
         self.max_entries = max_entries
         self.name = name
         self.metrics = metrics
-        self._entries: OrderedDict[CacheKey, tuple[np.ndarray, int]] = OrderedDict()
+        self._entries: OrderedDict[CacheKey, tuple[Any, int]] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._entries)
 
-    def lookup(self, owner: Hashable, texts: Sequence[str]) -> dict[int, tuple[np.ndarray, int]]:
+    def lookup(self, owner: Hashable, texts: Sequence[str]) -> dict[int, tuple[Any, int]]:
         """Cached (result, tokens) by position in ``texts``; a hit becomes the most recently used."""
         hits = {}
         for i, text in enumerate(texts):
@@ -54,8 +66,7 @@ class ResultCache:
     def store(self, owner: Hashable, texts: Sequence[str], outputs: Sequence[Any], tokens: Sequence[int]) -> None:
         for text, output, count in zip(texts, outputs, tokens, strict=True):
             key = _key(owner, text)
-            # A copy: a row of the batch's output array would keep the whole batch array alive.
-            self._entries[key] = (np.array(output, copy=True), count)
+            self._entries[key] = (_owned(output), count)
             self._entries.move_to_end(key)
         while len(self._entries) > self.max_entries:
             self._entries.popitem(last=False)
