@@ -110,3 +110,17 @@ def test_a_pairs_key_carries_each_documents_truncation_choices() -> None:
     assert len(keys) == 3  # cut from the left, or refused when too long: neither may be answered as the default
     assert cache_key(("query", TextInput("a long document"))) == plain  # no choice made: the same entry
     assert cache_key("text") != cache_key(TextInput("text", direction="left"))
+
+
+def test_a_text_s_several_outputs_are_kept_as_they_are_and_own_their_memory() -> None:
+    from inferd.core.outputs import SparseVector, TextOutputs
+
+    batch = np.arange(12, dtype=np.float32).reshape(2, 6)
+    out = TextOutputs(dense=batch[0], sparse=SparseVector(np.array([3, 7]), np.array([0.5, 1.5], dtype=np.float32)),
+                      multivector=batch[1].reshape(2, 3))
+    cache = ResultCache(4)
+    cache.store("load", ["text"], [out], [5])
+    (kept, tokens), = cache.lookup("load", ["text"]).values()
+    assert isinstance(kept, TextOutputs) and tokens == 5
+    assert kept.dense.tolist() == batch[0].tolist() and kept.multivector.tolist() == batch[1].reshape(2, 3).tolist()
+    assert kept.sparse.indices.tolist() == [3, 7] and kept.dense.base is None and kept.multivector.base is None
