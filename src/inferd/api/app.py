@@ -29,7 +29,6 @@ from inferd.api.openai import openai_router
 from inferd.api.schemas import raw_body, responses
 from inferd.api.security import require_keys
 from inferd.api.services import Services, services, services_of
-from inferd.core.tenants import Tenancy
 from inferd.api.tei import tei_router
 from inferd.api.tei_tokens import tei_tokens_router
 from inferd.core.engine import InferenceEngine
@@ -41,6 +40,7 @@ from inferd.core.registry import ServedModel
 from inferd.core.slots import ModelSlot
 from inferd.core.spec import ModelSpec
 from inferd.core.tasks.base import Handler
+from inferd.core.tenants import Tenancy
 from inferd.settings import Settings
 from inferd.utils.metrics import Metrics
 
