@@ -1,0 +1,101 @@
+"""Tenants against a hostile client: guessing a key by timing, naming another tenant, forging usage (issue 33).
+
+Only the Bearer key says who a request is: a header or a body field naming a tenant is not read, and the usage a
+tenant is charged is the tokens the model ran, whatever the body claims.
+"""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import Callable
+
+import httpx
+import pytest
+import yaml
+from conftest import Server
+
+from hostile.conftest import internal_errors
+from inferd.core import tenants as tenants_module
+from inferd.core.tenants import Tenancy, digest
+from inferd.settings import Settings
+
+ADMIN = "admin-key"
+KEYS = {"alpha": "alpha-secret-key-0001", "beta": "beta-secret-key-0002", "gamma": "gamma-secret-key-0003"}
+
+
+def test_a_key_is_compared_with_every_key_whatever_matches_so_timing_tells_nothing(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Constant time by construction: every lookup makes the same comparisons, of equal-length digests, whether the
+    key is wrong, shares a prefix with a real key, or is the first or the last key configured."""
+    table = Tenancy(Settings.model_validate({"server": {"tenants": [
+        {"name": n, "keys": [k]} for n, k in KEYS.items()], "api_keys": ["legacy-key"]}}))
+    seen: list[tuple[int, int]] = []
+    real = hmac.compare_digest
+
+    def counting(a: bytes, b: bytes) -> bool:
+        seen.append((len(a), len(b)))
+        return real(a, b)
+
+    monkeypatch.setattr(tenants_module.hmac, "compare_digest", counting)
+    guesses = ["x", KEYS["alpha"][:-1], KEYS["alpha"] + "0", KEYS["alpha"], KEYS["gamma"], "legacy-key",
+               "a" * 10_000]
+    counts = []
+    for guess in guesses:
+        seen.clear()
+        found = table.resolve(guess)
+        assert (found is not None) == (guess in (*KEYS.values(), "legacy-key"))
+        counts.append(len(seen))
+        assert set(seen) == {(len(digest("")), len(digest("")))}  # 32 bytes each, whatever was sent
+    assert set(counts) == {len(KEYS) + 1}
+
+
+@pytest.fixture(scope="module")
+def tenant_server(module_server: Callable[..., Server], tmp_path_factory: pytest.TempPathFactory) -> Server:
+    path = tmp_path_factory.mktemp("tenants") / "tenants.yaml"
+    path.write_text(yaml.safe_dump({"tenants": [{"name": n, "keys": [k]} for n, k in KEYS.items()]}))
+    return module_server(INFERD__SERVER__TENANTS_FILE=str(path), INFERD__SERVER__ADMIN_KEY=ADMIN)
+
+
+def usage(server: Server) -> dict:
+    r = httpx.get(server.url + "/admin/usage", headers={"Authorization": f"Bearer {ADMIN}"}, timeout=10)
+    return {name: sum(m["tokens"] for m in t["models"].values()) for name, t in r.json()["tenants"].items()}
+
+
+def test_a_tenant_named_in_a_header_or_the_body_is_not_who_the_request_is(tenant_server: Server) -> None:
+    before = usage(tenant_server)
+    text = "who pays for this"
+    r = httpx.post(tenant_server.url + "/v1/embeddings", timeout=10, json={"input": text, "user": "beta"},
+                   headers={"Authorization": f"Bearer {KEYS['alpha']}", "X-Tenant": "beta", "X-Inferd-Tenant": "gamma",
+                            "X-Forwarded-User": "beta"})
+    assert r.status_code == 200, r.text
+    after = usage(tenant_server)
+    assert after["alpha"] - before.get("alpha", 0) == len(text)  # the fake runs one token per character
+    assert after.get("beta", 0) == before.get("beta", 0) and after.get("gamma", 0) == before.get("gamma", 0)
+    # A tenant's name is no key.
+    named = httpx.post(tenant_server.url + "/v1/embeddings", json={"input": text},
+                       headers={"Authorization": "Bearer beta", "X-Tenant": "beta"}, timeout=10)
+    assert named.status_code == 401
+
+
+@pytest.mark.parametrize("forged", [{"usage": {"prompt_tokens": 0, "total_tokens": 0}},
+                                    {"usage": {"prompt_tokens": -1000}}, {"prompt_tokens": 0}])
+def test_a_forged_usage_in_the_body_charges_nothing_less_and_answers_the_real_count(
+        tenant_server: Server, forged: dict) -> None:
+    before, errors = usage(tenant_server), internal_errors(tenant_server)
+    text = "forged usage " * 3
+    r = httpx.post(tenant_server.url + "/v1/embeddings", json={"input": text, **forged},
+                   headers={"Authorization": f"Bearer {KEYS['gamma']}"}, timeout=10)
+    after = usage(tenant_server)
+    if r.status_code == 200:  # taken, the field unread: the real count, charged and answered
+        assert r.json()["usage"]["prompt_tokens"] == len(text)
+        assert after["gamma"] - before.get("gamma", 0) == len(text)
+    else:  # refused as an unknown field: nothing ran, nothing charged
+        assert r.status_code == 422 and r.json()["error"]["param"]
+        assert after.get("gamma", 0) == before.get("gamma", 0)
+    assert internal_errors(tenant_server) == errors
+
+
+def test_the_usage_report_is_the_admin_s_only(tenant_server: Server) -> None:
+    r = httpx.get(tenant_server.url + "/admin/usage", headers={"Authorization": f"Bearer {KEYS['alpha']}"},
+                  timeout=10)
+    assert r.status_code == 401
