@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -144,6 +144,12 @@ class GateSettings(_Section):
     fp32_probability_diff_max: float = Field(0.001, ge=0.0, le=1.0)
     half_probability_diff_max: float = Field(0.03, ge=0.0, le=1.0)
     int8_probability_diff_max: float = Field(0.06, ge=0.0, le=1.0)
+    # Sparse outputs (SPLADE, lexical weights): the share of each text's ten heaviest terms both agree on (the worst
+    # text's); the largest weight difference, a share of the text's largest weight, is held to *_score_diff_max.
+    sparse_top10_min: float = Field(0.9, ge=0.0, le=1.0)
+    # Multi-vector outputs: each text's MaxSim ranking of the others, as torch fp32's (Spearman mean, top-3).
+    maxsim_spearman_min: float = Field(0.995, ge=0.0, le=1.0)
+    maxsim_top3_min: float = Field(0.95, ge=0.0, le=1.0)
     # Built-in texts the gate compares on, and int8 calibration measures activation ranges on.
     texts: int = Field(256, ge=32)
     calibration_texts: int = Field(300, ge=16)
@@ -172,7 +178,12 @@ class ModelSettings(_Section):
     exit_on_load_failure: bool = False
     allow_pickle: bool = False
     # Over the folder's Pooling module (sentence-transformers' mode names); None = as the folder says, else mean.
-    pooling: Literal["cls", "max", "mean", "mean_sqrt_len_tokens", "weightedmean", "lasttoken"] | None = None
+    # splade: a masked-LM folder served as SPLADE (core/tasks/sparse.py), one sparse vector per text.
+    pooling: Literal["cls", "max", "mean", "mean_sqrt_len_tokens", "weightedmean", "lasttoken", "splade"] | None = None
+    # Sparse vectors (SPLADE): keep at most this many of a text's largest weights, and only those above the
+    # threshold; None = every nonzero weight, as SparseEncoder.encode gives.
+    sparse_top_k: int | None = Field(None, gt=0)
+    sparse_threshold: float | None = Field(None, ge=0.0)
     normalize: bool | None = None
     max_seq_length: int | None = Field(None, gt=0)
     truncate: bool = True
@@ -348,6 +359,9 @@ class ModelEntry(_Section):
     default: bool = False
     # Its share of the device when several models have work queued (the scheduler's weight, core/batcher.py).
     share: float = Field(1.0, gt=0.0, le=100.0)
+    # More names clients may send as ``model`` for it (OpenAI's ``text-embedding-3-small`` served by a local
+    # embedder, so code written for OpenAI changes only its base URL); /v1/models lists them.
+    aliases: tuple[Annotated[str, Field(pattern=MODEL_NAME)], ...] = ()
 
 
 def env_name(name: str) -> str:
@@ -379,6 +393,14 @@ class Settings(_Section):
                 raise ValueError(f"models: the names {seen[key]!r} and {entry.name!r} are one model to clients or "
                                  "to environment variables (case, and - . : / as _); give each its own name")
             seen[key] = entry.name
+        names = {e.name for e in self.models}
+        aliases: dict[str, str] = {}
+        for entry in self.models:
+            for alias in entry.aliases:
+                if alias in names or alias in aliases:
+                    raise ValueError(f"models: {alias!r}, an alias of {entry.name!r}, is already a served model's "
+                                     "name or alias: a request naming it would run either")
+                aliases[alias] = entry.name
         fractions = [e.model.memory_fraction for e in self.models if e.model.memory_fraction is not None]
         limit = self.memory.per_process_fraction or 1.0
         if sum(fractions) > limit + 1e-9:
