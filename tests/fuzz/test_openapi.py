@@ -36,7 +36,7 @@ EXAMPLES = 60
 HEALTH = {"/health", "/health/ready", "/health/live"}
 # text-embeddings-inference's routes answer in its shape, {"error": str, "error_type": str} (api/tei_shape.py),
 # except a refusal before the route runs (401, 413, 405 for another method), which keeps the one shape.
-TEI = {"/embed", "/similarity", "/rerank", "/tokenize", "/decode", "/"}
+TEI = {"/embed", "/similarity", "/rerank", "/tokenize", "/decode", "/", "/embed_sparse", "/embed_all"}
 TEI_TYPES = {"validation", "tokenizer", "empty", "overloaded", "unhealthy", "backend"}
 
 MODELS = Path(tempfile.gettempdir()) / "inferd-fuzz-models"  # only a name: the fake loader reads nothing

@@ -23,6 +23,7 @@ from inferd.api.cohere import cohere_router
 from inferd.api.docs import docs_router
 from inferd.api.errors import install_error_handlers
 from inferd.api.health import health_router
+from inferd.api.inferd_encode import encode_router
 from inferd.api.inferd_routes import router
 from inferd.api.middleware import BodyLimitMiddleware, RequestContextMiddleware
 from inferd.api.openai import openai_router
@@ -30,6 +31,7 @@ from inferd.api.schemas import raw_body, responses
 from inferd.api.security import require_keys
 from inferd.api.services import Services, services, services_of
 from inferd.api.tei import tei_router
+from inferd.api.tei_outputs import tei_outputs_router
 from inferd.api.tei_tokens import tei_tokens_router
 from inferd.core.engine import InferenceEngine
 from inferd.core.errors import ModelLoadError
@@ -72,8 +74,8 @@ def _routers(settings: Settings, admin: bool = False) -> list[APIRouter]:
         return [admin_router]
     own_port = settings.server.admin_port is not None  # then the admin routes are the admin app's only
     # One module per client family (api/*.py), none importing another.
-    return [router, openai_router, catalog_router, cohere_router, tei_router, tei_tokens_router, health_router,
-            *([] if own_port else [admin_router]), metrics_router]
+    return [router, encode_router, openai_router, catalog_router, cohere_router, tei_router, tei_tokens_router,
+            tei_outputs_router, health_router, *([] if own_port else [admin_router]), metrics_router]
 
 
 def route_paths(settings: Settings, admin: bool = False) -> frozenset[str]:

@@ -41,6 +41,23 @@ class TEIEmbedRequest(_Body):
                                          "it declares (the first components, renormalised)")
 
 
+class TEIEmbedSparseRequest(_Body):
+    """TEI's ``POST /embed_sparse``: a text or a list of texts → each one's nonzero weights by vocabulary id."""
+
+    inputs: Any = Field(json_schema_extra=_TEXTS)
+    truncate: StrictBool | None = Field(None, description="Cut texts over the model's limit (null: "
+                                        "model.truncate); false refuses them with 422")
+    truncation_direction: Direction = "right"
+    prompt_name: str | None = Field(None, description="A prompt of the model's config_sentence_transformers.json "
+                                    "(null: its default_prompt_name's, if any)")
+    # Not TEI's (a TEI server serves one model): inferd's, to name one of several; none = the embedding default.
+    model: str | None = Field(None, description="A served embedding model's name (GET /v1/models)")
+
+
+class TEIEmbedAllRequest(TEIEmbedSparseRequest):
+    """TEI's ``POST /embed_all``: a text or a list of texts → each one's token vectors."""
+
+
 class TEISimilarityInputs(BaseModel):
     model_config = ConfigDict(extra="forbid")
 

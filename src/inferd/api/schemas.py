@@ -84,6 +84,27 @@ class ClassifyRequest(_Body):
     user: str | None = None
 
 
+class EncodeRequest(_Body):
+    """inferd's ``POST /v1/encode``: any of an embedding model's outputs, from one forward pass."""
+
+    input: Any = Field(json_schema_extra={"anyOf": [_TEXT, {"type": "array", "items": _TEXT, "minItems": 1}]})
+    model: str | None = Field(None, description="A served embedding model's name (GET /v1/models); none: the "
+                              "default embedding model")
+    outputs: list[Literal["dense", "sparse", "multivector"]] = Field(
+        ["dense"], min_length=1, max_length=3,
+        description="What each text gets: its dense vector, its sparse weights ({indices, values}), its token "
+                    "vectors; the model must give each (its outputs in GET /info)")
+    encoding_format: Literal["float", "base64", "binary", "ubinary"] = Field(
+        "float", description="Of the dense vector and each token vector: floats, base64 of little-endian float32, "
+                             "or packed sign bits (binary int8, ubinary uint8)")
+    return_tokens: StrictBool = Field(False, description="Each sparse weight's token text too (sparse.tokens)")
+    truncate: StrictBool | None = Field(None, description="Cut texts over the model's limit (null: model.truncate); "
+                                        "false refuses them with 422")
+    truncation_direction: Literal["left", "right"] = "right"
+    prompt_name: str | None = Field(None, description="A prompt of the model's config_sentence_transformers.json "
+                                    "(null: its default_prompt_name's, if any)")
+
+
 def request_body(model: type[BaseModel]) -> dict[str, Any]:
     """``openapi_extra`` declaring a JSON request body (the routes read it themselves: see read_body)."""
     return {"requestBody": {"required": True,
@@ -130,6 +151,28 @@ class EmbeddingsUsage(Usage):
 class EmbeddingsResponse(BaseModel):
     object: Literal["list"]
     data: list[EmbeddingItem]
+    model: str
+    usage: EmbeddingsUsage
+
+
+class SparseOutput(BaseModel):
+    indices: list[int] = Field(description="Vocabulary ids, ascending")
+    values: list[float] = Field(description="Each id's weight, > 0")
+    tokens: list[str] | None = Field(None, description="Each id's token text (return_tokens)")
+
+
+class EncodeItem(BaseModel):
+    object: Literal["encoding"]
+    index: int
+    dense: list[float] | str | list[int] | None = None
+    sparse: SparseOutput | None = None
+    multivector: list[list[float]] | list[str] | list[list[int]] | None = Field(
+        None, description="One vector per token the model keeps")
+
+
+class EncodeResponse(BaseModel):
+    object: Literal["list"]
+    data: list[EncodeItem]
     model: str
     usage: EmbeddingsUsage
 
@@ -195,6 +238,9 @@ class ModelCard(BaseModel):
     default: bool = False
     backend: str
     versions: list[ModelVersion]
+    # Its other names (models.<name>.aliases); an alias is also listed on its own, ``alias_of`` the model's name.
+    aliases: list[str] = []
+    alias_of: str | None = None
 
 
 class ModelList(BaseModel):

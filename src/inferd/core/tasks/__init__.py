@@ -46,10 +46,18 @@ def detect_task(path: Path) -> str:
 def handler_for(task: str, path: Path | None = None) -> Any:
     """A new, unloaded handler for ``task`` (a built-in name or ``package.module:Class``); ``path``, the model
     folder, tells a causal LM reranker from a cross-encoder."""
+    if task == "embedding" and path is not None:
+        from inferd.core.tasks.m3 import M3Handler, has_heads
+        if has_heads(path):
+            return M3Handler()
     if task == "embedding":
         from inferd.core.tasks.embedding import EmbeddingHandler
         return EmbeddingHandler()
     if task == "rerank" and path is not None:
+        from inferd.core.tasks.m3 import has_heads
+        if has_heads(path):  # token vectors: a late-interaction reranker (MaxSim) over the embedding handler
+            from inferd.core.tasks.late_rerank import LateInteractionRerankHandler
+            return LateInteractionRerankHandler(handler_for("embedding", path))
         from inferd.core.tasks.llm_rerank import LLMRerankHandler, is_causal_lm
         if is_causal_lm(path):
             return LLMRerankHandler()

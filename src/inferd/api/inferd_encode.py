@@ -1,0 +1,60 @@
+"""inferd's ``POST /v1/encode``: any of an embedding model's outputs for each text, from one forward pass.
+
+``outputs`` names them: ``dense`` (the pooled vector), ``sparse`` (``{indices, values}``: vocabulary ids
+ascending and their weights, the shape Qdrant's ``SparseVector`` and Milvus' sparse rows take; ``return_tokens``
+adds each id's token text) and ``multivector`` (one vector per kept token: ColBERT's, bge-m3's). bge-m3 gives all
+three from one pass; a SPLADE model sparse only; any embedding model dense. The dense vector and each token vector
+take ``encoding_format`` (float, base64 of float32, binary/ubinary sign bits); sparse weights are floats.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Depends, Request
+from starlette.responses import Response
+
+from inferd.api import hybrid
+from inferd.api.bodies import json_response, read_body
+from inferd.api.inference import INFERENCE_ERRORS, prechecked, run_task, served_name
+from inferd.api.schemas import EncodeRequest, EncodeResponse, request_body, responses
+from inferd.api.services import inference_auth, services
+from inferd.core.outputs import TextOutputs
+from inferd.core.prompts import Prompt
+
+encode_router = APIRouter(dependencies=[Depends(inference_auth)])  # the inference keys
+
+
+def _check(request: Request, body: EncodeRequest) -> None:
+    listed = isinstance(body.input, list)
+    prechecked(request, body.input if listed else [body.input], "input", listed)
+
+
+def _item(i: int, out: TextOutputs, body: EncodeRequest) -> dict[str, Any]:
+    item: dict[str, Any] = {"object": "encoding", "index": i}
+    if out.dense is not None and "dense" in body.outputs:
+        item["dense"] = hybrid.encoded(out.dense, body.encoding_format)
+    if out.sparse is not None and "sparse" in body.outputs:
+        item["sparse"] = hybrid.sparse_object(out.sparse, body.return_tokens)
+    if out.multivector is not None and "multivector" in body.outputs:
+        item["multivector"] = hybrid.encoded(out.multivector, body.encoding_format)
+    return item
+
+
+@encode_router.post("/v1/encode", openapi_extra=request_body(EncodeRequest),
+                    responses=responses(EncodeResponse, *INFERENCE_ERRORS))
+async def encode(request: Request) -> Response:
+    """``{"input": str | [str], "outputs": ["dense", "sparse", "multivector"], ...}`` → each text's outputs asked,
+    ``{"object": "list", "data": [{"index", "dense"?, "sparse"?, "multivector"?}], "model", "usage"}``."""
+    body = await read_body(request, EncodeRequest, lambda b: _check(request, b))
+    listed = isinstance(body.input, list)
+    texts = body.input if listed else [body.input]
+    inputs = hybrid.asking(texts, body.outputs, body.truncation_direction, body.truncate)
+    result = await run_task(request, inputs, body, "input", listed, task="embedding", prompt=Prompt(body.prompt_name))
+    if isinstance(result, Response):
+        return result
+    outputs = hybrid.outputs_of(result, body.outputs)
+    hybrid.check_token_vectors(outputs, services(request).settings.limits.max_multivector_tokens, "input")
+    tokens = result.prompt_tokens
+    return json_response({"object": "list", "data": [_item(i, o, body) for i, o in enumerate(outputs)],
+                          "model": served_name(result), "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})

@@ -1,0 +1,103 @@
+"""A late-interaction model (ColBERT, bge-m3's token vectors) served as a reranker: (query, document) pairs in,
+one score per pair out, the MaxSim of the query's token vectors against the document's (core/outputs.py maxsim),
+so /rerank, /v1/rerank and /v2/rerank rank with it as they rank with a cross-encoder.
+
+It wraps the model's own multi-vector handler: each batch runs its documents and (once each) its distinct queries
+through one forward pass of that handler, asking for the token vectors only. A pair's token cost is its
+document's and its query's. The score has no activation: ``[score, score]`` answers both the activated and the
+raw column the rerank routes read (TEI's ``raw_scores``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from inferd.core.errors import ModelLoadError
+from inferd.core.outputs import TextOutputs, maxsim
+from inferd.core.preprocess import Encoded, TextInput
+from inferd.core.spec import ModelSpec
+from inferd.core.tasks.base import Handler
+
+_ASK = ("multivector",)
+
+
+@dataclass(frozen=True, slots=True)
+class ScoredPair(Encoded):
+    """A pair to score: its document's encoding (whose ids the batch's padding counts) and its query's."""
+
+    query: Encoded | None = None
+    document: Encoded | None = None
+
+    @property
+    def tokens(self) -> int:
+        assert self.query is not None
+        return len(self.ids) + self.query.tokens
+
+
+class LateInteractionRerankHandler(Handler):
+    """MaxSim scores of (query, document) pairs from a multi-vector model (``inner``: its embedding handler)."""
+
+    task = "rerank"
+    inputs = "pairs"
+
+    def __init__(self, inner: Handler) -> None:
+        self.inner = inner
+
+    def load(self, spec: ModelSpec, device: torch.device) -> None:
+        self.inner.load(spec, device)
+        gives = tuple(self.inner.describe().get("outputs") or ())
+        if "multivector" not in gives:
+            self.inner.close()
+            raise ModelLoadError(f"{spec.path} gives no token vectors ({', '.join(gives) or 'dense'} only): a "
+                                 "model served as a late-interaction reranker needs a multi-vector output")
+        # What describes the load is the inner handler's (a plug-in's may leave any of these to the defaults).
+        for name in ("name", "version", "max_seq_length", "device", "dtype", "pads", "tokenizer", "backend",
+                     "quantize", "backend_info"):
+            if hasattr(self.inner, name):
+                setattr(self, name, getattr(self.inner, name))
+
+    def describe(self) -> dict[str, Any]:
+        return {"scoring": "maxsim", "multivector_dimension": self.inner.describe().get("multivector_dimension")}
+
+    def preprocess(self, pairs: list[tuple[str, str]]) -> list[Encoded]:
+        queries = {q: i for i, q in enumerate(dict.fromkeys(str(q) for q, _ in pairs))}
+        docs = [TextInput(str(d), direction=getattr(d, "direction", "right"), truncate=getattr(d, "truncate", None),
+                          outputs=_ASK) for _, d in pairs]
+        encoded = self.inner.preprocess([TextInput(q, outputs=_ASK) for q in queries] + docs)
+        asked, documents = encoded[: len(queries)], encoded[len(queries):]
+        return [ScoredPair(d.ids, d.truncated, query=asked[queries[str(q)]], document=d)
+                for (q, _), d in zip(pairs, documents, strict=True)]
+
+    def infer(self, batch: list[Encoded]) -> list[float]:
+        queries: dict[int, int] = {}  # one forward row per distinct query encoding in the batch
+        rows: list[Encoded] = []
+        for pair in batch:
+            assert isinstance(pair, ScoredPair) and pair.query is not None and pair.document is not None
+            if id(pair.query) not in queries:
+                queries[id(pair.query)] = len(rows)
+                rows.append(pair.query)
+        first_doc = len(rows)
+        rows.extend(p.document for p in batch if isinstance(p, ScoredPair) and p.document is not None)
+        vectors = [o.multivector if isinstance(o, TextOutputs) else None
+                   for o in self.inner.postprocess(self.inner.infer(rows))]
+        scores = []
+        for j, pair in enumerate(batch):
+            assert isinstance(pair, ScoredPair)
+            query, document = vectors[queries[id(pair.query)]], vectors[first_doc + j]
+            if query is None or document is None:
+                raise RuntimeError("the multi-vector handler answered without token vectors")
+            scores.append(maxsim(query, document))
+        return scores
+
+    def postprocess(self, outputs: list[float]) -> list[np.ndarray]:
+        return [np.array([s, s], dtype=np.float32) for s in outputs]
+
+    def warmup(self) -> None:
+        self.infer(self.preprocess([("warm up", "a document"), ("warm up", "a longer document to pad")]))
+
+    def close(self) -> None:
+        self.inner.close()
