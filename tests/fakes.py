@@ -21,6 +21,7 @@ import json
 import os
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,7 @@ import torch
 from inferd.core.engine import InferenceEngine
 from inferd.core.preprocess import Encoded
 from inferd.core.spec import ModelSpec
+from inferd.core.tasks.base import Handler
 from inferd.settings import Settings
 from inferd.utils.metrics import Metrics
 
@@ -59,7 +61,7 @@ def read_record(path: Path) -> list[list[str]]:
     return [json.loads(line)["texts"] for line in path.read_text(encoding="utf-8").splitlines() if line]
 
 
-class HashHandler:
+class HashHandler(Handler):
     """Implements the Handler contract with no model: vector_for(text) per text, one result per item."""
 
     name = "fake"
@@ -144,18 +146,17 @@ class PacedHandler(HashHandler):
         return out
 
 
-def loader_for(handler: Any) -> Any:
+def loader_for(handler: Handler) -> Callable[[ModelSpec], Handler]:
     """A ModelManager loader that 'loads' this very handler instance on the CPU."""
 
-    def load(spec: ModelSpec) -> Any:
-        if hasattr(handler, "load"):
-            handler.load(spec, torch.device("cpu"))
+    def load(spec: ModelSpec) -> Handler:
+        handler.load(spec, torch.device("cpu"))
         return handler
 
     return load
 
 
-def engine_for(handler: Any, settings: Settings, guard: Any = None) -> InferenceEngine:
+def engine_for(handler: Handler, settings: Settings, guard: Any = None) -> InferenceEngine:
     """An in-process engine whose active model is ``handler`` (loaded on the CPU), with fresh metrics."""
     metrics = Metrics(settings.batching.max_batch_size)
     if guard is not None:

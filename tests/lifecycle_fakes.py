@@ -19,6 +19,7 @@ import torch
 
 from inferd.core.preprocess import Encoded
 from inferd.core.spec import ModelSpec
+from inferd.core.tasks.base import Handler
 
 DIM = 4
 
@@ -29,7 +30,7 @@ def vector_for(text: str) -> list[float]:
     return [(b - 128) / 64 for b in digest[:DIM]]
 
 
-class SlowHandler:
+class SlowHandler(Handler):
     name = "slow"
     version = "0"
     dimension = DIM

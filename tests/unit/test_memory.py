@@ -25,6 +25,7 @@ from inferd.core.engine import InferenceEngine
 from inferd.core.errors import EngineError, Kind
 from inferd.core.memory import CudaStats, MemoryGuard, MemoryStats, ProcessStats, build_guard, configure_process
 from inferd.core.preprocess import Encoded
+from inferd.core.tasks.base import Handler
 from inferd.settings import Settings
 from inferd.utils.metrics import Metrics
 
@@ -66,7 +67,7 @@ class FakeStats:
         return 0.25
 
 
-class FakeHandler:
+class FakeHandler(Handler):
     """Embeds a text as [sum of its codes, its length]; runs out of memory on big batches or the marker."""
 
     name = "fake"

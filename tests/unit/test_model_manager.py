@@ -15,12 +15,13 @@ from inferd.core.errors import ManagerClosed, ModelLoadError, ModelNotReady, NoC
 from inferd.core.loading import check_model_path
 from inferd.core.manager import ModelManager
 from inferd.core.spec import ModelSpec
+from inferd.core.tasks.base import Handler
 from inferd.settings import Settings
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
 
-class FakeHandler:
+class FakeHandler(Handler):
     """What the manager needs of a handler; the dimension is read from the folder's name ("dim48-...")."""
 
     def __init__(self, spec: ModelSpec) -> None:
@@ -32,6 +33,18 @@ class FakeHandler:
         self.device = "cpu"
         self.dtype = "float32"
         self.closed = False
+
+    def load(self, spec: ModelSpec, device: Any) -> None:
+        pass
+
+    def preprocess(self, inputs: list[Any]) -> list[Any]:
+        return inputs
+
+    def infer(self, batch: list[Any]) -> list[Any]:
+        return batch
+
+    def postprocess(self, outputs: list[Any]) -> list[Any]:
+        return outputs
 
     def close(self) -> None:
         self.closed = True
@@ -106,7 +119,7 @@ def test_reload_switches_new_requests_and_frees_the_old_model_after_its_last_req
     held.release()
     assert held.freed.is_set() and old_handler.closed
     # Describing the retired slot stays safe for a reader that snapshotted it before the swap.
-    assert held.info["dimension"] == 32
+    assert held.description.dimension == 32
 
 
 @pytest.mark.parametrize(("folder", "cause"), [
@@ -134,7 +147,7 @@ def test_a_different_dimension_is_refused_and_the_loaded_standby_released(
     allowing = ModelManager(settings_for(tmp_path, **{"model.allow_dimension_change": True}), loader)
     allowing.load_initial()
     allowing.reload(str(tmp_path / "dim48-x"), "v2")
-    assert allowing.active is not None and allowing.active.info["dimension"] == 48
+    assert allowing.active is not None and allowing.active.description.dimension == 48
 
 
 def test_a_change_while_another_is_loading_is_refused(manager: ModelManager, loader: Loader,

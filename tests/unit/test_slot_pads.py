@@ -19,7 +19,7 @@ def test_a_slot_pads_as_its_runner_does(tiny_model: Path, unpadded: bool, pads: 
     handler = load_handler(spec)
     try:
         slot = ModelSlot(handler, spec, 0.0)
-        assert slot.pads is pads and slot.info["pads"] is pads
+        assert slot.pads is pads and slot.description.pads is pads
         assert handler.runner.pads is pads  # type: ignore[attr-defined]
     finally:
         handler.close()

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import torch
 from conftest import metric_value
 from fakes import DIM, HashHandler, loader_for
 from fastapi.testclient import TestClient
@@ -13,13 +14,17 @@ from fastapi.testclient import TestClient
 from inferd.api.app import create_app
 from inferd.core.slots import ModelSlot
 from inferd.core.spec import ModelSpec
+from inferd.core.tasks.base import Handler
 from inferd.settings import ModelSettings, Settings
 
 ADMIN = {"Authorization": "Bearer admin-key"}
 
 
-class BareHandler:
-    """The smallest plug-in: the three stages and close, none of the optional attributes."""
+class BareHandler(Handler):
+    """The smallest plug-in: load and the three stages, none of the members with defaults."""
+
+    def load(self, spec: ModelSpec, device: torch.device) -> None:
+        pass
 
     def preprocess(self, texts: list[str]) -> list[Any]:
         return texts
@@ -30,9 +35,6 @@ class BareHandler:
     def postprocess(self, outputs: list[Any]) -> list[Any]:
         return [[0.0] for _ in outputs]
 
-    def close(self) -> None:
-        pass
-
 
 def settings_for(tmp_path: Path) -> Settings:
     return Settings(model=ModelSettings(path=str(tmp_path / "m1"), version="v1", warmup=False, load_mode="eager",
@@ -41,12 +43,11 @@ def settings_for(tmp_path: Path) -> Settings:
 
 def test_a_plugin_handler_gets_the_defaults_in_its_description(tmp_path: Path) -> None:
     spec = ModelSpec(tmp_path / "m1", "v1")
-    info = ModelSlot(BareHandler(), spec, 1.23456).info  # type: ignore[arg-type]
-    assert (info["name"], info["version"], info["path"], info["task"]) == (spec.name, "v1", str(spec.path),
-                                                                           "embedding")
-    assert (info["backend"], info["quantize"], info["backend_info"]) == ("torch", "none", None)
-    assert (info["dtype"], info["device"], info["max_seq_length"]) == (None, "", None)
-    assert info["load_seconds"] == 1.235 and info["pads"] is True
+    d = ModelSlot(BareHandler(), spec, 1.23456).description
+    assert (d.name, d.version, d.path, d.task) == (spec.name, "v1", str(spec.path), "embedding")
+    assert (d.backend, d.quantize, d.backend_info) == ("torch", "none", None)
+    assert (d.dtype, d.device, d.max_seq_length, d.dimension) == (None, "", None, None)
+    assert d.load_seconds == 1.235 and d.pads is True
 
 
 def test_the_task_s_facts_sit_beside_the_common_ones_and_cannot_replace_them(tmp_path: Path) -> None:
@@ -54,8 +55,8 @@ def test_the_task_s_facts_sit_beside_the_common_ones_and_cannot_replace_them(tmp
         def describe(self) -> dict[str, Any]:
             return {"dimension": DIM, "version": "not-the-load's", "pooling": "mean"}
 
-    info = ModelSlot(Describing(), ModelSpec(tmp_path / "m1", "v1"), 0.0).info  # type: ignore[arg-type]
-    assert (info["dimension"], info["pooling"], info["version"]) == (DIM, "mean", "v1")
+    d = ModelSlot(Describing(), ModelSpec(tmp_path / "m1", "v1"), 0.0).description
+    assert (d.dimension, d.pooling, d.version) == (DIM, "mean", "v1")
 
 
 def test_info_models_admin_and_metrics_show_the_description_built_at_load(tmp_path: Path) -> None:

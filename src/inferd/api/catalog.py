@@ -16,7 +16,7 @@ from inferd.api.schemas import (
     responses,
 )
 from inferd.api.services import inference_auth, services
-from inferd.core.slots import ModelDescription
+from inferd.core.description import ModelDescription
 
 # What is served: the inference keys' business, as the inference routes.
 catalog_router = APIRouter(dependencies=[Depends(inference_auth)])
@@ -64,17 +64,8 @@ async def info(request: Request) -> Response:
 
 
 def _slot_info(d: ModelDescription, role: str, weight: float | None, state: str) -> dict[str, Any]:
-    """A slot as /info shows it: its description, built at load (core/slots.py)."""
-    matryoshka = d.matryoshka_dimensions
-    return {"role": role, "name": d.name, "version": d.version, "task": d.task, "state": state,
-            "labels": None if d.labels is None else list(d.labels), "dimension": d.dimension,
-            "max_seq_length": d.max_seq_length, "device": d.device, "dtype": d.dtype, "pooling": d.pooling,
-            "normalize": d.normalize, "load_seconds": d.load_seconds, "weight": weight,
-            "backend": d.backend, "quantize": d.quantize, "backend_info": d.backend_info,
-            "matryoshka_dimensions": list(matryoshka) if isinstance(matryoshka, tuple) else matryoshka,
-            "prompts": None if d.prompts is None else dict(d.prompts), "default_prompt_name": d.default_prompt_name,
-            "similarity_fn_name": d.facts.get("similarity_fn_name")}
-
+    """A slot as /info shows it: its description, built at load (core/description.py), and its role now."""
+    return {"role": role, "state": state, "weight": weight, **d.wire()}
 
 
 def tei_info(request: Request) -> dict[str, Any]:
@@ -86,20 +77,22 @@ def tei_info(request: Request) -> dict[str, Any]:
     served = s.registry.first()
     settings = served.settings if served is not None else s.settings
     slots = served.manager.slots() if served is not None else []
-    d: dict[str, Any] = slots[0][1].info if slots else {}
-    task = (served.task if served is not None else None) or d.get("task") or "embedding"
+    d = slots[0][1].description if slots else None
+    task = (served.task if served is not None else None) or (d.task if d else None) or "embedding"
     if task == "embedding":
-        model_type: dict[str, Any] = {"embedding": {"pooling": d.get("pooling") or settings.model.pooling or "mean"}}
+        pooling = (d.pooling if d else None) or settings.model.pooling or "mean"
+        model_type: dict[str, Any] = {"embedding": {"pooling": pooling}}
     else:
-        labels = d.get("labels") or ["LABEL_0"]
+        labels = (d.labels if d else None) or ("LABEL_0",)
         model_type = {"classifier" if task == "classification" else "reranker": {
             "id2label": {str(i): label for i, label in enumerate(labels)},
             "label2id": {label: i for i, label in enumerate(labels)}}}
     return {
-        "model_id": d.get("name") or settings.model.name, "model_sha": None,
-        "model_dtype": d.get("dtype") or settings.model.dtype, "served_model_name": served.name if served else None,
+        "model_id": d.name if d else settings.model.name, "model_sha": None,
+        "model_dtype": (d.dtype if d else None) or settings.model.dtype,
+        "served_model_name": served.name if served else None,
         "model_type": model_type, "max_concurrent_requests": settings.server.limit_concurrency,
-        "max_input_length": d.get("max_seq_length"), "max_batch_tokens": settings.batching.max_batch_tokens,
+        "max_input_length": d.max_seq_length if d else None, "max_batch_tokens": settings.batching.max_batch_tokens,
         "max_batch_requests": settings.batching.max_batch_size,
         "max_client_batch_size": settings.limits.max_items_per_request, "auto_truncate": settings.model.truncate,
         "tokenization_workers": settings.limits.preprocess_concurrency, "sha": None, "docker_label": None}

@@ -76,8 +76,8 @@ class _Tokenizer:
             kept = state.inferd_tokenizers = OrderedDict()
         tok = kept.get(self.slot.load_id)
         if tok is None:
-            own = getattr(self.slot.handler, "tokenizer", None)
-            if not isinstance(own, Tokenizer):
+            own = self.slot.handler.tokenizer
+            if own is None:
                 raise refusal(Kind.WRONG_TASK, "this model has no tokenizer to show", "no_tokenizer")
             tok = Tokenizer.from_str(own.to_str())
             tok.no_truncation()

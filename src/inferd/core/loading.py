@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any
 from urllib.parse import urlparse
 
 from inferd.core.spec import ModelSpec
@@ -30,9 +29,9 @@ def spec_task(spec: ModelSpec) -> str:
 def load_handler(spec: ModelSpec) -> Handler:
     """Build the task's handler, load the weights on the device and warm it up."""
     check_confined(spec.path, spec.files_roots)
-    handler: Any = handler_for(spec_task(spec), spec.path)
+    handler = handler_for(spec_task(spec), spec.path)
     handler.load(spec, resolve_device(spec.device))
-    if spec.warmup and hasattr(handler, "warmup"):
+    if spec.warmup:
         handler.warmup()
     return handler
 

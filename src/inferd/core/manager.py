@@ -35,7 +35,7 @@ from inferd.core.shadow_slot import ShadowSlot
 from inferd.core.slots import ModelSlot
 from inferd.core.space_check import space_changed
 from inferd.core.spec import ModelSpec, spec_from_settings
-from inferd.core.tasks.base import Handler, ModelLoadError, incompatibility
+from inferd.core.tasks.base import Handler, ModelLoadError
 from inferd.core.tasks.embedding import allows_change
 from inferd.settings import Settings
 
@@ -265,7 +265,7 @@ class ModelManager:
         """Why ``new`` may not serve beside or instead of ``serving``: another task (raised), or the task's rule."""
         if new.task != serving.task:
             raise TaskMismatch(new.task, serving.task, "active")
-        return incompatibility(new.handler, serving.info, allow_change)
+        return new.handler.incompatibility(serving.description, allow_change)
 
     @property
     def task(self) -> str | None:

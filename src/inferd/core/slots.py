@@ -13,96 +13,47 @@ from __future__ import annotations
 import itertools
 import logging
 import threading
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from types import MappingProxyType
 from typing import Any
 
 import torch
 
+from inferd.core.description import ModelDescription
 from inferd.core.spec import ModelSpec
-from inferd.core.tasks.base import Handler, describe, task_of
+from inferd.core.tasks.base import Handler
 
 log = logging.getLogger(__name__)
 
 _load_ids = itertools.count(1)
 
 
-# The description's typed fields, by the name the dict form (/info, the reload rules) gives them.
-_TASK_FIELDS = ("dimension", "matryoshka_dimensions", "prompts", "default_prompt_name", "labels")
-_COMMON = ("name", "version", "path", "task", "max_seq_length", "device", "dtype", "backend", "quantize",
+# What the load itself says, whatever a handler's ``describe()`` claims.
+_COMMON = ("name", "version", "load_id", "path", "task", "max_seq_length", "device", "dtype", "backend", "quantize",
            "backend_info", "load_seconds", "pads")
 
 
-@dataclass(frozen=True, slots=True)
-class ModelDescription:
-    """What one model load is, built once when it is loaded and never read from the handler again.
-
-    Every reader takes it from here: /info, /v1/models, the admin API, the metrics, and the routes, which
-    shape an answer with the description that travels with the result (core/work.py TaskResult), so an answer
-    computed by a canary is shaped by the canary's prompts, normalisation and labels. ``prompts`` is None for
-    a task without prompts; ``facts`` holds the task's other facts (an embedding's Dense layers and similarity,
-    a classifier's multi_label, a reranker's activation, a plug-in's own), shown as they are.
-    """
-
-    name: str
-    version: str
-    load_id: int
-    path: str
-    task: str
-    dimension: int | None = None
-    normalize: bool | None = None
-    pooling: str | None = None
-    prompts: Mapping[str, str] | None = None
-    default_prompt_name: str | None = None
-    matryoshka_dimensions: tuple[int, ...] | str | None = None  # sizes, "any", or None
-    labels: tuple[str, ...] | None = None
-    max_seq_length: int | None = None
-    device: str = ""
-    dtype: str | None = None
-    backend: str = "torch"
-    quantize: str = "none"
-    backend_info: Mapping[str, Any] | None = None
-    load_seconds: float = 0.0
-    pads: bool = True
-    facts: Mapping[str, Any] = field(default_factory=dict)
-
-    @classmethod
-    def of(cls, handler: Handler, spec: ModelSpec, load_id: int, task: str, load_seconds: float,
-           pads: bool) -> ModelDescription:
-        """The one place a handler's optional attributes get their defaults (a plug-in handler may have no
-        ``backend``, ``dtype``, ``quantize`` or ``backend_info``). The task's own facts cannot override the
-        common ones."""
-        told = {k: v for k, v in describe(handler).items() if k not in _COMMON}
-        matryoshka = told.pop("matryoshka_dimensions", None)
-        prompts, labels = told.pop("prompts", None), told.pop("labels", None)
-        dimension = told.pop("dimension", None)
-        return cls(
-            name=spec.name, version=spec.version, load_id=load_id, path=str(spec.path), task=task,
-            dimension=None if dimension is None else int(dimension),
-            normalize=told.pop("normalize", getattr(handler, "normalize", None)),
-            pooling=told.pop("pooling", getattr(handler, "pooling", None)),
-            prompts=None if prompts is None else MappingProxyType(dict(prompts)),
-            default_prompt_name=told.pop("default_prompt_name", None),
-            matryoshka_dimensions=tuple(matryoshka) if isinstance(matryoshka, list | tuple) else matryoshka,
-            labels=None if labels is None else tuple(labels),
-            max_seq_length=getattr(handler, "max_seq_length", None), device=str(getattr(handler, "device", "")),
-            dtype=getattr(handler, "dtype", None), backend=getattr(handler, "backend", "torch"),
-            quantize=getattr(handler, "quantize", "none"), backend_info=getattr(handler, "backend_info", None),
-            load_seconds=round(load_seconds, 3), pads=pads, facts=MappingProxyType(told))
-
-    def as_dict(self) -> dict[str, Any]:
-        """The description as /info, the admin API and the reload rules (a handler's ``incompatibility``)
-        read it: the task's facts it has, then the common ones."""
-        task = {k: getattr(self, k) for k in _TASK_FIELDS if getattr(self, k) is not None}
-        if isinstance(self.matryoshka_dimensions, tuple):
-            task["matryoshka_dimensions"] = list(self.matryoshka_dimensions)
-        if self.prompts is not None:
-            task["prompts"] = dict(self.prompts)
-        if self.labels is not None:
-            task["labels"] = list(self.labels)
-        return {"pooling": self.pooling, "normalize": self.normalize, **task, **self.facts,
-                **{k: getattr(self, k) for k in _COMMON}}
+def describe_load(handler: Handler, spec: ModelSpec, load_id: int, load_seconds: float) -> ModelDescription:
+    """The one place a load's description is built: the handler's declared members (core/tasks/base.py gives
+    each its default) and the task's facts from its ``describe()``, which cannot override the common ones."""
+    told = {k: v for k, v in handler.describe().items() if k not in _COMMON}
+    matryoshka = told.pop("matryoshka_dimensions", None)
+    prompts, labels = told.pop("prompts", None), told.pop("labels", None)
+    dimension = told.pop("dimension", handler.dimension)
+    return ModelDescription(
+        name=spec.name, version=spec.version, load_id=load_id, path=str(spec.path), task=handler.task,
+        dimension=None if dimension is None else int(dimension),
+        normalize=told.pop("normalize", handler.normalize), pooling=told.pop("pooling", handler.pooling),
+        prompts=None if prompts is None else MappingProxyType(dict(prompts)),
+        default_prompt_name=told.pop("default_prompt_name", None),
+        matryoshka_dimensions=tuple(matryoshka) if isinstance(matryoshka, list | tuple) else matryoshka,
+        similarity_fn_name=told.pop("similarity_fn_name", None),
+        labels=None if labels is None else tuple(labels), multi_label=bool(told.pop("multi_label", False)),
+        max_seq_length=handler.max_seq_length, dtype=handler.dtype,
+        device="" if handler.device is None else str(handler.device),
+        backend=handler.backend, quantize=handler.quantize,
+        backend_info=None if handler.backend_info is None else dict(handler.backend_info),
+        load_seconds=round(load_seconds, 3), pads=handler.pads, facts=MappingProxyType(told))
 
 
 class ModelSlot:
@@ -118,11 +69,10 @@ class ModelSlot:
         self._reaper = reaper
         self._on_freed = on_freed
         # Read once: describing a slot must not touch a handler that a concurrent swap may be freeing.
-        self.task = task_of(handler)
+        self.description = describe_load(handler, spec, self.load_id, load_seconds)
+        self.task = self.description.task
         # Whether padded positions cost this model compute (the scheduler's padding floor follows it).
-        self.pads = bool(getattr(getattr(handler, "runner", None), "pads", True))
-        self.description = ModelDescription.of(handler, spec, self.load_id, self.task, load_seconds, self.pads)
-        self.info = self.description.as_dict()
+        self.pads = self.description.pads
         # This load's int8/uint8 calibration vectors, measured on it the first time a request asks (a future,
         # on the event loop: core/admission.py); they go with the slot.
         self.calibration: Any = None

@@ -131,10 +131,10 @@ def task_model(path: Path, safetensors: bool, head: str, probe: gate.Probe) -> t
     model = load_model(path, safetensors, head)
     if head not in TASK_HEADS:
         return model
-    attach = getattr(probe, "head_module", None)
-    if attach is None:
+    module = probe.head_module(model)
+    if module is None:
         raise BackendError(f"the {head} head is the task's own module, and this task defines none (head_module)")
-    return attach(model).eval()
+    return module.eval()
 
 
 def open_runner(backend: str, graph: Path, head: str, dtype: str, quantize: str, threads: int,

@@ -71,10 +71,12 @@ class Probe(Protocol):
 
     task: str
     max_seq_length: int
+    multi_label: bool  # a classifier's labels each through a sigmoid
 
     def preprocess(self, inputs: list[Any]) -> list[Encoded]: ...
     def collate(self, batch: list[Encoded]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]: ...
     def run(self, runner: Runner, batch: list[Encoded]) -> np.ndarray: ...
+    def head_module(self, model: torch.nn.Module) -> torch.nn.Module | None: ...
 
 
 def known(cls: type, data: dict[str, Any]) -> dict[str, Any]:
@@ -390,7 +392,7 @@ def measure_scores(probe: Probe, reference: Runner, candidate: Runner, texts: Se
     filler = filler_for(probe, texts)
     batch_plans = plans(seed)
     rerank = probe.task == "rerank"
-    multi_label = bool(getattr(probe, "multi_label", False))
+    multi_label = probe.multi_label
     tally = Tally()
 
     def task_outputs(runner: Runner, plan: list[list[int]]) -> np.ndarray:

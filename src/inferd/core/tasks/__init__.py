@@ -5,9 +5,8 @@ from __future__ import annotations
 import importlib
 import json
 from pathlib import Path
-from typing import Any
 
-from inferd.core.tasks.base import BUILTIN_TASKS, ModelLoadError
+from inferd.core.tasks.base import BUILTIN_TASKS, Handler, ModelLoadError
 from inferd.core.tasks.st_folder import has_pooling
 
 
@@ -43,9 +42,11 @@ def detect_task(path: Path) -> str:
                          f"{', '.join(BUILTIN_TASKS)} (or package.module:Class)")
 
 
-def handler_for(task: str, path: Path | None = None) -> Any:
+def handler_for(task: str, path: Path | None = None) -> Handler:
     """A new, unloaded handler for ``task`` (a built-in name or ``package.module:Class``); ``path``, the model
-    folder, tells a causal LM reranker from a cross-encoder."""
+    folder, tells a causal LM reranker from a cross-encoder. A plug-in class must derive from ``Handler``: what
+    it does not declare then has the contract's default, and the rest of the service reads its members
+    without probing for them."""
     if task == "embedding" and path is not None:
         from inferd.core.tasks.m3 import M3Handler, has_heads
         if has_heads(path):
@@ -68,10 +69,17 @@ def handler_for(task: str, path: Path | None = None) -> Any:
         from inferd.core.tasks.classification import ClassificationHandler
         return ClassificationHandler()
     if ":" in task:
-        module, _, cls = task.partition(":")
+        module, _, name = task.partition(":")
         try:
-            return getattr(importlib.import_module(module), cls)()
+            cls = getattr(importlib.import_module(module), name)
         except (ImportError, AttributeError) as exc:
             raise ModelLoadError(f"model.task {task!r} cannot be imported: {exc}") from exc
+        if not (isinstance(cls, type) and issubclass(cls, Handler)):
+            raise ModelLoadError(f"model.task {task!r} is not a handler class: a handler derives from "
+                                 "inferd.core.tasks.base.Handler (README, Writing a handler)")
+        try:
+            return cls()
+        except TypeError as exc:  # an abstract method left unimplemented, or an __init__ that needs arguments
+            raise ModelLoadError(f"model.task {task!r} cannot be built: {exc}") from exc
     raise ModelLoadError(f"unknown model.task {task!r}; use auto, {', '.join(BUILTIN_TASKS)} or "
                          "package.module:Class")

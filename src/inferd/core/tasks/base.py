@@ -1,24 +1,29 @@
-"""The task contract: what every handler (embedding, rerank, classification, a user's own) declares.
+"""The task contract: the base class every handler (embedding, rerank, classification, a user's own) derives from.
 
 A handler is loaded once per model slot. ``preprocess`` runs on the CPU (tokenisation) and turns the
 request's inputs (texts, or (query, document) pairs, as ``inputs`` says) into one ``Encoded`` item per
 input; ``infer`` is the only code that touches the device; ``postprocess`` turns the batch output into one
 opaque result per item, which only the task's routes know how to shape. The engine, queue, scheduler and
 slots never look inside an item or a result: they move token costs and hand results back in order.
+
+Every member anything outside a handler reads is declared on ``Handler`` with its default, so nothing probes a
+handler with ``getattr``/``hasattr`` (tests/unit/test_handler_contract.py holds every module to it).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from abc import ABC, abstractmethod
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any
 
 import numpy as np
 import torch
+from tokenizers import Tokenizer
 
 from inferd.core.backends.base import Runner, options_for
 from inferd.core.backends.factory import open_backend
+from inferd.core.description import ModelDescription
 from inferd.core.errors import ModelLoadError
 from inferd.core.families import family_of
 from inferd.core.preprocess import Encoded
@@ -31,67 +36,77 @@ TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "vocab.json", "tokenizer.model
                    "sentencepiece.bpe.model")
 # The tasks served by the built-in handlers; a plug-in (``module:Class``) names its own.
 BUILTIN_TASKS = ("embedding", "rerank", "classification")
-InputKind = Literal["texts", "pairs"]
 
 
-class Handler(Protocol):
-    """The contract. ``task`` and ``inputs`` may be left out by a plug-in: it then serves embeddings of texts.
+class Handler(ABC):
+    """The contract. A subclass implements ``load``, ``preprocess``, ``infer`` and ``postprocess``; every other
+    member has a default, which a subclass overrides by assigning it (on the class or in ``load``).
 
-    ``describe()`` (optional) returns what /info and the reload rules need to know of the loaded model
-    (an embedding's size, a classifier's labels); ``incompatibility(serving, allow_change)`` (optional)
-    returns why this model may not replace or sit beside the serving one (whose ``describe()`` it gets),
-    or None. Without it any model of the same task is accepted.
+    ``task`` and ``inputs`` left as they are serve embeddings of texts. ``describe()`` returns the task's facts
+    about the loaded model (an embedding's size, a classifier's labels) that its description (core/description.py)
+    holds; ``incompatibility(serving, allow_change)`` says why this model may not replace or sit beside the
+    serving one (its description), or None. The defaults hold an embedding handler to the dimension rule.
     """
 
-    name: str
-    version: str
-    max_seq_length: int
-    device: torch.device
-    dtype: str
+    task: str = "embedding"
+    inputs: str = "texts"  # or "pairs": (query, document) tuples
+    name: str = ""
+    version: str = ""
+    max_seq_length: int | None = None
+    device: torch.device | None = None  # where ``load`` put the weights (None: not said)
+    dtype: str | None = None
+    # The runtime the forward pass runs on, as /info shows it.
+    backend: str = "torch"
+    quantize: str = "none"
+    backend_info: dict[str, Any] | None = None
+    # Whether padded positions cost this model compute (the scheduler's padding floor follows it).
+    pads: bool = True
+    # An embedding's vector size, its pooling and whether its vectors are unit length (None: not said).
+    dimension: int | None = None
+    pooling: str | None = None
+    normalize: bool | None = None
+    # The fast tokenizer, for TEI's /tokenize and /decode (None: the handler has none to show).
+    tokenizer: Tokenizer | None = None
 
+    @abstractmethod
     def load(self, spec: ModelSpec, device: torch.device) -> None: ...
+
+    @abstractmethod
     def preprocess(self, inputs: list[Any]) -> list[Encoded]: ...
+
+    @abstractmethod
     def infer(self, batch: list[Encoded]) -> Any: ...
+
+    @abstractmethod
     def postprocess(self, outputs: Any) -> list[Any]: ...
-    def close(self) -> None: ...
+
+    def close(self) -> None:  # noqa: B027 (a default, not a stage left out)
+        """Drop the weights (a handler that holds none has nothing to do)."""
+
+    def warmup(self) -> None:  # noqa: B027
+        """Run a batch or two before serving (after ``load``, when ``model.warmup`` is on)."""
+
+    def describe(self) -> dict[str, Any]:
+        """The task's facts about the loaded model; by default an embedding handler's ``dimension``."""
+        if self.task != "embedding" or self.dimension is None:
+            return {}
+        return {"dimension": int(self.dimension)}
+
+    def incompatibility(self, serving: ModelDescription, allow_change: bool) -> str | None:
+        """Why this model may not replace the serving one; by default an embedding handler is held to the
+        dimension rule and any other task's model is accepted."""
+        if self.task != "embedding":
+            return None
+        return dimension_refusal(self.dimension, serving, allow_change)
 
 
-def task_of(handler: Any) -> str:
-    return str(getattr(handler, "task", "embedding"))
-
-
-def inputs_of(handler: Any) -> InputKind:
-    return "pairs" if getattr(handler, "inputs", "texts") == "pairs" else "texts"
-
-
-def dimension_refusal(dimension: int | None, serving: Mapping[str, Any], allow_change: bool) -> str | None:
+def dimension_refusal(dimension: int | None, serving: ModelDescription, allow_change: bool) -> str | None:
     """Vectors of another size cannot be compared with those clients already stored."""
-    old = serving.get("dimension")
+    old = serving.dimension
     if old is None or old == dimension or allow_change:
         return None
     return (f"embedding dimension is {dimension}, the serving model's is {old}; "
             "set model.allow_dimension_change: true to allow it")
-
-
-def describe(handler: Any) -> dict[str, Any]:
-    """What the handler says of its model; a plug-in written to the first contract (no ``describe``) is an
-    embedding handler whose ``dimension`` attribute is its description."""
-    fn = getattr(handler, "describe", None)
-    if callable(fn):
-        return dict(fn())
-    dimension = getattr(handler, "dimension", None) if task_of(handler) == "embedding" else None
-    return {} if dimension is None else {"dimension": int(dimension)}
-
-
-def incompatibility(handler: Any, serving: Mapping[str, Any], allow_change: bool) -> str | None:
-    """Why this handler's model may not replace the serving one; a plug-in without the method is held to
-    the dimension rule when it is an embedding handler."""
-    fn = getattr(handler, "incompatibility", None)
-    if callable(fn):
-        return fn(serving, allow_change)
-    if task_of(handler) == "embedding":
-        return dimension_refusal(describe(handler).get("dimension"), serving, allow_change)
-    return None
 
 
 def resolve_device(name: str) -> torch.device:
@@ -164,7 +179,7 @@ def collate(batch: list[Encoded], pad_id: int, segments: bool = False
     return torch.from_numpy(ids), torch.from_numpy(mask), None if types is None else torch.from_numpy(types)
 
 
-class ModelTask:
+class ModelTask(Handler):
     """What the built-in tasks share: a tokenizer's padding id, a runner for the task's head (``hidden`` or
     ``logits``, see backends/base.py) on the configured backend, one collate, and closing the runner.
 
@@ -172,11 +187,14 @@ class ModelTask:
     and its accuracy gate run the task's own tokenising and outputs (``run``).
     """
 
-    task: str
     head: str
+    max_seq_length: int  # set by load, before open_runner
     pad_id: int = 0
     segments: bool = False
+    # A classifier's labels each through a sigmoid, not one softmax (the accuracy gate judges them so).
+    multi_label: bool = False
     runner: Runner
+    device: torch.device
 
     def open_runner(self, spec: ModelSpec, device: torch.device, safetensors: bool) -> None:
         if spec.backend != "torch" and spec.device == "auto":
@@ -185,9 +203,15 @@ class ModelTask:
         self.device = self.runner.device
         self.dtype = self.runner.dtype
         self.backend, self.quantize, self.backend_info = self.runner.backend, self.runner.quantize, self.runner.info
+        self.pads = self.runner.pads
 
     def collate(self, batch: list[Encoded]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         return collate(batch, self.pad_id, self.segments)
+
+    def head_module(self, model: torch.nn.Module) -> torch.nn.Module | None:
+        """The task's own module over the loaded model, for a head the task defines (backends/base.py
+        TASK_HEADS); None: this task defines none."""
+        return None
 
     def run(self, runner: Runner, batch: list[Encoded]) -> np.ndarray:
         raise NotImplementedError
@@ -196,6 +220,5 @@ class ModelTask:
         return self.run(self.runner, batch)
 
     def close(self) -> None:
-        runner = getattr(self, "runner", None)
-        if runner is not None:
-            runner.close()
+        if "runner" in vars(self):  # a load that failed before open_runner has none
+            self.runner.close()

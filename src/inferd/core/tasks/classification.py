@@ -6,12 +6,12 @@ per label when the config says ``problem_type: multi_label_classification`` (as 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 import torch
 
+from inferd.core.description import ModelDescription
 from inferd.core.errors import ModelLoadError
 from inferd.core.preprocess import Encoded, TextEncoder
 from inferd.core.spec import ModelSpec
@@ -34,9 +34,9 @@ class ClassificationHandler(SequenceClassifier):
     def describe(self) -> dict[str, Any]:
         return {"labels": list(self.labels), "multi_label": self.multi_label}
 
-    def incompatibility(self, serving: Mapping[str, Any], allow_change: bool) -> str | None:
+    def incompatibility(self, serving: ModelDescription, allow_change: bool) -> str | None:
         """Clients act on label names: a model that answers with other labels is another service."""
-        old = serving.get("labels")
+        old = serving.labels
         if old is None or list(old) == self.labels:
             return None
         return f"labels {self.labels}, the serving model's are {list(old)}; a classifier keeps its label set"

@@ -23,6 +23,7 @@ import numpy as np
 import torch
 from tokenizers import Tokenizer, normalizers
 
+from inferd.core.description import ModelDescription
 from inferd.core.errors import ModelLoadError
 from inferd.core.families import default_pooling
 from inferd.core.preprocess import Encoded, TextEncoder
@@ -277,7 +278,7 @@ class EmbeddingHandler(ModelTask):
                 "default_prompt_name": self.default_prompt_name,
                 "include_prompt": not self.encoder.exclude_prompt}
 
-    def incompatibility(self, serving: Mapping[str, Any], allow_change: bool) -> str | None:
+    def incompatibility(self, serving: ModelDescription, allow_change: bool) -> str | None:
         return dimension_refusal(self.dimension, serving, allow_change)
 
     def preprocess(self, texts: list[str]) -> list[Encoded]:

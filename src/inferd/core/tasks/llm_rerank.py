@@ -12,7 +12,6 @@ hidden state against their difference, instead of computing logits over the whol
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +20,7 @@ import torch
 from tokenizers import Tokenizer
 
 from inferd.core.backends.base import Runner
+from inferd.core.description import ModelDescription
 from inferd.core.errors import ModelLoadError
 from inferd.core.families import family_of
 from inferd.core.preprocess import Encoded, InputError
@@ -126,7 +126,7 @@ class LLMRerankHandler(ModelTask):
     def describe(self) -> dict[str, Any]:
         return {"activation": "Sigmoid", "scoring": "llm-yes-no", "instruction": self.instruction}
 
-    def incompatibility(self, serving: Mapping[str, Any], allow_change: bool) -> str | None:
+    def incompatibility(self, serving: ModelDescription, allow_change: bool) -> str | None:
         return None  # scores are ranked within one request, as a cross-encoder's
 
     def preprocess(self, pairs: list[tuple[str, str]]) -> list[Encoded]:

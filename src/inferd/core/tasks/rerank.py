@@ -7,12 +7,12 @@ names none), so scores equal ``sentence_transformers.CrossEncoder(path).predict(
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 import torch
 
+from inferd.core.description import ModelDescription
 from inferd.core.errors import ModelLoadError
 from inferd.core.preprocess import Encoded, PairEncoder
 from inferd.core.spec import ModelSpec
@@ -51,7 +51,7 @@ class RerankHandler(SequenceClassifier):
     def describe(self) -> dict[str, Any]:
         return {"activation": self.activation}
 
-    def incompatibility(self, serving: Mapping[str, Any], allow_change: bool) -> str | None:
+    def incompatibility(self, serving: ModelDescription, allow_change: bool) -> str | None:
         return None  # scores are ranked within one request: any cross-encoder can replace another
 
     def preprocess(self, pairs: list[tuple[str, str]]) -> list[Encoded]:
