@@ -38,10 +38,10 @@ class ShadowSlot:
 
     def report_for(self, slot: ModelSlot) -> DriftReport:
         """A fresh report of ``slot`` against the active model."""
-        info = slot.info
+        d = slot.description
         tuning = self.settings.shadow
-        return DriftReport(slot.task, slot.version, labels=info.get("labels"),
-                           multi_label=bool(info.get("multi_label")), log_inputs=self.settings.server.log_inputs,
+        return DriftReport(slot.task, slot.version, labels=None if d.labels is None else list(d.labels),
+                           multi_label=d.multi_label, log_inputs=self.settings.server.log_inputs,
                            window=tuning.window, neighbours=tuning.neighbours)
 
     def pick(self, routing_key: str | None, draw: float) -> Shadow | None:
