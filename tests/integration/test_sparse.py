@@ -121,6 +121,21 @@ def test_splade_equals_sparse_encoder(root: Path, form: str) -> None:
     assert handler.describe()["outputs"] == ["sparse"]
 
 
+def test_splade_prunes_as_configured_and_serves_a_bare_masked_lm_by_setting(root: Path) -> None:
+    whole = _run(_load(SparseHandler(), root / "splade-v6"), TEXTS)
+    pruned = _run(_load(SparseHandler(), root / "splade-v6", sparse_top_k=3, sparse_threshold=0.05), TEXTS)
+    for full, cut in zip(whole, pruned, strict=True):
+        keep = full.sparse.values > 0.05
+        heaviest = np.sort(full.sparse.indices[keep][np.argsort(-full.sparse.values[keep], kind="stable")[:3]])
+        np.testing.assert_array_equal(cut.sparse.indices, heaviest)
+        assert len(cut.sparse) <= 3
+    # The same weights from the bare masked-LM folder (no sentence-transformers files), by model.pooling: splade.
+    bare = _run(_load(SparseHandler(), root / "mlm-hf", pooling="splade"), TEXTS)
+    for a, b in zip(whole, bare, strict=True):
+        np.testing.assert_array_equal(a.sparse.indices, b.sparse.indices)
+        np.testing.assert_allclose(a.sparse.values, b.sparse.values, atol=1e-6, rtol=0)
+
+
 def _m3_reference(folder: Path, text: str) -> dict[str, Any]:
     """BAAI's formulas on the bare model, one text, no padding."""
     from transformers import AutoModel, AutoTokenizer

@@ -48,11 +48,6 @@ def vocabulary(tokenizer: Any, size: int) -> np.ndarray:
     return out
 
 
-def pruning(spec: ModelSpec) -> tuple[int | None, float | None]:
-    settings = spec.settings
-    return getattr(settings, "sparse_top_k", None), getattr(settings, "sparse_threshold", None)
-
-
 class SparseHandler(ModelTask):
     """SPLADE weights from a masked-LM encoder, as the folder's SpladePooling (or ``model.pooling: splade``) says."""
 
@@ -77,7 +72,7 @@ class SparseHandler(ModelTask):
         limit = length_limit(config, tokenizer, None)
         self.max_seq_length = min(spec.max_seq_length or folder.max_seq_length or limit, limit)
         self.dimension = int(config.vocab_size)
-        self.top_k, self.threshold = pruning(spec)
+        self.top_k, self.threshold = spec.settings.sparse_top_k, spec.settings.sparse_threshold
         self.pad_id = tokenizer.pad_token_id or 0
         self.vocab = vocabulary(tokenizer, self.dimension)
         self.prompts, self.default_prompt_name = folder.prompts, folder.default_prompt_name
