@@ -13,7 +13,12 @@ count any thread set), so each worker initialises its thread, then sets its own 
 Runtime get theirs from the model's load (core/backends/base.py ``options_for``: streams and threads per
 compiled model). By default the machine's cores are split evenly between every live instance, never more
 than one core each way; ``model.threads`` sets a model's own. On a GPU each instance runs on its own CUDA
-stream. The shadow instance has one thread at the lowest OS priority: it uses what the live instances leave.
+stream. The shadow instance has one thread and is counted in no budget: it takes a batch only while no live
+lane holds work (core/batcher.py), and its batches are capped (shadow.max_batch_size), so what it adds to the
+live instances' cores is one small batch at a time. It runs at the OS's normal priority on purpose: a thread
+niced down holds the GIL between its torch calls, and on a busy machine the live threads then wait on a thread
+the OS seldom schedules (at nice 19, beside other test runs, the shadow integration test once waited past
+its 20 s for 42 tiny fake batches).
 """
 
 from __future__ import annotations
@@ -21,7 +26,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -84,7 +88,7 @@ class Instance:
     threads: int
     serves: Callable[[Any], bool]
     stream: Any = None
-    nice: int = 0  # the OS priority of its thread (the shadow instance's is the lowest)
+    shadow: bool = False
     # What /admin/models and the metrics read; written by the worker thread only.
     batches: int = 0
     busy_s: float = 0.0
@@ -95,10 +99,7 @@ class Instance:
         return str(self.index)
 
     def enter_thread(self) -> None:
-        """On the worker's own thread, before its first batch: its priority and its thread count."""
-        if self.nice:
-            with contextlib.suppress(AttributeError, OSError):  # not Linux, or not permitted: the default priority
-                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), self.nice)
+        """On the worker's own thread, before its first batch."""
         self.apply_threads()
 
     def apply_threads(self) -> None:
@@ -142,4 +143,4 @@ def plan(entry: ModelEntry, device: str = "cpu") -> list[Instance]:
 
 
 def shadow_instance(device: str = "cpu") -> Instance:
-    return Instance("", SHADOW_INSTANCE, 1, shadow_lanes, _new_stream(device), nice=19)
+    return Instance("", SHADOW_INSTANCE, 1, shadow_lanes, _new_stream(device), shadow=True)

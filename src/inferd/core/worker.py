@@ -142,8 +142,8 @@ class BatchWorker:
 
     @property
     def _takes_chores(self) -> bool:
-        # Not the shadow instance: a model's free or a space check must not wait on the lowest-priority thread.
-        return self.instance is None or not self.instance.nice
+        # Not the shadow instance: a model's free or a space check must not wait behind shadow batches.
+        return self.instance is None or not self.instance.shadow
 
     def _handle(self, decision: Decision) -> None:
         expired = tickets_of(decision.expired)
