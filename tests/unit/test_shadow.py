@@ -452,3 +452,15 @@ def test_a_configured_canary_of_another_embedding_space_fails_the_start_unless_f
     assert [(role, slot.version) for role, slot in engine.manager.slots()] == [("active", "1"), ("canary", "v2")]
     same, _ = engine_with(tmp_path, canary=CanarySettings(path=str(tmp_path / "same"), version="v3", weight=0.2))
     assert same.manager.canary is not None and same.manager.canary.version == "v3"
+
+
+def test_outputs_beyond_a_dense_vector_are_compared_by_it_or_counted_as_not_compared() -> None:
+    from inferd.core.outputs import SparseVector, TextOutputs
+
+    v = np.ones(4, dtype=np.float32)
+    sparse = SparseVector(np.array([1]), np.array([1.0], dtype=np.float32))
+    report = DriftReport("embedding", "v2", neighbours=5)
+    assert report.add([TextOutputs(dense=v, sparse=sparse)], [TextOutputs(dense=-v, sparse=sparse)])["cosine"] == [-1.0]
+    assert report.add([TextOutputs(sparse=sparse)], [TextOutputs(sparse=sparse)]) == {}
+    out = report.as_dict()
+    assert out["requests"]["uncompared"] == 1 and out["items"] == 1 and "dense vectors only" in out["uncompared"]

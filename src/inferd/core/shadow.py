@@ -42,6 +42,7 @@ from inferd.core.agreement import (
 )
 from inferd.core.agreement import bounds as gate_bounds
 from inferd.core.batcher import Policy
+from inferd.core.outputs import TextOutputs
 
 if TYPE_CHECKING:  # the fleet's CLI aggregates reports without torch, which slots imports
     from inferd.core.slots import ModelSlot
@@ -120,6 +121,8 @@ class DriftReport:
     computed: int = 0
     shed: int = 0
     failed: int = 0
+    # Requests whose outputs the report cannot compare: sparse or multi-vector only (it judges dense vectors).
+    uncompared: int = 0
     items: int = 0
     cosine: _Stat = field(default_factory=_Stat)
     overlap: _Stat = field(default_factory=_Stat)
@@ -152,7 +155,15 @@ class DriftReport:
 
     def add(self, active: Sequence[Any], shadow: Sequence[Any], request_id: str | None = None,
             tokens: Sequence[int] = (), inputs: Sequence[Any] = ()) -> dict[str, Any]:
-        """Fold one request's answers (one per input, in order) in; returns its own figures."""
+        """Fold one request's answers (one per input, in order) in; returns its own figures. An embedding answer
+        of several outputs (core/outputs.py) is compared by its dense vector; one without (sparse or multi-vector
+        alone, asked or all the candidate gives) is counted as not compared, never read as a vector."""
+        if self.task == "embedding":
+            active, shadow = [_dense(x) for x in active], [_dense(x) for x in shadow]
+            if any(x is None for x in (*active, *shadow)):
+                with self._lock:
+                    self.uncompared += 1
+                return {}
         a = np.asarray([np.asarray(x, dtype=np.float64) for x in active])
         b = np.asarray([np.asarray(x, dtype=np.float64) for x in shadow])
         with self._lock:
@@ -255,9 +266,13 @@ class DriftReport:
             out: dict[str, Any] = {
                 "task": self.task, "version": self.version,
                 "requests": {"sampled": self.sampled, "computed": self.computed, "shed": self.shed,
-                             "failed": self.failed},
+                             "failed": self.failed, **({"uncompared": self.uncompared} if self.uncompared else {})},
                 "items": self.items, "figures": self._figures(),
                 "most_drifted": [e[2] for e in sorted(self._worst, key=lambda e: (-e[0], -e[1]))]}
+            if self.uncompared:
+                out["uncompared"] = (f"{self.uncompared} requests were not compared: they asked only sparse or "
+                                     "multi-vector outputs, or the candidate gives no dense vector; the shadow "
+                                     "report judges dense vectors only")
             if self.task == "embedding":
                 recent = np.asarray(self.recent) if self.recent else None
                 out["cosine"] = {**self.cosine.as_dict(), "percentiles": {
@@ -274,6 +289,11 @@ class DriftReport:
                 out["confusion"] = [{"active": x, "shadow": y, "count": n}
                                     for (x, y), n in sorted(self.confusion.items())]
             return out
+
+
+def _dense(output: Any) -> Any:
+    """An embedding answer's dense vector (None: it holds none)."""
+    return output.dense if isinstance(output, TextOutputs) else output
 
 
 # -- the verdict ------------------------------------------------------------------------------------------
