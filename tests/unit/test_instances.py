@@ -15,14 +15,16 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from fakes import HashHandler, encode, vector_for
 
+from inferd.core.backends.base import options_for
 from inferd.core.batcher import BatchQueue, Policy
 from inferd.core.engine import InferenceEngine
 from inferd.core.instances import Instance, live_lane, thread_budgets, with_budgets
 from inferd.core.slots import ModelSlot
-from inferd.core.spec import ModelSpec
+from inferd.core.spec import ModelSpec, spec_from_settings
 from inferd.core.work import Outcome, Ticket, WorkItem
 from inferd.core.worker import BatchWorker
 from inferd.settings import BatchingSettings, ModelEntry, ModelSettings, Settings
@@ -249,3 +251,37 @@ def test_on_a_gpu_each_instance_runs_its_batch_and_the_copy_out_on_its_own_strea
     by_step = [(step, on) for step, on in handler.seen]
     assert all(len(on) == 1 for _, on in by_step)
     assert {tuple(on) for step, on in by_step if step == "infer"} == {(0,), (1,)}
+
+
+def test_the_instances_budget_reaches_the_graph_runtimes_options(tmp_path: Path) -> None:
+    settings = with_budgets(Settings(models=(entry(tmp_path, "a", instances=2, backend="openvino"),)), cores=4)
+    options = options_for(spec_from_settings(settings.for_model(settings.models[0])))
+    assert (options.threads, options.streams) == (4, 2)  # two instances of two threads, in one compiled model
+
+
+def test_an_openvino_model_of_two_instances_runs_two_streams_one_request_per_thread(tmp_path: Path) -> None:
+    import openvino as ov
+    import openvino.opset13 as ops
+
+    from inferd.core.backends.openvino import OpenVINORunner
+
+    ids = ops.parameter([-1, -1], ov.Type.i64, name="input_ids")
+    mask = ops.parameter([-1, -1], ov.Type.i64, name="attention_mask")
+    ov.save_model(ov.Model([ops.convert(ops.multiply(ids, mask), ov.Type.f32)], [ids, mask]), tmp_path / "g.xml")
+    runner = OpenVINORunner(tmp_path / "g.xml", "hidden", "float32", "none", threads=2, streams=2)
+    assert int(runner._compiled.get_property("NUM_STREAMS")) == 2  # noqa: SLF001
+    barrier, seen = threading.Barrier(2), {}
+
+    def run(k: int) -> None:
+        feed = {"input_ids": np.full((2, 3), k, np.int64), "attention_mask": np.ones((2, 3), np.int64)}
+        barrier.wait()
+        out = runner._run(feed)  # noqa: SLF001
+        seen[k] = (out, runner._requests.request)  # noqa: SLF001
+
+    threads = [threading.Thread(target=run, args=(k,)) for k in (1, 2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert [seen[k][0].tolist() for k in (1, 2)] == [[[1.0] * 3] * 2, [[2.0] * 3] * 2]
+    assert seen[1][1] is not seen[2][1]  # a request is not shared between threads that run at once

@@ -71,6 +71,8 @@ class BackendOptions:
     gate: GateSettings = field(default_factory=GateSettings)
     # Intra-op threads for ONNX Runtime / OpenVINO; 0 = torch's count (runtime.torch_threads sets it).
     threads: int = 0
+    # The model's instances (core/instances.py): requests run at once, ``threads`` split between them.
+    streams: int = 1
     # The torch backend on real tokens only (varlen.py): auto | true | false.
     unpadded: str = "auto"
 
@@ -102,7 +104,9 @@ def options_for(spec: Any, task: str = "embedding", head: str = "hidden") -> Bac
         task=task, head=head, backend=spec.backend, dtype=spec.dtype, quantize=spec.quantize,
         cache_dir=Path(spec.cache_dir).expanduser() if spec.cache_dir else None,
         calibration_file=Path(spec.calibration_file).expanduser() if spec.calibration_file else None,
-        gate=spec.gate, unpadded=str(unpadded).lower() if isinstance(unpadded, bool) else str(unpadded))
+        gate=spec.gate, unpadded=str(unpadded).lower() if isinstance(unpadded, bool) else str(unpadded),
+        # Every instance's threads (resolved at start: core/instances.py; 0 = torch's count) in one compiled model.
+        threads=spec.threads * spec.instances, streams=spec.instances)
 
 
 def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> set[str]:
@@ -258,8 +262,10 @@ class GraphRunner:
     pads = True  # dynamic shapes, but every row runs to the batch's longest
 
     def __init__(self, graph_path: Path, head: str, dtype: str, quantize: str, threads: int = 0,
-                 info: dict[str, Any] | None = None, compile_cache: Path | None = None) -> None:
+                 info: dict[str, Any] | None = None, compile_cache: Path | None = None, streams: int = 1) -> None:
+        """``streams``: the instances that call it at once (core/instances.py), ``threads`` split between them."""
         self.device = torch.device("cpu")
+        self.streams = max(1, streams)
         self.head, self.dtype, self.quantize, self.graph_path = head, dtype, quantize, graph_path
         self._names = self._open(graph_path, threads or torch.get_num_threads(), compile_cache)
         if set(self._names) - set(INPUT_NAMES):

@@ -138,14 +138,14 @@ def task_model(path: Path, safetensors: bool, head: str, probe: gate.Probe) -> t
 
 
 def open_runner(backend: str, graph: Path, head: str, dtype: str, quantize: str, threads: int,
-                info: dict[str, Any] | None = None, compile_cache: Path | None = None) -> Runner:
+                info: dict[str, Any] | None = None, compile_cache: Path | None = None, streams: int = 1) -> Runner:
     if backend == "openvino":
         from inferd.core.backends.openvino import OpenVINORunner
 
-        return OpenVINORunner(graph, head, dtype, quantize, threads, info, compile_cache)
+        return OpenVINORunner(graph, head, dtype, quantize, threads, info, compile_cache, streams)
     from inferd.core.backends.onnx import OnnxRunner
 
-    return OnnxRunner(graph, head, dtype, quantize, threads, info)
+    return OnnxRunner(graph, head, dtype, quantize, threads, info, streams=streams)
 
 
 def _convert(model: torch.nn.Module, options: BackendOptions, work: Path, given: Path | None,
@@ -275,7 +275,8 @@ def open_backend(path: Path, options: BackendOptions, device: torch.device, prob
             "export_seconds": meta.get("export_seconds"), "from_model_folder": meta.get("from_model_folder"),
             "gate": {"kind": kind, "passed": True, "figures": figures.as_dict(),
                      "thresholds": {rule.setting: rule.bound for rule in bounds(options.task, kind, options.gate)}}}
-    runner = open_runner(options.backend, graph, options.head, dtype, options.quantize, threads, info, compile_cache)
+    runner = open_runner(options.backend, graph, options.head, dtype, options.quantize, threads, info, compile_cache,
+                         options.streams)
     log.info("backend %s (%s); cache %s %s; gate %s passed: %s; the gate ran %s", label, why, cache, entry, kind,
              figures_said, figures.ran)
     return runner

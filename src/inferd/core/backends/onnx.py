@@ -129,9 +129,11 @@ class OnnxRunner(GraphRunner):
         ort = _ort()
         options = ort.SessionOptions()
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        options.intra_op_num_threads = threads
+        # Each instance's share: a run uses the calling thread and the session's pool, which concurrent runs share
+        # (at one thread per instance there is no pool: every instance computes on its own thread alone).
+        options.intra_op_num_threads = max(1, threads // self.streams)
         options.inter_op_num_threads = 1
-        # The inference worker is the only caller; spinning threads would steal the event loop's core.
+        # Spinning threads would steal the event loop's core.
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         try:
             self._session = ort.InferenceSession(str(graph_path), options, providers=["CPUExecutionProvider"])

@@ -9,6 +9,7 @@ for explicitly).
 from __future__ import annotations
 
 import logging
+import threading
 import warnings
 from collections.abc import Iterable
 from pathlib import Path
@@ -119,14 +120,16 @@ class OpenVINORunner(GraphRunner):
         if compile_cache is not None:
             # The compiled blob: a warm start skips the graph compilation as well as the export.
             core.set_property({"CACHE_DIR": str(compile_cache)})
+        # One stream per instance (core/instances.py), the threads split between them: requests of different
+        # instances run at once, each on its own threads.
         config: dict[str, Any] = {"INFERENCE_PRECISION_HINT": _PRECISION[self.dtype], "PERFORMANCE_HINT": "LATENCY",
-                                  "NUM_STREAMS": "1", "INFERENCE_NUM_THREADS": threads}
+                                  "NUM_STREAMS": str(self.streams), "INFERENCE_NUM_THREADS": threads}
         try:
             self._compiled = core.compile_model(str(graph_path), "CPU", config)
         except RuntimeError as exc:
             raise BackendError(f"OpenVINO cannot compile {graph_path}: {exc}") from exc
-        # One request, used by the one inference worker thread; results are copied out of it.
-        self._request = self._compiled.create_infer_request()
+        # One request per calling thread (an instance's worker, or the gate's); results are copied out of it.
+        self._requests = threading.local()
         # The plugin takes a precision the CPU cannot run as a hint and runs float32 instead (bf16 without
         # AVX512_BF16 or AMX): what it compiled is read back, so /info and the log say what really runs.
         self._precision = self._compiled.get_property("INFERENCE_PRECISION_HINT").get_type_name()
@@ -139,9 +142,12 @@ class OpenVINORunner(GraphRunner):
         return {"inference_precision": self._precision}
 
     def _run(self, feed: dict[str, Any]) -> Any:
-        self._request.infer(feed)
-        return self._request.get_output_tensor(0).data.copy()
+        request = getattr(self._requests, "request", None)
+        if request is None:
+            request = self._requests.request = self._compiled.create_infer_request()
+        request.infer(feed)
+        return request.get_output_tensor(0).data.copy()
 
     def _release(self) -> None:
-        self._request = None
+        self._requests = threading.local()
         self._compiled = None
