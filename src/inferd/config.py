@@ -20,7 +20,7 @@ from inferd.settings import ModelEntry, Settings, env_name
 
 ENV_PREFIX = "INFERD__"
 # The keys of a ``models:`` entry beside the model settings themselves.
-ENTRY_KEYS = ("name", "batching", "cache", "canary", "required", "default", "share")
+ENTRY_KEYS = ("name", "batching", "cache", "canary", "required", "default", "share", "aliases")
 
 
 class RawValue(str):
@@ -38,7 +38,7 @@ def entry_tree(entry: ModelEntry) -> dict[str, Any]:
     model.pop("name", None)
     return {"name": entry.name, **model, "batching": entry.batching.model_dump(mode="json"),
             "cache": entry.cache.model_dump(mode="json"), "canary": entry.canary.model_dump(mode="json"),
-            "required": entry.required, "default": entry.default, "share": entry.share}
+            "required": entry.required, "default": entry.default, "share": entry.share, "aliases": list(entry.aliases)}
 
 
 def default_config_dir() -> Path:
@@ -220,7 +220,7 @@ def _build_models(tree: dict[str, Any], sources: dict[str, str]) -> list[str]:
         model = copy.deepcopy(tree.get("model") or {})
         _merge(model, {k: v for k, v in raw.items() if k not in ENTRY_KEYS}, {}, "")
         model["name"] = name
-        entry: dict[str, Any] = {**{k: v for k, v in own.items() if k in ("required", "default", "share")},
+        entry: dict[str, Any] = {**{k: v for k, v in own.items() if k in ("required", "default", "share", "aliases")},
                                  "name": name, "model": model, "canary": own.get("canary") or {}}
         _alias_sources(sources, "model", f"models.{i}.model")
         for section in ("batching", "cache"):

@@ -9,6 +9,7 @@ SIGHUP test changes the tenants, so it runs last.
 from __future__ import annotations
 
 import concurrent.futures
+import shutil
 import signal
 import threading
 import time
@@ -19,7 +20,7 @@ import httpx
 import openai
 import pytest
 import yaml
-from conftest import Server, metric_value, start_server, wait_for
+from conftest import ROOT, Server, metric_value, start_server, wait_for
 from fakes import read_record
 
 ADMIN = "admin-key"
@@ -28,6 +29,7 @@ BUDGET = 1000  # the flooder's tokens per minute
 TEXT = 50  # characters, so tokens, per request
 MAX_BATCH = 2
 MODEL = "fake"
+ALIAS = "text-embedding-3-small"
 SECONDS_PER_TOKEN = 0.002
 
 
@@ -76,10 +78,13 @@ def fake(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fake]:
     (tmp / "gates").mkdir()
     (tmp / "model").mkdir()
     (tmp / "tenants.yaml").write_text(yaml.safe_dump(tenants()))
-    server = start_server(tmp, {
+    # The model is a models: entry, for its alias (OpenAI's name, served by the local model).
+    (tmp / "configs").mkdir()
+    shutil.copy(ROOT / "configs" / "base.yaml", tmp / "configs" / "base.yaml")
+    (tmp / "configs" / "dev.yaml").write_text(yaml.safe_dump({"models": [{"name": MODEL, "aliases": [ALIAS]}]}))
+    server = start_server(tmp, {"INFERD_CONFIG_DIR": str(tmp / "configs"),
         "INFERD__MODEL__TASK": "fakes:PacedHandler", "FAKE_SECONDS_PER_TOKEN": str(SECONDS_PER_TOKEN),
         "INFERD__MODEL__PATH": str(tmp / "model"),
-        "INFERD__MODEL__NAME": MODEL,
         "INFERD__SERVER__TENANTS_FILE": str(tmp / "tenants.yaml"), "INFERD__SERVER__ADMIN_KEY": ADMIN,
         "INFERD__BATCHING__MAX_BATCH_SIZE": str(MAX_BATCH), "INFERD__BATCHING__MAX_WAIT_MS": "0",
         "INFERD__BATCHING__MAX_QUEUE": "1024",
@@ -150,6 +155,16 @@ def test_the_openai_sdk_s_own_retries_recover_from_a_spent_budget(fake: Fake) ->
     got = client.embeddings.create(model=MODEL, input="recovered".ljust(TEXT, "r"))
     assert len(got.data) == 1
     assert fake.usage()["flood"]["refused"]["tokens_per_minute"] > before  # it was refused, then retried
+
+
+def test_a_model_alias_is_served_and_listed_so_openai_code_changes_only_its_base_url(fake: Fake) -> None:
+    client = openai.OpenAI(base_url=fake.server.url + "/v1", api_key=STEADY)
+    got = client.embeddings.create(model=ALIAS, input="an alias")
+    assert got.data[0].embedding == fake.post(STEADY, "an alias").json()["data"][0]["embedding"]
+    listed = {m.id: m for m in client.models.list()}
+    assert listed[MODEL].model_extra["aliases"] == [ALIAS]
+    assert listed[ALIAS].model_extra["alias_of"] == MODEL
+    assert fake.usage()["steady"]["models"][MODEL]["requests"] >= 2  # charged to the model, by its own name
 
 
 def test_rate_limit_headers_on_an_answer_and_the_tenant_in_the_access_log(fake: Fake) -> None:

@@ -71,7 +71,11 @@ class ModelRegistry:
             return self._models.pop(name, None)
 
     def get(self, name: str) -> ServedModel | None:
-        return self._models.get(name)
+        """A served model by its name or one of its aliases (``models.<name>.aliases``)."""
+        found = self._models.get(name)
+        if found is None:
+            found = next((m for m in list(self._models.values()) if name in m.entry.aliases), None)
+        return found
 
     def __iter__(self) -> Iterator[ServedModel]:
         with self._lock:
