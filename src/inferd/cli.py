@@ -45,6 +45,8 @@ def redacted(settings: Settings) -> dict[str, Any]:
     for key in _SECRETS:
         if data["server"].get(key):
             data["server"][key] = "***"
+    for tenant in data["server"].get("tenants") or ():
+        tenant["keys"] = ["***"] * len(tenant["keys"])
     return data
 
 

@@ -177,3 +177,9 @@ def test_the_cli_and_the_fleets_commands_start_without_torch() -> None:
             "assert not heavy, heavy")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
+
+
+def test_check_config_redacts_every_tenant_s_keys() -> None:
+    settings = Settings.model_validate({"server": {"tenants": [{"name": "a", "keys": ["sk-tenant-a", "sk-a2"]}]}})
+    data = cli.redacted(settings)
+    assert data["server"]["tenants"][0]["keys"] == ["***", "***"] and "sk-tenant" not in str(data)

@@ -300,6 +300,8 @@ def redact(data: dict[str, Any]) -> dict[str, Any]:
     for key in SECRET_KEYS:
         if out.get("server", {}).get(key):
             out["server"][key] = "***"
+    for tenant in out.get("server", {}).get("tenants") or ():
+        tenant["keys"] = ["***"] * len(tenant.get("keys") or ())
     return out
 
 
