@@ -362,9 +362,6 @@ class ModelEntry(_Section):
     # More names clients may send as ``model`` for it (OpenAI's ``text-embedding-3-small`` served by a local
     # embedder, so code written for OpenAI changes only its base URL); /v1/models lists them.
     aliases: tuple[Annotated[str, Field(pattern=MODEL_NAME)], ...] = ()
-    # More names clients may send as ``model`` for it (OpenAI's ``text-embedding-3-small`` served by a local
-    # embedder, so code written for OpenAI changes only its base URL); /v1/models lists them.
-    aliases: tuple[Annotated[str, Field(pattern=MODEL_NAME)], ...] = ()
 
 
 def env_name(name: str) -> str:
