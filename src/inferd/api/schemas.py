@@ -241,9 +241,6 @@ class ModelCard(BaseModel):
     # Its other names (models.<name>.aliases); an alias is also listed on its own, ``alias_of`` the model's name.
     aliases: list[str] = []
     alias_of: str | None = None
-    # Its other names (models.<name>.aliases); an alias is also listed on its own, ``alias_of`` the model's name.
-    aliases: list[str] = []
-    alias_of: str | None = None
 
 
 class ModelList(BaseModel):
