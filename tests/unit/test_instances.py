@@ -17,8 +17,10 @@ from typing import Any
 
 import numpy as np
 import torch
-from fakes import HashHandler, encode, vector_for
+from fakes import HashHandler, encode, loader_for, vector_for
+from starlette.testclient import TestClient
 
+from inferd.api.app import create_app
 from inferd.core.backends.base import options_for
 from inferd.core.batcher import BatchQueue, Policy
 from inferd.core.engine import InferenceEngine
@@ -285,3 +287,19 @@ def test_an_openvino_model_of_two_instances_runs_two_streams_one_request_per_thr
         t.join(30)
     assert [seen[k][0].tolist() for k in (1, 2)] == [[[1.0] * 3] * 2, [[2.0] * 3] * 2]
     assert seen[1][1] is not seen[2][1]  # a request is not shared between threads that run at once
+
+
+def test_v1_models_and_admin_models_show_each_model_s_instances(tmp_path: Path) -> None:
+    handler = HashHandler()
+    settings = Settings(model=ModelSettings(path=str(tmp_path / "m"), warmup=False, load_mode="eager", instances=2,
+                                            threads=1), server={"admin_key": "k"})
+    (tmp_path / "m").mkdir()
+    with TestClient(create_app(settings, loader=loader_for(handler))) as client:
+        assert client.post("/embed", json={"inputs": "x"}).status_code == 200
+        (listed,) = client.get("/v1/models").json()["data"]
+        assert (listed["instances"], listed["threads_per_instance"]) == (2, 1)
+        admin = client.get("/admin/models", headers={"Authorization": "Bearer k"}).json()
+        (row,) = admin["models"]
+        assert [(i["index"], i["threads"], i["stream"]) for i in row["instances"]] == [(0, 1, False), (1, 1, False)]
+        assert sum(i["batches"] for i in row["instances"]) == 1
+        assert admin["shadow_instance"]["index"] == "shadow"

@@ -27,6 +27,7 @@ from inferd.core.errors import (
     TaskMismatch,
     VersionInUse,
 )
+from inferd.core.instances import Instance
 from inferd.core.registry import ServedModel
 from inferd.core.shadow import verdict
 from inferd.core.slots import ModelSlot
@@ -240,11 +241,19 @@ async def list_models(request: Request, model: str | None = None) -> Response:
     are the default model's (a single-model server's), ``?model=NAME`` makes them that model's.
     """
     s = services(request)
-    rows = [_admin_row(m, s.engine.queue.depth(m.name)) for m in s.registry]
+    rows = [{**_admin_row(m, s.engine.queue.depth(m.name)),
+             "instances": [_instance_row(i) for i in s.engine.worker.instances(m.name)]} for m in s.registry]
     chosen = _served(request, model) if model is not None else s.registry.first()
     top = next((r for r in rows if chosen is not None and r["name"] == chosen.name), {})
     return json_response({**{k: top.get(k) for k in ("state", "switches", "canary_weight", "slots", "reason")},
-                          "model": top.get("name"), "models": rows, "worker_error": s.engine.worker_error})
+                          "model": top.get("name"), "models": rows, "worker_error": s.engine.worker_error,
+                          "shadow_instance": _instance_row(s.engine.worker.shadow)})
+
+
+def _instance_row(instance: Instance) -> dict[str, Any]:
+    """A worker of a model (core/instances.py): its budget, and what it has run since start."""
+    return {"index": instance.index, "threads": instance.threads, "stream": instance.stream is not None,
+            "batches": instance.batches, "busy_seconds": round(instance.busy_s, 6)}
 
 
 def _admin_row(served: ServedModel, queue_depth: int) -> dict[str, Any]:

@@ -37,7 +37,10 @@ async def models(request: Request) -> Response:
                      "task": served.task, "state": manager.state, "ready": manager.state == "ready",
                      "required": served.required, "default": s.registry.default_for(served.task) is served,
                      "backend": versions[0]["backend"] if versions else served.settings.model.backend,
-                     "versions": versions, "aliases": list(served.entry.aliases)})
+                     "versions": versions, "aliases": list(served.entry.aliases),
+                     # Batches of this model that run at once, and each one's intra-op threads (core/instances.py).
+                     "instances": served.settings.model.instances,
+                     "threads_per_instance": served.settings.model.threads})
         # An alias is a model id of its own to OpenAI's clients (they look a name up in this list).
         data += [{**data[-1], "id": alias, "aliases": [], "alias_of": served.name} for alias in served.entry.aliases]
     return json_response({"object": "list", "data": data})
