@@ -9,7 +9,7 @@ from typing import get_args
 import pytest
 
 from inferd.api.client_schemas import TEIError
-from inferd.api.errors import KINDS, TEI_TYPES, APIError, engine_refusal, refusal, tei_type
+from inferd.api.errors import KINDS, TEI_TYPES, APIError, Names, engine_refusal, refusal, tei_type
 from inferd.core.errors import EngineError, Kind
 from inferd.utils.metrics import Metrics
 
@@ -26,9 +26,9 @@ def test_teis_error_type_is_the_refusals_kinds_never_its_statuss() -> None:
     assert set(TEI_TYPES) == set(Kind)
     assert set(TEI_TYPES.values()) <= set(get_args(TEIError.model_fields["error_type"].annotation))
     # Two 503s of different kinds are told apart by their kind; an empty input is TEI's "empty".
-    assert tei_type(engine_refusal(EngineError(Kind.OVERLOADED, "full"), "inputs", True)) == "overloaded"
-    assert tei_type(engine_refusal(EngineError(Kind.DRAINING, "stopping"), "inputs", True)) == "unhealthy"
-    assert tei_type(engine_refusal(EngineError(Kind.INVALID_INPUT, "empty", "empty_string"), "inputs", True)) == "empty"
+    assert tei_type(engine_refusal(EngineError(Kind.OVERLOADED, "full"), Names("inputs"))) == "overloaded"
+    assert tei_type(engine_refusal(EngineError(Kind.DRAINING, "stopping"), Names("inputs"))) == "unhealthy"
+    assert tei_type(engine_refusal(EngineError(Kind.INVALID_INPUT, "empty", "empty_string"), Names("inputs"))) == "empty"
     assert tei_type(refusal(Kind.WRONG_TASK, "no rerank model")) == "backend"
     # A refusal the HTTP layer makes of the request as sent (its JSON, its fields) is an invalid input.
     assert tei_type(APIError(400, "not JSON", "invalid_json")) == "validation"
@@ -54,7 +54,7 @@ def test_teis_error_type_is_the_refusals_kinds_never_its_statuss() -> None:
 def test_a_kind_becomes_its_status_headers_code_and_counted_reason(
         kind: Kind, status: int, code: str, retry_after: str | None, reason: str | None) -> None:
     metrics = Metrics()
-    err = engine_refusal(EngineError(kind, "why"), "input", True, metrics)
+    err = engine_refusal(EngineError(kind, "why"), Names("input"), metrics)
     assert (err.status, err.code, err.headers.get("Retry-After")) == (status, code, retry_after)
     if status == 422:
         assert (err.param, err.message) == ("input", "input: why")
@@ -68,16 +68,25 @@ def test_a_kind_becomes_its_status_headers_code_and_counted_reason(
 def test_the_route_names_the_input_at_fault_in_its_own_terms() -> None:
     too_long = EngineError(Kind.TOO_LONG, "is too long", "text_too_long", index=3)
     for field in ("input", "documents", "texts"):
-        err = engine_refusal(too_long, field, listed=True)
+        err = engine_refusal(too_long, Names(field))
         assert (err.param, err.message, err.code) == (f"{field}[3]", f"{field}[3]: is too long", "text_too_long")
     # A single string sent as such is named without an index.
-    assert engine_refusal(too_long, "input", listed=False).param == "input"
+    assert engine_refusal(too_long, Names("input", listed=False)).param == "input"
     # A refusal about another field names that field, whatever the inputs' field is.
     priority = EngineError(Kind.INVALID_INPUT, "too high", "priority_not_allowed", field="priority")
-    err = engine_refusal(priority, "documents", listed=True)
+    err = engine_refusal(priority, Names("documents"))
     assert (err.param, err.message, err.code) == ("priority", "priority: too high", "priority_not_allowed")
+    # A pair's query by the route's words for it (one shared query, or each pair's own), and another field by the
+    # family's name for it (Cohere's output_dimension), on a 422 and on a 404 alike.
+    query = EngineError(Kind.INVALID_INPUT, "must not be empty", "empty_string", index=2, field="query")
+    assert engine_refusal(query, Names("documents")).param == "query"
+    assert engine_refusal(query, Names("inputs", query="inputs[{i}][0]")).message == "inputs[2][0]: must not be empty"
+    size = EngineError(Kind.INVALID_INPUT, "not this size", field="dimensions")
+    assert engine_refusal(size, Names("texts", fields={"dimensions": "output_dimension"})).param == "output_dimension"
+    missing = EngineError(Kind.MODEL_NOT_FOUND, "not served", field="model")
+    assert engine_refusal(missing, Names("texts", fields={"model": "model_id"})).param == "model_id"
 
 
 def test_a_precise_code_wins_over_the_kinds_default() -> None:
-    err = engine_refusal(EngineError(Kind.NOT_READY, "loading", "model_loading"), "input", True)
+    err = engine_refusal(EngineError(Kind.NOT_READY, "loading", "model_loading"), Names("input"))
     assert (err.status, err.code, err.headers) == (503, "model_loading", {"Retry-After": "1"})

@@ -263,7 +263,7 @@ def engine_with(tmp_path: Path, handler: FakeHandler, source: FakeStats, **overr
 async def _all_in_one_batch(engine: InferenceEngine, texts: list[str]) -> list[Any]:
     """Submit one request per text while the queue is held, so they all meet in one batch."""
     engine.queue.pause(True)
-    tasks = [asyncio.create_task(engine.run([t])) for t in texts]
+    tasks = [asyncio.create_task(engine.run(engine.request([t]))) for t in texts]
     while len(engine.queue) < len(texts):
         await asyncio.sleep(0.001)
     engine.queue.pause(False)
@@ -308,7 +308,7 @@ def test_injected_oom_splits_and_every_other_request_succeeds(tmp_path: Path) ->
         try:
             results = await _all_in_one_batch(engine, texts)
             alive = engine.alive
-            after = await engine.run(["still serving"])
+            after = await engine.run(engine.request(["still serving"]))
             return results, after, alive
         finally:
             engine.stop()

@@ -12,7 +12,6 @@ the limit, START cuts their start, END their end; ``output_dimension`` is a Matr
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -20,20 +19,13 @@ from fastapi import APIRouter, Depends, Request
 from starlette.responses import Response
 
 from inferd.api import vectors
-from inferd.api.bodies import json_response, read_body
+from inferd.api.bodies import json_response
 from inferd.api.client_schemas import (
     CohereEmbedRequest,
     CohereEmbedResponse,
 )
-from inferd.api.errors import APIError
-from inferd.api.inference import (
-    INFERENCE_ERRORS,
-    check_query,
-    prechecked,
-    require_task,
-    run_task,
-    served_name,
-)
+from inferd.api.errors import APIError, Names
+from inferd.api.inference import INFERENCE_ERRORS, build, read_request, require_task, run, served_name
 from inferd.api.middleware import context
 from inferd.api.schemas import (
     RerankRequest,
@@ -45,48 +37,39 @@ from inferd.api.services import inference_auth
 from inferd.core import quantize
 from inferd.core.preprocess import Direction
 from inferd.core.prompts import Prompt
+from inferd.core.request import InferenceRequest
 from inferd.core.work import TaskResult
 
 cohere_router = APIRouter(dependencies=[Depends(inference_auth)])  # the inference keys
 
-# The engine's field names in Cohere's terms.
-_FIELDS = {"dimensions": "output_dimension"}
+# How the routes name what the engine refuses: the engine's dimensions are Cohere's output_dimension.
+_EMBED = Names("texts", fields={"dimensions": "output_dimension"})
+_RERANK = Names("documents")
 _TRUNCATE: dict[str | None, tuple[Direction, bool | None]] = {
     None: ("right", None), "END": ("right", True), "START": ("left", True), "NONE": ("right", False)}
 
 
-@dataclass(frozen=True, slots=True)
-class _EngineBody:
-    """What run_task reads of a body: Cohere's priority (lower first) as inferd's (higher first)."""
-
-    priority: int
-    timeout_ms: float | None
-    model: str | None
-
-
-def _check(request: Request, body: CohereEmbedRequest) -> None:
+def _embed_request(request: Request, body: CohereEmbedRequest) -> InferenceRequest:
     if body.images or body.inputs:
         field = "images" if body.images else "inputs"
         raise APIError(422, f"{field}: only texts are embedded here (send texts)", "unsupported_input", field)
     if body.input_type == "image":
         raise APIError(422, "input_type: image is not supported: only texts are embedded here", "invalid_value",
                        "input_type")
-    prechecked(request, body.texts, "texts", True)
+    side, truncate = _TRUNCATE[body.truncate]
+    texts = vectors.inputs_of(body.texts, side, truncate, body.max_tokens)
+    quantized = bool({"int8", "uint8"} & set(body.embedding_types or ()))
+    # Cohere's priority (lower first) runs as inferd's (higher first).
+    return build(request, texts, _EMBED, task="embedding", model=body.model, priority=-body.priority,
+                 timeout_ms=body.timeout_ms, dimensions=body.output_dimension,
+                 prompt=Prompt(input_type=body.input_type, field="input_type"), calibrate=quantized)
 
 
 async def _embed(request: Request, version: int) -> Response:
     require_task(request, "embedding")
-    body = await read_body(request, CohereEmbedRequest, lambda b: _check(request, b))
-    side, truncate = _TRUNCATE[body.truncate]
-    inputs = vectors.inputs_of(body.texts, side, truncate, body.max_tokens)
-    engine_body = _EngineBody(-body.priority, body.timeout_ms, body.model)
+    body, engine_request = await read_request(request, CohereEmbedRequest, lambda b: _embed_request(request, b))
+    result = await run(request, engine_request, _EMBED)
     types = list(dict.fromkeys(body.embedding_types or ["float"]))
-    result = await run_task(request, inputs, engine_body, "texts", True, task="embedding",
-                            dimensions=body.output_dimension, prompt=Prompt(input_type=body.input_type,
-                                                                            field="input_type"),
-                            calibrate=bool({"int8", "uint8"} & set(types)), fields=_FIELDS)
-    if isinstance(result, Response):
-        return result
     v = vectors.vectors_of(result, body.output_dimension)
     by_type: dict[str, Any] = {}
     for kind in types:
@@ -123,10 +106,10 @@ async def embed_v2(request: Request) -> Response:
     return await _embed(request, 2)
 
 
-def _pairs_checked(request: Request, body: RerankRequest) -> None:
-    check_query(request, body.query)
+def _rerank_request(request: Request, body: RerankRequest) -> InferenceRequest:
     # Each document is an item: counts toward limits.max_items_per_request, named documents[i] when at fault.
-    prechecked(request, body.documents, "documents", True)
+    return build(request, [(body.query, d) for d in body.documents], _RERANK, task="rerank", model=body.model,
+                 priority=body.priority, timeout_ms=body.timeout_ms)
 
 
 def _usage(result: TaskResult) -> dict[str, int]:
@@ -142,11 +125,8 @@ async def rerank(request: Request) -> Response:
 
     Also on /v2/rerank, where Cohere's v2 client (``cohere.ClientV2``) sends the same body."""
     require_task(request, "rerank")
-    body = await read_body(request, RerankRequest, lambda b: _pairs_checked(request, b))
-    pairs = [(body.query, d) for d in body.documents]
-    result = await run_task(request, pairs, body, "documents", listed=True, task="rerank")
-    if isinstance(result, Response):
-        return result
+    body, engine_request = await read_request(request, RerankRequest, lambda b: _rerank_request(request, b))
+    result = await run(request, engine_request, _RERANK)
     order = sorted(range(len(body.documents)), key=lambda i: -float(result.outputs[i][0]))
     if body.top_n is not None:
         order = order[: body.top_n]

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
@@ -20,7 +20,7 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 
-from inferd.core.errors import EngineError, Kind
+from inferd.core.errors import ClientGone, EngineError, Kind
 
 log = logging.getLogger(__name__)
 
@@ -131,14 +131,30 @@ def refusal(kind: Kind, message: str, code: str | None = None, param: str | None
     return APIError(answer.status, message, code or answer.code, param, headers=headers, kind=kind)
 
 
-def engine_refusal(exc: EngineError, field: str, listed: bool, metrics: Any = None) -> APIError:
-    """An engine refusal in the error shape, counted under its reason.
+@dataclass(frozen=True, slots=True)
+class Names:
+    """How one route names what the engine refuses, in its own request's terms: ``inputs`` is the field holding
+    the inputs (input i is ``inputs[i]`` when ``listed``, the field itself when one value was sent), ``query``
+    a pair's query (``{i}`` is the pair's index: ``texts[{i}][0]``; a shared query is just ``query``), and
+    ``fields`` the engine's other fields by the route's names (Cohere's ``dimensions`` is ``output_dimension``)."""
 
-    ``field`` is the request field that holds the inputs (``input``, ``documents``, ``texts``); ``listed``
-    whether it was sent as a list, so the input at fault is named ``field[i]``. A refusal that names
-    another field (``priority``) is reported under that field. Only a 422 names the inputs' field; another
-    status names a field only when the refusal is about one (``model``: a model not served).
-    """
+    inputs: str
+    listed: bool = True
+    query: str = "query"
+    fields: Mapping[str, str] = field(default_factory=dict)
+
+    def param(self, exc: EngineError) -> str:
+        if exc.field == "query" and exc.index is not None:
+            return self.query.format(i=exc.index)
+        if exc.field is not None:
+            return self.fields.get(exc.field, exc.field)
+        return f"{self.inputs}[{exc.index}]" if exc.index is not None and self.listed else self.inputs
+
+
+def engine_refusal(exc: EngineError, names: Names, metrics: Any = None) -> APIError:
+    """An engine refusal in the error shape (its kind's status, code and Retry-After: KINDS), counted under its
+    reason. Only a 422 names the inputs' field; another status names a field only when the refusal is about
+    one (``model``: a model not served)."""
     answer = KINDS[exc.kind]
     if metrics is not None and answer.reason is not None:
         metrics.rejected.labels(answer.reason).inc()
@@ -149,11 +165,9 @@ def engine_refusal(exc: EngineError, field: str, listed: bool, metrics: Any = No
                    "retry-after-ms": str(max(1, math.ceil(exc.retry_after * 1000)))}
     code = exc.code or answer.code
     if answer.status != 422:
-        return APIError(answer.status, exc.message, code, exc.field, headers=headers, kind=exc.kind)
-    if exc.field is not None:
-        param = exc.field
-    else:
-        param = f"{field}[{exc.index}]" if exc.index is not None and listed else field
+        param = None if exc.field is None else names.fields.get(exc.field, exc.field)
+        return APIError(answer.status, exc.message, code, param, headers=headers, kind=exc.kind)
+    param = names.param(exc)
     return APIError(answer.status, f"{param}: {exc.message}", code, param, headers=headers, kind=exc.kind)
 
 
@@ -200,6 +214,11 @@ def install_error_handlers(app: FastAPI) -> None:
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
         return error_response(APIError(exc.status_code, str(exc.detail), code, headers=exc.headers))
 
+    async def client_gone(_: Request, exc: Exception) -> Response:
+        # nginx's "client closed request": nobody reads it, but the access log and the metrics count it.
+        return Response(status_code=499)
+
     app.add_exception_handler(APIError, api_error)
+    app.add_exception_handler(ClientGone, client_gone)
     app.add_exception_handler(RequestValidationError, validation_error)
     app.add_exception_handler(StarletteHTTPException, http_error)

@@ -8,17 +8,9 @@ from typing import Any
 from fastapi import APIRouter, Depends, Request
 from starlette.responses import Response
 
-from inferd.api.bodies import json_response, read_body
-from inferd.api.errors import APIError
-from inferd.api.inference import (
-    INFERENCE_ERRORS,
-    check_query,
-    prechecked,
-    require_task,
-    run_task,
-    served_name,
-    task_of,
-)
+from inferd.api.bodies import json_response
+from inferd.api.errors import APIError, Names
+from inferd.api.inference import INFERENCE_ERRORS, build, read_request, require_task, run, served_name, task_of
 from inferd.api.middleware import context
 from inferd.api.schemas import (
     ClassifyRequest,
@@ -30,6 +22,7 @@ from inferd.api.schemas import (
 )
 from inferd.api.services import inference_auth
 from inferd.api.tei_predict import is_tei_predict, tei_predict
+from inferd.core.request import InferenceRequest
 from inferd.core.work import TaskResult
 
 router = APIRouter(dependencies=[Depends(inference_auth)])  # the inference keys
@@ -46,48 +39,34 @@ async def predict(request: Request) -> Response:
     """
     if await is_tei_predict(request):
         return await tei_predict(request)
-    task = "embedding"
-
-    def check(body: PredictRequest) -> None:
-        nonlocal task
-        task = task_of(request, body.model)  # the named model's (or the default model's) task sets the shape
-        if task == "rerank":
-            _check_pairs(request, body)
-        else:
-            prechecked(request, body.texts, "texts", True)
-
-    body = await read_body(request, PredictRequest, check)
-    if task == "rerank":
-        return await _predict_pairs(request, body)
-    result = await run_task(request, body.texts, body, "texts", listed=True, task=task)
-    if isinstance(result, Response):
-        return result
+    body, engine_request = await read_request(request, PredictRequest, lambda b: _predict_request(request, b))
+    result = await run(request, engine_request, _PREDICT)
     outputs: list[Any] = result.outputs
-    if task == "classification":
+    if engine_request.pairs:
+        outputs = [float(o[0]) for o in outputs]
+    elif result.description.task == "classification":
         labels = list(result.description.labels or ())
         outputs = [{"label": labels[int(p.argmax())], "probs": p} for p in outputs]
     return json_response({"results": outputs, "model": served_name(result),
                           "usage": {"prompt_tokens": result.prompt_tokens}})
 
 
-def _check_pairs(request: Request, body: PredictRequest) -> None:
-    for i, pair in enumerate(body.texts):
-        if not (isinstance(pair, list) and len(pair) == 2):
-            raise APIError(422, f"texts[{i}]: must be a [query, document] pair on a rerank model",
-                           "invalid_type", f"texts[{i}]")
-        check_query(request, pair[0], f"texts[{i}][0]")
-    prechecked(request, [p[1] for p in body.texts], "texts", True)
+# A reranker's texts are [query, document] pairs: a query is named by its place in its pair.
+_PREDICT = Names("texts", query="texts[{i}][0]")
 
 
-async def _predict_pairs(request: Request, body: PredictRequest) -> Response:
-    """/predict on a reranker: ``{"texts": [[query, document], ...]}`` → ``{"results": [score, ...]}``."""
-    pairs = [(q, d) for q, d in body.texts]
-    result = await run_task(request, pairs, body, "texts", listed=True, task="rerank")
-    if isinstance(result, Response):
-        return result
-    return json_response({"results": [float(o[0]) for o in result.outputs], "model": served_name(result),
-                          "usage": {"prompt_tokens": result.prompt_tokens}})
-
+def _predict_request(request: Request, body: PredictRequest) -> InferenceRequest:
+    """The named model's (or the default model's) task sets the shape: a reranker's texts are pairs."""
+    task = task_of(request, body.model)
+    texts: list[Any] = body.texts
+    if task == "rerank":
+        for i, pair in enumerate(texts):
+            if not (isinstance(pair, list) and len(pair) == 2):
+                raise APIError(422, f"texts[{i}]: must be a [query, document] pair on a rerank model",
+                               "invalid_type", f"texts[{i}]")
+        texts = [(q, d) for q, d in texts]
+    return build(request, texts, _PREDICT, task=task, model=body.model, priority=body.priority,
+                 timeout_ms=body.timeout_ms)
 
 
 def _usage(result: TaskResult) -> dict[str, int]:
@@ -95,9 +74,14 @@ def _usage(result: TaskResult) -> dict[str, int]:
 
 
 
-def _check_classify(request: Request, body: ClassifyRequest) -> None:
-    listed = isinstance(body.input, list)
-    prechecked(request, body.input if listed else [body.input], "input", listed)
+def _classify_names(body: ClassifyRequest) -> Names:
+    return Names("input", isinstance(body.input, list))
+
+
+def _classify_request(request: Request, body: ClassifyRequest) -> InferenceRequest:
+    texts = body.input if isinstance(body.input, list) else [body.input]
+    return build(request, texts, _classify_names(body), task="classification", model=body.model,
+                 priority=body.priority, timeout_ms=body.timeout_ms)
 
 
 @router.post("/v1/classify", openapi_extra=request_body(ClassifyRequest),
@@ -105,12 +89,8 @@ def _check_classify(request: Request, body: ClassifyRequest) -> None:
 async def classify(request: Request) -> Response:
     """vLLM's classify: ``{"input": str | [str]}`` → a label and the probability of each label per text."""
     require_task(request, "classification")
-    body = await read_body(request, ClassifyRequest, lambda b: _check_classify(request, b))
-    listed = isinstance(body.input, list)
-    texts = body.input if listed else [body.input]
-    result = await run_task(request, texts, body, "input", listed, task="classification")
-    if isinstance(result, Response):
-        return result
+    body, engine_request = await read_request(request, ClassifyRequest, lambda b: _classify_request(request, b))
+    result = await run(request, engine_request, _classify_names(body))
     labels = list(result.description.labels or ())
     data = [{"index": i, "label": labels[int(p.argmax())], "probs": [float(x) for x in p],
              "num_classes": len(labels), "object": "classification"} for i, p in enumerate(result.outputs)]

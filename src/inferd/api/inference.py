@@ -7,44 +7,50 @@ the rerank and classification shapes) build on these and never on each other.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
 
 from fastapi import Request
-from starlette.responses import Response
+from pydantic import BaseModel
 
-from inferd.api.errors import APIError, engine_refusal
+from inferd.api.bodies import read_body
+from inferd.api.errors import Names, engine_refusal
 from inferd.api.middleware import context
 from inferd.api.services import services
-from inferd.core.errors import ClientGone, EngineError
+from inferd.core.errors import EngineError
 from inferd.core.prompts import Prompt
-from inferd.core.registry import ModelNotFound
+from inferd.core.request import InferenceRequest
 from inferd.core.work import TaskResult
+
+B = TypeVar("B", bound=BaseModel)
 
 # The statuses an inference route may answer (its OpenAPI ``responses``).
 INFERENCE_ERRORS = (400, 401, 404, 413, 422, 503, 504, 507)
 
 
-def prechecked(request: Request, texts: Any, field: str, listed: bool) -> None:
-    """The engine's model-free checks (types, counts, lengths), run while the body is parsed."""
+def build(request: Request, inputs: Any, names: Names, **options: Any) -> InferenceRequest:
+    """The engine's request, every rule that needs no model checked (core/request.py), its refusals named by
+    ``names``; run while the body is parsed (read_body's check), so a refused body never outlives parsing.
+    ``options`` are InferenceRequest.build's; the routing key is the ``X-Routing-Key`` header's."""
     s = services(request)
     try:
-        s.engine.precheck(texts)
+        return s.engine.request(inputs, routing_key=request.headers.get("x-routing-key"), **options)
     except EngineError as exc:
-        raise engine_refusal(exc, field, listed, s.metrics) from None
+        raise engine_refusal(exc, names, s.metrics) from None
 
 
-def check_query(request: Request, query: Any, field: str = "query") -> str:
-    """A rerank query is one text shared by every pair: the same rules as a text, named by its own field."""
-    limit = services(request).settings.limits.max_chars_per_text
-    if not isinstance(query, str):
-        raise APIError(422, f"{field}: must be a string, not {type(query).__name__}", "invalid_type", field)
-    if not query.strip():
-        raise APIError(422, f"{field}: must not be empty or only whitespace", "empty_string", field)
-    if len(query) > limit:
-        raise APIError(422, f"{field}: is {len(query)} characters long; the limit is {limit}", "text_too_long",
-                       field)
-    return query
+def prechecked(request: Request, texts: Any, field: str, listed: bool) -> None:
+    # TRANSITION: api/tei_outputs.py (issue 32, in progress) still calls it; routes call build() instead.
+    build(request, texts, Names(field, listed))
+
+
+async def read_request(request: Request, schema: type[B], make: Callable[[B], InferenceRequest]
+                       ) -> tuple[B, InferenceRequest]:
+    """The body, parsed and validated (api/bodies.py read_body), and the engine's request ``make`` builds of it
+    (with ``build``) while the body is parsed."""
+    built: list[InferenceRequest] = []
+    body = await read_body(request, schema, lambda b: built.append(make(b)))
+    return body, built[0]
 
 
 async def _disconnected(request: Request) -> None:
@@ -55,55 +61,48 @@ async def _disconnected(request: Request) -> None:
 
 def require_task(request: Request, task: str) -> None:
     """404 on a route of a task no model here serves, naming the tasks served (before the body is read)."""
-    tasks = [m.task for m in services(request).registry]
-    if task not in tasks and None not in tasks:
-        served = ", ".join(dict.fromkeys(t for t in tasks if t)) or "no"
-        raise APIError(404, f"{request.url.path} serves the {task} task; this server serves the {served} task",
-                       "wrong_task")
+    try:
+        services(request).registry.require_task(task)
+    except EngineError as exc:
+        raise engine_refusal(exc, Names("model")) from None
 
 
 def task_of(request: Request, model: str | None) -> str:
     """The task of the model a request names (or of the server's default model): /predict's shape follows it."""
     try:
-        served, _ = services(request).registry.resolve(model, None)
-    except ModelNotFound as exc:
-        raise APIError(404, exc.message, "model_not_found", "model") from None
-    return served.task or "embedding"
+        return services(request).registry.task_of(model) or "embedding"
+    except EngineError as exc:
+        raise engine_refusal(exc, Names("model")) from None
 
 
-async def run_task(request: Request, texts: list[Any], body: Any, field: str, listed: bool,
-                   task: str | None = None, dimensions: int | None = None, prompt: Prompt | None = None,
-                   calibrate: bool = False, fields: Mapping[str, str] | None = None) -> TaskResult | Response:
-    """Hand a request's inputs to the engine; its refusals in the error shape, 499 for a client gone.
-
-    ``field`` is the request field holding the inputs: an input at fault is named ``field[i]``.
-    ``dimensions`` is the embedding size the client asked for, refused by the engine unless the model
-    produces it; ``prompt`` the prompt the texts get on the model that runs them; ``calibrate`` asks for the
-    int8/uint8 calibration vectors with the result. ``fields`` renames the engine's fields into the route's
-    (Cohere's ``dimensions`` is ``output_dimension``).
-    """
+async def run(request: Request, engine_request: InferenceRequest, names: Names) -> TaskResult:
+    """The one engine call: its refusals in the error shape (APIError, named by ``names``); a client gone
+    propagates as ClientGone (api/errors.py answers it 499)."""
     s = services(request)
     if s.settings.server.log_inputs:
         # Only when the operator asked for it: request text is user data and stays out of logs by default.
-        context(request.scope)["inputs"] = texts
+        context(request.scope)["inputs"] = list(engine_request.inputs)
     try:
-        result = await s.engine.run(
-            texts, priority=body.priority, timeout_ms=body.timeout_ms, model=getattr(body, "model", None), task=task,
-            dimensions=dimensions, prompt=prompt, calibrate=calibrate, routing_key=request.headers.get("x-routing-key"),
-            disconnected=lambda: _disconnected(request))
+        result = await s.engine.run(engine_request, disconnected=lambda: _disconnected(request))
     except EngineError as exc:
         if exc.model is not None:
             context(request.scope)["model"] = exc.model
-        if fields and exc.field in fields:
-            exc.field = fields[exc.field]
-        raise engine_refusal(exc, field, listed, s.metrics) from None
-    except ClientGone:
-        return Response(status_code=499)
+        raise engine_refusal(exc, names, s.metrics) from None
     ctx = context(request.scope)
     ctx.update(result.timings)
     ctx["model"], ctx["version"] = result.model, result.version
     ctx["tokens"] = result.prompt_tokens  # the access line's and the trace's token count
     return result
+
+
+async def run_task(request: Request, texts: list[Any], body: Any, field: str, listed: bool,
+                   task: str | None = None, dimensions: int | None = None, prompt: Prompt | None = None,
+                   calibrate: bool = False, fields: Mapping[str, str] | None = None) -> TaskResult:
+    # TRANSITION: api/tei_outputs.py (issue 32, in progress) still calls it; routes call build() and run().
+    names = Names(field, listed, fields=dict(fields or {}))
+    built = build(request, texts, names, task=task, model=getattr(body, "model", None), priority=body.priority,
+                  timeout_ms=body.timeout_ms, dimensions=dimensions, prompt=prompt, calibrate=calibrate)
+    return await run(request, built, names)
 
 
 def served_name(result: TaskResult) -> str:

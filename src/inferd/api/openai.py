@@ -10,15 +10,9 @@ from fastapi import APIRouter, Depends, Request
 from starlette.responses import Response
 
 from inferd.api import vectors
-from inferd.api.bodies import json_response, read_body
-from inferd.api.errors import APIError
-from inferd.api.inference import (
-    INFERENCE_ERRORS,
-    prechecked,
-    require_task,
-    run_task,
-    served_name,
-)
+from inferd.api.bodies import json_response
+from inferd.api.errors import APIError, Names
+from inferd.api.inference import INFERENCE_ERRORS, build, read_request, require_task, run, served_name
 from inferd.api.schemas import (
     EmbeddingsRequest,
     EmbeddingsResponse,
@@ -27,6 +21,7 @@ from inferd.api.schemas import (
 )
 from inferd.api.services import inference_auth
 from inferd.core.prompts import Prompt
+from inferd.core.request import InferenceRequest
 
 openai_router = APIRouter(dependencies=[Depends(inference_auth)])  # the inference keys
 
@@ -36,15 +31,8 @@ openai_router = APIRouter(dependencies=[Depends(inference_auth)])  # the inferen
 async def embeddings(request: Request) -> Response:
     """OpenAI-compatible embeddings (the official ``openai`` client works against it)."""
     require_task(request, "embedding")
-    body = await read_body(request, EmbeddingsRequest, lambda b: _check_input(request, b))
-    listed = isinstance(body.input, list)
-    texts = body.input if listed else [body.input]
-    # The default prompt of the model that runs it (as sentence-transformers' encode), and a Matryoshka size cut
-    # here by that model's normalisation.
-    result = await run_task(request, texts, body, "input", listed, task="embedding", dimensions=body.dimensions,
-                            prompt=Prompt())
-    if isinstance(result, Response):
-        return result
+    body, engine_request = await read_request(request, EmbeddingsRequest, lambda b: _request(request, b))
+    result = await run(request, engine_request, _names(body))
     outputs = result.outputs if body.dimensions is None else vectors.vectors_of(result, body.dimensions)
     if body.encoding_format == "base64":
         data = [{"object": "embedding", "index": i,
@@ -57,11 +45,17 @@ async def embeddings(request: Request) -> Response:
                                     "total_tokens": result.prompt_tokens}})
 
 
-def _check_input(request: Request, body: EmbeddingsRequest) -> None:
+def _names(body: EmbeddingsRequest) -> Names:
+    return Names("input", isinstance(body.input, list))
+
+
+def _request(request: Request, body: EmbeddingsRequest) -> InferenceRequest:
     listed = isinstance(body.input, list)
     # OpenAI also accepts token ids (a list of ints, or a list of such lists); this service takes text only.
     # The first item decides, in constant time: a long list of numbers must not be walked on the event loop.
     if listed and body.input and isinstance(body.input[0], int | list) and not isinstance(body.input[0], bool):
         raise APIError(422, "input: token arrays are not supported; send text", "unsupported_input", "input")
-    prechecked(request, body.input if listed else [body.input], "input", listed)
-
+    # The default prompt of the model that runs it (as sentence-transformers' encode), and a Matryoshka size cut
+    # here by that model's normalisation.
+    return build(request, body.input if listed else [body.input], _names(body), task="embedding", model=body.model,
+                 priority=body.priority, timeout_ms=body.timeout_ms, dimensions=body.dimensions, prompt=Prompt())

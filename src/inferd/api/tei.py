@@ -25,36 +25,41 @@ from fastapi import APIRouter, Depends, Request
 from starlette.responses import Response
 
 from inferd.api import vectors
-from inferd.api.bodies import json_response, read_body
+from inferd.api.bodies import json_response
 from inferd.api.client_schemas import (
     TEIEmbedRequest,
     TEIPredictRequest,
     TEISimilarityRequest,
     direction,
 )
-from inferd.api.errors import APIError, engine_refusal, refusal
-from inferd.api.inference import (
-    INFERENCE_ERRORS,
-    check_query,
-    prechecked,
-    run_task,
-)
+from inferd.api.errors import APIError, Names, refusal
+from inferd.api.inference import INFERENCE_ERRORS, build, read_request, require_task, run
 from inferd.api.schemas import (
     TEIRerankRequest,
     request_body,
 )
 from inferd.api.services import inference_auth, services
 from inferd.api.tei_predict import tei_predict
-from inferd.api.tei_shape import ANY, RANKED, SCORES, VECTORS, tei_errors, tei_pairs, tei_responses, tei_texts
-from inferd.core.admission import model_refusal
+from inferd.api.tei_shape import ANY, RANKED, SCORES, VECTORS, tei_errors, tei_inputs, tei_pairs, tei_responses
 from inferd.core.errors import Kind
 from inferd.core.prompts import Prompt
-from inferd.core.registry import ModelNotFound
+from inferd.core.request import InferenceRequest
 
 tei_router = APIRouter(dependencies=[Depends(inference_auth)])  # the inference keys
 
 
 # -- /embed, /similarity -----------------------------------------------------------------------------------
+
+
+def _embed_names(body: TEIEmbedRequest) -> Names:
+    return Names("inputs", isinstance(body.inputs, list))
+
+
+def _embed_request(request: Request, body: TEIEmbedRequest) -> InferenceRequest:
+    texts = vectors.inputs_of(tei_inputs(body.inputs, "inputs"), direction(body.truncation_direction), body.truncate)
+    # The prompt and the normalisation are those of the model load that runs the texts (a canary's own).
+    return build(request, texts, _embed_names(body), task="embedding", priority=body.priority,
+                 timeout_ms=body.timeout_ms, dimensions=body.dimensions, prompt=Prompt(body.prompt_name))
 
 
 @tei_router.post("/embed", openapi_extra=request_body(TEIEmbedRequest),
@@ -63,15 +68,8 @@ tei_router = APIRouter(dependencies=[Depends(inference_auth)])  # the inference 
 async def embed(request: Request) -> Response:
     """TEI's embed: ``{"inputs": str | [str], "normalize"?, "truncate"?, "truncation_direction"?,
     "prompt_name"?, "dimensions"?}`` → one vector per input (a list of lists, one text or many)."""
-    checked: list[tuple[list[Any], bool]] = []
-    body = await read_body(request, TEIEmbedRequest, lambda b: checked.append(tei_texts(request, b.inputs, "inputs")))
-    texts, listed = checked[0]
-    inputs = vectors.inputs_of(texts, direction(body.truncation_direction), body.truncate)
-    # The prompt and the normalisation are those of the model load that runs the texts (a canary's own).
-    result = await run_task(request, inputs, body, "inputs", listed, task="embedding", dimensions=body.dimensions,
-                            prompt=Prompt(body.prompt_name))
-    if isinstance(result, Response):
-        return result
+    body, engine_request = await read_request(request, TEIEmbedRequest, lambda b: _embed_request(request, b))
+    result = await run(request, engine_request, _embed_names(body))
     if not body.normalize and result.description.normalize:
         raise refusal(Kind.INVALID_INPUT, "normalize: false is not available on this model: its own configuration "
                       "normalises its vectors (a Normalize module, or model.normalize: true)", "invalid_value",
@@ -86,31 +84,41 @@ async def similarity(request: Request) -> Response:
     """TEI's (and the Hugging Face sentence-similarity task's): ``{"inputs": {"source_sentence", "sentences"},
     "parameters"?: {"truncate", "truncation_direction", "prompt_name"}}`` → a cosine per sentence."""
 
-    def check(b: TEISimilarityRequest) -> None:
-        check_query(request, b.inputs.source_sentence, "inputs.source_sentence")
-        # The source sentence is one of the request's texts: count the sentences against what is left, so the
-        # refusal names the number the client sent (the engine would count both).
-        most = services(request).settings.limits.max_items_per_request - 1
-        if len(b.inputs.sentences) > most:
-            raise refusal(Kind.INVALID_INPUT, f"inputs.sentences: {len(b.inputs.sentences)} sentences given; at "
-                          f"most {most} per request: with inputs.source_sentence, {most + 1} texts "
-                          "(limits.max_items_per_request)", "too_many_items", "inputs.sentences")
-        prechecked(request, b.inputs.sentences, "inputs.sentences", True)
-
-    body = await read_body(request, TEISimilarityRequest, check)
-    params = body.parameters
-    texts = [body.inputs.source_sentence, *body.inputs.sentences]
-    inputs = vectors.inputs_of(texts, direction(params.truncation_direction) if params else "right",
-                               params.truncate if params else None)
-    prompt = Prompt(params.prompt_name if params else None, field="parameters.prompt_name")
     try:
-        result = await run_task(request, inputs, body, "inputs", True, task="embedding", prompt=prompt)
+        _, engine_request = await read_request(request, TEISimilarityRequest,
+                                               lambda b: _similarity_request(request, b))
+        result = await run(request, engine_request, _SIMILARITY)
     except APIError as exc:
         raise _similarity_param(exc) from None
-    if isinstance(result, Response):
-        return result
     v = vectors.quantize.unit(np.vstack([np.asarray(o, dtype=np.float32) for o in result.outputs]))
     return json_response([float(x) for x in v[1:].astype(np.float64) @ v[0].astype(np.float64)])
+
+
+# The source sentence and the sentences are one list of texts for the engine (their cosines are of one model).
+_SIMILARITY = Names("inputs")
+
+
+def _similarity_request(request: Request, body: TEISimilarityRequest) -> InferenceRequest:
+    params, sentences = body.parameters, body.inputs.sentences
+    if not sentences:
+        # One text would pass the request's count: the source sentence is compared with at least one other.
+        raise refusal(Kind.INVALID_INPUT, "inputs.sentences: at least one text is required", "empty_input",
+                      "inputs.sentences")
+    texts = vectors.inputs_of([body.inputs.source_sentence, *sentences],
+                              direction(params.truncation_direction) if params else "right",
+                              params.truncate if params else None)
+    prompt = Prompt(params.prompt_name if params else None, field="parameters.prompt_name")
+    try:
+        return build(request, texts, _SIMILARITY, task="embedding", priority=body.priority,
+                     timeout_ms=body.timeout_ms, prompt=prompt)
+    except APIError as exc:
+        most = services(request).settings.limits.max_items_per_request - 1
+        if exc.code == "too_many_items" and len(sentences) > most:
+            # Named by the number the client sent: the source sentence is one of the request's texts.
+            exc.message = (f"inputs.sentences: {len(sentences)} sentences given; at most {most} per request: with "
+                           f"inputs.source_sentence, {most + 1} texts (limits.max_items_per_request)")
+            exc.param = "inputs.sentences"
+        raise
 
 
 def _similarity_param(exc: APIError) -> APIError:
@@ -123,8 +131,16 @@ def _similarity_param(exc: APIError) -> APIError:
     return exc
 
 
-
 # -- /rerank -----------------------------------------------------------------------------------------------
+
+
+_RERANK = Names("texts")  # each text is an item, named texts[i] when at fault
+
+
+def _rerank_request(request: Request, body: TEIRerankRequest) -> InferenceRequest:
+    pairs = tei_pairs(body.query, body.texts, body.truncate, body.truncation_direction)
+    return build(request, pairs, _RERANK, task="rerank", model=body.model, priority=body.priority,
+                 timeout_ms=body.timeout_ms)
 
 
 @tei_router.post("/rerank", openapi_extra=request_body(TEIRerankRequest),
@@ -134,20 +150,9 @@ async def rerank(request: Request) -> Response:
     """TEI's rerank: ``{"query", "texts", "raw_scores"?, "return_text"?, "truncate"?, "truncation_direction"?}``
     → each text's index and score, best first. Each (query, text) pair is one item for the engine."""
     # As the other task routes: a server without a reranker refuses the route itself before reading the body.
-    try:
-        services(request).registry.resolve(None, "rerank")
-    except ModelNotFound as exc:
-        raise engine_refusal(model_refusal(exc), "model", False) from None
-
-    def check(b: TEIRerankRequest) -> None:
-        check_query(request, b.query)
-        prechecked(request, b.texts, "texts", True)  # each text is an item, named texts[i] when at fault
-
-    body = await read_body(request, TEIRerankRequest, check)
-    pairs = tei_pairs(body.query, body.texts, body.truncate, body.truncation_direction)
-    result = await run_task(request, pairs, body, "texts", listed=True, task="rerank")
-    if isinstance(result, Response):
-        return result
+    require_task(request, "rerank")
+    body, engine_request = await read_request(request, TEIRerankRequest, lambda b: _rerank_request(request, b))
+    result = await run(request, engine_request, _RERANK)
     column = 1 if body.raw_scores else 0
     order = sorted(range(len(body.texts)), key=lambda i: -float(result.outputs[i][column]))
     out = []

@@ -12,20 +12,18 @@ from fastapi import Request
 from starlette.responses import Response
 
 from inferd.api import vectors
-from inferd.api.bodies import json_response, read_body
+from inferd.api.bodies import json_response
 from inferd.api.client_schemas import (
     TEIPredictRequest,
     direction,
 )
-from inferd.api.errors import refusal
-from inferd.api.inference import (
-    check_query,
-    prechecked,
-    run_task,
-)
+from inferd.api.errors import Names, refusal
+from inferd.api.inference import build, read_request, run
 from inferd.api.services import services
 from inferd.api.tei_shape import tei_errors, tei_pairs
 from inferd.core.errors import Kind
+from inferd.core.request import InferenceRequest
+from inferd.core.work import TaskResult
 
 # -- /predict in TEI's shape -------------------------------------------------------------------------------
 
@@ -68,7 +66,7 @@ def _predict_task(request: Request, sequences: list[Any]) -> str:
         raise refusal(Kind.INVALID_INPUT, "inputs: a batch is texts (for a classifier) or [query, document] pairs "
                       "(for a reranker), not both", "invalid_type", "inputs")
     task = "rerank" if pairs[0] else "classification"
-    tasks = {m.task for m in services(request).registry}
+    tasks = set(services(request).registry.tasks())
     if task in tasks or None in tasks:
         return task
     if "classification" in tasks:
@@ -86,26 +84,14 @@ def _predict_task(request: Request, sequences: list[Any]) -> str:
 async def tei_predict(request: Request) -> Response:
     """TEI's predict: each input's labels by score, best first (a classifier's probabilities for texts, or a
     reranker's pair score under its ``LABEL_0``-style label for pairs)."""
-    parsed: dict[str, Any] = {}
-
-    def check(b: TEIPredictRequest) -> None:
-        sequences, batch = _sequences(b.inputs)
-        parsed.update(sequences=sequences, batch=batch)
-        singles = [s for s in sequences if isinstance(s, str)]
-        prechecked(request, singles or [p[1] for p in sequences], "inputs", batch)
-
-    body = await read_body(request, TEIPredictRequest, check)
-    sequences, batch = parsed["sequences"], parsed["batch"]
-    if _predict_task(request, sequences) == "classification":
-        rows = await _classify(request, body, sequences, batch)
-    else:
-        rows = await _score_pairs(request, body, sequences, batch)
-    if isinstance(rows, Response):
-        return rows
+    body, engine_request = await read_request(request, TEIPredictRequest, lambda b: _request(request, b))
+    names = _names(body)
+    result = await run(request, engine_request, names)
+    rows = _scored(body, result) if engine_request.pairs else _classified(body, result)
     params = body.parameters
     if params is not None and params.top_k is not None:
         rows = [r[: params.top_k] for r in rows]
-    return json_response(rows if batch else rows[0])
+    return json_response(rows if names.listed else rows[0])
 
 
 def _applied(params: Any, own: str, raw: bool) -> str | None:
@@ -120,12 +106,24 @@ def _applied(params: Any, own: str, raw: bool) -> str | None:
     return "parameters.function_to_apply" if wanted == "none" else None
 
 
-async def _classify(request: Request, body: TEIPredictRequest, sequences: list[Any], batch: bool
-                    ) -> list[list[dict[str, Any]]] | Response:
-    inputs = vectors.inputs_of(sequences, direction(body.truncation_direction), body.truncate)
-    result = await run_task(request, inputs, body, "inputs", batch, task="classification")
-    if isinstance(result, Response):
-        return result
+def _names(body: TEIPredictRequest) -> Names:
+    batch = isinstance(body.inputs, list) and bool(body.inputs) and not isinstance(body.inputs[0], str)
+    return Names("inputs", batch, query="inputs[{i}][0]" if batch else "inputs[0]")
+
+
+def _request(request: Request, body: TEIPredictRequest) -> InferenceRequest:
+    sequences, _ = _sequences(body.inputs)
+    task = _predict_task(request, sequences)
+    side = direction(body.truncation_direction)
+    if task == "classification":
+        inputs: list[Any] = vectors.inputs_of(sequences, side, body.truncate)
+    else:
+        inputs = [pair for query, document in sequences
+                  for pair in tei_pairs(query, [document], body.truncate, body.truncation_direction)]
+    return build(request, inputs, _names(body), task=task, priority=body.priority, timeout_ms=body.timeout_ms)
+
+
+def _classified(body: TEIPredictRequest, result: TaskResult) -> list[list[dict[str, Any]]]:
     # The activation is the answering model's (a canary's own): checked on its description, after the run.
     own = "sigmoid" if result.description.facts.get("multi_label") else "softmax"
     asked = _applied(body.parameters, own, body.raw_scores)
@@ -138,17 +136,7 @@ async def _classify(request: Request, body: TEIPredictRequest, sequences: list[A
                    key=lambda r: -r["score"]) for probs in result.outputs]
 
 
-
-async def _score_pairs(request: Request, body: TEIPredictRequest, sequences: list[Any], batch: bool
-                       ) -> list[list[dict[str, Any]]] | Response:
-    pairs = []
-    for i, (query, document) in enumerate(sequences):
-        check_query(request, query, f"inputs[{i}][0]" if batch else "inputs[0]")
-        pairs.extend(tei_pairs(query, [document], body.truncate, body.truncation_direction))
+def _scored(body: TEIPredictRequest, result: TaskResult) -> list[list[dict[str, Any]]]:
     raw = _applied(body.parameters, "sigmoid", body.raw_scores) is not None
-    result = await run_task(request, pairs, body, "inputs", batch, task="rerank")
-    if isinstance(result, Response):
-        return result
     label = (result.description.labels or ("LABEL_0",))[0]
     return [[{"score": float(o[1] if raw else o[0]), "label": label}] for o in result.outputs]
-

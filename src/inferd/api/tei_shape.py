@@ -18,10 +18,8 @@ from inferd.api.client_schemas import (
     TEIToken,
     direction,
 )
-from inferd.api.errors import APIError, refusal, tei_type
-from inferd.api.inference import (
-    prechecked,
-)
+from inferd.api.errors import APIError, Names, refusal, tei_type
+from inferd.api.inference import build
 from inferd.api.schemas import (
     ErrorResponse,
     TEIRerankResult,
@@ -81,22 +79,30 @@ RANKED = _array(TEIRerankResult.model_json_schema(), "Scored texts, best first")
 # -- /embed, /similarity -----------------------------------------------------------------------------------
 
 
-def tei_texts(request: Request, inputs: Any, field: str) -> tuple[list[Any], bool]:
+def tei_inputs(inputs: Any, field: str) -> list[Any]:
+    """TEI's ``inputs`` (a text, or a list of texts) as a list; token ids are refused (the texts' own rules are
+    the engine's request's: core/request.py)."""
     listed = isinstance(inputs, list)
     if listed and inputs and isinstance(inputs[0], int | list) and not isinstance(inputs[0], bool):
         raise refusal(Kind.INVALID_INPUT, f"{field}: token ids are not supported; send text", "unsupported_input",
                       field)
-    texts = inputs if listed else [inputs]
-    prechecked(request, texts, field, listed)
-    return texts, listed
+    return inputs if listed else [inputs]
 
 
+def tei_texts(request: Request, inputs: Any, field: str) -> tuple[list[Any], bool]:
+    # TRANSITION: api/tei_outputs.py (issue 32, in progress) still calls it; it builds its request with
+    # tei_inputs and api/inference.py build instead.
+    texts = tei_inputs(inputs, field)
+    build(request, texts, Names(field, isinstance(inputs, list)))
+    return texts, isinstance(inputs, list)
 
-def tei_pairs(query: str, documents: list[str], truncate: bool | None, side: str) -> list[tuple[str, str]]:
+
+def tei_pairs(query: Any, documents: list[Any], truncate: bool | None, side: str) -> list[tuple[str, str]]:
     """The engine's (query, document) pairs: a document carries the request's truncation choices when it asks
     for any (core/preprocess.py PairEncoder: ``left`` cuts the document's start; the query is kept whole)."""
     cut = direction(side)
     if truncate is None and cut == "right":
         return [(query, d) for d in documents]
-    return [(query, TextInput(d, direction=cut, truncate=truncate)) for d in documents]
+    # Anything but a text is left as it is, for the request's checks to refuse by its index.
+    return [(query, TextInput(d, direction=cut, truncate=truncate) if isinstance(d, str) else d) for d in documents]
 

@@ -18,16 +18,16 @@ from inferd.api.client_schemas import (
     TEIDecodeRequest,
     TEITokenizeRequest,
 )
-from inferd.api.errors import engine_refusal, excerpt, refusal
+from inferd.api.errors import Names, engine_refusal, excerpt, refusal
+from inferd.api.inference import build
 from inferd.api.schemas import (
     request_body,
 )
 from inferd.api.services import inference_auth, services
-from inferd.api.tei_shape import DECODED, TOKENS, tei_errors, tei_responses, tei_texts
-from inferd.core.admission import model_refusal, not_ready
-from inferd.core.errors import EngineError, Kind, ModelNotReady
+from inferd.api.tei_shape import DECODED, TOKENS, tei_errors, tei_inputs, tei_responses
+from inferd.core.errors import EngineError, Kind
 from inferd.core.prompts import Prompt, prompt_text
-from inferd.core.registry import ModelNotFound
+from inferd.core.request import InferenceRequest
 from inferd.core.slots import ModelDescription
 
 tei_tokens_router = APIRouter(dependencies=[Depends(inference_auth)])  # the inference keys
@@ -50,24 +50,19 @@ class _Tokenizer:
         self.request = request
 
     async def __aenter__(self) -> tuple[Tokenizer, ModelDescription]:
-        s = services(self.request)
+        self._held = services(self.request).engine.hold()
         try:
-            served, pin = s.registry.resolve(None, None)
-            if served.settings.model.load_mode == "lazy":
-                await served.manager.ensure_loaded()
-            self.slot = served.manager.pick(None, pin)
-        except ModelNotFound as exc:
-            raise engine_refusal(model_refusal(exc), "model", False) from None
-        except ModelNotReady as exc:
-            raise engine_refusal(not_ready(exc), "model", False) from None
+            self.slot = await self._held.__aenter__()
+        except EngineError as exc:
+            raise engine_refusal(exc, Names("model")) from None
         try:
             return self._untruncated(), self.slot.description
         except BaseException:
-            self.slot.release()
+            await self._held.__aexit__(None, None, None)
             raise
 
     async def __aexit__(self, *exc: object) -> None:
-        self.slot.release()
+        await self._held.__aexit__(None, None, None)
 
     def _untruncated(self) -> Tokenizer:
         state = self.request.app.state
@@ -111,15 +106,15 @@ def _tokens(tok: Tokenizer, texts: list[str], add_special_tokens: bool) -> list[
 async def tokenize(request: Request) -> Response:
     """TEI's tokenize: ``{"inputs": str | [str], "add_special_tokens"?, "prompt_name"?}`` → each input's tokens
     (``{"id", "text", "special", "start", "stop"}``, offsets in bytes of the prompted input)."""
-    checked: list[tuple[list[Any], bool]] = []
-    body = await read_body(request, TEITokenizeRequest,
-                           lambda b: checked.append(tei_texts(request, b.inputs, "inputs")))
+    checked: list[InferenceRequest] = []
+    body = await read_body(request, TEITokenizeRequest, lambda b: checked.append(
+        build(request, tei_inputs(b.inputs, "inputs"), Names("inputs", isinstance(b.inputs, list)))))
     async with _Tokenizer(request) as (tok, description):
         try:
             prompt = prompt_text(description, Prompt(body.prompt_name), {})
         except EngineError as exc:
-            raise engine_refusal(exc, "inputs", False) from None
-        texts = [prompt + t for t in checked[0][0]]
+            raise engine_refusal(exc, Names("inputs")) from None
+        texts = [prompt + t for t in checked[0].inputs]
         if sum(map(len, texts)) > _INLINE_CHARS:
             rows = await asyncio.to_thread(_tokens, tok, texts, body.add_special_tokens)
         else:

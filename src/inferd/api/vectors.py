@@ -24,14 +24,16 @@ from inferd.core.preprocess import Direction, TextInput
 from inferd.core.work import TaskResult
 
 
-def inputs_of(texts: Sequence[str], direction: Direction = "right", truncate: bool | None = None,
+def inputs_of(texts: Sequence[Any], direction: Direction = "right", truncate: bool | None = None,
               max_tokens: int | None = None) -> list[Any]:
     """The engine's inputs: plain texts when the request asks for nothing the model's settings do not already
     do (so their cache entries are the plain texts'), else TextInputs carrying the request's choices (the
     prompt is the engine's to add, on the model load that runs them)."""
     if direction == "right" and truncate is None and max_tokens is None:
         return list(texts)
-    return [TextInput(t, direction=direction, truncate=truncate, max_tokens=max_tokens) for t in texts]
+    # Anything but a text is left as it is, for the request's checks to refuse by its index.
+    return [TextInput(t, direction=direction, truncate=truncate, max_tokens=max_tokens) if isinstance(t, str) else t
+            for t in texts]
 
 
 def vectors_of(result: TaskResult, dimensions: int | None, normalize: bool | None = None) -> np.ndarray:

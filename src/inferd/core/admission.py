@@ -1,6 +1,7 @@
 """Admission: the event loop's side of the engine, from a request's inputs to its answer.
 
-It validates the inputs, routes the request to a model slot (loading it first in lazy mode), answers what
+It takes a request validated when it was built (core/request.py), checks what depends on the model, routes
+it to a model slot (loading it first in lazy mode), answers what
 the result cache holds, tokenises the rest (cheap, and overlapping the running batch: the pipelining),
 queues one item per input and waits on one future per request, refusing at the deadline, dropping
 the queued work of a client that left, and refusing new work while draining. The worker thread reports
@@ -14,10 +15,11 @@ with the claim a batch takes as the queue hands it out, no slot can be freed und
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import numpy as np
@@ -26,9 +28,10 @@ import orjson
 from inferd.core import quantize
 from inferd.core.batcher import BatchQueue, QueueClosed, QueueFull
 from inferd.core.errors import ClientGone, EngineError, Kind, ModelNotReady, deadline_passed
-from inferd.core.preprocess import InputError, check_texts
-from inferd.core.prompts import Prompt, prompt_text, prompted
-from inferd.core.registry import ModelNotFound, ModelRegistry, ServedModel
+from inferd.core.preprocess import InputError
+from inferd.core.prompts import prompt_text, prompted
+from inferd.core.registry import ModelRegistry, ServedModel
+from inferd.core.request import InferenceRequest, input_refusal
 from inferd.core.shadow import SHADOW_PRIORITY, SHADOW_TIMEOUT_S, Shadow, shadow_lane, shadow_policy
 from inferd.core.slots import ModelDescription, ModelSlot
 from inferd.core.tenants import Tenant, current_tenant
@@ -42,9 +45,6 @@ log = logging.getLogger(__name__)
 
 # Below this many characters a request is tokenised on the event loop; above, in a thread.
 _INLINE_TOKENIZE_CHARS = 4096
-# Input checks whose refusal is about length, not about the input's kind.
-_TOO_LONG = frozenset({"context_length_exceeded", "too_many_tokens", "text_too_long"})
-
 Disconnected = Callable[[], Awaitable[Any]]
 
 
@@ -60,11 +60,6 @@ def cache_key(item: Any) -> str:
     if isinstance(item, str):
         return getattr(item, "cache_key", item)
     return orjson.dumps([getattr(part, "cache_key", part) for part in item]).decode()
-
-
-def input_refusal(exc: InputError) -> EngineError:
-    kind = Kind.TOO_LONG if exc.code in _TOO_LONG else Kind.INVALID_INPUT
-    return EngineError(kind, exc.message, exc.code, index=exc.index)
 
 
 def wrong_dimensions(description: ModelDescription, dimensions: int) -> EngineError | None:
@@ -92,12 +87,6 @@ def not_ready(exc: ModelNotReady, model: str | None = None) -> EngineError:
     kind = Kind.MODEL_FAILED if exc.state == "failed" else Kind.NOT_READY
     which = f"model {model!r}" if model else "the model"
     return EngineError(kind, f"{which} is not ready ({exc.state})", f"model_{exc.state}")
-
-
-def model_refusal(exc: ModelNotFound) -> EngineError:
-    if not exc.task_served:
-        return EngineError(Kind.WRONG_TASK, exc.message)
-    return EngineError(Kind.MODEL_NOT_FOUND, exc.message, field="model")
 
 
 class Admission:
@@ -156,82 +145,85 @@ class Admission:
 
     # -- one request -----------------------------------------------------------------------------------
 
-    async def run(self, inputs: list[Any], *, priority: int = 0, timeout_ms: float | None = None,
-                  routing_key: str | None = None, model: str | None = None, task: str | None = None,
-                  dimensions: int | None = None, prompt: Prompt | None = None, calibrate: bool = False,
-                  disconnected: Disconnected | None = None) -> TaskResult:
+    async def run(self, request: InferenceRequest, disconnected: Disconnected | None = None) -> TaskResult:
         """One request's inputs (texts, or (query, document) pairs) through the model, one result each.
 
-        ``task`` refuses a model of another task, ``dimensions`` an embedding model of another size, and
-        ``prompt`` names a prompt of the model's (None: no prompt): all are read from the description of the
-        slot picked to run the request, before any work. ``calibrate``: the result carries that load's int8/uint8
-        calibration vectors too.
+        The request was validated when it was built (core/request.py); here only what depends on the model:
+        its task (``request.task``), its priority bound and queue, the size it allows (``dimensions``) and its
+        prompts, all read from the description of the slot picked to run the request, before any work.
         """
         if self.draining:
             raise EngineError(Kind.DRAINING, "the server is draining; retry on another instance")
         if not self.worker_alive():
             # The cause (an exception's text) is for the log and /admin/models, not for every client.
             raise EngineError(Kind.WORKER_DEAD, "the inference worker is not running")
-        inputs = self.precheck(inputs)
+        served, pin = self.registry.resolve(request.model, request.task, version=request.version)
         try:
-            served, pin = self.registry.resolve(model, task)
-        except ModelNotFound as exc:
-            raise model_refusal(exc) from None
-        try:
-            return await self._run_model(served, pin, inputs, priority, timeout_ms, routing_key, task, dimensions,
-                                         prompt, calibrate, disconnected)
+            return await self._run_model(served, pin, request, disconnected)
         except EngineError as exc:
             exc.model = served.name  # the request metrics' label: the model that refused it
             raise
 
-    async def _run_model(self, served: ServedModel, pin: str | None, inputs: list[Any], priority: int,
-                         timeout_ms: float | None, routing_key: str | None, task: str | None,
-                         dimensions: int | None, prompt: Prompt | None, calibrate: bool,
+    async def _run_model(self, served: ServedModel, pin: str | None, request: InferenceRequest,
                          disconnected: Disconnected | None) -> TaskResult:
-        batching = served.settings.batching
+        batching, priority, timeout_ms = served.settings.batching, request.priority, request.timeout_ms
         if priority > batching.max_priority:
             raise EngineError(Kind.INVALID_INPUT, f"priority {priority} is above the highest allowed here, "
                               f"{batching.max_priority} (batching.max_priority)", "priority_not_allowed",
                               field="priority")
+        inputs: list[Any] = list(request.inputs)
         max_queue = self.queue.max_queue(served.name)
         if len(inputs) > max_queue:
             # "Overloaded, retry" would promise a retry that can never fit in the queue.
             raise EngineError(Kind.INVALID_INPUT, f"{len(inputs)} texts given; at most {max_queue} "
                               "(batching.max_queue) per request", "too_many_items")
-        slot = await self._route(served, routing_key, pin)
+        slot = await self._route(served, request.routing_key, pin)
         tenant, admitted = current_tenant.get(), None
         self._enter()
         try:
             if tenant is not None:
                 # The tenant's own rules on the model chosen (core/tenants.py); its place is given back below.
                 priority, admitted = tenant.admit(served.name, priority), tenant
+            task = request.task
             if task is not None and slot.task != task:
                 raise EngineError(Kind.MODEL_NOT_FOUND, f"model {served.name!r} is a {slot.task} model, not a "
                                   f"{task} model", field="model")
-            refusal = None if dimensions is None else wrong_dimensions(slot.description, dimensions)
+            refusal = None if request.dimensions is None else wrong_dimensions(slot.description, request.dimensions)
             if refusal is not None:
                 raise refusal  # known before any work: refuse now rather than compute in vain
-            if prompt is not None:
+            if request.prompt is not None:
                 # The prompt of the slot that runs (a canary's own), prepended before tokenisation.
-                inputs = prompted(inputs, prompt_text(slot.description, prompt,
+                inputs = prompted(inputs, prompt_text(slot.description, request.prompt,
                                                       served.settings.model.input_type_prompts))
             if served.cache is None:
                 result = await self._run_on(served, slot, inputs, priority, timeout_ms, disconnected)
             else:
                 result = await self._run_cached(served, slot, inputs, priority, timeout_ms, disconnected)
-            if calibrate:
+            if request.calibrate:
                 result.calibration = await self._calibration(served, slot, priority, timeout_ms)
             # While the slot is held: its version's series cannot have been removed (slot freed) under us.
             self.metrics.version_requests.labels(served.name, slot.version).inc()
             self.metrics.task_items.labels(served.name, slot.task).inc(len(inputs))
             if served.manager.shadow is not None and slot is served.manager.active:
-                self._mirror(served, routing_key, inputs, result)
+                self._mirror(served, request.routing_key, inputs, result)
             return result
         finally:
             if admitted is not None:
                 admitted.leave()
             slot.release()
             self._leave()
+
+    @contextlib.asynccontextmanager
+    async def hold(self, model: str | None = None, task: str | None = None) -> AsyncIterator[ModelSlot]:
+        """A slot of the model ``model`` names (None: ``task``'s default), held while the block runs, for work
+        that is not a request's inputs through the queue (TEI's /tokenize shows the running load's tokenizer)."""
+        name, at, version = (model or "").partition("@")
+        served, pin = self.registry.resolve(name or None, task, version=version if at else None)
+        slot = await self._route(served, None, pin)
+        try:
+            yield slot
+        finally:
+            slot.release()
 
     # -- shadow traffic (core/shadow.py) -----------------------------------------------------------------
 
@@ -309,32 +301,6 @@ class Admission:
         for figure, value in shadow.report.figures().items():
             if value is not None:
                 m.shadow_figures.labels(name, figure).set(value)
-
-    def precheck(self, inputs: Any) -> list[Any]:
-        """The checks that need no model: types, emptiness, counts, lengths (the index names the input).
-
-        Pairs (query, document) are checked by their documents, each one item; their query is the same for
-        all and checked by the route. The HTTP layer runs these checks too, while it parses a body, so a
-        huge refused body never outlives parsing.
-        """
-        limits = self.settings.limits
-        try:
-            if not isinstance(inputs, list):
-                raise InputError(None, f"must be a list of strings, not {type(inputs).__name__}", "invalid_type")
-            if inputs and isinstance(inputs[0], tuple):
-                check_texts([d for _, d in inputs], limits.max_items_per_request, limits.max_chars_per_text)
-                checked: list[Any] = inputs
-            else:
-                checked = check_texts(inputs, limits.max_items_per_request, limits.max_chars_per_text)
-            largest = max((self.queue.max_queue(name) for name in self.registry.names()), default=0)
-            if len(checked) > largest:
-                # "Overloaded, retry" would promise a retry that can never fit in the queue (any model's: the
-                # model is not known yet; run checks the one it names).
-                raise InputError(None, f"{len(checked)} texts given; at most {largest} "
-                                 "(batching.max_queue) per request", "too_many_items")
-        except InputError as exc:
-            raise input_refusal(exc) from None
-        return checked
 
     async def _route(self, served: ServedModel, routing_key: str | None, pin: str | None) -> ModelSlot:
         """The slot this request runs on, with a reference taken; lazy mode loads the model first."""

@@ -1,7 +1,7 @@
 """The inference engine: admission on the event loop, batch workers (model instances) on threads, a queue between.
 
 This module only wires them: the bounded queue and the pure scheduler (core/batcher.py), the admission
-side (core/admission.py: validate, route, cache, enqueue, wait, drain) and the worker (core/worker.py: run
+side (core/admission.py: the model's checks, route, cache, enqueue, wait, drain) and the worker (core/worker.py: run
 batches, split on out-of-memory, free slots). The worker hands outcomes to admission, which applies them
 on the loop. ``InferenceEngine`` keeps the one surface the API, the CLI and the tests use.
 
@@ -15,17 +15,18 @@ import asyncio
 import functools
 import logging
 from collections.abc import Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
 from typing import Any, TypeAlias
 
 from inferd.core.admission import Admission
 from inferd.core.batcher import BatchQueue, Policy
 from inferd.core.cache import ResultCache
-from inferd.core.errors import ModelLoadError
+from inferd.core.errors import ModelLoadError, ModelNotReady, ReloadInProgress
 from inferd.core.instances import with_budgets
 from inferd.core.loading import load_handler
-from inferd.core.manager import ModelManager, ModelNotReady, ReloadInProgress
-from inferd.core.prompts import Prompt
+from inferd.core.manager import ModelManager
 from inferd.core.registry import ModelRegistry, ServedModel
+from inferd.core.request import InferenceRequest, Limits
 from inferd.core.slots import ModelSlot
 from inferd.core.spec import ModelSpec
 from inferd.core.tasks.base import Handler
@@ -219,17 +220,25 @@ class InferenceEngine:
 
     # -- requests (event loop) -------------------------------------------------------------------------
 
-    async def run(self, inputs: list[Any], *, priority: int = 0, timeout_ms: float | None = None,
-                  routing_key: str | None = None, model: str | None = None, task: str | None = None,
-                  dimensions: int | None = None, prompt: Prompt | None = None, calibrate: bool = False,
-                  disconnected: Callable[[], Awaitable[Any]] | None = None) -> TaskResult:
-        """One request's inputs through the model it names (or its task's default), one result each, with the
-        description of the model load that computed them (core/admission.py Admission.run)."""
-        return await self.admission.run(inputs, priority=priority, timeout_ms=timeout_ms, routing_key=routing_key,
-                                        model=model, task=task, dimensions=dimensions, prompt=prompt,
-                                        calibrate=calibrate, disconnected=disconnected)
+    async def run(self, request: InferenceRequest, disconnected: Callable[[], Awaitable[Any]] | None = None
+                  ) -> TaskResult:
+        """The one call: a request built by ``request`` (validated) through the model it names (or its task's
+        default), one result per input, with the description of the model load that computed them. Raises
+        EngineError, or ClientGone when ``disconnected`` returns first (core/admission.py Admission.run)."""
+        return await self.admission.run(request, disconnected)
 
-    def precheck(self, inputs: Any) -> list[Any]:
-        """The checks that need no model (types, emptiness, counts, lengths), for the HTTP layer to run early."""
-        return self.admission.precheck(inputs)
+    def hold(self, model: str | None = None, task: str | None = None) -> AbstractAsyncContextManager[ModelSlot]:
+        """A slot of the named (or ``task``'s default) model, held while the block runs; raises EngineError
+        (core/admission.py Admission.hold)."""
+        return self.admission.hold(model, task)
 
+    @property
+    def limits(self) -> Limits:
+        """What any request may hold here, whichever model it names (core/request.py)."""
+        largest = max((self.queue.max_queue(name) for name in self.registry.names()), default=0)
+        limits = self.settings.limits
+        return Limits(limits.max_items_per_request, limits.max_chars_per_text, largest)
+
+    def request(self, inputs: Any, **options: Any) -> InferenceRequest:
+        """``InferenceRequest.build`` under this server's limits (raises EngineError)."""
+        return InferenceRequest.build(self.limits, inputs, **options)

@@ -3,8 +3,9 @@ lane, found by the name clients send as ``model``.
 
 A request names a model (``name``, or ``name@version`` to pin a version), or names none and gets its route's
 task's default model: the one marked ``default``, else the task's first. A name that is not served, or one of
-another task, is refused with the names that are (404 ``model_not_found``); a route whose task no model
-serves is refused as before (404 ``wrong_task``).
+another task, is refused with the names that are (MODEL_NOT_FOUND); a route whose task no model serves is
+refused as such (WRONG_TASK). Routes read what they need before a request (``require_task``, ``task_of``) here,
+never a model's manager or slots.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 
 from inferd.core.batcher import Policy
 from inferd.core.cache import ResultCache
+from inferd.core.errors import EngineError, Kind
 from inferd.core.manager import ModelManager
 from inferd.settings import ModelEntry, Settings
 
@@ -39,16 +41,6 @@ class ServedModel:
     @property
     def required(self) -> bool:
         return self.entry.required
-
-
-class ModelNotFound(Exception):
-    """The request's ``model`` is not served (for its route's task); the message names what is."""
-
-    def __init__(self, message: str, task_served: bool = True) -> None:
-        super().__init__(message)
-        self.message = message
-        # False: the route's task has no model here at all (the route itself is the wrong one).
-        self.task_served = task_served
 
 
 def _listing(models: list[ServedModel]) -> str:
@@ -101,35 +93,62 @@ class ModelRegistry:
         models = self.of_task(task)
         return next((m for m in models if m.entry.default), models[0] if models else None)
 
-    def resolve(self, requested: str | None, task: str | None) -> tuple[ServedModel, str | None]:
-        """The model a request runs on and the version pin to hand its manager (None: its routing decides).
+    def tasks(self) -> list[str | None]:
+        """The task of each served model, in order (None: not known until it loads)."""
+        return [m.task for m in self]
 
-        ``requested`` is the request's ``model``: a served name, ``name@version``, or (as a single-model server
-        always took it) a version of the task's default model; ``task`` is the route's (None: any).
+    def require_task(self, task: str) -> None:
+        """Refuses (WRONG_TASK) a route of a task no model here serves, naming the tasks served."""
+        tasks = self.tasks()
+        if task not in tasks and None not in tasks:
+            served = ", ".join(dict.fromkeys(t for t in tasks if t)) or "no"
+            raise EngineError(Kind.WRONG_TASK, f"this route serves the {task} task; this server serves the "
+                              f"{served} task", "wrong_task")
+
+    def task_of(self, requested: str | None) -> str | None:
+        """The task of the model ``requested`` names (None: the server's default model), None while unknown."""
+        name, at, version = (requested or "").partition("@")
+        return self.resolve(name or None, None, version=version if at else None)[0].task
+
+    def resolve(self, name: str | None, task: str | None, *, version: str | None = None
+                ) -> tuple[ServedModel, str | None]:
+        """The model a request runs on and the version to pin on its manager (None: its routing decides);
+        refuses (MODEL_NOT_FOUND, WRONG_TASK) with the names that are served.
+
+        ``name`` is a served name, or (as a single-model server always took it) a version of the task's default
+        model; ``version`` a version of the named model; ``task`` is the route's (None: any).
         """
-        if requested:
-            name, at, version = requested.partition("@")
+        if name:
             served = self.get(name)
             if served is not None:
                 if task is not None and served.task not in (task, None):
-                    raise ModelNotFound(f"model {name!r} is a {served.task} model, not a {task} model; "
-                                        f"the {task} models served here: {self._names(task)}")
+                    raise _not_found(f"model {name!r} is a {served.task} model, not a {task} model; "
+                                     f"the {task} models served here: {self._names(task)}")
                 versions = [slot.version for _, slot in served.manager.slots()]
-                if at and versions and version not in versions:
-                    raise ModelNotFound(f"model {name!r} serves version {' and '.join(versions)}, not "
-                                        f"{version!r}")
-                return served, requested if at else None
+                if version is not None and versions and version not in versions:
+                    raise _not_found(f"model {name!r} serves version {' and '.join(versions)}, not {version!r}")
+                return served, version
             fallback = self.default_for(task)
-            if fallback is not None and not at and any(s.version == requested for _, s in fallback.manager.slots()):
-                return fallback, requested
+            if fallback is not None and version is None and any(s.version == name
+                                                                for _, s in fallback.manager.slots()):
+                return fallback, name
             what = f"{task} models" if task else "models"
-            raise ModelNotFound(f"model {requested!r} is not served here; the {what} served: "
-                                f"{self._names(task) if task else _listing(list(self))}")
+            requested = name if version is None else f"{name}@{version}"
+            raise _not_found(f"model {requested!r} is not served here; the {what} served: "
+                             f"{self._names(task) if task else _listing(list(self))}")
         served = self.default_for(task)
         if served is None:
-            raise ModelNotFound(f"no {task} model is served here; the models served: {_listing(list(self))}",
-                                task_served=False)
+            raise ModelNotFound(Kind.WRONG_TASK, f"no {task} model is served here; the models served: "
+                                f"{_listing(list(self))}")
         return served, None
 
     def _names(self, task: str) -> str:
         return ", ".join(m.name for m in self.of_task(task)) or "none"
+
+
+class ModelNotFound(EngineError):
+    """No served model answers the request's ``model`` (MODEL_NOT_FOUND) or its route's task (WRONG_TASK)."""
+
+
+def _not_found(message: str) -> EngineError:
+    return ModelNotFound(Kind.MODEL_NOT_FOUND, message, field="model")

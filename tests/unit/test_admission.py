@@ -1,0 +1,129 @@
+"""core/admission.py through the one engine call, in-process with fake handlers (no HTTP, no weights): which model
+load a request runs on (a name, a pinned version, the canary's share), what that load's description decides (its
+prompt), and how a route shapes the result (api/vectors.py) from the description that travels with it."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from fakes import DIM, HashHandler, vector_for
+
+from inferd.api import vectors
+from inferd.core.engine import InferenceEngine
+from inferd.core.errors import EngineError, Kind
+from inferd.core.prompts import Prompt
+from inferd.core.spec import ModelSpec
+from inferd.core.work import TaskResult
+from inferd.settings import BatchingSettings, ModelSettings, Settings
+from inferd.utils.metrics import Metrics
+
+
+class Prompted(HashHandler):
+    """A fake embedder whose load describes its own prompts and normalisation (the folder's name says which)."""
+
+    def load(self, spec: ModelSpec, device: torch.device) -> None:
+        super().load(spec, device)
+        canary = spec.path.name == "canary"
+        self.prompts = {"query": "C: " if canary else "A: "}
+        self.normalize = canary
+
+    def describe(self) -> dict[str, Any]:
+        return {"dimension": DIM, "prompts": self.prompts, "normalize": self.normalize}
+
+
+def with_canary(tmp_path: Path, scenario: Callable[[InferenceEngine, str], Awaitable[None]]) -> None:
+    """An engine serving ``active`` (v1) and, once started, ``canary`` (v2) at weight 1: every unpinned request is
+    the canary's."""
+    for folder in ("active", "canary"):
+        (tmp_path / folder).mkdir()
+    settings = Settings(model=ModelSettings(path=str(tmp_path / "active"), version="v1", warmup=False,
+                                            load_mode="eager"), batching=BatchingSettings(max_wait_ms=0.0))
+
+    def load(spec: ModelSpec) -> Prompted:
+        handler = Prompted()
+        handler.load(spec, torch.device("cpu"))
+        return handler
+
+    engine = InferenceEngine(settings, Metrics(settings.batching.max_batch_size), loader=load)
+    engine.manager.load_initial()
+    name = engine.registry.names()[0]
+
+    async def main() -> None:
+        engine.start()
+        try:
+            await asyncio.to_thread(engine.manager.set_canary, str(tmp_path / "canary"), "v2", 1.0, None, True)
+            await asyncio.wait_for(scenario(engine, name), 20)
+        finally:
+            engine.stop()
+
+    asyncio.run(main())
+
+
+def test_the_canary_answers_with_its_own_prompt_and_its_description_travels_with_the_result(tmp_path: Path) -> None:
+    async def scenario(engine: InferenceEngine, name: str) -> None:
+        result = await engine.run(engine.request(["text"], task="embedding", prompt=Prompt("query")))
+        # Prompted with the canary's prompt, by the load that ran it; shaped by that load's description.
+        assert result.outputs == [vector_for("C: text")]
+        assert (result.version, result.description.normalize, dict(result.description.prompts or {})) == (
+            "v2", True, {"query": "C: "})
+        # A pinned version runs on that load, whatever the canary's weight: name@version, or the bare version.
+        for model in (f"{name}@v1", "v1"):
+            pinned = await engine.run(engine.request(["text"], model=model, prompt=Prompt("query")))
+            assert (pinned.outputs, pinned.version, pinned.description.normalize) == (
+                [vector_for("A: text")], "v1", False)
+
+    with_canary(tmp_path, scenario)
+
+
+def test_a_request_the_served_models_cannot_answer_is_refused_naming_what_is_served(tmp_path: Path) -> None:
+    async def scenario(engine: InferenceEngine, name: str) -> None:
+        for request, kind, field in (
+                (engine.request(["t"], model=f"{name}@v7"), Kind.MODEL_NOT_FOUND, "model"),
+                (engine.request(["t"], model="elsewhere"), Kind.MODEL_NOT_FOUND, "model"),
+                (engine.request(["t"], task="rerank"), Kind.WRONG_TASK, None),
+                (engine.request(["t"], model=name, task="rerank"), Kind.MODEL_NOT_FOUND, "model"),
+                (engine.request(["t"], prompt=Prompt("passage")), Kind.INVALID_INPUT, "prompt_name")):
+            with pytest.raises(EngineError) as caught:
+                await engine.run(request)
+            assert (caught.value.kind, caught.value.field) == (kind, field), caught.value.message
+        assert "v1 and v2" in (await _refusal(engine.run(engine.request(["t"], model=f"{name}@v7")))).message
+        async with engine.hold() as slot:  # what TEI's /tokenize shows: the running load, held while it is read
+            assert slot.description.version == "v2"
+        with pytest.raises(EngineError) as caught:
+            async with engine.hold("elsewhere"):
+                pass
+        assert caught.value.kind is Kind.MODEL_NOT_FOUND
+
+    with_canary(tmp_path, scenario)
+
+
+async def _refusal(call: Awaitable[Any]) -> EngineError:
+    with pytest.raises(EngineError) as caught:
+        await call
+    return caught.value
+
+
+def test_a_result_is_cut_and_quantised_by_the_description_it_carries(tmp_path: Path) -> None:
+    async def scenario(engine: InferenceEngine, name: str) -> None:
+        result = await engine.run(engine.request(["a", "b"], model=f"{name}@v1"))
+        raw = np.asarray(result.outputs, dtype=np.float32)
+        # The active model (normalize false) cuts its vectors as they are; the same numbers from a load that
+        # normalises are renormalised after the cut, as that model's own smaller vectors would be.
+        np.testing.assert_allclose(vectors.vectors_of(result, 4), raw[:, :4])
+        unit = TaskResult(result.outputs, result.tokens, dataclasses.replace(result.description, normalize=True))
+        cut = vectors.vectors_of(unit, 4)
+        np.testing.assert_allclose(np.linalg.norm(cut, axis=1), 1.0, rtol=1e-6)
+        np.testing.assert_allclose(cut, raw[:, :4] / np.linalg.norm(raw[:, :4], axis=1, keepdims=True), rtol=1e-6)
+        # int8 ranges come from the calibration vectors the result carries: those of the load that computed it.
+        calibrated = await engine.run(engine.request(["a"], model=f"{name}@v1", calibrate=True))
+        assert calibrated.calibration is not None and calibrated.calibration.shape[1] == DIM
+        assert vectors.ranges_for(calibrated, 4).shape == (2, 4)
+
+    with_canary(tmp_path, scenario)
