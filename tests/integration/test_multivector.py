@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from inferd.core.errors import ModelLoadError
+from inferd.core.loading import load_handler
 from inferd.core.outputs import maxsim, maxsim_scores
 from inferd.core.preprocess import InputError
 from inferd.core.spec import ModelSpec
@@ -100,8 +101,8 @@ def _direct(reference: tuple[Any, Any, torch.Tensor], text: str, query: bool) ->
 
 @pytest.fixture(scope="module")
 def handler(folder: Path) -> Any:
-    handler = ColbertHandler()
-    handler.load(ModelSpec(folder, "1", device="cpu", warmup=False), torch.device("cpu"))
+    handler = load_handler(ModelSpec(folder, "1", device="cpu", warmup=False))
+    assert type(handler) is ColbertHandler  # a PyLate folder is told by its modules
     return handler
 
 

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from inferd.core.errors import ModelLoadError
+from inferd.core.loading import load_handler
 from inferd.core.outputs import TextOutputs
 from inferd.core.preprocess import InputError
 from inferd.core.spec import ModelSpec
@@ -91,8 +92,10 @@ def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-def _load(handler: Any, folder: Path, **settings: Any) -> Any:
-    handler.load(ModelSpec(folder, "1", device="cpu", warmup=False, **settings), torch.device("cpu"))
+def _load(kind: type, folder: Path, **settings: Any) -> Any:
+    """Loaded as a server loads it: the folder (or model.pooling) decides the handler."""
+    handler = load_handler(ModelSpec(folder, "1", device="cpu", warmup=False, **settings))
+    assert type(handler) is kind
     return handler
 
 
@@ -108,7 +111,7 @@ def test_splade_equals_sparse_encoder(root: Path, form: str) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         want = SparseEncoder(str(folder), device="cpu").encode(TEXTS, convert_to_sparse_tensor=True).to_dense().numpy()
-    handler = _load(SparseHandler(), folder)
+    handler = _load(SparseHandler, folder)
     batched = _run(handler, TEXTS)
     alone = [_run(handler, [t])[0] for t in TEXTS]
     for row, b, a in zip(want, batched, alone, strict=True):
@@ -122,15 +125,15 @@ def test_splade_equals_sparse_encoder(root: Path, form: str) -> None:
 
 
 def test_splade_prunes_as_configured_and_serves_a_bare_masked_lm_by_setting(root: Path) -> None:
-    whole = _run(_load(SparseHandler(), root / "splade-v6"), TEXTS)
-    pruned = _run(_load(SparseHandler(), root / "splade-v6", sparse_top_k=3, sparse_threshold=0.05), TEXTS)
+    whole = _run(_load(SparseHandler, root / "splade-v6"), TEXTS)
+    pruned = _run(_load(SparseHandler, root / "splade-v6", sparse_top_k=3, sparse_threshold=0.05), TEXTS)
     for full, cut in zip(whole, pruned, strict=True):
         keep = full.sparse.values > 0.05
         heaviest = np.sort(full.sparse.indices[keep][np.argsort(-full.sparse.values[keep], kind="stable")[:3]])
         np.testing.assert_array_equal(cut.sparse.indices, heaviest)
         assert len(cut.sparse) <= 3
     # The same weights from the bare masked-LM folder (no sentence-transformers files), by model.pooling: splade.
-    bare = _run(_load(SparseHandler(), root / "mlm-hf", pooling="splade"), TEXTS)
+    bare = _run(_load(SparseHandler, root / "mlm-hf", pooling="splade"), TEXTS)
     for a, b in zip(whole, bare, strict=True):
         np.testing.assert_array_equal(a.sparse.indices, b.sparse.indices)
         np.testing.assert_allclose(a.sparse.values, b.sparse.values, atol=1e-6, rtol=0)
@@ -161,7 +164,7 @@ def _m3_reference(folder: Path, text: str) -> dict[str, Any]:
 
 def test_m3_gives_any_subset_of_its_outputs_as_baai_computes_them(root: Path) -> None:
     folder = root / "m3"
-    handler = _load(M3Handler(), folder)
+    handler = _load(M3Handler, folder)
     assert handler.describe()["outputs"] == ["dense", "sparse", "multivector"]
     subsets = [("dense", "sparse", "multivector"), ("sparse",), ("multivector", "dense"), ("sparse", "multivector")]
     asks = [Asking(t, subsets[i % len(subsets)]) for i, t in enumerate(TEXTS)]
@@ -190,20 +193,20 @@ def test_m3_heads_are_read_as_plain_tensors_only(root: Path, tmp_path: Path) -> 
     # A whole module pickled: loading it would import and build a class the file names.
     torch.save(torch.nn.Linear(32, 1), folder / "sparse_linear.pt")
     with pytest.raises(ModelLoadError, match="sparse_linear.pt cannot be read as weights"):
-        _load(M3Handler(), folder)
+        _load(M3Handler, folder)
     (folder / "sparse_linear.pt").unlink()
     from safetensors.torch import save_file
 
     save_file({"weight": torch.randn(1, 16)}, str(folder / "sparse_linear.safetensors"))
     with pytest.raises(ModelLoadError, match="taking the model's 32 hidden values"):
-        _load(M3Handler(), folder)
+        _load(M3Handler, folder)
 
 
 def test_an_output_the_model_lacks_is_refused_by_name(root: Path, tmp_path: Path) -> None:
     folder = tmp_path / "m3-sparse-only"
     shutil.copytree(root / "m3", folder)
     (folder / "colbert_linear.pt").unlink()
-    handler = _load(M3Handler(), folder)
+    handler = _load(M3Handler, folder)
     assert handler.describe()["outputs"] == ["dense", "sparse"]
     with pytest.raises(InputError, match="asks for multivector; this model gives dense, sparse"):
         handler.preprocess([Asking("hello", ("dense",)), Asking("world", ("multivector",))])

@@ -22,14 +22,17 @@ from inferd.core.tasks.st_folder import inside_folder, modules
 
 
 def spec_task(spec: ModelSpec) -> str:
-    """The task a spec will serve: as configured, or (``auto``) as the model folder says."""
+    """The task a spec will serve: as configured, or (``auto``) as the model folder says; ``model.pooling: splade``
+    is an embedding model's (a bare masked-LM folder would be ambiguous by its files alone)."""
+    if spec.task == "auto" and spec.pooling == "splade":
+        return "embedding"
     return detect_task(spec.path) if spec.task == "auto" else spec.task
 
 
 def load_handler(spec: ModelSpec) -> Handler:
     """Build the task's handler, load the weights on the device and warm it up."""
     check_confined(spec.path, spec.files_roots)
-    handler = handler_for(spec_task(spec), spec.path)
+    handler = handler_for(spec_task(spec), spec.path, spec.pooling)
     handler.load(spec, resolve_device(spec.device))
     if spec.warmup:
         handler.warmup()

@@ -42,13 +42,20 @@ def detect_task(path: Path) -> str:
                          f"{', '.join(BUILTIN_TASKS)} (or package.module:Class)")
 
 
-def handler_for(task: str, path: Path | None = None) -> Handler:
+def handler_for(task: str, path: Path | None = None, pooling: str | None = None) -> Handler:
     """A new, unloaded handler for ``task`` (a built-in name or ``package.module:Class``); ``path``, the model
-    folder, tells a causal LM reranker from a cross-encoder. A plug-in class must derive from ``Handler``: what
-    it does not declare then has the contract's default, and the rest of the service reads its members
-    without probing for them."""
+    folder, tells a causal LM reranker from a cross-encoder, and an embedding model of other outputs (SPLADE: its
+    folder's SpladePooling or ``pooling`` splade; ColBERT: a PyLate folder; bge-m3: its heads) from a dense one. A
+    plug-in class must derive from ``Handler``: what it does not declare then has the contract's default, and the
+    rest of the service reads its members without probing for them."""
     if task == "embedding" and path is not None:
         from inferd.core.tasks.m3 import M3Handler, has_heads
+        from inferd.core.tasks.multivector import ColbertHandler, is_colbert
+        from inferd.core.tasks.sparse import SparseHandler, is_splade
+        if pooling == "splade" or is_splade(path):
+            return SparseHandler()
+        if is_colbert(path):
+            return ColbertHandler()
         if has_heads(path):
             return M3Handler()
     if task == "embedding":
@@ -56,7 +63,9 @@ def handler_for(task: str, path: Path | None = None) -> Handler:
         return EmbeddingHandler()
     if task == "rerank" and path is not None:
         from inferd.core.tasks.m3 import has_heads
-        if has_heads(path):  # token vectors: a late-interaction reranker (MaxSim) over the embedding handler
+        from inferd.core.tasks.multivector import is_colbert
+        # Token vectors: a late-interaction reranker (MaxSim) over the embedding handler.
+        if has_heads(path) or is_colbert(path):
             from inferd.core.tasks.late_rerank import LateInteractionRerankHandler
             return LateInteractionRerankHandler(handler_for("embedding", path))
         from inferd.core.tasks.llm_rerank import LLMRerankHandler, is_causal_lm

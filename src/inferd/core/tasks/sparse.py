@@ -72,6 +72,7 @@ class SparseHandler(ModelTask):
         limit = length_limit(config, tokenizer, None)
         self.max_seq_length = min(spec.max_seq_length or folder.max_seq_length or limit, limit)
         self.dimension = int(config.vocab_size)
+        self.pooling, self.normalize = "splade", False
         self.top_k, self.threshold = spec.settings.sparse_top_k, spec.settings.sparse_threshold
         self.pad_id = tokenizer.pad_token_id or 0
         self.vocab = vocabulary(tokenizer, self.dimension)
