@@ -303,3 +303,20 @@ def test_v1_models_and_admin_models_show_each_model_s_instances(tmp_path: Path) 
         assert [(i["index"], i["threads"], i["stream"]) for i in row["instances"]] == [(0, 1, False), (1, 1, False)]
         assert sum(i["batches"] for i in row["instances"]) == 1
         assert admin["shadow_instance"]["index"] == "shadow"
+
+
+def test_the_bench_takes_each_ratio_within_a_round() -> None:
+    from inferd.bench.instances import arrangements, instances_markdown, summarise
+
+    names = [a[0] for a in arrangements(2)]
+    assert names == ["1x2", "2x1"]
+    rounds = [{"torch": {"32": {"1x2": {"texts_per_s": 100.0, "p50_ms": 5.0, "p99_ms": 20.0},
+                                "2x1": {"texts_per_s": 120.0, "p50_ms": 5.0, "p99_ms": 10.0}}}},
+              {"torch": {"32": {"1x2": {"texts_per_s": 50.0, "p50_ms": 5.0, "p99_ms": 40.0},
+                                "2x1": {"texts_per_s": 50.0, "p50_ms": 5.0, "p99_ms": 40.0}}}}]
+    summary = summarise(rounds, ["torch"], [32], names)
+    # Per round 1.2 and 1.0 (a slow second round does not move the first's ratio): median 1.1.
+    assert summary["torch @ 32"]["ratio"]["texts_per_s"] == {"median": 1.1, "min": 1.0, "max": 1.2}
+    assert summary["torch @ 32"]["ratio"]["p99_ms"] == {"median": 0.75, "min": 0.5, "max": 1.0}
+    table = instances_markdown({"arrangements": names, "rounds": rounds, "summary": summary})
+    assert "| torch @ 32 | 75 (50-100) | 85 (50-120) | 1.1 (1-1.2) |" in table

@@ -11,7 +11,9 @@ Phases, in order, on the same machine and model:
   fleet        (opt-in: --phases ...,fleet) the same closed loop through nginx on 1 and 2 workers against one
                plain process, and nginx's overhead per request (inferd.bench.fleet; needs nginx);
   pipeline     (opt-in, with --rerank-model) embeddings and reranks at once on one process serving both models
-               against two single-model processes splitting the cores (inferd.bench.pipeline).
+               against two single-model processes splitting the cores (inferd.bench.pipeline);
+  instances    (opt-in) one model on one instance of every thread against one instance per thread, at 1 and 32
+               clients, per backend (inferd.bench.instances).
 Writes results.json, RESULTS.md and latency_throughput.png into --out (see bench/README.md).
 """
 
@@ -37,7 +39,7 @@ from inferd.bench.stats import describe, ratio
 
 PHASES = ("ceiling", "naive", "closed", "multi", "open", "rerank")
 # Run only when named: the fleet phase needs nginx and two fleet start-ups.
-OPTIONAL_PHASES = ("fleet", "backends", "pipeline")
+OPTIONAL_PHASES = ("fleet", "backends", "pipeline", "instances")
 
 
 def _ints(s: str) -> list[int]:
@@ -93,6 +95,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_rerank_arguments(p)
     add_pipeline_arguments(p)
+    from inferd.bench.instances import add_arguments as add_instances_arguments
+
+    add_instances_arguments(p)
     from inferd.bench.compare import add_arguments as add_compare_arguments
 
     add_compare_arguments(p)
@@ -309,6 +314,11 @@ def _run(args: argparse.Namespace, command: str, starts: Starts) -> dict[str, An
 
             _guarded(phases, "pipeline", say, lambda: pipeline_phase(args, model, source, say, logs),
                      kind="pipeline", server="inferd")
+    if "instances" in wanted:
+        from inferd.bench.instances import run_phase as instances_phase
+
+        _guarded(phases, "instances", say, lambda: instances_phase(args, model, source, say, logs),
+                 kind="instances", server="inferd")
     fleet = None
     if "fleet" in wanted:
         from inferd.bench.fleet import fleet_phases, fleet_summary
@@ -346,6 +356,11 @@ def write_outputs(results: dict[str, Any], out: Path, plot: bool) -> None:
 
     pipeline = results["phases"].get("pipeline") or {}
     pipeline_md = "\n## Pipeline\n\n" + pipeline_markdown(pipeline) if "summary" in pipeline else ""
+    from inferd.bench.instances import instances_markdown
+
+    instances = results["phases"].get("instances") or {}
+    if "summary" in instances:
+        pipeline_md += "\n## Instances\n\n" + instances_markdown(instances)
     if plot and results.get("backends"):
         results["files"]["backends_plot"] = str(write_backends_plot(results["backends"], out / "backends.png"))
     (out / "RESULTS.md").write_text(render_markdown(results) + fleet_markdown(results) + backends_markdown(results)
