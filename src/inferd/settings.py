@@ -101,6 +101,9 @@ class ServerSettings(_Section):
     tenants: tuple[TenantSettings, ...] = ()
     # A YAML file of more tenants (``tenants: [...]``), read at start and again on SIGHUP.
     tenants_file: Path | None = None
+    # The part of each tenant's limits (rates, token budgets, concurrency) this process enforces: 1 alone; `inferd
+    # fleet` gives each of its N workers 1/N, so the fleet enforces the configured figures (README: Tenants).
+    tenant_limits_fraction: float = Field(1.0, gt=0.0, le=1.0)
 
     @model_validator(mode="after")
     def _tenants(self) -> ServerSettings:

@@ -241,6 +241,7 @@ def test_print_config_on_a_cpu(monkeypatch: pytest.MonkeyPatch, capsys: pytest.C
         assert (s.server.port, s.server.admin_port, s.runtime.torch_threads) == (int(port), int(admin), 2)
         assert progs[f"worker-{num}"].environment["CUDA_VISIBLE_DEVICES"] == ""  # a GPU host's workers stay on CPU
         assert s.memory.per_process_fraction is None
+        assert s.server.tenant_limits_fraction == pytest.approx(1 / 3)  # each enforces its part of a tenant's limits
     nginx = (run_dir / "nginx.conf").read_text()
     assert out.count("server 127.0.0.1:") == 3 and nginx.count("server 127.0.0.1:") == 3
     assert "client_max_body_size 5000;" in nginx and "large_client_header_buffers 4 4096;" in nginx

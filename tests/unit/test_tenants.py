@@ -141,3 +141,11 @@ def test_reconfigure_keeps_a_kept_tenant_s_state_and_drops_a_removed_key(tmp_pat
     with pytest.raises(ValueError, match="tenants_file"):
         t.configure(settings)
     assert t.resolve("kc") is not None  # a bad file leaves the table as it was
+
+
+def test_a_fleet_worker_enforces_its_part_of_each_limit() -> None:
+    settings = Settings.model_validate({"server": {"tenant_limits_fraction": 0.25, "tenants": [
+        {"name": "a", "keys": ["k"], "requests_per_second": 8, "tokens_per_minute": 1000, "max_concurrent": 3}]}})
+    a = Tenancy(settings).resolve("k")
+    assert (a.rules.requests_per_second, a.rules.tokens_per_minute, a.rules.max_concurrent) == (2, 250, 1)
+    assert a.tokens.capacity == 250 and a.headers(time.monotonic())["x-ratelimit-limit-tokens"] == "250"

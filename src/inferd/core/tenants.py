@@ -113,6 +113,7 @@ class Tenant:
     """One tenant's live state: its rules (replaced on SIGHUP), buckets, concurrency and usage."""
 
     def __init__(self, rules: TenantSettings, table: Tenancy, now: float) -> None:
+        """``rules`` as this process enforces them (``Tenancy`` scales a fleet worker's part)."""
         self.name = rules.name
         self.table = table
         self.in_flight = 0
@@ -290,7 +291,8 @@ class Tenancy:
         """Serve these tenants (at start, and on SIGHUP): a tenant kept keeps its buckets, usage and running
         requests; a tenant gone keeps what it is running (its requests hold it) and its keys stop at once.
         Raises ValueError (a bad tenants file) leaving the table as it was. Returns what changed, for the log."""
-        rules = read_tenants(settings)
+        part = settings.server.tenant_limits_fraction
+        rules = [scaled(r, part) for r in read_tenants(settings)]
         now = time.monotonic()
         old = self.tenants
         fresh: dict[str, Tenant] = {}
@@ -340,6 +342,18 @@ class Tenancy:
     def report(self) -> dict[str, Any]:
         """``GET /admin/usage``: every tenant served now, since start (or since it was added)."""
         return {name: t.report() for name, t in self.tenants.items()}
+
+
+def scaled(rules: TenantSettings, part: float) -> TenantSettings:
+    """A tenant's limits as one of a fleet's workers enforces them (``server.tenant_limits_fraction``): its part of
+    the rates and the budget, and of the concurrency at least one request."""
+    if part >= 1.0:
+        return rules
+    tpm, mc = rules.tokens_per_minute, rules.max_concurrent
+    return rules.model_copy(update={
+        "requests_per_second": None if rules.requests_per_second is None else rules.requests_per_second * part,
+        "tokens_per_minute": None if tpm is None else max(1, round(tpm * part)),
+        "max_concurrent": None if mc is None else max(1, math.floor(mc * part))})
 
 
 def read_tenants(settings: Settings) -> list[TenantSettings]:

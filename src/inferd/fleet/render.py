@@ -275,6 +275,9 @@ def worker_settings(fleet: Fleet) -> dict[str, Any]:
     data["models"] = [_entry_paths(entry_tree(e)) for e in s.models]
     data["server"]["admin_key"] = fleet.admin_key
     data["server"]["host"] = "127.0.0.1"
+    # Each worker enforces its part of every tenant's limits; nginx spreads requests (least_conn) and passes a 429
+    # on to the next worker, so the fleet as a whole admits what the configuration says.
+    data["server"]["tenant_limits_fraction"] = s.server.tenant_limits_fraction / len(fleet.layout.workers)
     return data
 
 
