@@ -6,9 +6,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-from inferd.settings import LimitSettings, ModelSettings, Settings, resolve_model_path
+from inferd.settings import (
+    Backend,
+    Dtype,
+    GateSettings,
+    LimitSettings,
+    ModelSettings,
+    Quantize,
+    Settings,
+    resolve_model_path,
+)
 
 _MAX_CHARS = LimitSettings().max_chars_per_text
 
@@ -21,9 +30,10 @@ class ModelSpec:
     ``model.root`` entries; empty: ``path``'s parent, as when no ``model.root`` is set). ``max_chars_per_text``: the
     server's ``limits.max_chars_per_text``, which a prompt the model prepends to texts may not exceed.
 
-    The settings are declared once, in config.py: ``spec.device``, ``spec.backend``, ``spec.pooling`` and
-    every other ``model.*`` key are read from ``spec.settings``. Keyword arguments override settings by
-    name (``ModelSpec(path, "1", device="cpu", warmup=False)``), validated as the configuration would be.
+    The settings are declared once, in settings.py, and read from ``spec.settings``; those every load reads
+    (``spec.device``, ``spec.backend``, ``spec.pooling``, ...) are properties of the spec too. Keyword arguments
+    override settings by name (``ModelSpec(path, "1", device="cpu", warmup=False)``), validated as the
+    configuration would be.
     """
 
     path: Path
@@ -45,11 +55,78 @@ class ModelSpec:
         object.__setattr__(self, "files_roots", tuple(Path(r) for r in files_roots))
         object.__setattr__(self, "max_chars_per_text", max_chars_per_text)
 
-    def __getattr__(self, name: str) -> Any:
-        # Only for names the dataclass does not hold; guarded so copying or unpickling cannot recurse.
-        if name.startswith("__") or name == "settings":
-            raise AttributeError(name)
-        return getattr(self.settings, name)
+    # The settings a load reads, by name; every other ``model.*`` setting is read from ``spec.settings``.
+    @property
+    def name(self) -> str:
+        return self.settings.name
+
+    @property
+    def task(self) -> str:
+        return self.settings.task
+
+    @property
+    def device(self) -> str:
+        return self.settings.device
+
+    @property
+    def dtype(self) -> Dtype:
+        return self.settings.dtype
+
+    @property
+    def backend(self) -> Backend:
+        return self.settings.backend
+
+    @property
+    def quantize(self) -> Quantize:
+        return self.settings.quantize
+
+    @property
+    def unpadded(self) -> bool | Literal["auto"]:
+        return self.settings.unpadded
+
+    @property
+    def cache_dir(self) -> str | None:
+        return self.settings.cache_dir
+
+    @property
+    def calibration_file(self) -> str | None:
+        return self.settings.calibration_file
+
+    @property
+    def gate(self) -> GateSettings:
+        return self.settings.gate
+
+    @property
+    def allow_pickle(self) -> bool:
+        return self.settings.allow_pickle
+
+    @property
+    def pooling(self) -> str | None:
+        return self.settings.pooling
+
+    @property
+    def normalize(self) -> bool | None:
+        return self.settings.normalize
+
+    @property
+    def max_seq_length(self) -> int | None:
+        return self.settings.max_seq_length
+
+    @property
+    def truncate(self) -> bool:
+        return self.settings.truncate
+
+    @property
+    def warmup(self) -> bool:
+        return self.settings.warmup
+
+    @property
+    def instances(self) -> int:
+        return self.settings.instances
+
+    @property
+    def threads(self) -> int:
+        return self.settings.threads
 
 
 def spec_from_settings(settings: Settings, path: Path | None = None, version: str | None = None) -> ModelSpec:

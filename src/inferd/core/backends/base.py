@@ -31,6 +31,7 @@ from typing import Any, Protocol
 import torch
 
 from inferd.core.errors import ModelLoadError
+from inferd.core.spec import ModelSpec
 from inferd.settings import BACKENDS, DTYPES, QUANTIZE, UNPADDED, GateSettings
 
 log = logging.getLogger(__name__)
@@ -96,10 +97,9 @@ class Runner(Protocol):
     def close(self) -> None: ...
 
 
-def options_for(spec: Any, task: str = "embedding", head: str = "hidden") -> BackendOptions:
+def options_for(spec: ModelSpec, task: str = "embedding", head: str = "hidden") -> BackendOptions:
     """The backend options a ModelSpec carries, for a task reading ``head``."""
-    # YAML and the environment give true/false as booleans; a spec without the field means auto.
-    unpadded = getattr(spec, "unpadded", "auto")
+    unpadded = spec.unpadded  # YAML and the environment give true/false as booleans
     return BackendOptions(
         task=task, head=head, backend=spec.backend, dtype=spec.dtype, quantize=spec.quantize,
         cache_dir=Path(spec.cache_dir).expanduser() if spec.cache_dir else None,
