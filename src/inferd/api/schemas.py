@@ -93,7 +93,7 @@ class EncodeRequest(_Body):
     outputs: list[Literal["dense", "sparse", "multivector"]] = Field(
         ["dense"], min_length=1, max_length=3,
         description="What each text gets: its dense vector, its sparse weights ({indices, values}), its token "
-                    "vectors; the model must give each (its outputs in GET /info)")
+                    "vectors; the model must give each (a refusal names those it gives)")
     encoding_format: Literal["float", "base64", "binary", "ubinary"] = Field(
         "float", description="Of the dense vector and each token vector: floats, base64 of little-endian float32, "
                              "or packed sign bits (binary int8, ubinary uint8)")
