@@ -178,6 +178,35 @@ def test_lean_client_resends_once_when_a_kept_alive_connection_was_closed() -> N
     assert len(connections) == 3  # one fresh connection per request, no error surfaced
 
 
+def test_lean_client_sends_the_bench_s_api_key_with_every_request() -> None:
+    heads: list[bytes] = []
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            try:
+                heads.append(await reader.readuntil(b"\r\n\r\n"))
+            except asyncio.IncompleteReadError:
+                break
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+            await writer.drain()
+        writer.close()
+
+    async def go() -> None:
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        client = LeanClient(f"http://127.0.0.1:{port}", api_key="bench-key")
+        try:
+            for _ in range(2):
+                await client.request("POST", "/v1/embeddings", b"{}")
+        finally:
+            await client.aclose()
+            server.close()
+            await server.wait_closed()
+
+    asyncio.run(go())
+    assert len(heads) == 2 and all(b"\r\nAuthorization: Bearer bench-key\r\n" in h for h in heads)
+
+
 # --- one very short run of every phase against the tiny model --------------------------------------------
 
 EXPECTED_PHASES = {"ceiling", "naive@32", "inferd@1", "inferd@8", "inferd@32", "inferd@64", "inferd@4x16",

@@ -231,7 +231,7 @@ def run(args: argparse.Namespace, say: Callable[[str], None], logs: Path, comman
             raise SystemExit(f"inferd bench --compare: fewer than two revisions serve: {failed}")
         for r in range(args.compare_rounds):
             for name in round_order(names, r):
-                target = Target(servers[name].url, client=args.client)
+                target = Target(servers[name].url, client=args.client, api_key=args.api_key)
                 proc = psutil.Process(servers[name].proc.pid)
                 cpu = _cpu_seconds(proc)
                 closed = run_closed(target, TextSource(texts, tokens, seed=args.seed + r),

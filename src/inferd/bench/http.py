@@ -32,7 +32,7 @@ _Conn = tuple[asyncio.StreamReader, asyncio.StreamWriter]
 class LeanClient:
     """Keep-alive HTTP/1.1 over asyncio streams; one request at a time per connection."""
 
-    def __init__(self, base_url: str, timeout: float = 120.0) -> None:
+    def __init__(self, base_url: str, timeout: float = 120.0, api_key: str | None = None) -> None:
         parts = urlsplit(base_url)
         if parts.scheme != "http" or not parts.hostname:
             raise ValueError(f"only plain http://host:port URLs are supported, not {base_url!r}")
@@ -41,6 +41,8 @@ class LeanClient:
         self._idle: list[_Conn] = []
         self._all: set[asyncio.StreamWriter] = set()
         self._host_header = f"Host: {self.host}:{self.port}\r\n".encode()
+        if api_key:
+            self._host_header += f"Authorization: Bearer {api_key}\r\n".encode()
 
     async def _acquire(self) -> tuple[_Conn, bool]:
         """An idle connection the server has not closed (True: reused), else a new one (False)."""
@@ -131,11 +133,12 @@ async def _read_response(reader: asyncio.StreamReader) -> tuple[int, bytes, bool
 class HttpxClient:
     """The same interface over httpx.AsyncClient (heavier; see the module docstring)."""
 
-    def __init__(self, base_url: str, connections: int, timeout: float = 120.0) -> None:
+    def __init__(self, base_url: str, connections: int, timeout: float = 120.0, api_key: str | None = None) -> None:
         import httpx
 
         limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections)
-        self._client = httpx.AsyncClient(base_url=base_url, limits=limits, timeout=timeout)
+        auth = {"Authorization": f"Bearer {api_key}"} if api_key else None
+        self._client = httpx.AsyncClient(base_url=base_url, limits=limits, timeout=timeout, headers=auth)
 
     async def request(self, method: str, path: str, body: bytes | None = None) -> tuple[int, bytes]:
         headers = {"content-type": "application/json"} if body is not None else None
@@ -157,9 +160,10 @@ except ImportError:  # pragma: no cover - httpx is a dependency, but the lean cl
     pass
 
 
-def make_client(kind: str, base_url: str, connections: int) -> HTTPClient:
+def make_client(kind: str, base_url: str, connections: int, api_key: str | None = None) -> HTTPClient:
+    """``api_key``: sent as a Bearer token with every request (a server with keys or tenants)."""
     if kind == "lean":
-        return LeanClient(base_url)
+        return LeanClient(base_url, api_key=api_key)
     if kind == "httpx":
-        return HttpxClient(base_url, connections)
+        return HttpxClient(base_url, connections, api_key=api_key)
     raise ValueError(f"unknown client {kind!r}; choose lean or httpx")

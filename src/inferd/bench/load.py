@@ -64,12 +64,13 @@ class Target:
     """One server under test: its base URL, the JSON body shape it takes, the client kind to load it with."""
 
     def __init__(self, url: str, path: str = "/predict", field_name: str = "texts", client: str = "lean",
-                 query: str | None = None, extra: dict[str, Any] | None = None) -> None:
+                 query: str | None = None, extra: dict[str, Any] | None = None, api_key: str | None = None) -> None:
         self.url, self.path, self.field, self.client = url.rstrip("/"), path, field_name, client
         # A rerank target: every request sends this query with its texts as documents (one pair each).
         self.query = query
         # Fields every request carries besides (another server's "model" name, say).
         self.extra = dict(extra or {})
+        self.api_key = api_key
 
 
 async def _send(client: HTTPClient, target: Target, source: TextSource, ids: list[int],
@@ -169,7 +170,7 @@ def summarise(samples: Samples, before: dict[str, float] | None, after: dict[str
 async def _phase(target: Target, make: Callable[[HTTPClient], Coroutine[Any, Any, Samples]],
                  warm: Callable[[HTTPClient], Coroutine[Any, Any, Samples]] | None,
                  connections: int) -> dict[str, Any]:
-    client = make_client(target.client, target.url, connections)
+    client = make_client(target.client, target.url, connections, target.api_key)
     try:
         if warm is not None:
             await warm(client)  # fills connection pools and the server's caches; not counted

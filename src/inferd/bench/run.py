@@ -81,6 +81,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=bench_corpus.DEFAULT_SEED)
     p.add_argument("--server-env", action="append", type=_env_pair, default=[], metavar="KEY=VALUE",
                    help="extra environment for inferd serve, e.g. INFERD__BATCHING__MAX_WAIT_MS=5")
+    p.add_argument("--api-key", help="Bearer key the load sends (--compare; a server with server.api_keys or tenants "
+                   "set through --server-env)")
     p.add_argument("--client", choices=["lean", "httpx"], default="lean",
                    help="load generator's HTTP client: lean asyncio HTTP/1.1 (default, cheapest) or httpx")
     p.add_argument("--naive-app", type=Path, default=ROOT / "bench" / "naive_server.py")
