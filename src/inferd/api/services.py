@@ -7,14 +7,15 @@ main app's state, so both read the same object.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections import OrderedDict
+from dataclasses import dataclass, field
 from typing import Any
 
 from starlette.requests import Request
+from tokenizers import Tokenizer
 
 from inferd.api.security import require_admin, require_tenant
 from inferd.core.engine import InferenceEngine
-from inferd.core.manager import ModelManager
 from inferd.core.memory import MemoryGuard
 from inferd.core.registry import ModelRegistry
 from inferd.core.tenants import Tenancy
@@ -30,16 +31,14 @@ class Services:
     memory_guard: MemoryGuard  # or a stand-in with its methods (tests)
     started_at: float
     tenancy: Tenancy  # who may call, with what limits; replaced in place on SIGHUP
+    # TEI's /tokenize and /decode show every token: an untruncated copy of a load's tokenizer, by load id, the
+    # last few loads' (api/tei_tokens.py keeps it; a copy per request would cost more than the tokenising).
+    tokenizers: OrderedDict[int, Tokenizer] = field(default_factory=OrderedDict)
 
     @property
     def registry(self) -> ModelRegistry:
         """Every served model, by name."""
         return self.engine.registry
-
-    @property
-    def manager(self) -> ModelManager:
-        """The default model's lifecycle (a single-model server's only one)."""
-        return self.engine.manager
 
 
 def services_of(app: Any) -> Services:

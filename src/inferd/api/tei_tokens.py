@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections import OrderedDict
 from typing import Any
 
 import numpy as np
@@ -25,10 +24,10 @@ from inferd.api.schemas import (
 )
 from inferd.api.services import inference_auth, services
 from inferd.api.tei_shape import DECODED, TOKENS, tei_errors, tei_inputs, tei_responses
+from inferd.core.description import ModelDescription
 from inferd.core.errors import EngineError, Kind
 from inferd.core.prompts import Prompt, prompt_text
 from inferd.core.request import InferenceRequest
-from inferd.core.slots import ModelDescription
 
 tei_tokens_router = APIRouter(dependencies=[Depends(inference_auth)])  # the inference keys
 
@@ -65,10 +64,7 @@ class _Tokenizer:
         await self._held.__aexit__(None, None, None)
 
     def _untruncated(self) -> Tokenizer:
-        state = self.request.app.state
-        kept: OrderedDict[Any, Tokenizer] | None = getattr(state, "inferd_tokenizers", None)
-        if kept is None:
-            kept = state.inferd_tokenizers = OrderedDict()
+        kept = services(self.request).tokenizers
         tok = kept.get(self.slot.load_id)
         if tok is None:
             own = self.slot.handler.tokenizer
