@@ -165,6 +165,10 @@ def test_the_docs_are_public_or_off_as_set_and_the_admin_ports_docs_need_the_adm
         paths = c.get("/openapi.json").json()["paths"]
         assert "/v1/embeddings" in paths and not [p for p in paths if p.startswith("/admin")]
         assert c.get("/docs").status_code == 200 and c.get("/redoc").status_code == 200
+    tenants = ({"name": "t", "keys": ["tenant-key"]},)
+    with app_client(tmp_path, server={"tenants": tenants}) as (c, _):  # docs: keys, the tenants' keys
+        assert error(c.get("/openapi.json"), 401)["code"] == "invalid_api_key"
+        assert c.get("/openapi.json", headers={"Authorization": "Bearer tenant-key"}).status_code == 200
     with app_client(tmp_path, server={"docs": "off"}) as (c, _):
         for path in ("/openapi.json", "/docs", "/redoc"):
             assert error(c.get(path), 404)["code"] == "not_found"

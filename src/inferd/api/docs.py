@@ -18,7 +18,7 @@ from starlette.responses import HTMLResponse, JSONResponse
 
 from inferd import __version__
 from inferd.api.errors import APIError
-from inferd.api.security import require_admin, require_keys
+from inferd.api.security import require_admin, require_tenant_key
 from inferd.api.services import services
 
 SCHEMA = "/openapi.json"
@@ -39,7 +39,7 @@ def docs_router(title: str, routers: Sequence[APIRouter], admin: bool = False) -
             if admin:
                 require_admin(request, s.settings.server.admin_key, s.metrics)
             else:
-                require_keys(request, s.settings.server.api_keys, "the API documentation", s.metrics)
+                require_tenant_key(request, s.tenancy, "the API documentation", s.metrics)
 
     def schema_url(request: Request) -> str:
         return str(request.scope.get("root_path", "")).rstrip("/") + SCHEMA

@@ -15,7 +15,7 @@ from starlette.requests import Request
 
 from inferd.api.errors import APIError
 from inferd.api.middleware import EXTRA_HEADERS, context
-from inferd.core.tenants import Tenancy, current_tenant
+from inferd.core.tenants import Tenancy, Tenant, current_tenant
 
 
 def bearer_token(request: Request) -> str | None:
@@ -54,14 +54,22 @@ def require_tenant(request: Request, tenancy: Tenancy, metrics: Any = None) -> N
     """The inference routes' key check, by tenant (core/tenants.py): open when no key of any tenant is configured;
     otherwise the Bearer key's tenant, set for the request (admission reads it, the access log shows its name,
     the response carries its rate-limit headers). Nothing else the client sends names a tenant."""
-    if not tenancy.enabled:
-        return
-    tenant = tenancy.resolve(bearer_token(request))
+    tenant = require_tenant_key(request, tenancy, "inference", metrics)
     if tenant is None:
-        raise _unauthorized("inference", metrics)
+        return
     current_tenant.set(tenant)
     context(request.scope)["tenant"] = tenant.name
     request.scope[EXTRA_HEADERS] = tenant.headers
+
+
+def require_tenant_key(request: Request, tenancy: Tenancy, what: str, metrics: Any = None) -> Tenant | None:
+    """Any tenant's key (``server.api_keys`` included) when one is configured: the tenant; None: the server is open."""
+    if not tenancy.enabled:
+        return None
+    tenant = tenancy.resolve(bearer_token(request))
+    if tenant is None:
+        raise _unauthorized(what, metrics)
+    return tenant
 
 
 def require_keys(request: Request, keys: tuple[str, ...], what: str, metrics: Any = None) -> None:
