@@ -12,10 +12,10 @@ from tokenizers import Tokenizer, pre_tokenizers, processors
 from tokenizers.models import WordLevel
 
 from inferd.core.admission import wrong_dimensions
+from inferd.core.description import ModelDescription
 from inferd.core.errors import EngineError, ModelLoadError
 from inferd.core.preprocess import InputError, TextEncoder, TextInput, check_texts
 from inferd.core.prompts import Prompt, prompt_text, prompted
-from inferd.core.slots import ModelDescription
 from inferd.core.tasks.embedding import card_matryoshka, matryoshka
 from inferd.core.tasks.st_folder import read_folder
 

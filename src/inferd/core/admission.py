@@ -27,13 +27,14 @@ import orjson
 
 from inferd.core import quantize
 from inferd.core.batcher import BatchQueue, QueueClosed, QueueFull
+from inferd.core.description import ModelDescription
 from inferd.core.errors import ClientGone, EngineError, Kind, ModelNotReady, deadline_passed
 from inferd.core.preprocess import InputError
 from inferd.core.prompts import prompt_text, prompted
 from inferd.core.registry import ModelRegistry, ServedModel
 from inferd.core.request import InferenceRequest, input_refusal
 from inferd.core.shadow import SHADOW_PRIORITY, SHADOW_TIMEOUT_S, Shadow, shadow_lane, shadow_policy
-from inferd.core.slots import ModelDescription, ModelSlot
+from inferd.core.slots import ModelSlot
 from inferd.core.tenants import Tenant, current_tenant
 from inferd.core.work import Failure, Outcome, TaskResult, Ticket, WorkItem
 from inferd.settings import Settings

@@ -14,9 +14,9 @@ from typing import Any
 
 import orjson
 
+from inferd.core.description import ModelDescription
 from inferd.core.errors import EngineError, Kind
 from inferd.core.preprocess import TextInput
-from inferd.core.slots import ModelDescription
 
 # Cohere's input types, and the prompt names each is looked up by (the first the model has), unless the
 # operator's model.input_type_prompts names one.

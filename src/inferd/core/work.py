@@ -16,9 +16,9 @@ from typing import Any
 
 import numpy as np
 
+from inferd.core.description import ModelDescription
 from inferd.core.errors import EngineError
 from inferd.core.preprocess import Encoded
-from inferd.core.slots import ModelDescription
 from inferd.utils.tracing import BatchSpan, QueueTrace
 
 
