@@ -8,9 +8,24 @@ from typing import get_args
 
 import pytest
 
+from inferd.api.admin import _refused
 from inferd.api.client_schemas import TEIError
 from inferd.api.errors import KINDS, TEI_TYPES, APIError, Names, engine_refusal, refusal, tei_type
-from inferd.core.errors import EngineError, Kind
+from inferd.core.backends.base import BackendError
+from inferd.core.errors import (
+    EngineError,
+    Kind,
+    ManagerClosed,
+    ModelLoadError,
+    ModelNotReady,
+    NoCanary,
+    NoShadow,
+    ReloadInProgress,
+    ShadowRefused,
+    SpaceChanged,
+    TaskMismatch,
+    VersionInUse,
+)
 from inferd.utils.metrics import Metrics
 
 
@@ -28,7 +43,8 @@ def test_teis_error_type_is_the_refusals_kinds_never_its_statuss() -> None:
     # Two 503s of different kinds are told apart by their kind; an empty input is TEI's "empty".
     assert tei_type(engine_refusal(EngineError(Kind.OVERLOADED, "full"), Names("inputs"))) == "overloaded"
     assert tei_type(engine_refusal(EngineError(Kind.DRAINING, "stopping"), Names("inputs"))) == "unhealthy"
-    assert tei_type(engine_refusal(EngineError(Kind.INVALID_INPUT, "empty", "empty_string"), Names("inputs"))) == "empty"
+    empty = EngineError(Kind.INVALID_INPUT, "empty", "empty_string")
+    assert tei_type(engine_refusal(empty, Names("inputs"))) == "empty"
     assert tei_type(refusal(Kind.WRONG_TASK, "no rerank model")) == "backend"
     # A refusal the HTTP layer makes of the request as sent (its JSON, its fields) is an invalid input.
     assert tei_type(APIError(400, "not JSON", "invalid_json")) == "validation"
@@ -50,6 +66,7 @@ def test_teis_error_type_is_the_refusals_kinds_never_its_statuss() -> None:
     (Kind.DEADLINE, 504, "deadline_exceeded", None, "deadline"),
     (Kind.OOM, 507, "out_of_memory", None, "oom"),
     (Kind.FAILED, 500, "inference_error", None, None),
+    (Kind.CONFLICT, 409, "conflict", None, None),
 ])
 def test_a_kind_becomes_its_status_headers_code_and_counted_reason(
         kind: Kind, status: int, code: str, retry_after: str | None, reason: str | None) -> None:
@@ -90,3 +107,25 @@ def test_the_route_names_the_input_at_fault_in_its_own_terms() -> None:
 def test_a_precise_code_wins_over_the_kinds_default() -> None:
     err = engine_refusal(EngineError(Kind.NOT_READY, "loading", "model_loading"), Names("input"))
     assert (err.status, err.code, err.headers) == (503, "model_loading", {"Retry-After": "1"})
+
+
+@pytest.mark.parametrize(("exc", "status", "code", "param", "retry_after"), [
+    (ReloadInProgress("a change of m is in progress"), 409, "reload_in_progress", None, None),
+    (VersionInUse("v1", "active"), 409, "version_in_use", "version", None),
+    (TaskMismatch("rerank", "embedding", "active"), 409, "task_mismatch", "path", None),
+    (SpaceChanged("another space"), 409, "space_changed", "path", None),
+    (NoCanary("no canary"), 409, "no_canary", None, None),
+    (NoShadow("no shadow"), 409, "no_shadow", None, None),
+    (ShadowRefused("shadow_drifted", "drifted"), 409, "shadow_drifted", None, None),
+    (ModelNotReady("loading"), 503, "model_not_ready", None, "1"),
+    (ManagerClosed("stopping"), 503, "draining", None, "1"),
+    (ModelLoadError("no weights"), 422, "model_load_failed", "path", None),
+    (BackendError("no openvino"), 422, "model_load_failed", "path", None),
+])
+def test_a_refused_model_change_is_answered_by_its_kind_as_every_refusal_of_that_kind(
+        exc: Exception, status: int, code: str, param: str | None, retry_after: str | None) -> None:
+    # The admin API's answers come from KINDS by each exception's kind: a draining 503 carries the same
+    # Retry-After on an admin change as on an inference request.
+    err = _refused(exc, "reload", Metrics())
+    assert (err.status, err.code, err.param, err.headers.get("Retry-After")) == (status, code, param, retry_after)
+    assert (err.status, err.headers) == (KINDS[exc.kind].status, refusal(exc.kind, "").headers)  # type: ignore[attr-defined]

@@ -12,10 +12,11 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat
 from starlette.responses import Response
 
 from inferd.api.bodies import json_response, read_body
-from inferd.api.errors import APIError
+from inferd.api.errors import APIError, refusal
 from inferd.api.schemas import AdminModels, ModelChange, raw_body, request_body, responses
 from inferd.api.services import admin_auth, services
 from inferd.core.errors import (
+    Kind,
     ManagerClosed,
     ModelLoadError,
     ModelNotReady,
@@ -87,9 +88,36 @@ def _served(request: Request, name: str | None) -> ServedModel:
                        "model_required", "model")
     served = registry.get(name)
     if served is None:
-        raise APIError(404, f"model {name!r} is not served here; the models served: {names}", "model_not_found",
-                       "model")
+        raise refusal(Kind.MODEL_NOT_FOUND, f"model {name!r} is not served here; the models served: {names}",
+                      param="model")
     return served
+
+
+# What a model change may raise: each says its kind, code and field (core/errors.py); KINDS answers the kind.
+_REFUSALS = (ReloadInProgress, NoCanary, NoShadow, ShadowRefused, ModelNotReady, ModelLoadError)
+
+
+def _refused(exc: Any, action: str, metrics: Any) -> APIError:
+    """A refused change in the error shape, by its kind (status, Retry-After), counted and logged by outcome."""
+    if isinstance(exc, ReloadInProgress):
+        metrics.model_reloads.labels("conflict").inc()
+        return refusal(exc.kind, f"{exc}; try again when it has finished", exc.code, exc.field)
+    if isinstance(exc, ManagerClosed):
+        return refusal(exc.kind, exc.reason or "the server is shutting down", exc.code, exc.field)
+    if isinstance(exc, ModelNotReady):
+        return refusal(exc.kind, f"no model is serving yet ({exc.state})", exc.code, exc.field)
+    if isinstance(exc, ModelLoadError):
+        metrics.model_reloads.labels("failed").inc()
+        refused = isinstance(exc, SpaceChanged | VersionInUse | TaskMismatch)  # a rule refused it, not the load
+        if refused:
+            log.warning("%s refused: %s", action, exc, extra={"action": action})
+        else:
+            log.error("%s failed: %s", action, exc, extra={"action": action})
+        return refusal(exc.kind, f"{action} {'refused' if refused else 'failed'}; the serving model is unchanged: "
+                       f"{exc}", exc.code, exc.field)
+    if isinstance(exc, ShadowRefused):
+        log.warning("%s refused: %s", action, exc, extra={"action": action})
+    return refusal(exc.kind, str(exc), exc.code, exc.field)
 
 
 async def _change(request: Request, action: str, fn: Callable[..., ModelSlot], *args: Any) -> dict[str, Any]:
@@ -97,42 +125,8 @@ async def _change(request: Request, action: str, fn: Callable[..., ModelSlot], *
     metrics = services(request).metrics
     try:
         slot = await asyncio.to_thread(fn, *args)
-    except ReloadInProgress as exc:
-        metrics.model_reloads.labels("conflict").inc()
-        raise APIError(409, f"{exc}; try again when it has finished", "reload_in_progress") from None
-    except NoCanary as exc:
-        raise APIError(409, str(exc), "no_canary") from None
-    except NoShadow as exc:
-        raise APIError(409, str(exc), "no_shadow") from None
-    except ShadowRefused as exc:
-        log.warning("%s refused: %s", action, exc, extra={"action": action})
-        raise APIError(409, str(exc), exc.code) from None
-    except SpaceChanged as exc:
-        metrics.model_reloads.labels("failed").inc()
-        log.warning("%s refused: %s", action, exc, extra={"action": action})
-        raise APIError(409, f"{action} refused; the serving model is unchanged: {exc}", "space_changed",
-                       "path") from None
-    except VersionInUse as exc:
-        metrics.model_reloads.labels("failed").inc()
-        log.warning("%s refused: %s", action, exc, extra={"action": action})
-        raise APIError(409, f"{action} refused; the serving model is unchanged: {exc}", "version_in_use",
-                       "version") from None
-    except TaskMismatch as exc:
-        metrics.model_reloads.labels("failed").inc()
-        log.warning("%s refused: %s", action, exc, extra={"action": action})
-        raise APIError(409, f"{action} refused; the serving model is unchanged: {exc}", "task_mismatch",
-                       "path") from None
-    except ManagerClosed as exc:
-        raise APIError(503, exc.reason or "the server is shutting down", "draining",
-                       headers={"Retry-After": "1"}) from None
-    except ModelNotReady as exc:
-        raise APIError(503, f"no model is serving yet ({exc.state})", "model_not_ready",
-                       headers={"Retry-After": "1"}) from None
-    except ModelLoadError as exc:
-        metrics.model_reloads.labels("failed").inc()
-        log.error("%s failed: %s", action, exc, extra={"action": action})
-        raise APIError(422, f"{action} failed; the serving model is unchanged: {exc}",
-                       "model_load_failed", "path") from None
+    except _REFUSALS as exc:
+        raise _refused(exc, action, metrics) from None
     metrics.model_reloads.labels("ok").inc()
     log.info("%s done", action, extra={"action": action, "version": slot.version})
     return _describe(slot)

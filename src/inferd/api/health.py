@@ -9,12 +9,13 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from inferd.api.bodies import json_response
-from inferd.api.errors import APIError
+from inferd.api.errors import refusal
 from inferd.api.schemas import (
     Health,
     responses,
 )
 from inferd.api.services import services
+from inferd.core.errors import Kind
 from inferd.core.registry import ServedModel
 
 # Health answers load balancers and probes, which hold no key.
@@ -46,8 +47,8 @@ def readiness(request: Request, model: str | None = None) -> tuple[int, dict[str
     if model is not None:
         served = s.registry.get(model)
         if served is None:
-            raise APIError(404, f"model {model!r} is not served here; the models served: "
-                           f"{', '.join(s.registry.names())}", "model_not_found", "model")
+            raise refusal(Kind.MODEL_NOT_FOUND, f"model {model!r} is not served here; the models served: "
+                          f"{', '.join(s.registry.names())}", param="model")
         ok, body = _model_readiness(served)
         return (200 if ok else 503), body
     rows = [(served, *_model_readiness(served)) for served in s.registry]

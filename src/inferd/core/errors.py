@@ -25,6 +25,7 @@ class Kind(StrEnum):
     WORKER_DEAD = "worker_dead"  # the inference worker stopped
     OVERLOADED = "overloaded"  # the queue is full
     RATE_LIMITED = "rate_limited"  # the caller's tenant is over one of its limits (core/tenants.py)
+    CONFLICT = "conflict"  # a model change the model's state refuses (another in progress, no canary, ...)
     DRAINING = "draining"  # the server is shutting down
     DEADLINE = "deadline"  # the request's deadline passed while it was queued
     OOM = "oom"  # out of device memory even for this input alone
@@ -54,7 +55,12 @@ class EngineError(Exception):
 
 
 class ModelLoadError(Exception):
-    """A model folder (or a backend for it) that cannot be served; the message names the cause."""
+    """A model folder (or a backend for it) that cannot be served; the message names the cause.
+
+    Each exception of a model's changes below says how it is answered by its kind, its precise ``code`` and the
+    request ``field`` at fault (the admin API answers them through the one table of kinds, api/errors.py)."""
+
+    kind, code, field = Kind.INVALID_INPUT, "model_load_failed", "path"
 
 
 class ClientGone(Exception):
@@ -72,6 +78,8 @@ def deadline_passed() -> EngineError:
 class ReloadInProgress(Exception):
     """A model change while another runs: one at a time per model."""
 
+    kind, code, field = Kind.CONFLICT, "reload_in_progress", None
+
 
 class VersionInUse(ModelLoadError):
     """A model change under a version string that a served slot already carries (refused)."""
@@ -83,6 +91,8 @@ class VersionInUse(ModelLoadError):
         self.version = version
         self.role = role
 
+    kind, code, field = Kind.CONFLICT, "version_in_use", "version"
+
 
 class TaskMismatch(ModelLoadError):
     """A model change to a model of another task (refused): clients of one task's routes would break."""
@@ -92,10 +102,14 @@ class TaskMismatch(ModelLoadError):
                          f"model), and a model change stays within its task: start a {new} server instead")
         self.new, self.serving = new, serving
 
+    kind, code, field = Kind.CONFLICT, "task_mismatch", "path"
+
 
 class SpaceChanged(ModelLoadError):
     """A canary embedding model whose vectors live in another space than the active model's: clients indexing
     during the canary would store a mixture no query can search. Refused unless forced."""
+
+    kind, code, field = Kind.CONFLICT, "space_changed", "path"
 
 
 class ModelNotReady(Exception):
@@ -106,6 +120,8 @@ class ModelNotReady(Exception):
         self.state = state
         self.reason = reason
 
+    kind, code, field = Kind.NOT_READY, "model_not_ready", None
+
 
 class ManagerClosed(ModelNotReady):
     """A model change during or after shutdown: refused, or its new slot retired; nothing switched."""
@@ -113,13 +129,19 @@ class ManagerClosed(ModelNotReady):
     def __init__(self, reason: str) -> None:
         super().__init__("closed", reason)
 
+    kind, code, field = Kind.DRAINING, "draining", None
+
 
 class NoCanary(Exception):
     """promote/rollback with no canary slot: a state conflict, not a failed load."""
 
+    kind, code, field = Kind.CONFLICT, "no_canary", None
+
 
 class NoShadow(Exception):
     """A shadow report, drop or promote with no shadow candidate: a state conflict."""
+
+    kind, code, field = Kind.CONFLICT, "no_shadow", None
 
 
 class ShadowRefused(Exception):
@@ -129,3 +151,5 @@ class ShadowRefused(Exception):
     def __init__(self, code: str, message: str) -> None:
         super().__init__(message)
         self.code = code
+
+    kind, field = Kind.CONFLICT, None
