@@ -54,11 +54,11 @@ class LateInteractionRerankHandler(Handler):
             self.inner.close()
             raise ModelLoadError(f"{spec.path} gives no token vectors ({', '.join(gives) or 'dense'} only): a "
                                  "model served as a late-interaction reranker needs a multi-vector output")
-        # What describes the load is the inner handler's (a plug-in's may leave any of these to the defaults).
-        for name in ("name", "version", "max_seq_length", "device", "dtype", "pads", "tokenizer", "backend",
-                     "quantize", "backend_info"):
-            if hasattr(self.inner, name):
-                setattr(self, name, getattr(self.inner, name))
+        # What describes the load is the inner handler's (each declared on Handler, with its default).
+        inner = self.inner
+        self.name, self.version, self.max_seq_length = inner.name, inner.version, inner.max_seq_length
+        self.device, self.dtype, self.pads, self.tokenizer = inner.device, inner.dtype, inner.pads, inner.tokenizer
+        self.backend, self.quantize, self.backend_info = inner.backend, inner.quantize, inner.backend_info
 
     def describe(self) -> dict[str, Any]:
         return {"scoring": "maxsim", "multivector_dimension": self.inner.describe().get("multivector_dimension")}
