@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 import torch
 from fakes import HashHandler, encode, loader_for, vector_for
 from starlette.testclient import TestClient
@@ -24,6 +25,7 @@ from inferd.api.app import create_app
 from inferd.core.backends.base import options_for
 from inferd.core.batcher import BatchQueue, Policy
 from inferd.core.engine import InferenceEngine
+from inferd.core.errors import EngineError, Kind
 from inferd.core.instances import Instance, live_lane, thread_budgets, with_budgets
 from inferd.core.slots import ModelSlot
 from inferd.core.spec import ModelSpec, spec_from_settings
@@ -320,3 +322,31 @@ def test_the_bench_takes_each_ratio_within_a_round() -> None:
     assert summary["torch @ 32"]["ratio"]["p99_ms"] == {"median": 0.75, "min": 0.5, "max": 1.0}
     table = instances_markdown({"arrangements": names, "rounds": rounds, "summary": summary})
     assert "| torch @ 32 | 75 (50-100) | 85 (50-120) | 1.1 (1-1.2) |" in table
+
+
+class OomHandler(HashHandler):
+    """Out of memory on any batch holding an ``oom`` text with anything else, and on that text alone."""
+
+    def infer(self, batch: list[Any]) -> list[str]:
+        texts = super().infer(batch)
+        if any(t.startswith("oom") for t in texts):
+            raise torch.OutOfMemoryError("fake: out of memory")
+        return texts
+
+
+def test_an_instance_out_of_memory_splits_its_own_batch_and_leaves_the_other_running(tmp_path: Path) -> None:
+    handlers: dict[str, HashHandler] = {"a": OomHandler(), "b": HashHandler()}
+    engine = engine_of(tmp_path, handlers, [entry(tmp_path, "a"), entry(tmp_path, "b")])
+
+    async def scenario() -> None:
+        handlers["b"].gates["b"] = threading.Event()
+        held = ask(engine, ["hold:b"], "b")
+        await until(lambda: handlers["b"].batches == [["hold:b"]])
+        with pytest.raises(EngineError) as info:
+            await ask(engine, ["xyz", "oom"], "a")  # runs while b's batch is held: whole, then halves
+        assert info.value.kind is Kind.OOM and handlers["a"].batches == [["xyz", "oom"], ["xyz"], ["oom"]]
+        assert not held.done()  # b's instance never saw a's failure
+        handlers["b"].gates["b"].set()
+        assert (await held).outputs == [vector_for("hold:b")]
+
+    run(engine, handlers, scenario)
