@@ -1,11 +1,10 @@
 """What the routes of sparse and multi-vector outputs share (TEI's /embed_sparse and /embed_all, inferd's
-/v1/encode): the outputs a request asks for as the texts the engine takes, the check that the model that answered
-gives them, the limit on the token vectors of one answer, and each output's wire shape.
+/v1/encode): each text's outputs from the result, the limit on the token vectors of one answer, and each output's
+wire shape.
 
-The outputs travel with each text (core/preprocess.py TextInput ``outputs``), so the result cache keys an entry by
-them and a handler fills exactly those (core/outputs.py). Whether the model gives them is read from the description
-of the load that answered (its ``outputs`` fact; a model without one gives its dense vector only): a dense-only
-model ignores what it cannot give, so the answer, never the text, is checked.
+The routes name the outputs on the engine's request (core/request.py ``outputs``); the engine refuses those the
+model does not give before any work and hands them to the handler with each text, which keys the result cache by
+them too (core/admission.py).
 """
 
 from __future__ import annotations
@@ -18,9 +17,7 @@ import numpy as np
 from inferd.api.errors import APIError, refusal
 from inferd.core import quantize
 from inferd.core.errors import Kind
-from inferd.core.outputs import OUTPUTS, SparseVector, TextOutputs
-from inferd.core.preprocess import Direction, TextInput
-from inferd.core.slots import ModelDescription
+from inferd.core.outputs import SparseVector, TextOutputs
 from inferd.core.work import TaskResult
 
 # The encodings of a dense vector or a token vector; int8/uint8 need calibration ranges measured for the dense
@@ -28,35 +25,13 @@ from inferd.core.work import TaskResult
 ENCODINGS = ("float", "base64", "binary", "ubinary")
 
 
-def asking(texts: Sequence[str], outputs: Sequence[str], direction: Direction = "right",
-           truncate: bool | None = None) -> list[Any]:
-    """The engine's inputs: each text with the outputs asked (in OUTPUTS' order) and the request's cut choices. A
-    dense vector alone is what every embedding model answers unasked, so such a text asks nothing and shares its
-    cache entry with /v1/embeddings' and /embed's."""
-    wanted = tuple(k for k in OUTPUTS if k in outputs)
-    asked = None if wanted == ("dense",) else wanted
-    if asked is None and direction == "right" and truncate is None:
-        return list(texts)
-    return [TextInput(t, direction=direction, truncate=truncate, outputs=asked) for t in texts]
-
-
-def offered(description: ModelDescription) -> tuple[str, ...]:
-    """The outputs the model load gives (its handler's ``outputs``), a dense vector when it names none."""
-    named = description.facts.get("outputs")
-    return tuple(named) if named else ("dense",)
-
-
-def outputs_of(result: TaskResult, wanted: Sequence[str], param: str | None = "outputs") -> list[TextOutputs]:
-    """Each text's outputs, refused (422, naming ``param`` and what the model gives) when the model that answered
-    does not give one asked."""
-    gives = offered(result.description)
-    missing = [k for k in wanted if k not in gives]
-    if missing:
-        raise refusal(Kind.INVALID_INPUT, f"{param + ': ' if param else ''}{', '.join(missing)} asked; model "
-                      f"{result.model!r} gives {', '.join(gives)}", "unsupported_output", param)
+def outputs_of(result: TaskResult, wanted: Sequence[str]) -> list[TextOutputs]:
+    """Each text's outputs (a bare vector is a dense output). The engine refused, before any work, outputs the
+    model does not give (core/admission.py missing_outputs); a handler that answered less is a fault, not a
+    refusal."""
     out = [o if isinstance(o, TextOutputs) else TextOutputs(dense=np.asarray(o)) for o in result.outputs]
     for o in out:
-        if any(getattr(o, k) is None for k in wanted):  # a handler that answered less than it was asked
+        if any(getattr(o, k) is None for k in wanted):
             raise APIError(500, f"model {result.model!r} did not give the outputs asked ({', '.join(wanted)})",
                            "internal_error")
     return out

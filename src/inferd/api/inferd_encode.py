@@ -14,20 +14,28 @@ from typing import Any
 from fastapi import APIRouter, Depends, Request
 from starlette.responses import Response
 
-from inferd.api import hybrid
-from inferd.api.bodies import json_response, read_body
-from inferd.api.inference import INFERENCE_ERRORS, prechecked, run_task, served_name
+from inferd.api import hybrid, vectors
+from inferd.api.bodies import json_response
+from inferd.api.errors import Names
+from inferd.api.inference import INFERENCE_ERRORS, build, read_request, run, served_name
 from inferd.api.schemas import EncodeRequest, EncodeResponse, request_body, responses
 from inferd.api.services import inference_auth, services
 from inferd.core.outputs import TextOutputs
 from inferd.core.prompts import Prompt
+from inferd.core.request import InferenceRequest
 
 encode_router = APIRouter(dependencies=[Depends(inference_auth)])  # the inference keys
 
 
-def _check(request: Request, body: EncodeRequest) -> None:
-    listed = isinstance(body.input, list)
-    prechecked(request, body.input if listed else [body.input], "input", listed)
+def _names(body: EncodeRequest) -> Names:
+    return Names("input", isinstance(body.input, list))
+
+
+def _request(request: Request, body: EncodeRequest) -> InferenceRequest:
+    texts = body.input if isinstance(body.input, list) else [body.input]
+    return build(request, vectors.inputs_of(texts, body.truncation_direction, body.truncate), _names(body),
+                 task="embedding", model=body.model, priority=body.priority, timeout_ms=body.timeout_ms,
+                 prompt=Prompt(body.prompt_name), outputs=tuple(body.outputs))
 
 
 def _item(i: int, out: TextOutputs, body: EncodeRequest) -> dict[str, Any]:
@@ -46,13 +54,8 @@ def _item(i: int, out: TextOutputs, body: EncodeRequest) -> dict[str, Any]:
 async def encode(request: Request) -> Response:
     """``{"input": str | [str], "outputs": ["dense", "sparse", "multivector"], ...}`` → each text's outputs asked,
     ``{"object": "list", "data": [{"index", "dense"?, "sparse"?, "multivector"?}], "model", "usage"}``."""
-    body = await read_body(request, EncodeRequest, lambda b: _check(request, b))
-    listed = isinstance(body.input, list)
-    texts = body.input if listed else [body.input]
-    inputs = hybrid.asking(texts, body.outputs, body.truncation_direction, body.truncate)
-    result = await run_task(request, inputs, body, "input", listed, task="embedding", prompt=Prompt(body.prompt_name))
-    if isinstance(result, Response):
-        return result
+    body, engine_request = await read_request(request, EncodeRequest, lambda b: _request(request, b))
+    result = await run(request, engine_request, _names(body))
     outputs = hybrid.outputs_of(result, body.outputs)
     hybrid.check_token_vectors(outputs, services(request).settings.limits.max_multivector_tokens, "input")
     tokens = result.prompt_tokens

@@ -7,7 +7,7 @@ the rerank and classification shapes) build on these and never on each other.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 from fastapi import Request
@@ -18,7 +18,6 @@ from inferd.api.errors import Names, engine_refusal
 from inferd.api.middleware import context
 from inferd.api.services import services
 from inferd.core.errors import EngineError
-from inferd.core.prompts import Prompt
 from inferd.core.request import InferenceRequest
 from inferd.core.work import TaskResult
 
@@ -37,11 +36,6 @@ def build(request: Request, inputs: Any, names: Names, **options: Any) -> Infere
         return s.engine.request(inputs, routing_key=request.headers.get("x-routing-key"), **options)
     except EngineError as exc:
         raise engine_refusal(exc, names, s.metrics) from None
-
-
-def prechecked(request: Request, texts: Any, field: str, listed: bool) -> None:
-    # TRANSITION: api/tei_outputs.py (issue 32, in progress) still calls it; routes call build() instead.
-    build(request, texts, Names(field, listed))
 
 
 async def read_request(request: Request, schema: type[B], make: Callable[[B], InferenceRequest]
@@ -93,16 +87,6 @@ async def run(request: Request, engine_request: InferenceRequest, names: Names) 
     ctx["model"], ctx["version"] = result.model, result.version
     ctx["tokens"] = result.prompt_tokens  # the access line's and the trace's token count
     return result
-
-
-async def run_task(request: Request, texts: list[Any], body: Any, field: str, listed: bool,
-                   task: str | None = None, dimensions: int | None = None, prompt: Prompt | None = None,
-                   calibrate: bool = False, fields: Mapping[str, str] | None = None) -> TaskResult:
-    # TRANSITION: api/tei_outputs.py (issue 32, in progress) still calls it; routes call build() and run().
-    names = Names(field, listed, fields=dict(fields or {}))
-    built = build(request, texts, names, task=task, model=getattr(body, "model", None), priority=body.priority,
-                  timeout_ms=body.timeout_ms, dimensions=dimensions, prompt=prompt, calibrate=calibrate)
-    return await run(request, built, names)
 
 
 def served_name(result: TaskResult) -> str:

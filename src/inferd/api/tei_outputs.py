@@ -10,19 +10,19 @@ weights) is refused with 422 naming what it gives.
 
 from __future__ import annotations
 
-from typing import Any
-
 from fastapi import APIRouter, Depends, Request
 from starlette.responses import Response
 
-from inferd.api import hybrid
-from inferd.api.bodies import json_response, read_body
+from inferd.api import hybrid, vectors
+from inferd.api.bodies import json_response
 from inferd.api.client_schemas import TEIEmbedAllRequest, TEIEmbedSparseRequest, direction
-from inferd.api.inference import INFERENCE_ERRORS, run_task
+from inferd.api.errors import Names
+from inferd.api.inference import INFERENCE_ERRORS, build, read_request, run
 from inferd.api.schemas import request_body
 from inferd.api.services import inference_auth, services
-from inferd.api.tei_shape import tei_errors, tei_responses, tei_texts
+from inferd.api.tei_shape import tei_errors, tei_inputs, tei_responses
 from inferd.core.prompts import Prompt
+from inferd.core.request import InferenceRequest
 
 tei_outputs_router = APIRouter(dependencies=[Depends(inference_auth)])  # the inference keys
 
@@ -34,16 +34,20 @@ _ALL = {"description": "Each input's token vectors", "content": {"application/js
     "type": "array", "items": {"type": "array", "items": {"type": "array", "items": {"type": "number"}}}}}}}
 
 
-async def _outputs(request: Request, model: type[TEIEmbedSparseRequest], kind: str) -> Response:
-    checked: list[tuple[list[Any], bool]] = []
-    body = await read_body(request, model, lambda b: checked.append(tei_texts(request, b.inputs, "inputs")))
-    texts, listed = checked[0]
-    inputs = hybrid.asking(texts, (kind,), direction(body.truncation_direction), body.truncate)
-    result = await run_task(request, inputs, body, "inputs", listed, task="embedding",
-                            prompt=Prompt(body.prompt_name))
-    if isinstance(result, Response):
-        return result
-    outputs = hybrid.outputs_of(result, (kind,), None)
+def _names(body: TEIEmbedSparseRequest) -> Names:
+    # TEI names no outputs: a model that lacks the route's is the fault of the model the request ran on.
+    return Names("inputs", isinstance(body.inputs, list), fields={"outputs": "model"})
+
+
+def _request(request: Request, body: TEIEmbedSparseRequest, kind: str) -> InferenceRequest:
+    texts = vectors.inputs_of(tei_inputs(body.inputs, "inputs"), direction(body.truncation_direction), body.truncate)
+    return build(request, texts, _names(body), task="embedding", model=body.model, priority=body.priority,
+                 timeout_ms=body.timeout_ms, prompt=Prompt(body.prompt_name), outputs=(kind,))
+
+
+async def _outputs(request: Request, schema: type[TEIEmbedSparseRequest], kind: str) -> Response:
+    body, engine_request = await read_request(request, schema, lambda b: _request(request, b, kind))
+    outputs = hybrid.outputs_of(await run(request, engine_request, _names(body)), (kind,))
     if kind == "sparse":
         return json_response([hybrid.sparse_pairs(o.sparse) for o in outputs if o.sparse is not None])
     hybrid.check_token_vectors(outputs, services(request).settings.limits.max_multivector_tokens)

@@ -18,8 +18,7 @@ from inferd.api.client_schemas import (
     TEIToken,
     direction,
 )
-from inferd.api.errors import APIError, Names, refusal, tei_type
-from inferd.api.inference import build
+from inferd.api.errors import APIError, refusal, tei_type
 from inferd.api.schemas import (
     ErrorResponse,
     TEIRerankResult,
@@ -87,14 +86,6 @@ def tei_inputs(inputs: Any, field: str) -> list[Any]:
         raise refusal(Kind.INVALID_INPUT, f"{field}: token ids are not supported; send text", "unsupported_input",
                       field)
     return inputs if listed else [inputs]
-
-
-def tei_texts(request: Request, inputs: Any, field: str) -> tuple[list[Any], bool]:
-    # TRANSITION: api/tei_outputs.py (issue 32, in progress) still calls it; it builds its request with
-    # tei_inputs and api/inference.py build instead.
-    texts = tei_inputs(inputs, field)
-    build(request, texts, Names(field, isinstance(inputs, list)))
-    return texts, isinstance(inputs, list)
 
 
 def tei_pairs(query: Any, documents: list[Any], truncate: bool | None, side: str) -> list[tuple[str, str]]:

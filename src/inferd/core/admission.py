@@ -29,7 +29,7 @@ from inferd.core import quantize
 from inferd.core.batcher import BatchQueue, QueueClosed, QueueFull
 from inferd.core.description import ModelDescription
 from inferd.core.errors import ClientGone, EngineError, Kind, ModelNotReady, deadline_passed
-from inferd.core.preprocess import InputError
+from inferd.core.preprocess import InputError, asking
 from inferd.core.prompts import prompt_text, prompted
 from inferd.core.registry import ModelRegistry, ServedModel
 from inferd.core.request import InferenceRequest, input_refusal
@@ -81,6 +81,17 @@ def wrong_dimensions(description: ModelDescription, dimensions: int) -> EngineEr
         also = " (it declares no Matryoshka sizes: model.matryoshka_dimensions)"
     return EngineError(Kind.INVALID_INPUT, f"this model produces {dimension}-dimensional embeddings{also}; "
                        f"{dimensions} was asked", field="dimensions")
+
+
+def missing_outputs(description: ModelDescription, outputs: tuple[str, ...]) -> EngineError | None:
+    """Outputs the model load cannot give (its handler's ``outputs``; a model that names none gives a dense vector),
+    refused before any work."""
+    gives = tuple(description.facts.get("outputs") or ("dense",))
+    missing = [k for k in outputs if k not in gives]
+    if not missing:
+        return None
+    return EngineError(Kind.INVALID_INPUT, f"{', '.join(missing)} is not an output of model {description.name!r}, "
+                       f"which gives {', '.join(gives)}", "unsupported_output", field="outputs")
 
 
 def not_ready(exc: ModelNotReady, model: str | None = None) -> EngineError:
@@ -192,6 +203,12 @@ class Admission:
             refusal = None if request.dimensions is None else wrong_dimensions(slot.description, request.dimensions)
             if refusal is not None:
                 raise refusal  # known before any work: refuse now rather than compute in vain
+            if request.outputs != ("dense",):
+                missing = missing_outputs(slot.description, request.outputs)
+                if missing is not None:
+                    raise missing
+                # Each text carries them to the handler, and into its cache key (core/outputs.py asked).
+                inputs = asking(inputs, request.outputs)
             if request.prompt is not None:
                 # The prompt of the slot that runs (a canary's own), prepended before tokenisation.
                 inputs = prompted(inputs, prompt_text(slot.description, request.prompt,

@@ -103,6 +103,12 @@ class TextInput(str):
         return self.direction == "left" or self.max_tokens is not None
 
 
+def asking(texts: Sequence[str], outputs: tuple[str, ...]) -> list[str]:
+    """The texts asking a model for ``outputs`` (a TextInput keeps its other choices)."""
+    return [TextInput(t[len(t.prompt):], t.prompt, t.direction, t.truncate, t.max_tokens, outputs)
+            if isinstance(t, TextInput) else TextInput(t, outputs=outputs) for t in texts]
+
+
 def _choices(text: str, truncate: bool) -> tuple[bool, str]:
     """(truncate, prompt) for a text: a TextInput's own, else the model's setting and no prompt."""
     if isinstance(text, TextInput):
