@@ -12,9 +12,11 @@ from fakes import DIM, HashHandler, loader_for
 from fastapi.testclient import TestClient
 
 from inferd.api.app import create_app
+from inferd.core.description import ModelDescription
 from inferd.core.slots import ModelSlot
 from inferd.core.spec import ModelSpec
 from inferd.core.tasks.base import Handler
+from inferd.core.tasks.classification import ClassificationHandler
 from inferd.settings import ModelSettings, Settings
 
 ADMIN = {"Authorization": "Bearer admin-key"}
@@ -91,3 +93,30 @@ def test_a_bare_plugin_handler_is_described_too(tmp_path: Path) -> None:
                                                                                                "torch")
         assert metric_value(client.get("/metrics").text, "inferd_model_info", slot="active", version="v1",
                             backend="torch", quantize="none") == 1
+
+
+def test_the_reload_rules_read_the_serving_load_s_typed_description(tmp_path: Path) -> None:
+    def serving(**facts: Any) -> ModelDescription:
+        return ModelDescription("m", "v1", 1, str(tmp_path), facts.pop("task", "embedding"), **facts)
+
+    # The default rule (a handler that declares no incompatibility): an embedding keeps its dimension.
+    plugin = HashHandler()
+    assert plugin.incompatibility(serving(dimension=DIM), False) is None
+    assert "embedding dimension is 8, the serving model's is 16" in str(plugin.incompatibility(serving(dimension=16),
+                                                                                                False))
+    assert plugin.incompatibility(serving(dimension=16), True) is None
+    # A classifier keeps its label set, read from the description's labels.
+    classifier = ClassificationHandler()
+    classifier.labels = ["neg", "pos"]
+    assert classifier.incompatibility(serving(task="classification", labels=("neg", "pos")), False) is None
+    assert "the serving model's are ['a', 'b']" in str(
+        classifier.incompatibility(serving(task="classification", labels=("a", "b")), False))
+
+
+def test_info_shows_each_load_as_its_description_renders_it_for_the_wire(tmp_path: Path) -> None:
+    handler = HashHandler()
+    with TestClient(create_app(settings_for(tmp_path), loader=loader_for(handler))) as client:
+        (model,) = client.get("/info").json()["models"]
+        (slot,) = client.app.state.services.registry.first().manager.slots()  # type: ignore[attr-defined]
+        assert model == {"role": "active", "state": "ready", "weight": None, **slot[1].description.wire()}
+        assert "path" not in model  # the folder is the admin API's to show
