@@ -1,8 +1,10 @@
-"""The steps every inference route shares: the engine's checks while the body is parsed, the task the route
-serves, the hand-off of a request's inputs to the engine, and the name of the model that answered.
+"""What every inference route shares: the engine's request built while the body is parsed (``read_request``,
+``build``: core/request.py's rules, refusals named in the route's own words by api/errors.py Names), the task a
+route serves, the one engine call (``run``), and the name of the model that answered.
 
-The routes of each wire API (api/routes.py: the seed's /predict and OpenAI's embeddings; api/task_routes.py:
-the rerank and classification shapes) build on these and never on each other.
+The route modules of each client family (api/openai.py, api/cohere.py, api/tei*.py, api/inferd_routes.py,
+api/inferd_encode.py) build on these and never on each other; none reaches into a model's manager or slots: what a
+route shapes an answer by travels with the result (its description, its calibration).
 """
 
 from __future__ import annotations
