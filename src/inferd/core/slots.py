@@ -39,7 +39,8 @@ def describe_load(handler: Handler, spec: ModelSpec, load_id: int, load_seconds:
     told = {k: v for k, v in handler.describe().items() if k not in _COMMON}
     matryoshka = told.pop("matryoshka_dimensions", None)
     prompts, labels = told.pop("prompts", None), told.pop("labels", None)
-    dimension = told.pop("dimension", handler.dimension)
+    # As describe() says it: a multi-vector handler's own ``dimension`` is its token vectors', not a pooled one's.
+    dimension = told.pop("dimension", None)
     return ModelDescription(
         name=spec.name, version=spec.version, load_id=load_id, path=str(spec.path), task=handler.task,
         dimension=None if dimension is None else int(dimension),
