@@ -145,3 +145,14 @@ def test_a_dense_output_is_refused_and_a_marker_missing_from_the_tokenizer_is_na
     (other / "config_sentence_transformers.json").write_text(json.dumps(cfg))
     with pytest.raises(ModelLoadError, match="query marker '\\[QUERY\\] ' is not a token"):
         ColbertHandler().load(ModelSpec(other, "1", device="cpu", warmup=False), torch.device("cpu"))
+
+
+def test_the_projection_runs_inside_the_openvino_graph_behind_the_gate(folder: Path, handler: Any,
+                                                                       tmp_path: Path) -> None:
+    converted = load_handler(ModelSpec(folder, "1", device="cpu", warmup=False, backend="openvino",
+                                       cache_dir=str(tmp_path), gate={"texts": 32}))
+    figures = converted.backend_info["gate"]["figures"]
+    assert figures["maxsim_spearman"] == 1.0 and figures["maxsim_top3"] == 1.0 and figures["sparse_top10"] is None
+    texts = [Role(QUERIES[0], "query"), *DOCUMENTS]
+    for want, got in zip(_vectors(handler, texts), _vectors(converted, texts), strict=True):
+        np.testing.assert_allclose(got, want, atol=1e-4, rtol=0)

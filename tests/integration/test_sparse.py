@@ -212,3 +212,28 @@ def test_an_output_the_model_lacks_is_refused_by_name(root: Path, tmp_path: Path
         handler.preprocess([Asking("hello", ("dense",)), Asking("world", ("multivector",))])
     cfg = json.loads((folder / "config.json").read_text())
     assert cfg["model_type"] == "xlm-roberta"
+
+
+# Each head on one runtime (an export and its gate cost tens of seconds on two shared cores): the same exporter
+# serves both, and test_multivector.py exports the ColBERT projection to OpenVINO.
+@pytest.mark.parametrize(("backend", "kind"), [("onnx", SparseHandler), ("openvino", M3Handler)])
+def test_the_heads_run_inside_the_exported_graph_behind_the_gate(root: Path, tmp_path_factory: pytest.TempPathFactory,
+                                                                 backend: str, kind: type) -> None:
+    """SPLADE's pooling and bge-m3's two heads are exported with the encoder: the converted model's outputs equal
+    torch's, and the gate judged each output (term agreement, weight difference, MaxSim ranking) and passed it."""
+    cache = tmp_path_factory.mktemp(f"cache-{backend}")
+    folder, asks = ((root / "splade-v6", ("sparse",)) if kind is SparseHandler
+                    else (root / "m3", ("dense", "sparse", "multivector")))
+    torch_handler = _load(kind, folder)
+    converted = _load(kind, folder, backend=backend, cache_dir=str(cache), gate={"texts": 32})
+    gate = converted.backend_info["gate"]
+    assert gate["passed"] and gate["figures"]["sparse_top10"] == 1.0
+    assert gate["figures"]["weight_diff_max"] < 1e-4
+    assert (gate["figures"]["maxsim_spearman"] is None) == (kind is SparseHandler)
+    texts = [Asking(t, asks) for t in TEXTS]
+    for want, got in zip(_run(torch_handler, texts), _run(converted, texts), strict=True):
+        np.testing.assert_array_equal(got.sparse.indices, want.sparse.indices)
+        np.testing.assert_allclose(got.sparse.values, want.sparse.values, atol=1e-4, rtol=0)
+        if kind is M3Handler:
+            np.testing.assert_allclose(got.dense, want.dense, atol=1e-4, rtol=0)
+            np.testing.assert_allclose(got.multivector, want.multivector, atol=1e-4, rtol=0)

@@ -406,6 +406,7 @@ class VectorProbe:
     """Whitespace words as ids (truncated at the limit); a runner is a function of the batch's inputs."""
 
     task = "embedding"
+    outputs = ("dense",)
 
     def __init__(self, max_seq_length: int) -> None:
         self.max_seq_length = max_seq_length

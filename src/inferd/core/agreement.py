@@ -6,7 +6,10 @@ written once so that the two hold a model to the same figures under the same ``m
 - vectors: the cosine of each input's two vectors, and neighbour overlap (top-k agreement of one text's
   similarities to other texts);
 - rankings: rank correlation and top-k agreement of one query's scores;
-- labels: the share of an input's label decisions both models make alike.
+- labels: the share of an input's label decisions both models make alike;
+- sparse vectors (SPLADE, lexical weights): the share of a text's ten heaviest terms both models agree on, and the
+  largest weight difference as a share of the text's largest weight;
+- token vectors (multi-vector): the MaxSim ranking of the other texts by each text, as rank agreement.
 
 Kept apart from the gate, which needs torch, so that the fleet's CLI (shadow aggregation) starts without it.
 
@@ -136,6 +139,63 @@ def label_agreement(a: np.ndarray, b: np.ndarray, multi_label: bool) -> np.ndarr
     return (la == lb).mean(axis=1) if multi_label else (la == lb).astype(np.float64)
 
 
+# -- sparse and token vectors ---------------------------------------------------------------------------------
+
+TERMS = 10  # the heaviest terms of a sparse vector whose agreement is judged
+
+
+def _aligned(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """Two sparse vectors, each (ids, weights), as weights over the union of their ids."""
+    ids = np.union1d(a[0], b[0])
+    wa, wb = np.zeros(len(ids)), np.zeros(len(ids))
+    wa[np.searchsorted(ids, a[0])] = a[1]
+    wb[np.searchsorted(ids, b[0])] = b[1]
+    return wa, wb
+
+
+def term_agreement(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray], k: int = TERMS) -> float:
+    """Of one text's k heaviest terms, the share both models agree on (top_agreement: ties agree); k is at most
+    the terms either has, and a text neither gives a term agrees."""
+    wa, wb = _aligned(a, b)
+    n = min(k, int(max(np.count_nonzero(wa), np.count_nonzero(wb))))
+    return 1.0 if n == 0 else top_agreement(wa, wb, n)
+
+
+def weight_diff(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray]) -> float:
+    """The largest weight difference of one text's sparse vectors, a share of its largest weight under ``a``."""
+    wa, wb = _aligned(a, b)
+    if len(wa) == 0:
+        return 0.0
+    return float(np.abs(wa - wb).max() / max(float(np.abs(wa).max()), 1e-12))
+
+
+def sparse_cosine(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray]) -> float:
+    wa, wb = _aligned(a, b)
+    na, nb = float(np.linalg.norm(wa)), float(np.linalg.norm(wb))
+    if na == 0 or nb == 0:
+        return 1.0 if na == nb else 0.0
+    return float(wa @ wb / (na * nb))
+
+
+def maxsim_matrix(vectors: list[np.ndarray]) -> np.ndarray:
+    """MaxSim of every text (row, as the query) against every text (column, as the document)."""
+    out = np.zeros((len(vectors), len(vectors)))
+    for i, q in enumerate(vectors):
+        for j, d in enumerate(vectors):
+            if len(q) and len(d):
+                out[i, j] = float((np.asarray(q, np.float64) @ np.asarray(d, np.float64).T).max(axis=1).sum())
+    return out
+
+
+def maxsim_ranking(a: list[np.ndarray], b: list[np.ndarray]) -> dict[str, float]:
+    """Each text's MaxSim ranking of the other texts under two models (token vectors per text): Spearman's
+    correlation and top-3 agreement, each the mean over texts."""
+    sa, sb = maxsim_matrix(a), maxsim_matrix(b)
+    rows = [ranking(np.delete(x, i), np.delete(y, i)) for i, (x, y) in enumerate(zip(sa, sb, strict=True))]
+    return {"spearman": float(np.mean([r["spearman"] for r in rows])),
+            "top3": float(np.mean([r["top3"] for r in rows]))}
+
+
 # -- bounds ---------------------------------------------------------------------------------------------------
 
 
@@ -166,6 +226,12 @@ def bounds(task: str, kind: str, gate: Any) -> list[Bound]:
         return [Bound("spearman_mean", "rerank_spearman_min", gate.rerank_spearman_min),
                 Bound("top3_agreement", "rerank_top3_min", gate.rerank_top3_min),
                 Bound("score_diff_max", f"{kind}_score_diff_max", getattr(gate, f"{kind}_score_diff_max"), True)]
+    if task == "sparse":  # a sparse output's, beside its model's other outputs
+        return [Bound("sparse_top10", "sparse_top10_min", gate.sparse_top10_min),
+                Bound("weight_diff_max", f"{kind}_score_diff_max", getattr(gate, f"{kind}_score_diff_max"), True)]
+    if task == "multivector":
+        return [Bound("maxsim_spearman", "maxsim_spearman_min", gate.maxsim_spearman_min),
+                Bound("maxsim_top3", "maxsim_top3_min", gate.maxsim_top3_min)]
     if task == "classification":
         return [Bound("label_agreement", "classification_agreement_min", gate.classification_agreement_min),
                 Bound("score_diff_max", f"{kind}_probability_diff_max",

@@ -25,7 +25,6 @@ from typing import Any
 
 import torch
 
-from inferd.core.agreement import bounds
 from inferd.core.backends import gate
 from inferd.core.backends.base import (
     TASK_HEADS,
@@ -274,7 +273,7 @@ def open_backend(path: Path, options: BackendOptions, device: torch.device, prob
             **({"quantize_warning": warning} if warning else {}),
             "export_seconds": meta.get("export_seconds"), "from_model_folder": meta.get("from_model_folder"),
             "gate": {"kind": kind, "passed": True, "figures": figures.as_dict(),
-                     "thresholds": {rule.setting: rule.bound for rule in bounds(options.task, kind, options.gate)}}}
+                     "thresholds": {rule.setting: rule.bound for rule in gate.held_to(figures, kind, options.gate)}}}
     runner = open_runner(options.backend, graph, options.head, dtype, options.quantize, threads, info, compile_cache,
                          options.streams)
     log.info("backend %s (%s); cache %s %s; gate %s passed: %s; the gate ran %s", label, why, cache, entry, kind,

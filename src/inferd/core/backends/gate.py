@@ -26,6 +26,11 @@ rules judge, each with its bound, and no other.
   largest score difference as a share of torch's score range over the set (a logit's scale is the model's).
 - Classification, on texts: the share of texts given torch's label (for multi-label models, of label
   decisions at 0.5), and the largest probability difference.
+- An embedding model of other outputs (SPLADE, bge-m3, ColBERT: the task's ``outputs``) is judged on each: its dense
+  vector as above; its sparse vectors by the share of each text's ten heaviest terms both agree on (the worst
+  text's) and the largest weight difference as a share of the text's largest weight; its token vectors by each
+  text's MaxSim ranking of the other texts (Spearman and top-3, means over texts). Without a dense vector the
+  cosine figures are those of the sparse vectors over the vocabulary, or else of the token vectors.
 """
 
 from __future__ import annotations
@@ -40,7 +45,18 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from inferd.core.agreement import bounds, cosine_rows, label_agreement, overlap_at_k, ranking
+from inferd.core.agreement import (
+    Bound,
+    bounds,
+    cosine_rows,
+    label_agreement,
+    maxsim_ranking,
+    overlap_at_k,
+    ranking,
+    sparse_cosine,
+    term_agreement,
+    weight_diff,
+)
 from inferd.core.agreement import judge as judge_figures
 from inferd.core.backends.base import BackendError, Runner
 from inferd.core.preprocess import Encoded, InputError
@@ -60,7 +76,9 @@ WRONG_BELOW = {"cosine_min": 0.5, "spearman_mean": 0.5, "label_agreement": 0.5}
 PER_QUERY = 16  # documents per query in the rerank gate's set
 _FIGURE_NAMES = {"cosine_min": "cosine min", "cosine_mean": "cosine mean", "overlap_at_10": "overlap@10",
                  "spearman_mean": "Spearman mean", "top3_agreement": "top-3 agreement",
-                 "label_agreement": "label agreement", "score_diff_max": "max diff"}
+                 "label_agreement": "label agreement", "score_diff_max": "max diff",
+                 "sparse_top10": "sparse top-10 term agreement", "weight_diff_max": "sparse weight diff",
+                 "maxsim_spearman": "MaxSim Spearman mean", "maxsim_top3": "MaxSim top-3 agreement"}
 WRONG_GRAPH = "wrong graph"
 LESS_PRECISE = "less precise than the bound"
 
@@ -72,10 +90,12 @@ class Probe(Protocol):
     task: str
     max_seq_length: int
     multi_label: bool  # a classifier's labels each through a sigmoid
+    outputs: tuple[str, ...]  # an embedding model's outputs (core/outputs.py)
 
     def preprocess(self, inputs: list[Any]) -> list[Encoded]: ...
     def collate(self, batch: list[Encoded]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]: ...
     def run(self, runner: Runner, batch: list[Encoded]) -> np.ndarray: ...
+    def run_outputs(self, runner: Runner, batch: list[Encoded]) -> dict[str, list[Any]]: ...
     def head_module(self, model: torch.nn.Module) -> torch.nn.Module | None: ...
 
 
@@ -98,6 +118,11 @@ class GateFigures:
     # What the gate ran, reference and candidate together (Tally.as_dict: batches, padded tokens, the longest
     # batch's length): counts, not figures, so apart from them.
     ran: dict[str, int] = field(default_factory=dict)
+    # Sparse and token-vector outputs' figures (None: the model has no such output).
+    sparse_top10: float | None = None
+    weight_diff_max: float | None = None
+    maxsim_spearman: float | None = None
+    maxsim_top3: float | None = None
 
     task = "embedding"
 
@@ -355,6 +380,8 @@ def label_figures(reference: np.ndarray, got: np.ndarray, multi_label: bool) -> 
 def measure(probe: Probe, reference: Runner, candidate: Runner, texts: Sequence[str],
             seed: int = BUILTIN_SEED) -> Figures:
     """Compare the candidate's outputs with the reference's at every batch shape."""
+    if probe.task == "embedding" and tuple(probe.outputs) != ("dense",):
+        return measure_outputs(probe, reference, candidate, texts, seed)
     if probe.task == "embedding":
         return measure_embeddings(probe, reference, candidate, texts, seed)
     return measure_scores(probe, reference, candidate, texts, seed)
@@ -463,7 +490,101 @@ def measure_embeddings(probe: Probe, reference: Runner, candidate: Runner, texts
         texts=len(items), shapes=shapes, nonfinite=nonfinite, ran=tally.as_dict())
 
 
+def outputs_of(probe: Probe, runner: Runner, items: list[Encoded], plan: list[list[int]], filler: Encoded,
+               tally: Tally) -> dict[str, list[Any]]:
+    """Each output's value per input (``run_outputs``), over a batch plan."""
+    rows: dict[str, list[Any]] = {}
+    for batch in plan:
+        inputs = [items[i] if i >= 0 else filler for i in batch]
+        tally.add(inputs)
+        for kind, values in probe.run_outputs(runner, inputs).items():
+            got = rows.setdefault(kind, [None] * len(items))
+            for i, value in zip(batch, values, strict=True):
+                if i >= 0:
+                    got[i] = value
+    return rows
+
+
+def _finite(value: Any) -> bool:
+    parts = value if isinstance(value, tuple) else (value,)
+    return all(bool(np.isfinite(np.asarray(p, dtype=np.float64)).all()) for p in parts)
+
+
+def output_figures(ref: dict[str, list[Any]], got: dict[str, list[Any]], ranked: bool) -> dict[str, float | None]:
+    """One batch shape's figures, every output of the model's (see the module's docstring)."""
+    out: dict[str, float | None] = {"overlap_at_10": None}
+    if "dense" in ref:
+        a, b = np.stack(ref["dense"]), np.stack(got["dense"])
+        cos = cosine_rows(a, b)
+        out["overlap_at_10"] = round(overlap_at_k(a, b, OVERLAP_K), 4) if ranked else None
+    elif "sparse" in ref:
+        cos = np.array([sparse_cosine(x, y) for x, y in zip(ref["sparse"], got["sparse"], strict=True)])
+    else:
+        pairs = zip(ref["multivector"], got["multivector"], strict=True)
+        cos = np.concatenate([cosine_rows(x, y) for x, y in pairs if len(x)] or [np.ones(1)])
+    out["cosine_min"], out["cosine_mean"] = round(float(cos.min()), 7), round(float(cos.mean()), 7)
+    if "sparse" in ref:
+        pairs = list(zip(ref["sparse"], got["sparse"], strict=True))
+        out["sparse_top10"] = round(min(term_agreement(x, y) for x, y in pairs), 4)
+        out["weight_diff_max"] = round(max(weight_diff(x, y) for x, y in pairs), 7)
+    if "multivector" in ref:
+        agree = maxsim_ranking(ref["multivector"], got["multivector"])
+        out["maxsim_spearman"], out["maxsim_top3"] = round(agree["spearman"], 6), round(agree["top3"], 4)
+    return out
+
+
+def measure_outputs(probe: Probe, reference: Runner, candidate: Runner, texts: Sequence[str],
+                    seed: int = BUILTIN_SEED) -> GateFigures:
+    """An embedding model of several outputs: each output's figures at every batch shape, the worst counting."""
+    items = encode_set(probe, texts)
+    filler = filler_for(probe, texts)
+    batch_plans = plans(seed)
+    tally = Tally()
+    ref = outputs_of(probe, reference, items, batch_plans["32 sorted"](items), filler, tally)
+    bad_ref = sum(not _finite(v) for values in ref.values() for v in values)
+    if bad_ref:
+        raise BackendError(f"torch fp32 itself answers NaN or infinity for {bad_ref} of the gate's outputs: the "
+                           "model (its weights or config.json), not a conversion, is what is wrong")
+    ranked = len(items) > OVERLAP_K
+    shapes: dict[str, dict[str, float | None]] = {}
+    nonfinite = 0
+    alone: dict[str, list[Any]] = {}
+    invariance: list[float] = []
+    for name, plan in batch_plans.items():
+        got = outputs_of(probe, candidate, items, plan(items), filler, tally)
+        bad = sum(not _finite(v) for values in got.values() for v in values)
+        nonfinite += bad
+        figures = output_figures(ref, got, ranked)
+        # Figures over NaN outputs are meaningless: NaN, which fails.
+        shapes[name] = {**{k: float("nan") if bad and v is not None else v for k, v in figures.items()},
+                        "nonfinite": bad}
+        if name == "1":
+            alone = got
+        elif not bad:
+            invariance.append(float(output_figures(alone, got, False)["cosine_min"] or 0.0))
+
+    def figure(key: str, upper: bool = False) -> float | None:
+        return worst([s.get(key) for s in shapes.values()], upper)
+
+    return GateFigures(
+        cosine_min=figure("cosine_min"), cosine_mean=figure("cosine_mean"),  # type: ignore[arg-type]
+        overlap_at_10=figure("overlap_at_10"), invariance_min=round(min(invariance, default=1.0), 7),
+        texts=len(items), shapes=shapes, nonfinite=nonfinite, ran=tally.as_dict(),
+        sparse_top10=figure("sparse_top10"), weight_diff_max=figure("weight_diff_max", upper=True),
+        maxsim_spearman=figure("maxsim_spearman"), maxsim_top3=figure("maxsim_top3"))
+
+
 # -- the verdict ------------------------------------------------------------------------------------------
+
+
+def held_to(figures: Figures, kind: str, thresholds: GateSettings) -> list[Bound]:
+    """The bounds these figures answer to: the task's, and a sparse or token-vector output's where measured."""
+    out = bounds(figures.task, kind, thresholds)
+    if getattr(figures, "sparse_top10", None) is not None:
+        out += bounds("sparse", kind, thresholds)
+    if getattr(figures, "maxsim_spearman", None) is not None:
+        out += bounds("multivector", kind, thresholds)
+    return out
 
 
 def _nonfinite_shapes(figures: Figures) -> list[str]:
@@ -478,7 +599,7 @@ def judge(figures: Figures, kind: str, thresholds: GateSettings) -> list[str]:
         failures.append(f"{figures.nonfinite} outputs are not finite (NaN or infinity) in batch shapes "
                         f"{', '.join(_nonfinite_shapes(figures)) or '?'}")
     # A figure the model has not (None: overlap of one-dimensional outputs) is not judged.
-    failures += judge_figures(figures.as_dict(), bounds(figures.task, kind, thresholds), _FIGURE_NAMES)[0]
+    failures += judge_figures(figures.as_dict(), held_to(figures, kind, thresholds), _FIGURE_NAMES)[0]
     return failures
 
 
@@ -507,7 +628,7 @@ def summary(figures: Figures, kind: str, thresholds: GateSettings) -> str:
     """The figures the rules judge, each with its bound (no other figure: one no rule judges reads as a pass
     whatever its value), and what they were measured on."""
     parts = [f"non-finite outputs {figures.nonfinite} (must be 0)"]
-    for rule in bounds(figures.task, kind, thresholds):
+    for rule in held_to(figures, kind, thresholds):
         value = getattr(figures, rule.figure)
         if value is not None:
             parts.append(f"{_FIGURE_NAMES[rule.figure]} {value:.6f} ({'≤' if rule.upper else '≥'} {rule.bound})")

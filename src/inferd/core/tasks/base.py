@@ -193,6 +193,8 @@ class ModelTask(Handler):
     segments: bool = False
     # A classifier's labels each through a sigmoid, not one softmax (the accuracy gate judges them so).
     multi_label: bool = False
+    # An embedding model's outputs (core/outputs.py OUTPUTS): a dense vector unless the model gives others.
+    outputs: tuple[str, ...] = ("dense",)
     runner: Runner
     device: torch.device
 
@@ -215,6 +217,11 @@ class ModelTask(Handler):
 
     def run(self, runner: Runner, batch: list[Encoded]) -> np.ndarray:
         raise NotImplementedError
+
+    def run_outputs(self, runner: Runner, batch: list[Encoded]) -> dict[str, list[Any]]:
+        """Each of ``outputs``' values per input, for the accuracy gate: a dense vector, a sparse vector as (ids,
+        weights), token vectors ``[tokens, dim]``."""
+        return {"dense": list(self.run(runner, batch))}
 
     def infer(self, batch: list[Encoded]) -> np.ndarray:
         return self.run(self.runner, batch)

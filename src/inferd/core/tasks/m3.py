@@ -149,6 +149,17 @@ class M3Handler(ModelTask):
         out, mask = self.tokens(runner, batch)
         return self.dense(out, mask, batch)
 
+    def run_outputs(self, runner: Any, batch: list[Encoded]) -> dict[str, list[Any]]:
+        out, mask = self.tokens(runner, batch)
+        parts: dict[str, list[Any]] = {"dense": list(self.dense(out, mask, batch))}
+        if "sparse" in self.outputs:
+            lexical = [self.lexical(e.ids, out[row, : e.tokens, self.hidden].numpy()) for row, e in enumerate(batch)]
+            parts["sparse"] = [(v.indices, v.values) for v in lexical]
+        if "multivector" in self.outputs:
+            parts["multivector"] = [self.multivector(out[row, 1: e.tokens, -self.colbert_dim:])
+                                    for row, e in enumerate(batch)]
+        return parts
+
     def infer(self, batch: list[Encoded]) -> tuple[list[Encoded], torch.Tensor, np.ndarray]:
         out, mask = self.tokens(self.runner, batch)
         return batch, out, self.dense(out, mask, batch)

@@ -209,6 +209,11 @@ class ColbertHandler(ModelTask):
             out = torch.nn.functional.normalize(runner(ids, mask).float().cpu(), p=2, dim=-1)
         return (out * keep.unsqueeze(-1)).numpy()
 
+    def run_outputs(self, runner: Any, batch: list[Encoded]) -> dict[str, list[Any]]:
+        vectors = self.run(runner, batch)
+        return {"multivector": [vectors[row, list(e.keep)] if isinstance(e, Marked) else vectors[row, :0]
+                                for row, e in enumerate(batch)]}
+
     def postprocess(self, outputs: tuple[list[Encoded], np.ndarray]) -> list[TextOutputs]:
         batch, vectors = outputs
         return [TextOutputs(multivector=vectors[row, list(enc.keep)] if isinstance(enc, Marked) else None)

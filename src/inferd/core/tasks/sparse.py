@@ -106,6 +106,10 @@ class SparseHandler(ModelTask):
         with torch.inference_mode():
             return runner(ids, mask).float().cpu().numpy()
 
+    def run_outputs(self, runner: Any, batch: list[Encoded]) -> dict[str, list[Any]]:
+        rows = self.run(runner, batch)
+        return {"sparse": [(np.flatnonzero(r > 0), r[r > 0]) for r in rows]}
+
     def sparse(self, row: np.ndarray) -> SparseVector:
         nonzero = np.flatnonzero(row > 0)
         vector = SparseVector(nonzero.astype(np.int64), row[nonzero].astype(np.float32))
