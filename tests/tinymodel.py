@@ -231,3 +231,38 @@ def write_st_legacy(folder: Path, source: Path, pooling: tuple[str, ...] = ("mea
                         "type": "sentence_transformers.models.Normalize"})
     (folder / "modules.json").write_text(json.dumps(modules))
     return folder
+
+
+def write_tiny_colbert(folder: Path, seed: int = 7, dim: int = 16, query_length: int = 12,
+                       document_length: int = 24) -> Path:
+    """PyLate's ColBERT layout, tiny: the encoder (its vocabulary grown by the [Q] and [D] markers), a bias-free Dense
+    projection of every token, and the markers, lengths and skiplist in config_sentence_transformers.json."""
+    import shutil
+
+    import torch
+    from safetensors.torch import save_file
+    from transformers import AutoTokenizer, BertModel
+
+    write_tiny_bert(folder, seed=seed, max_positions=64)
+    shutil.rmtree(folder / "1_Pooling")
+    shutil.rmtree(folder / "2_Normalize", ignore_errors=True)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    tokenizer.add_tokens(["[Q] ", "[D] "])
+    tokenizer.save_pretrained(folder)
+    model = BertModel.from_pretrained(folder)
+    model.resize_token_embeddings(len(tokenizer))
+    model.save_pretrained(folder)
+    (folder / "modules.json").write_text(json.dumps([
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Dense", "type": "pylate.models.Dense.Dense"}]))
+    (folder / "1_Dense").mkdir()
+    (folder / "1_Dense" / "config.json").write_text(json.dumps(
+        {"in_features": 32, "out_features": dim, "bias": False,
+         "activation_function": "torch.nn.modules.linear.Identity", "use_residual": False}))
+    torch.manual_seed(seed)
+    save_file({"linear.weight": torch.randn(dim, 32) / 4}, str(folder / "1_Dense" / "model.safetensors"))
+    (folder / "config_sentence_transformers.json").write_text(json.dumps(
+        {"query_prefix": "[Q] ", "document_prefix": "[D] ", "query_length": query_length,
+         "document_length": document_length, "attend_to_expansion_tokens": False, "do_query_expansion": True,
+         "skiplist_words": [",", ".", "!", ";"], "similarity_fn_name": "MaxSim"}))
+    return folder

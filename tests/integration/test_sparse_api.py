@@ -1,12 +1,13 @@
 """Sparse and multi-vector outputs on the wire (issue 32), one real server of a tiny bge-m3-shaped model (XLM-RoBERTa
-with ``sparse_linear`` and ``colbert_linear`` beside it), the same folder served as a late-interaction reranker, and
-a dense-only BERT.
+with ``sparse_linear`` and ``colbert_linear`` beside it) and a tiny PyLate ColBERT, each also served as a
+late-interaction reranker, and a dense-only BERT.
 
 - TEI's /embed_sparse (``[[{"index", "value"}]]``) and /embed_all (``[[[float]]]``) in the shapes of TEI's
   router/src/http/types.rs, equal to BAAI's formulas computed here on the bare model, and to inferd's /v1/encode;
 - /v1/encode: any subset of dense, sparse and multivector from one pass, equal to the outputs asked alone; token
   texts on request; base64 and binary encodings; the result cache keyed by the outputs asked;
-- /rerank, /v1/rerank, /v2/rerank on the late-interaction reranker: MaxSim of the token vectors, computed here;
+- /rerank, /v1/rerank, /v2/rerank on the late-interaction rerankers: MaxSim of the token vectors (ColBERT's query
+  with its marker and expansion: /v1/encode's input_type), computed here;
 - refusals: an output the model lacks, the cap on token vectors (limits.max_multivector_tokens), in each family's
   error shape;
 - qdrant-client's local mode indexing the dense and sparse vectors and fusing them.
@@ -26,7 +27,7 @@ import pytest
 import torch
 import yaml
 from conftest import ROOT, Server, start_server
-from tinymodel import WORDS, write_tiny_bert
+from tinymodel import WORDS, write_tiny_bert, write_tiny_colbert
 
 TOL = 1e-5
 CAP = 48  # limits.max_multivector_tokens of the server
@@ -75,6 +76,8 @@ def server(m3: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Serve
     (config / "dev.yaml").write_text(yaml.safe_dump({
         "models": [{"name": "m3", "path": str(m3), "cache": {"max_entries": 256}},
                    {"name": "m3-rerank", "path": str(m3), "task": "rerank"},
+                   {"name": "colbert-rerank", "path": str(write_tiny_colbert(tmp / "colbert")), "task": "rerank"},
+                   {"name": "colbert", "path": str(tmp / "colbert")},
                    {"name": "dense", "path": str(dense)}],
         "limits": {"max_multivector_tokens": CAP}}))
     # Three loads (the bge-m3 folder twice) on a busy CI machine: more than the one-model default of 60 s.
@@ -162,18 +165,20 @@ def test_encodings_and_the_cache_keyed_by_the_outputs_asked(client: httpx.Client
     assert set(first) == {"object", "index", "dense"} and set(second) == {"object", "index", "sparse"}
 
 
-def test_a_late_interaction_model_reranks_by_maxsim(client: httpx.Client) -> None:
+@pytest.mark.parametrize(("encoder", "reranker"), [("m3", "m3-rerank"), ("colbert", "colbert-rerank")])
+def test_a_late_interaction_model_reranks_by_maxsim(client: httpx.Client, encoder: str, reranker: str) -> None:
+    """bge-m3's token vectors, and ColBERT's, whose query is encoded with its marker and expansion (input_type)."""
     query, docs = "cat in the house", ["the dog runs", "a cat is in the house", "river and mountain"]
-    q = np.asarray(_encode(client, [query], ["multivector"])[0]["multivector"])
+    q = np.asarray(_encode(client, [query], ["multivector"], model=encoder, input_type="query")[0]["multivector"])
     want = [float((q @ np.asarray(d["multivector"]).T).max(axis=1).sum())
-            for d in _encode(client, docs, ["multivector"])]
+            for d in _encode(client, docs, ["multivector"], model=encoder)]
     order = sorted(range(len(docs)), key=lambda i: -want[i])
-    tei = client.post("/rerank", json={"query": query, "texts": docs, "model": "m3-rerank"})
+    tei = client.post("/rerank", json={"query": query, "texts": docs, "model": reranker})
     assert tei.status_code == 200, tei.text
     assert [r["index"] for r in tei.json()] == order
     np.testing.assert_allclose([r["score"] for r in tei.json()], [want[i] for i in order], atol=1e-4)
     for path in ("/v1/rerank", "/v2/rerank"):
-        r = client.post(path, json={"query": query, "documents": docs, "model": "m3-rerank"})
+        r = client.post(path, json={"query": query, "documents": docs, "model": reranker})
         assert r.status_code == 200, r.text
         results = r.json()["results"]
         assert [x["index"] for x in results] == order

@@ -54,10 +54,13 @@ def test_the_cache_key_tells_apart_what_can_change_a_vector() -> None:
             TextInput("one two", direction="left").cache_key, TextInput("one two", truncate=False).cache_key,
             TextInput("one two", max_tokens=4).cache_key, "one two",
             TextInput("one two", outputs=("sparse",)).cache_key,
-            TextInput("one two", outputs=("dense", "sparse")).cache_key}
-    assert len(keys) == 8
+            TextInput("one two", outputs=("dense", "sparse")).cache_key,
+            TextInput("one two", role="query").cache_key}
+    assert len(keys) == 9
     # A prompt added on the slot that runs the text keeps the outputs it asked (issue 32).
     (asked,) = prompted([TextInput("one two", outputs=("sparse",))], "query: ")
+    (query,) = prompted([TextInput("one two", role="query")], "query: ")
+    assert query.role == "query"
     assert asked.outputs == ("sparse",) and asked.cache_key != prompted([TextInput("one two")], "query: ")[0].cache_key
 
 

@@ -21,6 +21,7 @@ from inferd.api.inference import INFERENCE_ERRORS, build, read_request, run, ser
 from inferd.api.schemas import EncodeRequest, EncodeResponse, request_body, responses
 from inferd.api.services import inference_auth, services
 from inferd.core.outputs import TextOutputs
+from inferd.core.preprocess import TextInput
 from inferd.core.prompts import Prompt
 from inferd.core.request import InferenceRequest
 
@@ -33,7 +34,12 @@ def _names(body: EncodeRequest) -> Names:
 
 def _request(request: Request, body: EncodeRequest) -> InferenceRequest:
     texts = body.input if isinstance(body.input, list) else [body.input]
-    return build(request, vectors.inputs_of(texts, body.truncation_direction, body.truncate), _names(body),
+    if body.input_type == "query":  # anything but a text is left for the request's checks to refuse by its index
+        inputs = [TextInput(t, direction=body.truncation_direction, truncate=body.truncate, role="query")
+                  if isinstance(t, str) else t for t in texts]
+    else:
+        inputs = vectors.inputs_of(texts, body.truncation_direction, body.truncate)
+    return build(request, inputs, _names(body),
                  task="embedding", model=body.model, priority=body.priority, timeout_ms=body.timeout_ms,
                  prompt=Prompt(body.prompt_name), outputs=tuple(body.outputs))
 

@@ -98,6 +98,9 @@ class EncodeRequest(_Body):
         "float", description="Of the dense vector and each token vector: floats, base64 of little-endian float32, "
                              "or packed sign bits (binary int8, ubinary uint8)")
     return_tokens: StrictBool = Field(False, description="Each sparse weight's token text too (sparse.tokens)")
+    input_type: Literal["query", "document"] = Field(
+        "document", description="A late-interaction model (ColBERT) encodes a query with its query marker and "
+                                "expansion; other models encode both alike")
     truncate: StrictBool | None = Field(None, description="Cut texts over the model's limit (null: model.truncate); "
                                         "false refuses them with 422")
     truncation_direction: Literal["left", "right"] = "right"

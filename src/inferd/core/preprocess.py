@@ -71,7 +71,8 @@ class TextInput(str):
     ``direction`` is the side cut from a text that is too long (``left`` keeps its end, and the prompt),
     ``truncate`` overrides ``model.truncate`` for this request, ``max_tokens`` cuts below the model's limit.
     ``outputs`` names the outputs asked of a model with more than a dense head (core/outputs.py), None: its
-    default ones.
+    default ones; ``role`` "query" asks a late-interaction model for a query's encoding (its query marker and
+    expansion: core/outputs.py is_query), anything else a document's.
     """
 
     prompt: str
@@ -79,23 +80,26 @@ class TextInput(str):
     truncate: bool | None
     max_tokens: int | None
     outputs: tuple[str, ...] | None
+    role: str | None
 
     def __new__(cls, text: str, prompt: str = "", direction: Direction = "right", truncate: bool | None = None,
-                max_tokens: int | None = None, outputs: tuple[str, ...] | None = None) -> TextInput:
+                max_tokens: int | None = None, outputs: tuple[str, ...] | None = None,
+                role: str | None = None) -> TextInput:
         self = super().__new__(cls, prompt + text)
         self.prompt, self.direction, self.truncate, self.max_tokens = prompt, direction, truncate, max_tokens
-        self.outputs = outputs
+        self.outputs, self.role = outputs, role
         return self
 
     @property
     def cache_key(self) -> str:
         """What a result cache must key this text by: its value (prompt included), and the choices that can
         change its vector or its refusal when it is too long (the side cut, truncate, max_tokens, and where the
-        prompt ends, for a pooling that leaves it out), and the outputs asked: an entry holds only those."""
+        prompt ends, for a pooling that leaves it out), the outputs asked (an entry holds only those) and the role."""
         if (not self.prompt and self.direction == "right" and self.truncate is None and self.max_tokens is None
-                and self.outputs is None):
+                and self.outputs is None and self.role is None):
             return str(self)
-        return f"{self}\x00{len(self.prompt)}:{self.direction}:{self.truncate}:{self.max_tokens}:{self.outputs}"
+        return (f"{self}\x00{len(self.prompt)}:{self.direction}:{self.truncate}:{self.max_tokens}:{self.outputs}:"
+                f"{self.role}")
 
     @property
     def cut_by_hand(self) -> bool:
@@ -105,7 +109,7 @@ class TextInput(str):
 
 def asking(texts: Sequence[str], outputs: tuple[str, ...]) -> list[str]:
     """The texts asking a model for ``outputs`` (a TextInput keeps its other choices)."""
-    return [TextInput(t[len(t.prompt):], t.prompt, t.direction, t.truncate, t.max_tokens, outputs)
+    return [TextInput(t[len(t.prompt):], t.prompt, t.direction, t.truncate, t.max_tokens, outputs, t.role)
             if isinstance(t, TextInput) else TextInput(t, outputs=outputs) for t in texts]
 
 

@@ -75,5 +75,6 @@ def prompted(inputs: list[Any], prompt: str) -> list[Any]:
     """The texts with ``prompt`` prepended (a TextInput keeps its other choices); none: the texts as they are."""
     if not prompt:
         return inputs
-    return [TextInput(str(t), prompt, t.direction, t.truncate, t.max_tokens, t.outputs) if isinstance(t, TextInput)
+    return [TextInput(str(t), prompt, t.direction, t.truncate, t.max_tokens, t.outputs, t.role)
+            if isinstance(t, TextInput)
             else TextInput(t, prompt) for t in inputs]

@@ -67,7 +67,7 @@ class LateInteractionRerankHandler(Handler):
         queries = {q: i for i, q in enumerate(dict.fromkeys(str(q) for q, _ in pairs))}
         docs = [TextInput(str(d), direction=getattr(d, "direction", "right"), truncate=getattr(d, "truncate", None),
                           outputs=_ASK) for _, d in pairs]
-        encoded = self.inner.preprocess([TextInput(q, outputs=_ASK) for q in queries] + docs)
+        encoded = self.inner.preprocess([TextInput(q, outputs=_ASK, role="query") for q in queries] + docs)
         asked, documents = encoded[: len(queries)], encoded[len(queries):]
         return [ScoredPair(d.ids, d.truncated, query=asked[queries[str(q)]], document=d)
                 for (q, _), d in zip(pairs, documents, strict=True)]
