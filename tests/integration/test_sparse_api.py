@@ -26,7 +26,7 @@ import numpy as np
 import pytest
 import torch
 import yaml
-from conftest import ROOT, Server, start_server
+from conftest import ROOT, Server, metric_value, start_server
 from tinymodel import WORDS, write_tiny_bert, write_tiny_colbert
 
 TOL = 1e-5
@@ -160,9 +160,14 @@ def test_encodings_and_the_cache_keyed_by_the_outputs_asked(client: httpx.Client
     assert bits == np.packbits(np.asarray(floats["multivector"]) > 0, axis=-1).tolist()
     # The model's cache is on: the same text asked for other outputs is another entry, never the first answer.
     text = "a text asked twice"
+    before = client.get("/metrics").text
     first = _encode(client, [text], ["dense"])[0]
     second = _encode(client, [text], ["sparse"])[0]
     assert set(first) == {"object", "index", "dense"} and set(second) == {"object", "index", "sparse"}
+    after = client.get("/metrics").text
+    for output in ("dense", "sparse"):  # one text asked for each
+        counted = [metric_value(m, "inferd_output_items_total", model="m3", output=output) for m in (before, after)]
+        assert counted[1] - counted[0] == 1
 
 
 @pytest.mark.parametrize(("encoder", "reranker"), [("m3", "m3-rerank"), ("colbert", "colbert-rerank")])

@@ -222,6 +222,9 @@ class Admission:
             # While the slot is held: its version's series cannot have been removed (slot freed) under us.
             self.metrics.version_requests.labels(served.name, slot.version).inc()
             self.metrics.task_items.labels(served.name, slot.task).inc(len(inputs))
+            if slot.task == "embedding":
+                for kind in request.outputs:
+                    self.metrics.output_items.labels(served.name, kind).inc(len(inputs))
             if served.manager.shadow is not None and slot is served.manager.active:
                 self._mirror(served, request.routing_key, inputs, result)
             return result

@@ -87,6 +87,9 @@ class Metrics:
                                      ["outcome"], registry=r)
         self.task_items = Counter("inferd_task_items_total", "Inputs answered per model and task (texts, or "
                                   "query/document pairs for rerank)", ["model", "task"], registry=r)
+        self.output_items = Counter("inferd_output_items_total", "Texts an embedding model answered per output "
+                                    "asked: dense, sparse, multivector (one pass may give several)",
+                                    ["model", "output"], registry=r)
         self.version_requests = Counter("inferd_version_requests_total", "Inference requests per model version",
                                         ["model", "version"], registry=r)
         # GPU figures are read when Prometheus scrapes (the memory guard's source), not kept by the hot path.
