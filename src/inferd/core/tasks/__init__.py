@@ -25,6 +25,10 @@ def detect_task(path: Path) -> str:
     except (OSError, ValueError):
         return "embedding"
     archs = [str(a) for a in config.get("architectures") or []]
+    if "HF_ColBERT" in archs:
+        # Stanford's checkpoint keeps its projection inside model.safetensors and its markers in artifact.metadata.
+        raise ModelLoadError(f"{path}: a Stanford ColBERT checkpoint (HF_ColBERT) is not served; save it in PyLate's "
+                             "layout (pylate.models.ColBERT(path).save(...)), which inferd reads as a ColBERT model")
     seqcls = any(a.endswith("ForSequenceClassification") for a in archs)
     st = has_pooling(path)
     if seqcls and not st:
