@@ -202,6 +202,15 @@ def test_m3_heads_are_read_as_plain_tensors_only(root: Path, tmp_path: Path) -> 
         _load(M3Handler, folder)
 
 
+def test_bge_m3_heads_over_a_decoder_are_refused(root: Path, tmp_path: Path) -> None:
+    folder = tmp_path / "m3-decoder"
+    shutil.copytree(root / "m3", folder)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "model_type": "qwen3", "architectures": ["Qwen3Model"]}))
+    with pytest.raises(ModelLoadError, match="bge-m3's heads over an encoder; this model is a Qwen2 / Qwen3 decoder"):
+        _load(M3Handler, folder)
+
+
 def test_an_output_the_model_lacks_is_refused_by_name(root: Path, tmp_path: Path) -> None:
     folder = tmp_path / "m3-sparse-only"
     shutil.copytree(root / "m3", folder)

@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from inferd.core.errors import ModelLoadError
+from inferd.core.families import family_of
 from inferd.core.outputs import SparseVector, TextOutputs, asked, sparse_from_weights
 from inferd.core.preprocess import Encoded, InputError, TextEncoder
 from inferd.core.spec import ModelSpec
@@ -70,6 +71,12 @@ class M3Handler(ModelTask):
     def load(self, spec: ModelSpec, device: torch.device) -> None:
         folder = st_folder.read_folder(spec.path, spec.allow_pickle)
         safetensors = check_weights(spec.path, spec.allow_pickle)
+        family = family_of(spec.path)
+        if family.kind != "encoder":
+            # The heads read every token's state from an encoder that saw the whole text, and the dense vector is
+            # the first token's: a decoder's first token has seen only itself.
+            raise ModelLoadError(f"sparse_linear / colbert_linear are bge-m3's heads over an encoder; this model is "
+                                 f"a {family.name} decoder")
         config, tokenizer = load_tokenizer(spec.path)
         self.hidden = hidden = int(config.hidden_size)
         self.sparse_linear = linear_weights(spec.path, "sparse_linear", hidden)
