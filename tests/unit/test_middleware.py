@@ -18,7 +18,9 @@ ADMIN_PATHS = {"/admin/memory", "/admin/models/reload", "/admin/models/canary", 
 SERVING_PATHS = {"/predict", "/v1/embeddings", "/v1/rerank", "/v2/rerank", "/rerank", "/v1/classify", "/v1/models",
                  "/info", "/health", "/health/live", "/health/ready", "/metrics",
                  # text-embeddings-inference's and Cohere's embedding routes
-                 "/", "/embed", "/similarity", "/tokenize", "/decode", "/v1/embed", "/v2/embed"}
+                 "/", "/embed", "/similarity", "/tokenize", "/decode", "/v1/embed", "/v2/embed",
+                 # sparse and multi-vector outputs: TEI's routes and inferd's own
+                 "/embed_sparse", "/embed_all", "/v1/encode"}
 
 
 def settings_for(tmp_path: Path, admin_port: int | None = None) -> Settings:
