@@ -26,7 +26,7 @@ from inferd.core.backends.base import options_for
 from inferd.core.batcher import BatchQueue, Policy
 from inferd.core.engine import InferenceEngine
 from inferd.core.errors import EngineError, Kind
-from inferd.core.instances import Instance, live_lane, thread_budgets, with_budgets
+from inferd.core.instances import Instance, instance_counts, live_lane, thread_budgets, with_budgets
 from inferd.core.slots import ModelSlot
 from inferd.core.spec import ModelSpec, spec_from_settings
 from inferd.core.work import Outcome, Ticket, WorkItem
@@ -175,6 +175,17 @@ def test_the_cores_are_split_between_every_instance_unless_a_model_sets_its_own(
     assert [e.model.threads for e in resolved.models] == [2, 2]
     single = with_budgets(Settings(model=ModelSettings(path=str(tmp_path / "a"))), cores=3)
     assert single.model.threads == 3 and single.served()[0].model.threads == 3
+
+
+def test_instances_0_is_one_instance_of_one_thread_per_core_of_the_model_s_share(tmp_path: Path) -> None:
+    auto, other = entry(tmp_path, "a", instances=0), entry(tmp_path, "b", instances=0)
+    assert instance_counts((auto,), 4) == {"a": 4} and thread_budgets((auto,), 4) == {"a": 1}
+    assert instance_counts((auto, other), 4) == {"a": 2, "b": 2}
+    assert instance_counts((auto, other), 1) == {"a": 1, "b": 1}  # never none
+    assert instance_counts((entry(tmp_path, "a", instances=0, threads=2),), 4) == {"a": 2}
+    resolved = with_budgets(Settings(models=(auto, entry(tmp_path, "b", instances=1))), cores=4)
+    # Three instances on four cores: one thread each, the fourth core left to the event loop and the tokenizer.
+    assert [(e.model.instances, e.model.threads) for e in resolved.models] == [(2, 1), (1, 1)]
 
 
 class FakeStream:

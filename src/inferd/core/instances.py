@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from inferd.settings import ModelEntry, Settings
+from inferd.settings import ModelEntry, ModelSettings, Settings
 
 log = logging.getLogger(__name__)
 
@@ -47,12 +47,22 @@ def machine_cores() -> int:
         return os.cpu_count() or 1
 
 
+def instance_counts(entries: tuple[ModelEntry, ...], cores: int) -> dict[str, int]:
+    """Each model's instances: its own ``model.instances``, or (0, the default) one per core of its even share of the
+    cores, of ``model.threads`` threads each where it sets them. One thread per instance is what the measurement
+    chose (bench/RESULTS.md, "Instances": on 2 cores, 2 instances of 1 thread served more texts/s than 1 of 2 at 1
+    and 32 clients, torch and OpenVINO, with a lower P99 at 1 client)."""
+    share = max(1, cores // max(1, len(entries)))
+    return {e.name: e.model.instances or max(1, share // (e.model.threads or 1)) for e in entries}
+
+
 def thread_budgets(entries: tuple[ModelEntry, ...], cores: int) -> dict[str, int]:
     """Each model's threads per instance: its own ``model.threads``, or the cores left by those that set theirs
     split evenly between the other models' instances (at least one each: more instances than cores time-share)."""
+    counts = instance_counts(entries, cores)
     fixed = {e.name: e.model.threads for e in entries if e.model.threads}
-    left = cores - sum(fixed[name] * e.model.instances for e in entries for name in [e.name] if name in fixed)
-    shared = sum(e.model.instances for e in entries if e.name not in fixed)
+    left = cores - sum(fixed[name] * counts[name] for name in fixed)
+    shared = sum(counts[e.name] for e in entries if e.name not in fixed)
     even = max(1, left // shared) if shared else 0
     if shared and left < shared:
         log.warning("%d instances share %d cores: each gets one thread and they time-share", shared, max(left, 0))
@@ -60,16 +70,19 @@ def thread_budgets(entries: tuple[ModelEntry, ...], cores: int) -> dict[str, int
 
 
 def with_budgets(settings: Settings, cores: int | None = None) -> Settings:
-    """``settings`` with every model's ``model.threads`` resolved (0 = its even share of the cores), so that the
-    load (OpenVINO's and ONNX Runtime's thread counts) and the workers read one figure."""
+    """``settings`` with every model's ``model.instances`` and ``model.threads`` resolved (0 = chosen from the cores),
+    so that the load (OpenVINO's and ONNX Runtime's thread counts) and the workers read one figure."""
     total = cores or settings.runtime.torch_threads or machine_cores()
+    counts = instance_counts(settings.served(), total)
     budgets = thread_budgets(settings.served(), total)
+
+    def resolved(entry: ModelEntry, model: ModelSettings) -> ModelSettings:
+        return model.model_copy(update={"instances": counts[entry.name], "threads": budgets[entry.name]})
+
     if settings.models:
-        models = tuple(e.model_copy(update={"model": e.model.model_copy(update={"threads": budgets[e.name]})})
-                       for e in settings.models)
+        models = tuple(e.model_copy(update={"model": resolved(e, e.model)}) for e in settings.models)
         return settings.model_copy(update={"models": models})
-    only = settings.served()[0]
-    return settings.model_copy(update={"model": settings.model.model_copy(update={"threads": budgets[only.name]})})
+    return settings.model_copy(update={"model": resolved(settings.served()[0], settings.model)})
 
 
 def _new_stream(device: str) -> Any:

@@ -106,7 +106,7 @@ def options_for(spec: ModelSpec, task: str = "embedding", head: str = "hidden") 
         calibration_file=Path(spec.calibration_file).expanduser() if spec.calibration_file else None,
         gate=spec.gate, unpadded=str(unpadded).lower() if isinstance(unpadded, bool) else str(unpadded),
         # Every instance's threads (resolved at start: core/instances.py; 0 = torch's count) in one compiled model.
-        threads=spec.threads * spec.instances, streams=spec.instances)
+        threads=spec.threads * max(1, spec.instances), streams=max(1, spec.instances))
 
 
 def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> set[str]:
