@@ -15,7 +15,7 @@ import json
 import shutil
 import signal
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,9 +25,9 @@ import numpy as np
 import openai
 import pytest
 import yaml
-from conftest import ROOT, Server, metric_value, start_server, wait_for
+from conftest import ROOT, Server, metric_value, running, start_server, wait_for
 from fakes import read_record
-from tinymodel import write_tiny_bert, write_tiny_classifier, write_tiny_cross_encoder
+from tinymodel import write_tiny_bert
 
 ADMIN = {"Authorization": "Bearer admin-secret"}
 TEXTS = ["hello world", "a dog and a cat in the house", "the weather is nice today", "一个 测试"]
@@ -44,22 +44,24 @@ def write_config(folder: Path, models: list[dict[str, Any]], **sections: Any) ->
     return folder
 
 
+def config_env(tmp: Path, models: list[dict[str, Any]], **env: str) -> dict[str, str]:
+    config = write_config(tmp / f"configs-{uuid.uuid4().hex[:6]}", models)
+    return {"INFERD_CONFIG_DIR": str(config), "INFERD__SERVER__ADMIN_KEY": "admin-secret",
+            "INFERD__MODEL__LOAD_MODE": "eager", **env}
+
+
 def serve_config(tmp: Path, models: list[dict[str, Any]], wait: str | None = "/health/ready",
                  **env: str) -> Server:
-    config = write_config(tmp / f"configs-{uuid.uuid4().hex[:6]}", models)
-    return start_server(tmp, {"INFERD_CONFIG_DIR": str(config), "INFERD__SERVER__ADMIN_KEY": "admin-secret",
-                              "INFERD__MODEL__LOAD_MODE": "eager", **env}, wait=wait)
+    return start_server(tmp, config_env(tmp, models, **env), wait=wait)
 
 
 @pytest.fixture(scope="module")
-def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("pipeline-models")
-    write_tiny_bert(root / "emb-a", seed=11)
-    write_tiny_bert(root / "emb-b", seed=12, pooling="cls")
-    write_tiny_cross_encoder(root / "ce", seed=13)
-    write_tiny_cross_encoder(root / "ce2", seed=14)
-    write_tiny_classifier(root / "cls", seed=15)
-    return root
+def root(task_models: Path) -> Path:
+    """The package's task models (ce, ce2, cls: the shared reranker and classifier serve ce and cls alone) and
+    this suite's two embedders beside them."""
+    write_tiny_bert(task_models / "emb-a", seed=11)
+    write_tiny_bert(task_models / "emb-b", seed=12, pooling="cls")
+    return task_models
 
 
 def pipeline_models(root: Path) -> list[dict[str, Any]]:
@@ -71,29 +73,22 @@ def pipeline_models(root: Path) -> list[dict[str, Any]]:
 
 @pytest.fixture(scope="module")
 def pipeline(root: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    server = serve_config(tmp_path_factory.mktemp("pipeline"), pipeline_models(root))
-    try:
+    tmp = tmp_path_factory.mktemp("pipeline")
+    with running(tmp, config_env(tmp, pipeline_models(root)), wait="/health/ready") as server:
         yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture(scope="module")
-def singles(root: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Server]]:
-    """One server per model, as a user would run them without the list: the reference answers. Started side by
-    side (each start is mostly imports), then each waited for."""
-    started: dict[str, Server] = {}
-    try:
-        for name, folder in (("embedder", "emb-a"), ("embedder-b", "emb-b"), ("reranker", "ce"),
-                             ("classifier", "cls")):
-            started[name] = start_server(tmp_path_factory.mktemp(f"single-{name}"), {
-                "INFERD__MODEL__PATH": str(root / folder), "INFERD__MODEL__LOAD_MODE": "eager"}, wait=None)
-        for server in started.values():
-            server.wait_ready(120, "/health/ready")
-        yield started
-    finally:
-        for server in started.values():
-            server.stop()
+def singles(root: Path, module_serve: Callable[..., Server], reranker: Server,
+            classifier: Server) -> dict[str, Server]:
+    """One server per model, as a user would run them without the list: the reference answers. The reranker and
+    the classifier are the package's (the same folders); the embedders start side by side (each start is mostly
+    imports), then each is waited for."""
+    started = {name: module_serve({"INFERD__MODEL__PATH": str(root / folder), "INFERD__MODEL__LOAD_MODE": "eager"},
+                                  wait=None) for name, folder in (("embedder", "emb-a"), ("embedder-b", "emb-b"))}
+    for server in started.values():
+        server.wait_ready(120, "/health/ready")
+    return {**started, "reranker": reranker, "classifier": classifier}
 
 
 def post(server: Server, path: str, body: dict[str, Any], status: int = 200) -> Any:

@@ -11,16 +11,17 @@ from __future__ import annotations
 import json
 import random
 import warnings
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import numpy as np
 import pytest
-from conftest import Server, metric_value, start_server
-from tinymodel import WORDS, write_tiny_classifier, write_tiny_cross_encoder
+from conftest import Server, metric_value, running
+from tinymodel import WORDS, write_tiny_classifier
 
-ADMIN = {"Authorization": "Bearer admin-secret"}
+from .conftest import ADMIN_KEY, task_env
+
+ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
 TOL = 1e-5
 
 
@@ -29,38 +30,12 @@ def _sentence(rng: random.Random, n: int) -> str:
 
 
 @pytest.fixture(scope="module")
-def task_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("task-models")
-    write_tiny_cross_encoder(root / "ce", seed=3)
-    write_tiny_cross_encoder(root / "ce2", seed=4)
-    write_tiny_classifier(root / "cls", seed=5)
-    write_tiny_classifier(root / "cls-multi", seed=6, multi_label=True)
-    write_tiny_classifier(root / "cls-other", seed=7, labels=("spam", "ham"))
-    return root
-
-
-def _server(tmp_path_factory: pytest.TempPathFactory, path: Path, **env: str) -> Server:
-    return start_server(tmp_path_factory.mktemp("srv"), {
-        "INFERD__MODEL__PATH": str(path), "INFERD__MODEL__LOAD_MODE": "eager", "INFERD__SERVER__ADMIN_KEY":
-        "admin-secret", "INFERD__CACHE__MAX_ENTRIES": "0", **env}, wait="/health/ready")
-
-
-@pytest.fixture(scope="module")
-def reranker(task_root: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    server = _server(tmp_path_factory, task_root / "ce")
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
-@pytest.fixture(scope="module")
-def classifier(task_root: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    server = _server(tmp_path_factory, task_root / "cls")
-    try:
-        yield server
-    finally:
-        server.stop()
+def task_root(task_models: Path) -> Path:
+    """The package's task models (ce, cls: served by the shared reranker and classifier; ce2) and this suite's
+    classifiers, in the folder the shared servers may be reloaded from."""
+    write_tiny_classifier(task_models / "cls-multi", seed=6, multi_label=True)
+    write_tiny_classifier(task_models / "cls-other", seed=7, labels=("spam", "ham"))
+    return task_models
 
 
 def _cross_encoder(path: Path):  # noqa: ANN202 - sentence_transformers' own type
@@ -209,12 +184,9 @@ def test_multi_label_classifier_uses_sigmoid_as_the_pipeline(task_root: Path,
                                                              tmp_path_factory: pytest.TempPathFactory) -> None:
     from transformers import pipeline
 
-    server = _server(tmp_path_factory, task_root / "cls-multi")
-    try:
+    with running(tmp_path_factory.mktemp("srv"), task_env(task_root / "cls-multi"), wait="/health/ready") as server:
         texts = ["hello world", "the river runs past the city"]
         data = httpx.post(server.url + "/v1/classify", json={"input": texts}).json()["data"]
-    finally:
-        server.stop()
     pipe = pipeline("text-classification", model=str(task_root / "cls-multi"), top_k=None, device="cpu")
     for item, ref in zip(data, pipe(texts), strict=True):
         expected = {x["label"]: x["score"] for x in ref}
@@ -233,11 +205,16 @@ def test_reload_within_a_task_works_and_to_another_task_is_refused(reranker: Ser
     r = httpx.post(classifier.url + "/admin/models/reload",
                    json={"path": str(task_root / "cls-other"), "version": "x2"}, headers=ADMIN, timeout=60)
     assert r.status_code == 422 and "labels" in r.json()["error"]["message"]
-    r = httpx.post(reranker.url + "/admin/models/reload",
-                   json={"path": str(task_root / "ce2"), "version": "2"}, headers=ADMIN, timeout=60)
-    assert r.status_code == 200, r.text
-    info = httpx.get(reranker.url + "/info").json()
-    assert (info["task"], info["version"]) == ("rerank", "2")
+    try:
+        r = httpx.post(reranker.url + "/admin/models/reload",
+                       json={"path": str(task_root / "ce2"), "version": "2"}, headers=ADMIN, timeout=60)
+        assert r.status_code == 200, r.text
+        info = httpx.get(reranker.url + "/info").json()
+        assert (info["task"], info["version"]) == ("rerank", "2")
+    finally:  # the package's reranker serves ce at version 1 to the suites after this one
+        back = httpx.post(reranker.url + "/admin/models/reload",
+                          json={"path": str(task_root / "ce"), "version": "1"}, headers=ADMIN, timeout=60)
+        assert back.status_code == 200, back.text
 
 
 def test_config_json_written_by_the_fixture_is_a_cross_encoder(task_root: Path) -> None:

@@ -13,17 +13,19 @@ from __future__ import annotations
 
 import random
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import httpx
 import numpy as np
 import pytest
-from conftest import Server, start_server
+from conftest import Server
 from prompted import PROMPTS, add_matryoshka_card, add_prompts, exclude_prompt_from_pooling, sentence_transformer
-from tinymodel import WORDS, write_tiny_bert, write_tiny_classifier, write_tiny_cross_encoder
+from tinymodel import WORDS, write_tiny_bert
 from tokenizers import Tokenizer
+
+from .conftest import task_env
 
 TOL = 1e-5
 TEXTS = ["hello world", "the cat is in the house", "你好世界", "a long text " + " ".join(WORDS[:40])]
@@ -36,51 +38,17 @@ def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     # CLS pooling, no normalisation, prompts left out of pooling, no Matryoshka card.
     exclude_prompt_from_pooling(add_prompts(write_tiny_bert(root / "instr", seed=22, pooling="cls",
                                                             normalize=False), default="query"))
-    write_tiny_classifier(root / "cls", seed=23)
-    write_tiny_cross_encoder(root / "ce", seed=24)
     return root
 
 
-def _server(tmp_path_factory: pytest.TempPathFactory, path: Path, **env: str) -> Server:
-    return start_server(tmp_path_factory.mktemp("srv"), {
-        "INFERD__MODEL__PATH": str(path), "INFERD__MODEL__LOAD_MODE": "eager", "INFERD__CACHE__MAX_ENTRIES": "0",
-        **env}, wait="/health/ready")
+@pytest.fixture(scope="module")
+def mrl(root: Path, module_serve: Callable[..., Server]) -> Server:
+    return module_serve(task_env(root / "mrl"), wait="/health/ready")
 
 
 @pytest.fixture(scope="module")
-def mrl(root: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    server = _server(tmp_path_factory, root / "mrl")
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
-@pytest.fixture(scope="module")
-def instr(root: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    server = _server(tmp_path_factory, root / "instr")
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
-@pytest.fixture(scope="module")
-def classifier(root: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    server = _server(tmp_path_factory, root / "cls")
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
-@pytest.fixture(scope="module")
-def reranker(root: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    server = _server(tmp_path_factory, root / "ce")
-    try:
-        yield server
-    finally:
-        server.stop()
+def instr(root: Path, module_serve: Callable[..., Server]) -> Server:
+    return module_serve(task_env(root / "instr"), wait="/health/ready")
 
 
 @pytest.fixture(scope="module")
@@ -323,7 +291,7 @@ def test_every_tei_route_refuses_in_teis_shape_with_inferds_statuses(
     _tei_error(r, status, error_type, words)
 
 
-def test_a_rerank_pair_takes_truncate_and_its_direction(reranker: Server, root: Path) -> None:
+def test_a_rerank_pair_takes_truncate_and_its_direction(reranker: Server, task_models: Path) -> None:
     from sentence_transformers import CrossEncoder
 
     limit = 64  # the tiny cross-encoder's max_position_embeddings
@@ -341,11 +309,11 @@ def test_a_rerank_pair_takes_truncate_and_its_direction(reranker: Server, root: 
     predicted = _post(reranker, "/predict", {"inputs": [query, document], "truncation_direction": "left"}).json()
     assert abs(predicted[0]["score"] - left) <= TOL
     # The query is kept whole; the document keeps what fits: its first words (right) or its last words (left).
-    tok = Tokenizer.from_file(str(root / "ce" / "tokenizer.json"))
+    tok = Tokenizer.from_file(str(task_models / "ce" / "tokenizer.json"))
     room = limit - 3 - len(tok.encode(query, add_special_tokens=False).ids)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        model = CrossEncoder(str(root / "ce"), device="cpu")
+        model = CrossEncoder(str(task_models / "ce"), device="cpu")
     want = model.predict([(query, " ".join(words[:room])), (query, " ".join(words[-room:]))])
     np.testing.assert_allclose([right, left], want, atol=TOL)
     assert abs(left - right) > 1e-4  # the side cut changed what was scored
