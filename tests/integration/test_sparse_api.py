@@ -27,7 +27,7 @@ import pytest
 import torch
 import yaml
 from conftest import ROOT, Server, metric_value, start_server
-from tinymodel import WORDS, write_tiny_bert, write_tiny_colbert
+from tinymodel import WORDS, _tiny_encoder_config, write_tiny_bert, write_tiny_colbert
 
 TOL = 1e-5
 CAP = 48  # limits.max_multivector_tokens of the server
@@ -70,6 +70,9 @@ def m3(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def server(m3: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     tmp = tmp_path_factory.mktemp("sparse-srv")
     dense = write_tiny_bert(tmp / "dense", seed=6)
+    from transformers import BertForMaskedLM
+
+    BertForMaskedLM(_tiny_encoder_config(tmp / "mlm", 8, 32, 2, 64)).eval().save_pretrained(tmp / "mlm")
     config = tmp / "configs"
     config.mkdir()
     shutil.copy(ROOT / "configs" / "base.yaml", config / "base.yaml")
@@ -78,7 +81,8 @@ def server(m3: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Serve
                    {"name": "m3-rerank", "path": str(m3), "task": "rerank"},
                    {"name": "colbert-rerank", "path": str(write_tiny_colbert(tmp / "colbert")), "task": "rerank"},
                    {"name": "colbert", "path": str(tmp / "colbert")},
-                   {"name": "dense", "path": str(dense)}],
+                   {"name": "dense", "path": str(dense)},
+                   {"name": "splade", "path": str(tmp / "mlm"), "pooling": "splade"}],
         "limits": {"max_multivector_tokens": CAP}}))
     # Three loads (the bge-m3 folder twice) on a busy CI machine: more than the one-model default of 60 s.
     server = start_server(tmp, {"INFERD_CONFIG_DIR": str(config), "INFERD__MODEL__LOAD_MODE": "eager"},
@@ -148,6 +152,24 @@ def test_tei_routes_answer_tei_s_shapes_with_baai_s_outputs(client: httpx.Client
         assert "dense" not in alone and "multivector" not in alone
     dense = client.post("/v1/embeddings", json={"input": TEXTS, "model": "m3"}).json()["data"]
     np.testing.assert_allclose([d["embedding"] for d in dense], [i["dense"] for i in both], atol=TOL)
+
+
+def test_a_splade_model_s_weights_on_tei_s_route(client: httpx.Client, server: Server) -> None:
+    """model.pooling: splade on a masked LM: log(1 + relu(logits)), the largest over the text's tokens."""
+    from transformers import AutoTokenizer, BertForMaskedLM
+
+    folder = Path(server.env["INFERD_CONFIG_DIR"]).parent / "mlm"
+    tokenizer, model = AutoTokenizer.from_pretrained(folder), BertForMaskedLM.from_pretrained(folder).eval()
+    r = client.post("/embed_sparse", json={"inputs": TEXTS[:2], "model": "splade"})
+    assert r.status_code == 200, r.text
+    for text, got in zip(TEXTS[:2], r.json(), strict=True):
+        with torch.no_grad():
+            weights = torch.log1p(torch.relu(model(**tokenizer(text, return_tensors="pt")).logits[0])).max(dim=0).values
+        want = torch.nonzero(weights).flatten().tolist()
+        assert [p["index"] for p in got] == want
+        np.testing.assert_allclose([p["value"] for p in got], weights[want].numpy(), atol=TOL)
+    r = client.post("/v1/encode", json={"input": "hello", "model": "splade"})  # dense: the default output
+    assert r.status_code == 422 and r.json()["error"]["code"] == "unsupported_output"
 
 
 def test_encodings_and_the_cache_keyed_by_the_outputs_asked(client: httpx.Client) -> None:

@@ -203,10 +203,11 @@ class Admission:
             refusal = None if request.dimensions is None else wrong_dimensions(slot.description, request.dimensions)
             if refusal is not None:
                 raise refusal  # known before any work: refuse now rather than compute in vain
+            # A dense vector too: every embedding route asks for one, which a SPLADE or ColBERT model does not give.
+            missing = missing_outputs(slot.description, request.outputs) if slot.task == "embedding" else None
+            if missing is not None:
+                raise missing
             if request.outputs != ("dense",):
-                missing = missing_outputs(slot.description, request.outputs)
-                if missing is not None:
-                    raise missing
                 # Each text carries them to the handler, and into its cache key (core/outputs.py asked).
                 inputs = asking(inputs, request.outputs)
             if request.prompt is not None:
