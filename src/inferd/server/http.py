@@ -57,6 +57,49 @@ class ConnectionLimits:
     limit_concurrency: int | None
 
 
+class HeadWithBody:
+    """The transport as a request's response cycle sees it: the response head goes out with the first body bytes,
+    in one write.
+
+    uvicorn writes the head and the body in two writes, and between them the event loop's thread may wait for the
+    GIL (the inference thread holds it) for milliseconds. A worker killed there (kill -9, the OOM killer) has
+    sent a head without its body: nginx, holding the start of an answer, may neither retry the request on another
+    worker nor answer it, and closes the client's connection (one request in about 5,000 lost while a fleet
+    worker was killed under load, tests/fleet/test_fleet_service.py). Written at once, an answer that fits the
+    socket's buffer is either all sent or not at all, and nginx retries a request that got nothing.
+    """
+
+    def __init__(self, transport: asyncio.Transport, cycle: RequestResponseCycle) -> None:
+        self._transport = transport
+        self._cycle = cycle
+        self._head: bytes | None = None
+        self._held = False  # the head has been held once: every later write goes straight out
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        if self._cycle.response_started and not self._held:
+            # uvicorn marks the response started, then writes its head: this is the head (a 100 Continue
+            # interim answer is written before, when the response has not started).
+            self._held = True
+            self._head = bytes(data)
+            return
+        if self._head is not None:
+            data, self._head = self._head + bytes(data), None
+        self._transport.write(data)
+
+    def flush(self) -> None:
+        """Write a head still held (a HEAD request's answer has no body write)."""
+        if self._head is not None:
+            head, self._head = self._head, None
+            self._transport.write(head)
+
+    def close(self) -> None:
+        self.flush()
+        self._transport.close()
+
+    def __getattr__(self, name: str) -> Any:  # is_closing, get_extra_info, ...: the transport's own
+        return getattr(self._transport, name)
+
+
 class _Refused(Exception):
     """Raised from a parser callback to stop parsing; the refusal itself is in ``LimitedProtocol._refusal``."""
 
@@ -152,7 +195,10 @@ class LimitedProtocol(HttpToolsProtocol):
         if over:
             log.warning("over server.limit_concurrency (%d): answering 503", limit)
         self.app = self.overloaded_app if over and self.overloaded_app else self.config.loaded_app
+        before = self.cycle
         super().on_headers_complete()
+        if self.cycle is not None and self.cycle is not before:  # a new request (not an upgrade refused)
+            self.cycle.transport = HeadWithBody(self.transport, self.cycle)  # type: ignore[assignment]
 
     def _start_asgi_task(self, cycle: RequestResponseCycle, app: Any) -> None:
         self._running = cycle
@@ -165,6 +211,9 @@ class LimitedProtocol(HttpToolsProtocol):
             self._body_timer = self.loop.call_later(self.limits.body_timeout_s, self._body_timed_out)
 
     def on_response_complete(self) -> None:
+        running = self._running
+        if running is not None and isinstance(running.transport, HeadWithBody):
+            running.transport.flush()  # before anything the next request writes
         last = not self.pipeline
         super().on_response_complete()  # starts the next pipelined request, if any
         if self._held and last:
