@@ -20,10 +20,6 @@ from inferd.core.errors import Kind
 from inferd.core.outputs import SparseVector, TextOutputs
 from inferd.core.work import TaskResult
 
-# The encodings of a dense vector or a token vector; int8/uint8 need calibration ranges measured for the dense
-# vectors only (core/quantize.py), so they are Cohere's /v2/embed's and not offered here.
-ENCODINGS = ("float", "base64", "binary", "ubinary")
-
 
 def outputs_of(result: TaskResult, wanted: Sequence[str]) -> list[TextOutputs]:
     """Each text's outputs (a bare vector is a dense output). The engine refused, before any work, outputs the
@@ -63,7 +59,8 @@ def sparse_pairs(vector: SparseVector) -> list[dict[str, Any]]:
 
 def encoded(vectors: np.ndarray, encoding: str) -> Any:
     """Rows (a dense vector's one, a multi-vector's many) in ``encoding``: float lists, base64 of float32, or
-    packed sign bits (binary: int8, ubinary: uint8)."""
+    packed sign bits (binary: int8, ubinary: uint8). Not int8/uint8: their calibration ranges are measured on dense
+    vectors only (core/quantize.py)."""
     rows = np.atleast_2d(np.asarray(vectors, dtype=np.float32))
     if encoding == "base64":
         out: Any = quantize.as_base64(rows)
