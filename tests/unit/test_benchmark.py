@@ -300,9 +300,11 @@ def test_locustfile_runs_headless_against_inferd(serve, tiny_model: Path, tmp_pa
     server = serve(env={"INFERD__MODEL__PATH": str(tiny_model), "INFERD__SERVER__LOG_LEVEL": "WARNING"},
                    wait="/health/ready")
     env = {**os.environ, "LOCUST_WAIT": "none", "PYTHONWARNINGS": "ignore"}
+    # 8 s, not 3: gevent's loop caches its clock, and on a loaded machine importing locust blocks the hub for ~3 s,
+    # so a 3 s run-time limit fired before the first request (an Aggregated row of 0 requests).
     proc = subprocess.run(
         [sys.executable, "-m", "locust", "-f", str(ROOT / "loadtest" / "locustfile.py"), "--headless", "-u", "4",
-         "-r", "4", "-t", "3s", "--host", server.url, "--csv", str(tmp_path / "loc"), "--only-summary"],
+         "-r", "4", "-t", "8s", "--host", server.url, "--csv", str(tmp_path / "loc"), "--only-summary"],
         env=env, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr[-3000:]
     stats = (tmp_path / "loc_stats.csv").read_text().splitlines()
