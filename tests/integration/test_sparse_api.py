@@ -213,6 +213,9 @@ def test_a_late_interaction_model_reranks_by_maxsim(client: httpx.Client, encode
 
 
 def test_what_a_model_cannot_give_and_the_token_vector_cap_are_refused_by_name(client: httpx.Client) -> None:
+    gives = {m["name"]: m["outputs"] for m in client.get("/info").json()["models"]}
+    assert (gives["m3"], gives["splade"], gives["colbert"], gives["dense"], gives["m3-rerank"]) == (
+        ["dense", "sparse", "multivector"], ["sparse"], ["multivector"], ["dense"], None)
     r = client.post("/v1/encode", json={"input": "hello", "outputs": ["sparse"], "model": "dense"})
     assert r.status_code == 422 and r.json()["error"]["param"] == "outputs"
     assert r.json()["error"]["message"] == "outputs: sparse is not an output of model 'dense', which gives dense"

@@ -277,6 +277,8 @@ class ModelInfo(BaseModel):
     default_prompt_name: str | None = None
     # The similarity its vectors are made for (config_sentence_transformers.json; cosine when it names none).
     similarity_fn_name: str | None = None
+    # An embedding model's outputs: dense, sparse, multivector (POST /v1/encode's ``outputs``).
+    outputs: list[str] | None = None
 
 
 class Info(BaseModel):

@@ -84,9 +84,8 @@ def wrong_dimensions(description: ModelDescription, dimensions: int) -> EngineEr
 
 
 def missing_outputs(description: ModelDescription, outputs: tuple[str, ...]) -> EngineError | None:
-    """Outputs the model load cannot give (its handler's ``outputs``; a model that names none gives a dense vector),
-    refused before any work."""
-    gives = tuple(description.facts.get("outputs") or ("dense",))
+    """Outputs the model load cannot give (its description's ``outputs``), refused before any work."""
+    gives = tuple(description.outputs or ("dense",))
     missing = [k for k in outputs if k not in gives]
     if not missing:
         return None

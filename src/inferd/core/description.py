@@ -55,4 +55,13 @@ class ModelDescription:
                 "backend_info": None if self.backend_info is None else dict(self.backend_info),
                 "matryoshka_dimensions": list(matryoshka) if isinstance(matryoshka, tuple) else matryoshka,
                 "prompts": None if self.prompts is None else dict(self.prompts),
-                "default_prompt_name": self.default_prompt_name, "similarity_fn_name": self.similarity_fn_name}
+                "default_prompt_name": self.default_prompt_name, "similarity_fn_name": self.similarity_fn_name,
+                "outputs": self.outputs}
+
+    @property
+    def outputs(self) -> list[str] | None:
+        """An embedding model's outputs (dense, sparse, multivector: its handler's ``outputs``, a dense vector when
+        it names none); None for another task."""
+        if self.task != "embedding":
+            return None
+        return list(self.facts.get("outputs") or ("dense",))
