@@ -24,9 +24,10 @@ from starlette.testclient import TestClient
 from inferd.api.app import create_app
 from inferd.core.backends.base import options_for
 from inferd.core.batcher import BatchQueue, Policy
+from inferd.core.budgets import instance_counts, thread_budgets, with_budgets
 from inferd.core.engine import InferenceEngine
 from inferd.core.errors import EngineError, Kind
-from inferd.core.instances import Instance, instance_counts, live_lane, thread_budgets, with_budgets
+from inferd.core.instances import Instance, live_lane
 from inferd.core.slots import ModelSlot
 from inferd.core.spec import ModelSpec, spec_from_settings
 from inferd.core.work import Outcome, Ticket, WorkItem
@@ -361,3 +362,15 @@ def test_an_instance_out_of_memory_splits_its_own_batch_and_leaves_the_other_run
         assert (await held).outputs == [vector_for("hold:b")]
 
     run(engine, handlers, scenario)
+
+
+def test_the_fleet_layout_shows_each_worker_s_instances(tmp_path: Path) -> None:
+    from inferd.fleet.layout import plan as fleet_plan
+
+    models = (entry(tmp_path, "embedder", instances=0), entry(tmp_path, "reranker", instances=1))
+    ports = iter(range(20000, 20100))
+    layout = fleet_plan(Settings(models=models, fleet={"workers": 2}), [], cores=8, port=lambda: next(ports))
+    # Each worker's 4 threads: the embedder's share of 2 cores as two one-thread instances, the reranker's one
+    # instance the rest of the even split.
+    assert [w.instances for w in layout.workers] == ["embedder 2x1, reranker 1x1"] * 2
+    assert "embedder 2x1, reranker 1x1" in layout.table()

@@ -20,9 +20,9 @@ from typing import Any, TypeAlias
 
 from inferd.core.admission import Admission
 from inferd.core.batcher import BatchQueue, Policy
+from inferd.core.budgets import with_budgets
 from inferd.core.cache import ResultCache
 from inferd.core.errors import ModelLoadError, ModelNotReady, ReloadInProgress
-from inferd.core.instances import with_budgets
 from inferd.core.loading import load_handler
 from inferd.core.manager import ModelManager
 from inferd.core.registry import ModelRegistry, ServedModel

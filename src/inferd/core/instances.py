@@ -9,7 +9,8 @@ instances run at the same time and share no barrier.
 An instance's budget is a number of intra-op threads. torch's ``set_num_threads`` is per calling thread under
 its OpenMP backend once that thread has been initialised (measured on torch 2.13: a worker thread that asks
 for one thread keeps one while the thread beside it runs two; a thread not yet initialised copies the last
-count any thread set), so each worker initialises its thread, then sets its own count. OpenVINO and ONNX
+count any thread set), so each worker initialises its thread, then sets its own count. How many instances and
+threads each model gets is core/budgets.py's arithmetic, resolved once at start. OpenVINO and ONNX
 Runtime get theirs from the model's load (core/backends/base.py ``options_for``: streams and threads per
 compiled model). By default the machine's cores are split evenly between every live instance, never more
 than one core each way; ``model.threads`` sets a model's own. On a GPU each instance runs on its own CUDA
@@ -24,65 +25,15 @@ its 20 s for 42 tiny fake batches).
 from __future__ import annotations
 
 import contextlib
-import logging
-import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from inferd.settings import ModelEntry, ModelSettings, Settings
-
-log = logging.getLogger(__name__)
+from inferd.settings import ModelEntry
 
 SHADOW_INSTANCE = "shadow"
-
-
-def machine_cores() -> int:
-    """The cores this process may run on (its affinity mask: a container's or taskset's limit, not the host's)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
-
-
-def instance_counts(entries: tuple[ModelEntry, ...], cores: int) -> dict[str, int]:
-    """Each model's instances: its own ``model.instances``, or (0, the default) one per core of its even share of the
-    cores, of ``model.threads`` threads each where it sets them. One thread per instance is what the measurement
-    chose (bench/RESULTS.md, "Instances": on 2 cores, 2 instances of 1 thread served more texts/s than 1 of 2 at 1
-    and 32 clients, torch and OpenVINO, with a lower P99 at 1 client)."""
-    share = max(1, cores // max(1, len(entries)))
-    return {e.name: e.model.instances or max(1, share // (e.model.threads or 1)) for e in entries}
-
-
-def thread_budgets(entries: tuple[ModelEntry, ...], cores: int) -> dict[str, int]:
-    """Each model's threads per instance: its own ``model.threads``, or the cores left by those that set theirs
-    split evenly between the other models' instances (at least one each: more instances than cores time-share)."""
-    counts = instance_counts(entries, cores)
-    fixed = {e.name: e.model.threads for e in entries if e.model.threads}
-    left = cores - sum(fixed[name] * counts[name] for name in fixed)
-    shared = sum(counts[e.name] for e in entries if e.name not in fixed)
-    even = max(1, left // shared) if shared else 0
-    if shared and left < shared:
-        log.warning("%d instances share %d cores: each gets one thread and they time-share", shared, max(left, 0))
-    return {e.name: fixed.get(e.name, even) for e in entries}
-
-
-def with_budgets(settings: Settings, cores: int | None = None) -> Settings:
-    """``settings`` with every model's ``model.instances`` and ``model.threads`` resolved (0 = chosen from the cores),
-    so that the load (OpenVINO's and ONNX Runtime's thread counts) and the workers read one figure."""
-    total = cores or settings.runtime.torch_threads or machine_cores()
-    counts = instance_counts(settings.served(), total)
-    budgets = thread_budgets(settings.served(), total)
-
-    def resolved(entry: ModelEntry, model: ModelSettings) -> ModelSettings:
-        return model.model_copy(update={"instances": counts[entry.name], "threads": budgets[entry.name]})
-
-    if settings.models:
-        models = tuple(e.model_copy(update={"model": resolved(e, e.model)}) for e in settings.models)
-        return settings.model_copy(update={"models": models})
-    return settings.model_copy(update={"model": resolved(settings.served()[0], settings.model)})
 
 
 def _new_stream(device: str) -> Any:

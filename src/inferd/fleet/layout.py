@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from inferd.core.budgets import describe
 from inferd.settings import Settings
 
 # Workers on a CPU when fleet.workers is not set: two shows the fleet working without oversubscribing.
@@ -29,6 +30,8 @@ class WorkerSlot:
     gpu: str | None  # the CUDA device id (or UUID) the worker sees as its only device; None on a CPU
     torch_threads: int
     memory_fraction: float | None  # memory.per_process_fraction, for workers sharing a GPU
+    # Each model's instances x threads inside the worker (core/budgets.py: its torch_threads split between them).
+    instances: str = ""
 
     @property
     def url(self) -> str:
@@ -53,10 +56,11 @@ class Layout:
         return cls(tuple(WorkerSlot(**w) for w in data["workers"]), tuple(data["gpus"]), int(data["cores"]))
 
     def table(self) -> str:
-        rows = [("worker", "port", "admin port", "gpu", "torch threads", "memory fraction")]
+        rows = [("worker", "port", "admin port", "gpu", "torch threads", "memory fraction", "instances x threads")]
         for w in self.workers:
             rows.append((w.name, str(w.port), str(w.admin_port), w.gpu if w.gpu is not None else "cpu",
-                         str(w.torch_threads), "-" if w.memory_fraction is None else f"{w.memory_fraction:g}"))
+                         str(w.torch_threads), "-" if w.memory_fraction is None else f"{w.memory_fraction:g}",
+                         w.instances or "-"))
         widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
         lines = ["  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip() for row in rows]
         return "\n".join([lines[0], "  ".join("-" * w for w in widths), *lines[1:]])
@@ -127,6 +131,7 @@ def plan(settings: Settings, gpus_visible: Sequence[str], cores: int,
     # Each worker gets its share of the cores, so N workers do not oversubscribe the machine (tokenising runs
     # on the CPU on a GPU host too); an operator's explicit runtime.torch_threads stands.
     threads = settings.runtime.torch_threads or max(1, cores // n)
+    split = describe(settings, threads)
     taken: set[int] = set()
 
     def pick() -> int:
@@ -143,7 +148,7 @@ def plan(settings: Settings, gpus_visible: Sequence[str], cores: int,
             main, admin = pick(), pick()
         fraction = _fraction(sharing[gpu], fleet.memory_margin, settings.memory.per_process_fraction) \
             if gpu is not None else None
-        workers.append(WorkerSlot(i, f"worker-{i}", main, admin, gpu, threads, fraction))
+        workers.append(WorkerSlot(i, f"worker-{i}", main, admin, gpu, threads, fraction, split))
     return Layout(tuple(workers), gpus, cores)
 
 
