@@ -233,7 +233,8 @@ def test_print_config_on_a_cpu(monkeypatch: pytest.MonkeyPatch, capsys: pytest.C
                        {"INFERD__FLEET__GPUS": "", "INFERD__SERVER__ADMIN_KEY": "operator-secret",
                         "INFERD__LIMITS__MAX_BODY_BYTES": "5000", "INFERD__SERVER__MAX_HEADER_BYTES": "4096"},
                        "--workers", "3", "--port", "18997", "--torch-threads", "2")
-    table = re.findall(r"^worker-(\d)\s+(\d+)\s+(\d+)\s+cpu\s+2\s+-$", out, re.M)
+    # The last column: the one model's instances x threads in the worker (configs' default, one of two threads).
+    table = re.findall(r"^worker-(\d)\s+(\d+)\s+(\d+)\s+cpu\s+2\s+-\s+\S+ 1x2$", out, re.M)
     assert [t[0] for t in table] == ["0", "1", "2"]
     progs = programs(run_dir)
     for num, port, admin in table:
