@@ -374,3 +374,22 @@ def test_the_fleet_layout_shows_each_worker_s_instances(tmp_path: Path) -> None:
     # instance the rest of the even split.
     assert [w.instances for w in layout.workers] == ["embedder 2x1, reranker 1x1"] * 2
     assert "embedder 2x1, reranker 1x1" in layout.table()
+
+
+def test_a_reload_moves_every_instance_of_the_model_to_the_new_load(tmp_path: Path) -> None:
+    handlers: dict[str, HashHandler] = {"a": HashHandler(), "b": HashHandler()}
+    (tmp_path / "b").mkdir()
+    only = entry(tmp_path, "a", batch=1, instances=2, root=(str(tmp_path),))
+    engine = engine_of(tmp_path, handlers, [only])
+
+    async def scenario() -> None:
+        await asyncio.to_thread(engine.manager.reload, str(tmp_path / "b"), "v2")
+        handlers["b"].gates["r"] = threading.Event()
+        held = [ask(engine, ["hold:r one"]), ask(engine, ["hold:r two"])]
+        # Both instances hold a batch of the new load at once; the old load computes nothing more.
+        await until(lambda: len(handlers["b"].batches) == 2)
+        handlers["b"].gates["r"].set()
+        assert {r.version for r in await asyncio.gather(*held)} == {"v2"}
+        assert handlers["a"].batches == []
+
+    run(engine, handlers, scenario)
