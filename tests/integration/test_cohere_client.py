@@ -8,13 +8,13 @@ exception type with our message.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import cohere
 import numpy as np
 import pytest
-from conftest import Server, start_server
+from conftest import Server
 from tinymodel import write_tiny_cross_encoder
 
 QUERY = "which river runs past the old city"
@@ -29,14 +29,10 @@ def cross_encoder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def reranker(cross_encoder: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    server = start_server(tmp_path_factory.mktemp("srv"), {
+def reranker(cross_encoder: Path, module_serve: Callable[..., Server]) -> Server:
+    return module_serve({
         "INFERD__MODEL__PATH": str(cross_encoder), "INFERD__MODEL__NAME": "ce", "INFERD__MODEL__LOAD_MODE": "eager",
         "INFERD__SERVER__API_KEYS": "key-1"}, wait="/health/ready")
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture(scope="module")
@@ -70,7 +66,10 @@ def test_a_refusal_reaches_the_sdk_as_its_own_error(reranker: Server) -> None:
     client = cohere.Client(api_key="key-1", base_url=reranker.url, timeout=30)
     with pytest.raises(cohere.errors.UnprocessableEntityError) as caught:
         client.rerank(model="ce", query=QUERY, documents=["fine", ""])
-    assert "documents[1]" in str(caught.value.body)
+    # Cohere's error shape (id, message), inferd's error object beside it for the route's other clients.
+    body = caught.value.body
+    assert body["message"].startswith("documents[1]") and body["error"]["param"] == "documents[1]"
+    assert body["id"] == caught.value.headers["x-request-id"]
     wrong = cohere.Client(api_key="not-a-key", base_url=reranker.url, timeout=30)
     with pytest.raises(cohere.errors.UnauthorizedError):
         wrong.rerank(model="ce", query=QUERY, documents=DOCS)

@@ -8,13 +8,21 @@ The bodies and answers are the SDK's (cohere/v2/raw_client.py, cohere/types/embe
 uint8 take their ranges from that load too); ``truncate`` NONE refuses texts over
 the limit, START cuts their start, END their end; ``output_dimension`` is a Matryoshka size the model declares;
 ``model`` is a served model's name, as on every route; Cohere's ``priority`` (lower first) runs at -priority.
+
+Refusals are in Cohere's error shape, ``{"id", "message"}`` (its SDK raises the error class of the status and
+keeps the body as ``body``), with inferd's ``error`` object beside it: /v1/rerank is also Jina's, vLLM's and
+infinity's route, whose clients read ``error``. A refusal before the route (401 key, 413 body size) keeps the one
+shape.
 """
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import numpy as np
+import orjson
 from fastapi import APIRouter, Depends, Request
 from starlette.responses import Response
 
@@ -24,7 +32,7 @@ from inferd.api.client_schemas import (
     CohereEmbedRequest,
     CohereEmbedResponse,
 )
-from inferd.api.errors import APIError, Names
+from inferd.api.errors import APIError, Names, error_body
 from inferd.api.inference import INFERENCE_ERRORS, build, read_request, require_task, run, served_name
 from inferd.api.middleware import context
 from inferd.api.schemas import (
@@ -47,6 +55,22 @@ _EMBED = Names("texts", fields={"dimensions": "output_dimension"})
 _RERANK = Names("documents")
 _TRUNCATE: dict[str | None, tuple[Direction, bool | None]] = {
     None: ("right", None), "END": ("right", True), "START": ("left", True), "NONE": ("right", False)}
+
+
+def cohere_errors(route: Callable[[Request], Awaitable[Response]]) -> Callable[[Request], Awaitable[Response]]:
+    """A Cohere route answers its refusals in Cohere's shape (``id``, ``message``), inferd's ``error`` beside."""
+
+    @functools.wraps(route)
+    async def answered(request: Request) -> Response:
+        try:
+            return await route(request)
+        except APIError as exc:
+            body = orjson.loads(error_body(exc.status, exc.message, exc.code, exc.param, exc.type))
+            body = {"id": context(request.scope).get("request_id", ""), "message": exc.message, **body}
+            return Response(orjson.dumps(body), status_code=exc.status, headers=exc.headers,
+                            media_type="application/json")
+
+    return answered
 
 
 def _embed_request(request: Request, body: CohereEmbedRequest) -> InferenceRequest:
@@ -94,6 +118,7 @@ async def _embed(request: Request, version: int) -> Response:
 
 @cohere_router.post("/v1/embed", openapi_extra=request_body(CohereEmbedRequest),
                     responses=responses(CohereEmbedResponse, *INFERENCE_ERRORS))
+@cohere_errors
 async def embed_v1(request: Request) -> Response:
     """Cohere's v1 embed (``cohere.Client(base_url=URL).embed(texts=..., input_type=..., embedding_types=...)``)."""
     return await _embed(request, 1)
@@ -101,6 +126,7 @@ async def embed_v1(request: Request) -> Response:
 
 @cohere_router.post("/v2/embed", openapi_extra=request_body(CohereEmbedRequest),
                     responses=responses(CohereEmbedResponse, *INFERENCE_ERRORS))
+@cohere_errors
 async def embed_v2(request: Request) -> Response:
     """Cohere's v2 embed (``cohere.ClientV2(base_url=URL).embed(model=..., input_type=..., embedding_types=...)``)."""
     return await _embed(request, 2)
@@ -120,6 +146,7 @@ def _usage(result: TaskResult) -> dict[str, int]:
                   responses=responses(RerankResponse, *INFERENCE_ERRORS))
 @cohere_router.post("/v2/rerank", openapi_extra=request_body(RerankRequest),
                   responses=responses(RerankResponse, *INFERENCE_ERRORS))
+@cohere_errors
 async def rerank(request: Request) -> Response:
     """Cohere / Jina / vLLM / infinity rerank: ``{"query", "documents", "top_n"?, "return_documents"?}``.
 
