@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
@@ -38,15 +38,13 @@ def assert_401(r: httpx.Response) -> None:
 
 
 @pytest.fixture(scope="module")
-def keyed(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path) -> Iterator[Server]:
+def keyed(module_serve: Callable[..., Server], tiny_model: Path) -> Server:
     """Every key set, admin routes on the main port."""
-    s = start_server(tmp_path_factory.mktemp("auth"), {
+    return module_serve({
         "INFERD__MODEL__PATH": str(tiny_model), "INFERD__MODEL__NAME": "tiny",
         "INFERD__SERVER__API_KEYS": "key-1, key-2", "INFERD__SERVER__METRICS_KEY": "metrics-key",
         "INFERD__SERVER__ADMIN_KEY": "admin-key"},
         wait="/health/ready")
-    yield s
-    s.stop()
 
 
 @pytest.fixture(scope="module")

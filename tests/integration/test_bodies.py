@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable
 
 import httpx
 import pytest
-from conftest import Server, start_server
+from conftest import Server
 
 ADMIN = {"Authorization": "Bearer admin-secret"}
 STALL_LIMIT_S = 0.1
@@ -41,13 +41,11 @@ BODIES = {
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    s = start_server(tmp_path_factory.mktemp("bodies"), {
+def server(tmp_path_factory: pytest.TempPathFactory, module_serve: Callable[..., Server]) -> Server:
+    return module_serve({
         "INFERD__MODEL__TASK": "fakes:HashHandler", "INFERD__MODEL__PATH": str(tmp_path_factory.mktemp("m")),
         "INFERD__MODEL__LOAD_MODE": "eager", "INFERD__SERVER__ADMIN_KEY": "admin-secret",
-        "INFERD__SERVER__ACCESS_LOG": "false"}, wait="/health/ready")
-    yield s
-    assert s.stop() == 0
+        "INFERD__SERVER__ACCESS_LOG": "false"}, wait="/health/ready", clean_exit=True)
 
 
 def worst_probe_while(server: Server, path: str, body: bytes) -> tuple[httpx.Response, float]:

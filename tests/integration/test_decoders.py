@@ -13,14 +13,14 @@ import json
 import random
 import shutil
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import httpx
 import numpy as np
 import pytest
-from conftest import Server, start_server
+from conftest import Server
 from decoders import (
     QUERY_PROMPT,
     model_card_scores,
@@ -282,14 +282,10 @@ def test_a_decoder_on_openvino_bf16_is_served_only_through_its_gate(root: Path, 
 
 
 @pytest.fixture(scope="module")
-def llm_reranker(root: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    server = start_server(tmp_path_factory.mktemp("srv"), {
+def llm_reranker(root: Path, module_serve: Callable[..., Server]) -> Server:
+    return module_serve({
         "INFERD__MODEL__PATH": str(root / "llm-reranker"), "INFERD__MODEL__LOAD_MODE": "eager",
         "INFERD__CACHE__MAX_ENTRIES": "0"}, wait="/health/ready")
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 def test_the_llm_reranker_serves_tei_rerank(llm_reranker: Server, root: Path) -> None:

@@ -5,13 +5,13 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from conftest import Server, start_server
+from conftest import Server
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -30,8 +30,8 @@ Samples = dict[tuple[str, tuple], float]
 
 
 @pytest.fixture(scope="module")
-def server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    s = start_server(tmp_path_factory.mktemp("observability"), {
+def server(tiny_model: Path, module_serve: Callable[..., Server]) -> Server:
+    return module_serve({
         "INFERD_ENV": "prod",  # JSON logs, as in production
         "INFERD__MODEL__PATH": str(tiny_model),
         "INFERD__MODEL__VERSION": VERSION,
@@ -39,8 +39,6 @@ def server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
         # Two texts of different lengths must share one batch for the batch figures checked here.
         "INFERD__BATCHING__MIN_PADDING_EFFICIENCY": "0",
     }, wait="/health/ready")
-    yield s
-    s.stop()
 
 
 def scrape(server: Server) -> tuple[Samples, set[str]]:
