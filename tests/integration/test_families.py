@@ -12,6 +12,7 @@ in test_decoders.py.
 
 from __future__ import annotations
 
+import functools
 import random
 import shutil
 import warnings
@@ -94,7 +95,10 @@ def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
+@functools.cache
 def _reference(folder: Path) -> np.ndarray:
+    """sentence-transformers' vectors of a folder, computed once: its torch, OpenVINO fp32 and bf16 tests all
+    compare with them."""
     from sentence_transformers import SentenceTransformer
 
     with warnings.catch_warnings():
