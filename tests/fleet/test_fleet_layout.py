@@ -140,7 +140,7 @@ def test_nginx_error_pages_speak_inferds_error_shape() -> None:
         if code in _TYPES:
             assert body["error"]["type"] == _TYPES[code], code
     assert pages["494"] == "431"  # "header too large" is 431, as inferd answers it
-    assert "proxy_next_upstream error timeout http_503 non_idempotent;" in text and "least_conn;" in text
+    assert "proxy_next_upstream error timeout http_503 http_429 non_idempotent;" in text and "least_conn;" in text
 
 
 def test_nginx_never_marks_a_worker_failed_and_caps_no_connections(tmp_path: Path) -> None:
