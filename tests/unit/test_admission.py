@@ -18,9 +18,9 @@ from fakes import DIM, HashHandler, vector_for
 from inferd.api import vectors
 from inferd.core.engine import InferenceEngine
 from inferd.core.errors import EngineError, Kind
+from inferd.core.outcomes import TaskResult
 from inferd.core.prompts import Prompt
 from inferd.core.spec import ModelSpec
-from inferd.core.work import TaskResult
 from inferd.settings import BatchingSettings, ModelSettings, Settings
 from inferd.utils.metrics import Metrics
 

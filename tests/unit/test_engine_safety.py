@@ -19,9 +19,9 @@ from inferd.core import admission
 from inferd.core.engine import InferenceEngine
 from inferd.core.errors import ClientGone, EngineError, Kind
 from inferd.core.manager import ModelManager
+from inferd.core.outcomes import Ticket
 from inferd.core.preprocess import Encoded
 from inferd.core.spec import ModelSpec
-from inferd.core.work import Ticket
 from inferd.settings import BatchingSettings, CacheSettings, LimitSettings, ModelSettings, Settings
 from inferd.utils.metrics import Metrics
 

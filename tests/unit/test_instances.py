@@ -28,9 +28,9 @@ from inferd.core.budgets import instance_counts, thread_budgets, with_budgets
 from inferd.core.engine import InferenceEngine
 from inferd.core.errors import EngineError, Kind
 from inferd.core.instances import Instance, live_lane
+from inferd.core.outcomes import Outcome, Ticket, WorkItem
 from inferd.core.slots import ModelSlot
 from inferd.core.spec import ModelSpec, spec_from_settings
-from inferd.core.work import Outcome, Ticket, WorkItem
 from inferd.core.worker import BatchWorker
 from inferd.settings import BatchingSettings, ModelEntry, ModelSettings, Settings
 from inferd.utils.metrics import Metrics

@@ -15,9 +15,9 @@ from fakes import HashHandler, encode, vector_for
 
 from inferd.core.batcher import BatchQueue, Policy
 from inferd.core.errors import Kind
+from inferd.core.outcomes import BatchReport, Failure, Outcome, Ticket, WorkItem
 from inferd.core.slots import ModelSlot
 from inferd.core.spec import ModelSpec
-from inferd.core.work import BatchReport, Failure, Outcome, Ticket, WorkItem
 from inferd.core.worker import BatchWorker
 from inferd.utils.metrics import Metrics
 

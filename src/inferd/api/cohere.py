@@ -32,8 +32,8 @@ from inferd.api.client_schemas import (
     CohereEmbedRequest,
     CohereEmbedResponse,
 )
+from inferd.api.engine_call import INFERENCE_ERRORS, build, read_request, require_task, run, served_name
 from inferd.api.errors import APIError, Names, error_body
-from inferd.api.inference import INFERENCE_ERRORS, build, read_request, require_task, run, served_name
 from inferd.api.middleware import context
 from inferd.api.schemas import (
     RerankRequest,
@@ -43,10 +43,10 @@ from inferd.api.schemas import (
 )
 from inferd.api.services import inference_auth
 from inferd.core import quantize
+from inferd.core.outcomes import TaskResult
 from inferd.core.preprocess import Direction
 from inferd.core.prompts import Prompt
 from inferd.core.request import InferenceRequest
-from inferd.core.work import TaskResult
 
 cohere_router = APIRouter(dependencies=[Depends(inference_auth)])  # the inference keys
 

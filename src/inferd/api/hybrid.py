@@ -17,8 +17,8 @@ import numpy as np
 from inferd.api.errors import APIError, refusal
 from inferd.core import quantize
 from inferd.core.errors import Kind
+from inferd.core.outcomes import TaskResult
 from inferd.core.outputs import SparseVector, TextOutputs
-from inferd.core.work import TaskResult
 
 
 def outputs_of(result: TaskResult, wanted: Sequence[str]) -> list[TextOutputs]:

@@ -16,8 +16,8 @@ from starlette.responses import Response
 
 from inferd.api import hybrid, vectors
 from inferd.api.bodies import json_response
+from inferd.api.engine_call import INFERENCE_ERRORS, build, read_request, run, served_name
 from inferd.api.errors import Names
-from inferd.api.inference import INFERENCE_ERRORS, build, read_request, run, served_name
 from inferd.api.schemas import EncodeRequest, EncodeResponse, request_body, responses
 from inferd.api.services import inference_auth, services
 from inferd.core.outputs import TextOutputs

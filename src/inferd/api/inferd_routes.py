@@ -9,8 +9,8 @@ from fastapi import APIRouter, Depends, Request
 from starlette.responses import Response
 
 from inferd.api.bodies import json_response
+from inferd.api.engine_call import INFERENCE_ERRORS, build, read_request, require_task, run, served_name, task_of
 from inferd.api.errors import APIError, Names
-from inferd.api.inference import INFERENCE_ERRORS, build, read_request, require_task, run, served_name, task_of
 from inferd.api.middleware import context
 from inferd.api.schemas import (
     ClassifyRequest,
@@ -22,8 +22,8 @@ from inferd.api.schemas import (
 )
 from inferd.api.services import inference_auth
 from inferd.api.tei_predict import is_tei_predict, tei_predict
+from inferd.core.outcomes import TaskResult
 from inferd.core.request import InferenceRequest
-from inferd.core.work import TaskResult
 
 router = APIRouter(dependencies=[Depends(inference_auth)])  # the inference keys
 

@@ -11,8 +11,8 @@ from starlette.responses import Response
 
 from inferd.api import vectors
 from inferd.api.bodies import json_response
+from inferd.api.engine_call import INFERENCE_ERRORS, build, read_request, require_task, run, served_name
 from inferd.api.errors import APIError, Names
-from inferd.api.inference import INFERENCE_ERRORS, build, read_request, require_task, run, served_name
 from inferd.api.schemas import (
     EmbeddingsRequest,
     EmbeddingsResponse,

@@ -32,8 +32,8 @@ from inferd.api.client_schemas import (
     TEISimilarityRequest,
     direction,
 )
+from inferd.api.engine_call import INFERENCE_ERRORS, build, read_request, require_task, run
 from inferd.api.errors import APIError, Names, refusal
-from inferd.api.inference import INFERENCE_ERRORS, build, read_request, require_task, run
 from inferd.api.schemas import (
     TEIRerankRequest,
     request_body,

@@ -16,8 +16,8 @@ from starlette.responses import Response
 from inferd.api import hybrid, vectors
 from inferd.api.bodies import json_response
 from inferd.api.client_schemas import TEIEmbedAllRequest, TEIEmbedSparseRequest, direction
+from inferd.api.engine_call import INFERENCE_ERRORS, build, read_request, run
 from inferd.api.errors import Names
-from inferd.api.inference import INFERENCE_ERRORS, build, read_request, run
 from inferd.api.schemas import request_body
 from inferd.api.services import inference_auth, services
 from inferd.api.tei_shape import tei_errors, tei_inputs, tei_responses

@@ -17,13 +17,13 @@ from inferd.api.client_schemas import (
     TEIPredictRequest,
     direction,
 )
+from inferd.api.engine_call import build, read_request, run
 from inferd.api.errors import Names, refusal
-from inferd.api.inference import build, read_request, run
 from inferd.api.services import services
 from inferd.api.tei_shape import tei_errors, tei_pairs
 from inferd.core.errors import Kind
+from inferd.core.outcomes import TaskResult
 from inferd.core.request import InferenceRequest
-from inferd.core.work import TaskResult
 
 # -- /predict in TEI's shape -------------------------------------------------------------------------------
 

@@ -17,8 +17,8 @@ from inferd.api.client_schemas import (
     TEIDecodeRequest,
     TEITokenizeRequest,
 )
+from inferd.api.engine_call import build
 from inferd.api.errors import Names, engine_refusal, excerpt, refusal
-from inferd.api.inference import build
 from inferd.api.schemas import (
     request_body,
 )

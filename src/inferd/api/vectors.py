@@ -1,6 +1,6 @@
 """What the embedding wire APIs share (OpenAI's /v1/embeddings, TEI's /embed and /similarity, Cohere's embed):
 a request's encoding choices as the texts the engine takes, and the answer's size and precision, shaped by the
-description of the model load that computed the result (core/work.py TaskResult), never by a slot looked up again.
+description of the model load that computed the result (core/outcomes.py TaskResult), never by a slot looked up again.
 
 - **Prompts** are chosen by the route (core/prompts.py Prompt: a name, Cohere's input type, or the default) and
   resolved by the engine on the slot that runs the request: a canary encodes with its own prompts.
@@ -20,8 +20,8 @@ from typing import Any
 import numpy as np
 
 from inferd.core import quantize
+from inferd.core.outcomes import TaskResult
 from inferd.core.preprocess import Direction, TextInput
-from inferd.core.work import TaskResult
 
 
 def inputs_of(texts: Sequence[Any], direction: Direction = "right", truncate: bool | None = None,

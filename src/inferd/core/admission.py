@@ -5,7 +5,7 @@ it to a model slot (loading it first in lazy mode), answers what
 the result cache holds, tokenises the rest (cheap, and overlapping the running batch: the pipelining),
 queues one item per input and waits on one future per request, refusing at the deadline, dropping
 the queued work of a client that left, and refusing new work while draining. The worker thread reports
-outcomes (core/work.py) through ``deliver``; they are applied here, on the loop, the only writer of a
+outcomes (core/outcomes.py) through ``deliver``; they are applied here, on the loop, the only writer of a
 request's outcome.
 
 A request holds its slot until it is answered, and takes its items out of the queue before it lets go:
@@ -29,6 +29,7 @@ from inferd.core import quantize
 from inferd.core.batcher import BatchQueue, QueueClosed, QueueFull
 from inferd.core.description import ModelDescription
 from inferd.core.errors import ClientGone, EngineError, Kind, ModelNotReady, deadline_passed
+from inferd.core.outcomes import Failure, Outcome, TaskResult, Ticket, WorkItem
 from inferd.core.preprocess import InputError, asking
 from inferd.core.prompts import prompt_text, prompted
 from inferd.core.registry import ModelRegistry, ServedModel
@@ -36,7 +37,6 @@ from inferd.core.request import InferenceRequest, input_refusal
 from inferd.core.shadow import SHADOW_PRIORITY, SHADOW_TIMEOUT_S, Shadow, shadow_lane, shadow_policy
 from inferd.core.slots import ModelSlot
 from inferd.core.tenants import Tenant, current_tenant
-from inferd.core.work import Failure, Outcome, TaskResult, Ticket, WorkItem
 from inferd.settings import Settings
 from inferd.utils import tracing
 from inferd.utils.logger import request_id_var

@@ -3,7 +3,7 @@ the handler again, and its one rendering for the wire.
 
 Every reader takes it from here: /info, /v1/models, the admin API, the metrics, a handler's reload rule
 (``incompatibility``), the shadow report, and the routes, which shape an answer with the description that travels
-with the result (core/work.py TaskResult), so an answer computed by a canary is shaped by the canary's prompts,
+with the result (core/outcomes.py TaskResult), so an answer computed by a canary is shaped by the canary's prompts,
 normalisation and labels.
 """
 

@@ -25,12 +25,12 @@ from inferd.core.cache import ResultCache
 from inferd.core.errors import ModelLoadError, ModelNotReady, ReloadInProgress
 from inferd.core.loading import load_handler
 from inferd.core.manager import ModelManager
+from inferd.core.outcomes import TaskResult, WorkItem
 from inferd.core.registry import ModelRegistry, ServedModel
 from inferd.core.request import InferenceRequest, Limits
 from inferd.core.slots import ModelSlot
 from inferd.core.spec import ModelSpec
 from inferd.core.tasks.base import Handler
-from inferd.core.work import TaskResult, WorkItem
 from inferd.core.worker import Workers
 from inferd.settings import ModelEntry, Settings
 from inferd.utils.metrics import Metrics

@@ -3,7 +3,7 @@
 It runs each batch through the handler of the slot the queue claimed for it, splits a batch that runs out
 of device memory in halves (so only what cannot fit fails), frees retired slots (the chores the manager
 posts: freeing closes a handler and empties the device cache, which must not block the event loop), and
-reports what happened as an outcome object (core/work.py: ``BatchReport`` or ``Failure``) handed to
+reports what happened as an outcome object (core/outcomes.py: ``BatchReport`` or ``Failure``) handed to
 ``deliver``. It never writes a request's outcome itself: the event loop applies the outcome, and stays
 the only writer of a ticket.
 
@@ -25,9 +25,9 @@ import torch
 from inferd.core.batcher import BatchQueue, Decision
 from inferd.core.errors import EngineError, Kind, deadline_passed
 from inferd.core.instances import Instance, plan, shadow_instance
+from inferd.core.outcomes import BatchReport, Failure, Outcome, WorkItem, tickets_of
 from inferd.core.shadow import SHADOW_SUFFIX
 from inferd.core.slots import ModelSlot
-from inferd.core.work import BatchReport, Failure, Outcome, WorkItem, tickets_of
 from inferd.settings import ModelEntry
 from inferd.utils import tracing
 from inferd.utils.metrics import Metrics

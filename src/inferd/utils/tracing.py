@@ -167,7 +167,7 @@ def queued() -> QueueTrace | None:
 
 
 class QueueTrace:
-    """One request's wait in the queue and the batches that ran it (core/work.py Ticket ``trace``).
+    """One request's wait in the queue and the batches that ran it (core/outcomes.py Ticket ``trace``).
 
     Its spans are made after the fact, on the event loop, with the times the worker measured: the worker
     never touches a request's spans.

@@ -20,8 +20,8 @@ from inferd.api.errors import Names, engine_refusal
 from inferd.api.middleware import context
 from inferd.api.services import services
 from inferd.core.errors import EngineError
+from inferd.core.outcomes import TaskResult
 from inferd.core.request import InferenceRequest
-from inferd.core.work import TaskResult
 
 B = TypeVar("B", bound=BaseModel)
 
