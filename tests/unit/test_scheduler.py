@@ -472,3 +472,23 @@ def test_a_retired_lane_takes_nothing_new_runs_what_it_holds_then_goes():
     queue.add_lane("a", policy(), 8)  # the model is back (SIGHUP): its lane serves again
     queue.put([Item(5, group="a", seq=queue.next_seq())], "a")
     assert queue.depth("a") == 1
+
+
+def test_the_shadow_taker_wakes_when_another_taker_empties_the_live_lanes():
+    # The shadow instance holds its batch back while live work waits; the live lanes are not its own, so it has
+    # no wait of its own to look again: the taker that empties them must wake it (it slept until the next put).
+    queue = BatchQueue()
+    queue.add_lane("m", policy(max_batch_size=4), 16)
+    queue.add_lane("m#shadow", policy(max_batch_size=4), 16, shadow=True)
+    queue.put([Item(5, seq=queue.next_seq())], "m#shadow")
+    queue.put([Item(5, seq=queue.next_seq())], "m")
+    got: list[object] = []
+    shadow = threading.Thread(target=lambda: got.append(queue.take(timeout=60.0, lanes=lambda lane: lane.shadow)))
+    shadow.start()
+    live = queue.take(timeout=0, lanes=lambda lane: not lane.shadow)
+    assert live is not None and live.lane == "m"
+    shadow.join(5.0)  # woken, it takes its batch at once; unwoken, it sleeps its 60 s
+    alive = shadow.is_alive()
+    queue.close()
+    shadow.join()
+    assert not alive and got[0] is not None and got[0].lane == "m#shadow"

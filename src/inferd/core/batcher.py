@@ -379,6 +379,12 @@ class BatchQueue:
                         for lane in self._lanes.values():
                             lane.pending = [it for it in lane.pending if id(it) not in taken]
                         self._drop_retired()
+                        if (not any(ln.pending for ln in self._lanes.values() if not ln.shadow)
+                                and any(ln.pending for ln in self._lanes.values() if ln.shadow)):
+                            # The shadow instance held its batch back while live work waited, with no wait of
+                            # its own (the live lanes are not its lanes): this taker emptied them, so wake it, or
+                            # it sleeps until the next put (a lost wakeup: shadow work stuck once load ended).
+                            self._cond.notify_all()
                     if decision.batch and self._claim is not None:
                         self._claim(decision.batch)
                     return decision
