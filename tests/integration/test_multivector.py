@@ -20,7 +20,7 @@ from inferd.core.outputs import maxsim, maxsim_scores
 from inferd.core.preprocess import InputError
 from inferd.core.spec import ModelSpec
 from inferd.core.tasks.multivector import ColbertHandler
-from tests.tinymodel import write_tiny_bert
+from tests.tinymodel import write_tiny_colbert
 
 QUERY_LENGTH, DOCUMENT_LENGTH, DIM = 12, 24, 16
 QUERIES = ["cat and dog", "the river in the city, the mountain!"]
@@ -41,34 +41,9 @@ class Role(str):
 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """PyLate's layout: the encoder (its vocabulary grown by the two markers), a bias-free Dense projection of every
-    token, and the markers, lengths and skiplist in config_sentence_transformers.json."""
-    from safetensors.torch import save_file
-    from transformers import AutoTokenizer, BertModel
-
-    folder = write_tiny_bert(tmp_path_factory.mktemp("colbert") / "colbert", seed=7, max_positions=64)
-    shutil.rmtree(folder / "1_Pooling")
-    shutil.rmtree(folder / "2_Normalize", ignore_errors=True)
-    tokenizer = AutoTokenizer.from_pretrained(folder)
-    tokenizer.add_tokens(["[Q] ", "[D] "])
-    tokenizer.save_pretrained(folder)
-    model = BertModel.from_pretrained(folder)
-    model.resize_token_embeddings(len(tokenizer))
-    model.save_pretrained(folder)
-    (folder / "modules.json").write_text(json.dumps([
-        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
-        {"idx": 1, "name": "1", "path": "1_Dense", "type": "pylate.models.Dense.Dense"}]))
-    (folder / "1_Dense").mkdir()
-    (folder / "1_Dense" / "config.json").write_text(json.dumps(
-        {"in_features": 32, "out_features": DIM, "bias": False,
-         "activation_function": "torch.nn.modules.linear.Identity", "use_residual": False}))
-    torch.manual_seed(7)
-    save_file({"linear.weight": torch.randn(DIM, 32) / 4}, str(folder / "1_Dense" / "model.safetensors"))
-    (folder / "config_sentence_transformers.json").write_text(json.dumps(
-        {"query_prefix": "[Q] ", "document_prefix": "[D] ", "query_length": QUERY_LENGTH,
-         "document_length": DOCUMENT_LENGTH, "attend_to_expansion_tokens": False, "do_query_expansion": True,
-         "skiplist_words": [",", ".", "!", ";"], "similarity_fn_name": "MaxSim"}))
-    return folder
+    """PyLate's layout (tests/tinymodel.py write_tiny_colbert, which the wire tests serve too)."""
+    return write_tiny_colbert(tmp_path_factory.mktemp("colbert") / "colbert", seed=7, dim=DIM,
+                              query_length=QUERY_LENGTH, document_length=DOCUMENT_LENGTH)
 
 
 @pytest.fixture(scope="module")
