@@ -197,6 +197,19 @@ _MATRYOSHKA_TAG = re.compile(r"^\s*-\s*loss:Matryoshka(2d)?Loss\s*$", re.MULTILI
 _MATRYOSHKA_DIMS = re.compile(r'"matryoshka_dims"\s*:\s*\[([\d\s,]+)\]')
 
 
+def folder_encoder(tokenizer: Any, folder: st_folder.STFolder, max_seq_length: int, spec: ModelSpec,
+                   prompts: Mapping[str, str], exclude_prompt: bool = False) -> tuple[Tokenizer, TextEncoder]:
+    """A sentence-transformers folder's text encoder, as every text task over one reads it: the fast tokenizer
+    (lowercased first when the folder's Transformer says so), cut at the model's length, its prompts checked
+    against the text limits at load."""
+    fast = tokenizer.backend_tokenizer
+    if folder.lowercase:
+        lowercase_first(fast)
+    encoder = TextEncoder(fast, max_seq_length, spec.truncate, exclude_prompt=exclude_prompt)
+    check_prompts(prompts, encoder, spec.max_chars_per_text)
+    return fast, encoder
+
+
 def card_matryoshka(path: Path) -> list[int] | None:
     """The Matryoshka sizes a sentence-transformers model card declares (README.md: the ``loss:MatryoshkaLoss``
     tag in its front matter, and the loss's ``matryoshka_dims``), or None."""
@@ -263,12 +276,8 @@ class EmbeddingHandler(ModelTask):
         self.pad_id = tokenizer.pad_token_id or 0
         self.prompts, self.default_prompt_name = folder.prompts, folder.default_prompt_name
         self.matryoshka = matryoshka(spec.settings.matryoshka_dimensions, spec.path, self.dimension)
-        self.tokenizer = tokenizer.backend_tokenizer
-        if folder.lowercase:
-            lowercase_first(self.tokenizer)
-        self.encoder = TextEncoder(self.tokenizer, self.max_seq_length, spec.truncate,
-                                   exclude_prompt=not folder.include_prompt)
-        check_prompts(self.prompts, self.encoder, spec.max_chars_per_text)
+        self.tokenizer, self.encoder = folder_encoder(tokenizer, folder, self.max_seq_length, spec, self.prompts,
+                                                      exclude_prompt=not folder.include_prompt)
         self.open_runner(spec, device, safetensors)  # last: see ModelTask
 
     def describe(self) -> dict[str, Any]:

@@ -28,11 +28,11 @@ import torch
 from inferd.core.errors import ModelLoadError
 from inferd.core.families import family_of
 from inferd.core.outputs import SparseVector, TextOutputs, asked, sparse_from_weights
-from inferd.core.preprocess import Encoded, InputError, TextEncoder
+from inferd.core.preprocess import Encoded, InputError
 from inferd.core.spec import ModelSpec
 from inferd.core.tasks import st_folder
 from inferd.core.tasks.base import ModelTask, check_weights, dimension_refusal, length_limit, load_tokenizer
-from inferd.core.tasks.embedding import POOLERS, PooledHead, check_prompts, head_steps, lowercase_first
+from inferd.core.tasks.embedding import POOLERS, PooledHead, folder_encoder, head_steps
 from inferd.core.tasks.heads import TokenHeads, linear_weights
 from inferd.core.tasks.sparse import vocabulary
 
@@ -102,12 +102,8 @@ class M3Handler(ModelTask):
         self.vocab = vocabulary(tokenizer, int(config.vocab_size))
         self.pad_id = tokenizer.pad_token_id or 0
         self.prompts, self.default_prompt_name = folder.prompts, folder.default_prompt_name
-        self.tokenizer = tokenizer.backend_tokenizer
-        if folder.lowercase:
-            lowercase_first(self.tokenizer)
-        self.encoder = TextEncoder(self.tokenizer, self.max_seq_length, spec.truncate,
-                                   exclude_prompt=not folder.include_prompt)
-        check_prompts(self.prompts, self.encoder, spec.max_chars_per_text)
+        self.tokenizer, self.encoder = folder_encoder(tokenizer, folder, self.max_seq_length, spec, self.prompts,
+                                                      exclude_prompt=not folder.include_prompt)
         self.open_runner(spec, device, safetensors)
 
     def head_module(self, model: torch.nn.Module) -> torch.nn.Module:

@@ -22,11 +22,11 @@ import torch
 
 from inferd.core.errors import ModelLoadError
 from inferd.core.outputs import SparseVector, TextOutputs
-from inferd.core.preprocess import Encoded, TextEncoder
+from inferd.core.preprocess import Encoded
 from inferd.core.spec import ModelSpec
 from inferd.core.tasks import st_folder
 from inferd.core.tasks.base import ModelTask, check_weights, dimension_refusal, length_limit, load_tokenizer
-from inferd.core.tasks.embedding import check_prompts, lowercase_first
+from inferd.core.tasks.embedding import folder_encoder
 from inferd.core.tasks.heads import SpladeHead
 
 
@@ -77,11 +77,7 @@ class SparseHandler(ModelTask):
         self.pad_id = tokenizer.pad_token_id or 0
         self.vocab = vocabulary(tokenizer, self.dimension)
         self.prompts, self.default_prompt_name = folder.prompts, folder.default_prompt_name
-        self.tokenizer = tokenizer.backend_tokenizer
-        if folder.lowercase:
-            lowercase_first(self.tokenizer)
-        self.encoder = TextEncoder(self.tokenizer, self.max_seq_length, spec.truncate)
-        check_prompts(self.prompts, self.encoder, spec.max_chars_per_text)
+        self.tokenizer, self.encoder = folder_encoder(tokenizer, folder, self.max_seq_length, spec, self.prompts)
         self.open_runner(spec, device, safetensors)
 
     def head_module(self, model: torch.nn.Module) -> torch.nn.Module:
