@@ -393,3 +393,177 @@ def test_a_reload_moves_every_instance_of_the_model_to_the_new_load(tmp_path: Pa
         assert handlers["a"].batches == []
 
     run(engine, handlers, scenario)
+
+
+# -- a GPU instance's overlap: the next batch staged while the current one runs (core/staging.py) ---------------
+
+
+class FakeCudaStream(FakeStream):
+    """A copy or compute stream: events recorded on it, and the events it was told to wait for."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.recorded: list[object] = []
+        self.waited: list[object] = []
+
+    def record_event(self) -> object:
+        event = object()
+        self.recorded.append(event)
+        return event
+
+    def wait_event(self, event: object) -> None:
+        self.waited.append(event)
+
+
+class StagingHandler(HashHandler):
+    """Stages a batch as the torch task does (a StagedBatch over its copies), recording what was staged while
+    which batch ran, and what each infer was handed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.running: str | None = None
+        self.staged: list[tuple[list[str], str | None]] = []
+        self.handed: list[Any] = []
+
+    def stage(self, batch: list[Any], copy: Any, compute: Any) -> list[Any]:
+        from inferd.core.staging import StagedBatch, to_device
+
+        self.staged.append(([decode_text(e) for e in batch], self.running))
+        tensors, event = to_device((torch.tensor([len(batch)]),), torch.device("cpu"), copy, copy)
+        return StagedBatch(batch, tensors, event, compute)
+
+    def infer(self, batch: list[Any]) -> list[str]:
+        self.handed.append(batch)
+        self.running = decode_text(batch[0])
+        try:
+            return super().infer(batch)
+        finally:
+            self.running = None
+
+
+def decode_text(e: Any) -> str:
+    return "".join(map(chr, e.ids))
+
+
+def put(queue: BatchQueue, loop: asyncio.AbstractEventLoop, slot: ModelSlot, text: str) -> Ticket:
+    now = time.monotonic()
+    ticket = Ticket(loop.create_future(), 1)
+    queue.put([WorkItem(ticket, 0, encode(text), len(text), 0, now, now + 60, queue.next_seq(), slot)], "m")
+    return ticket
+
+
+def test_on_a_gpu_the_next_batch_is_taken_and_copied_while_the_current_one_runs(tmp_path: Path) -> None:
+    from inferd.core.staging import StagedBatch
+
+    compute, copy = FakeCudaStream(), FakeCudaStream()
+    handler = StagingHandler()
+    handler.gates["g"] = threading.Event()
+    slot = ModelSlot(handler, ModelSpec(tmp_path, "1"), 0.0)
+    queue = BatchQueue(claim=lambda b: b[0].group.acquire())
+    queue.add_lane("m", Policy(max_batch_size=1, max_wait_ms=0.0), 64)
+    instance = Instance("m", 0, 1, live_lane("m"), compute, copy_stream=copy)
+    loop = asyncio.new_event_loop()
+    try:
+        with workers_on(queue, [instance]) as outcomes:
+            put(queue, loop, slot, "hold:g first")
+            give_up = time.monotonic() + 10
+            while not handler.batches and time.monotonic() < give_up:
+                time.sleep(0.002)
+            put(queue, loop, slot, "second")
+            put(queue, loop, slot, "third")
+            # While "first" is held inside infer, the stager takes "second" and stages it, and no further.
+            while len(handler.staged) < 2 and time.monotonic() < give_up:
+                time.sleep(0.002)
+            time.sleep(0.05)
+            staged_while_held = list(handler.staged)
+            handler.gates["g"].set()
+            while len(outcomes) < 3 and time.monotonic() < give_up:
+                time.sleep(0.002)
+    finally:
+        loop.close()
+    assert staged_while_held == [(["hold:g first"], None), (["second"], "hold:g first")]
+    assert [texts for texts, _ in handler.staged] == [["hold:g first"], ["second"], ["third"]]
+    assert len(outcomes) == 3 and [b for b in handler.batches] == [["hold:g first"], ["second"], ["third"]]
+    # infer got each staged batch; each copy recorded its event on the copy stream, which the compute stream
+    # waits for only when the task takes the inputs (not by the worker: a handler that stages nothing waits
+    # for nothing).
+    assert all(isinstance(b, StagedBatch) and b.compute is compute for b in handler.handed)
+    assert [b.event for b in handler.handed] == copy.recorded and compute.waited == []
+
+
+def test_without_a_copy_stream_nothing_is_staged(tmp_path: Path) -> None:
+    handler = StagingHandler()
+    slot = ModelSlot(handler, ModelSpec(tmp_path, "1"), 0.0)
+    queue = BatchQueue(claim=lambda b: b[0].group.acquire())
+    queue.add_lane("m", Policy(max_batch_size=1, max_wait_ms=0.0), 64)
+    loop = asyncio.new_event_loop()
+    try:
+        with workers_on(queue, [Instance("m", 0, 1, live_lane("m"), FakeCudaStream())]) as outcomes:
+            put(queue, loop, slot, "only")
+            give_up = time.monotonic() + 10
+            while not outcomes and time.monotonic() < give_up:
+                time.sleep(0.002)
+    finally:
+        loop.close()
+    assert handler.staged == [] and [type(b) for b in handler.handed] == [list]
+
+
+def test_a_torch_task_takes_its_staged_inputs_after_the_copy_and_only_on_a_gpu() -> None:
+    from inferd.core.staging import StagedBatch, same_batch
+    from inferd.core.tasks.embedding import EmbeddingHandler
+
+    task = EmbeddingHandler.__new__(EmbeddingHandler)
+    task.pad_id, task.segments = 0, False
+    batch = [encode("ab"), encode("abcd")]
+    compute, copy = FakeCudaStream(), FakeCudaStream()
+    task.device, task.backend = torch.device("cpu"), "torch"
+    assert task.stage(batch, copy, compute) is batch  # a CPU: nothing to stage
+    task.device = torch.device("cuda")
+    task.backend = "openvino"
+    assert task.stage(batch, copy, compute) is batch  # OpenVINO takes host memory
+    task.backend = "torch"
+    ids, mask, _ = task.collate(batch)
+    event = object()
+    staged = StagedBatch(batch, (ids + 100, mask, None), event, compute)
+    got = task.collate(staged)
+    assert compute.waited == [event]  # the forward pass's stream waits for the copy before reading it
+    assert torch.equal(got[0], ids + 100) and got[1] is mask
+    assert same_batch(staged, batch) and not same_batch(staged, batch[:1]) and not same_batch(batch, batch)
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # the worker dies on purpose
+def test_when_a_staging_worker_dies_the_batch_it_had_staged_is_failed_not_lost(tmp_path: Path) -> None:
+    from inferd.core.outcomes import Failure
+
+    class Dying(StagingHandler):
+        def infer(self, batch: list[Any]) -> list[str]:
+            texts = super().infer(batch)  # held at the gate while the next batch is staged
+            if texts[0].endswith("then die"):
+                raise SystemExit("the worker dies with a batch staged")
+            return texts
+
+    handler = Dying()
+    handler.gates["g"] = threading.Event()
+    slot = ModelSlot(handler, ModelSpec(tmp_path, "1"), 0.0)
+    queue = BatchQueue(claim=lambda b: b[0].group.acquire())
+    queue.add_lane("m", Policy(max_batch_size=1, max_wait_ms=0.0), 64)
+    loop = asyncio.new_event_loop()
+    try:
+        with workers_on(queue, [Instance("m", 0, 1, live_lane("m"), FakeCudaStream(),
+                                         copy_stream=FakeCudaStream())]) as outcomes:
+            first = put(queue, loop, slot, "hold:g then die")
+            give_up = time.monotonic() + 10
+            while not handler.batches and time.monotonic() < give_up:
+                time.sleep(0.002)
+            staged = put(queue, loop, slot, "staged")
+            while len(handler.staged) < 2 and time.monotonic() < give_up:
+                time.sleep(0.002)
+            handler.gates["g"].set()
+            while not outcomes and time.monotonic() < give_up:
+                time.sleep(0.002)
+    finally:
+        loop.close()
+    failed = [t for o in outcomes if isinstance(o, Failure) for t in o.tickets]
+    assert handler.staged[1] == (["staged"], "hold:g then die")  # it was in the stager's hand when the worker died
+    assert first in failed and staged in failed
+    assert all(o.error.kind is Kind.WORKER_DEAD for o in outcomes if isinstance(o, Failure))

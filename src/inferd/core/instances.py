@@ -6,20 +6,20 @@ Here each served model gets ``model.instances`` workers of its own, and every mo
 each worker takes only its own lanes' batches (``BatchQueue.take(lanes=...)``), so batches of different
 instances run at the same time and share no barrier.
 
-An instance's budget is a number of intra-op threads. torch's ``set_num_threads`` is per calling thread under
-its OpenMP backend once that thread has been initialised (measured on torch 2.13: a worker thread that asks
-for one thread keeps one while the thread beside it runs two; a thread not yet initialised copies the last
-count any thread set), so each worker initialises its thread, then sets its own count. How many instances and
-threads each model gets is core/budgets.py's arithmetic, resolved once at start. OpenVINO and ONNX
-Runtime get theirs from the model's load (core/backends/base.py ``options_for``: streams and threads per
-compiled model). By default the machine's cores are split evenly between every live instance, never more
-than one core each way; ``model.threads`` sets a model's own. On a GPU each instance runs on its own CUDA
-stream. The shadow instance has one thread and is counted in no budget: it takes a batch only while no live
-lane holds work (core/batcher.py), and its batches are capped (shadow.max_batch_size), so what it adds to the
-live instances' cores is one small batch at a time. It runs at the OS's normal priority on purpose: a thread
-niced down holds the GIL between its torch calls, and on a busy machine the live threads then wait on a thread
-the OS seldom schedules (at nice 19, beside other test runs, the shadow integration test once waited past
-its 20 s for 42 tiny fake batches).
+An instance's budget is a number of intra-op threads. torch's ``set_num_threads`` is per calling thread under its
+OpenMP backend once that thread has been initialised (measured on torch 2.13: a worker thread that asks for one
+thread keeps one while the thread beside it runs two; a thread not yet initialised copies the last count any thread
+set), so each worker initialises its thread, then sets its own count. How many instances and threads each model gets
+is core/budgets.py's arithmetic, resolved once at start. OpenVINO and ONNX Runtime get theirs from the model's load
+(core/backends/base.py ``options_for``: streams and threads per compiled model). By default the machine's cores are
+split evenly between every live instance, never more than one core each way; ``model.threads`` sets a model's own.
+On a GPU each instance runs on its own CUDA stream, and copies its next batch's inputs to the device on a second one
+while the current batch computes (core/staging.py, the stager in core/worker.py). The shadow instance has one thread
+and is counted in no budget: it takes a batch only while no live lane holds work (core/batcher.py), and its batches
+are capped (shadow.max_batch_size), so what it adds to the live instances' cores is one small batch at a time. It
+runs at the OS's normal priority on purpose: a thread niced down holds the GIL between its torch calls, and on a
+busy machine the live threads then wait on a thread the OS seldom schedules (at nice 19, beside other test runs, the
+shadow integration test once waited past its 20 s for 42 tiny fake batches).
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from typing import Any
 
 import torch
 
+from inferd.core.staging import stream_context
 from inferd.settings import ModelEntry
 
 SHADOW_INSTANCE = "shadow"
@@ -53,6 +54,9 @@ class Instance:
     serves: Callable[[Any], bool]
     stream: Any = None
     shadow: bool = False
+    # On a GPU, a second stream the next batch's inputs are copied on while this one computes (core/staging.py);
+    # None: no overlap (a CPU, or the shadow instance).
+    copy_stream: Any = None
     # What /admin/models and the metrics read; written by the worker thread only.
     batches: int = 0
     busy_s: float = 0.0
@@ -85,13 +89,6 @@ class Instance:
             yield
 
 
-def stream_context(stream: Any) -> Any:
-    """torch's stream context for a real CUDA stream; a fake's own context (unit tests on the CPU)."""
-    if isinstance(stream, torch.cuda.Stream):
-        return torch.cuda.stream(stream)
-    return stream
-
-
 def live_lane(model: str) -> Callable[[Any], bool]:
     return lambda lane: lane.name == model and not lane.shadow
 
@@ -102,7 +99,8 @@ def shadow_lanes(lane: Any) -> bool:
 
 def plan(entry: ModelEntry, device: str = "cpu") -> list[Instance]:
     """The instances of one served model, as its (budget-resolved) entry says."""
-    return [Instance(entry.name, i, entry.model.threads, live_lane(entry.name), _new_stream(device))
+    return [Instance(entry.name, i, entry.model.threads, live_lane(entry.name), _new_stream(device),
+                     copy_stream=_new_stream(device))
             for i in range(entry.model.instances)]
 
 

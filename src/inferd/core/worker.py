@@ -17,7 +17,8 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from queue import Empty, SimpleQueue
 from typing import Any
 
 import torch
@@ -28,6 +29,7 @@ from inferd.core.instances import Instance, plan, shadow_instance
 from inferd.core.outcomes import BatchReport, Failure, Outcome, WorkItem, tickets_of
 from inferd.core.shadow import SHADOW_SUFFIX
 from inferd.core.slots import ModelSlot
+from inferd.core.staging import same_batch
 from inferd.settings import ModelEntry
 from inferd.utils import tracing
 from inferd.utils.metrics import Metrics
@@ -71,6 +73,10 @@ class BatchWorker:
         self.batches_run = 0
         self._thread: threading.Thread | None = None
         self._retired = False
+        self._dead = False  # the worker died: its stager takes nothing more
+        # The stager's hand-over (core/staging.py): a decision and its staged inputs, and room for one ahead.
+        self._handoff: SimpleQueue[Any] = SimpleQueue()
+        self._room = threading.Semaphore(1)
         self._serves = instance.serves if instance is not None else _any_lane
         self._guard_lock = guard_lock or threading.Lock()
 
@@ -117,13 +123,9 @@ class BatchWorker:
         try:
             if self.instance is not None:
                 self.instance.enter_thread()
-            while True:
-                decision = self.queue.take(lanes=self._serves, chores=self._takes_chores,
-                                           stop=lambda: self._retired)
-                if decision is None:
-                    break
+            for decision, staged in self._decisions():
                 try:
-                    self._handle(decision)
+                    self._handle(decision, staged)
                 except Exception:
                     # A fault outside the handler (metrics, memory guard): fail this decision, keep serving.
                     log.exception("handling a batch failed; its requests fail, the worker carries on")
@@ -134,18 +136,83 @@ class BatchWorker:
             self.metrics.worker_alive.set(0)
             log.critical("inference worker died", exc_info=True)
             err = EngineError(Kind.WORKER_DEAD, "the inference worker stopped")
-            # The batch in hand as well as the queue: none of their requests may wait for ever.
+            # The batch in hand and the one staged as well as the queue: none of their requests may wait for ever.
             in_hand = [] if decision is None else [*decision.batch, *decision.expired]
+            in_hand += self._stop_stager()
             self.deliver(Failure(tickets_of([*in_hand, *self.queue.drain_all(lanes=self._serves)]), err))
             run_chores(self.queue.take_chores())
             raise
+
+    def _take(self) -> Decision | None:
+        return self.queue.take(lanes=self._serves, chores=self._takes_chores,
+                               stop=lambda: self._retired or self._dead)
+
+    @property
+    def _stages(self) -> bool:
+        """Whether the next batch is taken and put on the device while this one runs (a GPU's live instance)."""
+        return self.instance is not None and self.instance.copy_stream is not None and not self.instance.shadow
+
+    def _decisions(self) -> Iterator[tuple[Decision, Any]]:
+        """The decisions to run, each with its staged inputs (None: none staged). Without staging, taken one at
+        a time as the worker is free; with it, the stager thread takes the next one as this one starts."""
+        if not self._stages:
+            while (decision := self._take()) is not None:
+                yield decision, None
+            return
+        stager = threading.Thread(target=self._stage_loop, name=f"{threading.current_thread().name}-stager",
+                                  daemon=True)
+        stager.start()
+        while (got := self._handoff.get()) is not None:
+            if isinstance(got, BaseException):
+                raise RuntimeError("the stager thread failed") from got
+            self._room.release()  # this batch starts: the stager may take and stage the next one meanwhile
+            yield got
+
+    def _stage_loop(self) -> None:
+        """The stager: takes the instance's next decision and copies its inputs to the device on the copy stream,
+        one batch ahead of the worker at most."""
+        try:
+            while True:
+                self._room.acquire()
+                decision = None if self._dead else self._take()
+                if decision is None:
+                    break
+                self._handoff.put((decision, self._stage(decision)))
+            self._handoff.put(None)
+        except BaseException as exc:
+            self._handoff.put(exc)
+
+    def _stage(self, decision: Decision) -> Any:
+        instance = self.instance
+        if not decision.batch or instance is None:
+            return None
+        slot: ModelSlot = decision.batch[0].group  # type: ignore[assignment]
+        try:
+            return slot.handler.stage([it.encoded for it in decision.batch], instance.copy_stream, instance.stream)
+        except Exception:  # out of memory, say: the batch runs as it would have, unstaged
+            log.warning("staging a batch on the device failed; it runs unstaged", exc_info=True)
+            return None
+
+    def _stop_stager(self) -> list[WorkItem]:
+        """After the worker died: the stager takes nothing more; the items of what it had staged."""
+        self._dead = True
+        self._room.release()
+        self.queue.wake()
+        items: list[WorkItem] = []
+        while True:
+            try:
+                got = self._handoff.get_nowait()
+            except Empty:
+                return items
+            if isinstance(got, tuple):
+                items += [*got[0].batch, *got[0].expired]
 
     @property
     def _takes_chores(self) -> bool:
         # Not the shadow instance: a model's free or a space check must not wait behind shadow batches.
         return self.instance is None or not self.instance.shadow
 
-    def _handle(self, decision: Decision) -> None:
+    def _handle(self, decision: Decision, staged: Any = None) -> None:
         expired = tickets_of(decision.expired)
         if expired:
             self.deliver(Failure(expired, deadline_passed()))
@@ -156,7 +223,7 @@ class BatchWorker:
             if self.instance is not None:
                 self.instance.apply_threads()
             try:
-                report = self._run_batch(slot, decision.batch, live)
+                report = self._run_batch(slot, decision.batch, live, staged)
             finally:
                 slot.release()  # the claim the queue took for this batch; a retired slot is freed here
                 took = time.monotonic() - started
@@ -186,11 +253,14 @@ class BatchWorker:
         for item in batch:
             waited.observe(max(0.0, started - item.enqueued))
 
-    def _run_batch(self, slot: ModelSlot, batch: list[WorkItem], live: bool = True) -> BatchReport | None:
+    def _run_batch(self, slot: ModelSlot, batch: list[WorkItem], live: bool = True,
+                   staged: Any = None) -> BatchReport | None:
         # Requests that left since the batch was chosen are not computed for.
         batch = [it for it in batch if not it.ticket.closed]
         if not batch:
             return None
+        if staged is not None and not same_batch(staged, [it.encoded for it in batch]):
+            staged = None  # staged for the batch as it was taken: the smaller one is collated afresh
         started = time.monotonic()
         if not slot.usable:
             # Cannot happen while requests keep their items' slot (core/admission.py); if it ever does,
@@ -200,7 +270,7 @@ class BatchWorker:
             return BatchReport(0, started, 0.0, 0.0, len(batch), [(it, err) for it in batch])
         span = tracing.start_batch(batch)  # None when tracing is off (or none of its requests is traced)
         timing = [0.0, 0.0]
-        results = self._infer_split(slot, batch, timing)
+        results = self._infer_split(slot, batch, timing, staged)
         infer_s, post_s = timing
         n = len(batch)
         longest = max(it.tokens for it in batch)
@@ -229,14 +299,16 @@ class BatchWorker:
         return BatchReport(self.batches_run, started, infer_s, post_s, n,
                            list(zip(batch, results, strict=True)), span)
 
-    def _infer_split(self, slot: ModelSlot, items: list[WorkItem], timing: list[float]) -> list[Any]:
-        """Run items as one batch; on out-of-memory split in halves so only what cannot fit fails."""
+    def _infer_split(self, slot: ModelSlot, items: list[WorkItem], timing: list[float],
+                     staged: Any = None) -> list[Any]:
+        """Run items as one batch (``staged``: their inputs already on the device); on out-of-memory split in
+        halves so only what cannot fit fails."""
         handler = slot.handler
         running = self.instance.running() if self.instance is not None else contextlib.nullcontext()
         try:
             with running:  # on a GPU, this instance's own stream: the postprocess's copy out waits for it alone
                 t0 = time.perf_counter()
-                outputs = handler.infer([it.encoded for it in items])
+                outputs = handler.infer(staged if staged is not None else [it.encoded for it in items])
                 t1 = time.perf_counter()
                 results = handler.postprocess(outputs)
             timing[0] += t1 - t0

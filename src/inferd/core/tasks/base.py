@@ -28,6 +28,7 @@ from inferd.core.errors import ModelLoadError
 from inferd.core.families import family_of
 from inferd.core.preprocess import Encoded
 from inferd.core.spec import ModelSpec
+from inferd.core.staging import StagedBatch, stream_context, to_device
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +83,12 @@ class Handler(ABC):
 
     def close(self) -> None:  # noqa: B027 (a default, not a stage left out)
         """Drop the weights (a handler that holds none has nothing to do)."""
+
+    def stage(self, batch: list[Encoded], copy: Any, compute: Any) -> list[Encoded]:
+        """On a GPU instance, the next batch's inputs put on the device on the ``copy`` stream while the current
+        batch runs on ``compute`` (core/staging.py); ``infer`` then gets what this returns. By default nothing
+        is staged: the batch as it is."""
+        return batch
 
     def warmup(self) -> None:  # noqa: B027
         """Run a batch or two before serving (after ``load``, when ``model.warmup`` is on)."""
@@ -208,7 +215,19 @@ class ModelTask(Handler):
         self.pads = self.runner.pads
 
     def collate(self, batch: list[Encoded]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        if isinstance(batch, StagedBatch):  # padded and copied to the device while the batch before it ran
+            ids, mask, types = batch.take()
+            assert ids is not None and mask is not None
+            return ids, mask, types
         return collate(batch, self.pad_id, self.segments)
+
+    def stage(self, batch: list[Encoded], copy: Any, compute: Any) -> list[Encoded]:
+        """The padded batch copied to the GPU on ``copy`` (torch's runner on a CUDA device only: ONNX Runtime
+        and OpenVINO take host memory)."""
+        if self.backend != "torch" or self.device is None or self.device.type != "cuda":
+            return batch
+        tensors, event = to_device(self.collate(batch), self.device, copy, stream_context(copy))
+        return StagedBatch(batch, tensors, event, compute)
 
     def head_module(self, model: torch.nn.Module) -> torch.nn.Module | None:
         """The task's own module over the loaded model, for a head the task defines (backends/base.py
