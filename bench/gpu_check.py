@@ -4,7 +4,8 @@
 
 On a CUDA machine it: sets the allocator options through ``configure_process`` before CUDA starts and checks
 that expandable segments took effect; loads all-MiniLM-L6-v2 on the GPU in float32 and float16, runs batches
-and compares the vectors with the CPU's; reads allocated/reserved/peak through ``CudaStats`` (and NVML
+and compares the vectors with the CPU's, and a batch staged on a copy stream (an instance's overlap) with the
+plain path's; reads allocated/reserved/peak through ``CudaStats`` (and NVML
 utilisation, and the /metrics exposition); forces the guard's check over a threshold so ``empty_cache``
 runs and reserved memory drops; and, in a subprocess capped with ``memory.per_process_fraction``, drives a
 real ``torch.cuda.OutOfMemoryError`` through the engine: the batch splits and every request succeeds; an
@@ -96,6 +97,7 @@ def check_models(checks: Checks, model: Path, guard: Any) -> None:
         got = handler.infer(handler.preprocess(sample))
         cos = cosine_min(got, reference)
         checks.expect(cos >= tolerance, f"{dtype}: vectors match the CPU's", f"min cosine {cos:.5f}")
+        check_staging(checks, handler, sample, got, dtype)
         stats = guard.read()
         checks.expect(stats.allocated > 0 and stats.reserved >= stats.allocated and stats.peak >= stats.allocated,
                       f"{dtype}: CudaStats figures", stats)
@@ -240,6 +242,22 @@ def oom_child(model: Path, fraction: float) -> int:
 
     print(json.dumps(asyncio.run(scenario())), flush=True)
     return 0
+
+
+def check_staging(checks: Checks, handler: Any, sample: list[str], plain: Any, dtype: str) -> None:
+    """An instance's overlap (core/staging.py): a batch copied on a copy stream while another computes on the
+    compute stream gives the vectors of the plain path, and the copy really runs on its own stream."""
+    compute, copy = torch.cuda.Stream(), torch.cuda.Stream()
+    batch = handler.preprocess(sample)
+    staged = handler.stage(batch, copy, compute)
+    checks.expect(type(staged).__name__ == "StagedBatch" and staged.tensors[0].is_cuda,
+                  f"{dtype}: a batch is staged on the GPU", type(staged).__name__)
+    with torch.cuda.stream(compute):
+        busy = handler.infer(handler.preprocess(texts(32)))  # the current batch, while the next one was copied
+        got = handler.infer(staged)
+    torch.cuda.synchronize()
+    checks.expect(busy.shape[0] == 32 and cosine_min(got, plain) >= 0.99999, f"{dtype}: staged vectors match",
+                  f"min cosine {cosine_min(got, plain):.6f}")
 
 
 def main(argv: list[str] | None = None) -> int:
