@@ -286,21 +286,30 @@ def test_an_openvino_model_of_two_instances_runs_two_streams_one_request_per_thr
     ov.save_model(ov.Model([ops.convert(ops.multiply(ids, mask), ov.Type.f32)], [ids, mask]), tmp_path / "g.xml")
     runner = OpenVINORunner(tmp_path / "g.xml", "hidden", "float32", "none", threads=2, streams=2)
     assert int(runner._compiled.get_property("NUM_STREAMS")) == 2  # noqa: SLF001
-    barrier, seen = threading.Barrier(2), {}
+    barrier, seen, wrong = threading.Barrier(2), {}, []
 
     def run(k: int) -> None:
-        feed = {"input_ids": np.full((2, 3), k, np.int64), "attention_mask": np.ones((2, 3), np.int64)}
         barrier.wait()
-        out = runner._run(feed)  # noqa: SLF001
-        seen[k] = (out, runner._requests.request)  # noqa: SLF001
+        for i in range(200):  # both threads inside the runtime at once, the shapes changing under each
+            rows, cols = 1 + (i + k) % 5, 1 + (i * k) % 9
+            feed = {"input_ids": np.full((rows, cols), k, np.int64), "attention_mask": np.ones((rows, cols), np.int64)}
+            out = runner._run(feed)  # noqa: SLF001
+            if out.tolist() != [[float(k)] * cols] * rows:
+                wrong.append((k, i, out.shape))
+        seen[k] = runner._requests.request  # noqa: SLF001
 
-    threads = [threading.Thread(target=run, args=(k,)) for k in (1, 2)]
+    # Daemon threads: a deadlock inside the runtime fails the test (not joined) instead of hanging the suite.
+    threads = [threading.Thread(target=run, args=(k,), daemon=True) for k in (1, 2)]
     for t in threads:
         t.start()
     for t in threads:
-        t.join(30)
-    assert [seen[k][0].tolist() for k in (1, 2)] == [[[1.0] * 3] * 2, [[2.0] * 3] * 2]
-    assert seen[1][1] is not seen[2][1]  # a request is not shared between threads that run at once
+        t.join(60)
+    assert not any(t.is_alive() for t in threads), "two threads running one OpenVINO model at once did not finish"
+    assert wrong == [] and set(seen) == {1, 2}
+    assert seen[1] is not seen[2]  # a request is not shared between threads that run at once
+    # A column slice is not contiguous: the runner hands the runtime contiguous arrays of its own.
+    sliced = {"input_ids": np.full((2, 6), 3, np.int64)[:, :3], "attention_mask": np.ones((2, 6), np.int64)[:, :3]}
+    assert runner._run(sliced).tolist() == [[3.0] * 3] * 2  # noqa: SLF001
 
 
 def test_v1_models_and_admin_models_show_each_model_s_instances(tmp_path: Path) -> None:

