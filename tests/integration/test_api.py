@@ -9,13 +9,13 @@ from __future__ import annotations
 import base64
 import re
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
 import numpy as np
 import pytest
-from conftest import Server, metric_value, start_server
+from conftest import Server, metric_value
 from prometheus_client.parser import text_string_to_metric_families
 from tokenizers import Tokenizer
 
@@ -45,18 +45,15 @@ def first_answer(server: Server, path: str, timeout: float = 60.0) -> httpx.Resp
 
 
 @pytest.fixture(scope="module")
-def eager_start(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, dict]]:
+def eager_start(tiny_model: Path, module_serve: Callable[..., Server]) -> tuple[Server, dict]:
     env = {"INFERD__MODEL__PATH": str(tiny_model), "INFERD__MODEL__LOAD_MODE": "eager", **LIMITS}
-    server = start_server(tmp_path_factory.mktemp("api"), env, wait=None)
-    try:
-        r = first_answer(server, "/health/ready")
-        first = {"status": r.status_code, "body": r.json()}
-        # The very first inference request must be served too, not refused as "loading".
-        p = httpx.post(server.url + "/predict", json={"texts": ["first"]}, timeout=30)
-        first["predict"] = p.status_code
-        yield server, first
-    finally:
-        server.stop()
+    server = module_serve(env, wait=None)
+    r = first_answer(server, "/health/ready")
+    first = {"status": r.status_code, "body": r.json()}
+    # The very first inference request must be served too, not refused as "loading".
+    p = httpx.post(server.url + "/predict", json={"texts": ["first"]}, timeout=30)
+    first["predict"] = p.status_code
+    return server, first
 
 
 @pytest.fixture(scope="module")
@@ -342,15 +339,11 @@ def test_no_bad_input_is_ever_answered_500(eager_start: tuple[Server, dict], api
 
 
 @pytest.fixture(scope="module")
-def strict(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[httpx.Client]:
+def strict(tiny_model: Path, module_serve: Callable[..., Server]) -> Iterator[httpx.Client]:
     env = {"INFERD__MODEL__PATH": str(tiny_model), "INFERD__MODEL__LOAD_MODE": "eager",
            "INFERD__MODEL__TRUNCATE": "false", **LIMITS}
-    server = start_server(tmp_path_factory.mktemp("strict"), env, wait="/health/ready")
-    try:
-        with server.client() as client:
-            yield client
-    finally:
-        server.stop()
+    with module_serve(env, wait="/health/ready").client() as client:
+        yield client
 
 
 def test_truncation_off_refuses_over_long_text_stating_the_limit(strict: httpx.Client) -> None:

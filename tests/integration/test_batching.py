@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
-from conftest import Server, start_server
+from conftest import Server
 from fakes import read_record, vector_for
 from prometheus_client.parser import text_string_to_metric_families
 from tinymodel import WORDS
@@ -38,11 +38,11 @@ class Fake:
 
 
 @pytest.fixture(scope="module")
-def fake(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fake]:
+def fake(tmp_path_factory: pytest.TempPathFactory, module_serve: Callable[..., Server]) -> Fake:
     tmp = tmp_path_factory.mktemp("batching")
     (tmp / "gates").mkdir()
     (tmp / "model").mkdir()
-    server = start_server(tmp, {
+    server = module_serve({
         "INFERD__MODEL__TASK": "fakes:HashHandler",
         "INFERD__MODEL__PATH": str(tmp / "model"),
         "INFERD__BATCHING__MAX_BATCH_SIZE": str(MAX_BATCH),
@@ -53,8 +53,7 @@ def fake(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fake]:
         "FAKE_RECORD": str(tmp / "record.jsonl"),
         "FAKE_GATE_DIR": str(tmp / "gates"),
     }, wait="/health/ready")
-    yield Fake(server, tmp / "record.jsonl", tmp / "gates")
-    server.stop()
+    return Fake(server, tmp / "record.jsonl", tmp / "gates")
 
 
 def samples(text: str) -> dict[tuple[str, tuple], float]:
@@ -275,13 +274,11 @@ def test_a_failing_batch_fails_its_requests_and_the_worker_carries_on(fake: Fake
 
 
 @pytest.fixture(scope="module")
-def tiny(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    server = start_server(tmp_path_factory.mktemp("batching-tiny"), {
+def tiny(tiny_model: Path, module_serve: Callable[..., Server]) -> Server:
+    return module_serve({
         "INFERD__MODEL__PATH": str(tiny_model),
         "INFERD__BATCHING__MAX_BATCH_SIZE": str(MAX_BATCH),
     }, wait="/health/ready")
-    yield server
-    server.stop()
 
 
 def test_batched_results_equal_single_request_results(tiny: Server):

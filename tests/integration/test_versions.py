@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import shutil
 import signal
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
 import numpy as np
 import pytest
 import yaml
-from conftest import ROOT, Server, metric_value, start_server, wait_for
+from conftest import ROOT, Server, metric_value, wait_for
 from tinymodel import write_tiny_bert
 
 from inferd.core.loading import load_handler
@@ -50,11 +50,9 @@ def write_model(folder: Path, model: dict[str, object]) -> None:
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory, config_dir: Path) -> Iterator[Server]:
-    s = start_server(tmp_path_factory.mktemp("versions"), {
-        "INFERD_CONFIG_DIR": str(config_dir), "INFERD__SERVER__ADMIN_KEY": "admin-secret"}, wait="/health/ready")
-    yield s
-    assert s.stop() == 0
+def server(module_serve: Callable[..., Server], config_dir: Path) -> Server:
+    return module_serve({"INFERD_CONFIG_DIR": str(config_dir), "INFERD__SERVER__ADMIN_KEY": "admin-secret"},
+                        wait="/health/ready", clean_exit=True)
 
 
 def embed(c: httpx.Client, **pin: str) -> tuple[str, list[float]]:
