@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import httpx
 import numpy as np
 import pytest
-from conftest import Server, metric_value, start_server, wait_for
+from conftest import Server, metric_value, wait_for
 from fakes import vector_for
 
 from inferd.core.loading import load_handler
@@ -57,14 +57,12 @@ def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path, models_root: Path,
-           cache_dir: Path) -> Iterator[Server]:
-    s = start_server(tmp_path_factory.mktemp("shadow"), {
+def server(module_serve: Callable[..., Server], tiny_model: Path, models_root: Path, cache_dir: Path) -> Server:
+    return module_serve({
         "INFERD__MODEL__PATH": str(tiny_model), "INFERD__MODEL__VERSION": "v1", "INFERD__MODEL__NAME": "tiny",
         "INFERD__MODEL__ROOT": str(models_root), "INFERD__SERVER__ADMIN_KEY": "admin-secret",
-        "INFERD__MODEL__CACHE_DIR": str(cache_dir), "INFERD__MODEL__LOAD_MODE": "eager"}, wait="/health/ready")
-    yield s
-    assert s.stop() == 0
+        "INFERD__MODEL__CACHE_DIR": str(cache_dir), "INFERD__MODEL__LOAD_MODE": "eager"}, wait="/health/ready",
+        clean_exit=True)
 
 
 def ensure_v1(c: httpx.Client, tiny_model: Path) -> None:
@@ -181,18 +179,17 @@ def test_shadow_admin_errors_are_in_the_one_shape(server: Server, tiny_model: Pa
 
 
 @pytest.fixture(scope="module")
-def fake(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, Path]]:
+def fake(tmp_path_factory: pytest.TempPathFactory, module_serve: Callable[..., Server]) -> tuple[Server, Path]:
     tmp = tmp_path_factory.mktemp("shadow-fake")
     for name in ("gates", "model", "candidate"):
         (tmp / name).mkdir()
-    server = start_server(tmp, {
+    server = module_serve({
         "INFERD__MODEL__TASK": "fakes:HashHandler", "INFERD__MODEL__PATH": str(tmp / "model"),
         "INFERD__MODEL__ROOT": str(tmp), "INFERD__SERVER__ADMIN_KEY": "admin-secret",
         "INFERD__BATCHING__MAX_BATCH_SIZE": "8", "INFERD__BATCHING__MAX_QUEUE": "512",
         "INFERD__LIMITS__MAX_ITEMS_PER_REQUEST": "300", "INFERD__BATCHING__MIN_PADDING_EFFICIENCY": "0",
-        "FAKE_GATE_DIR": str(tmp / "gates")}, wait="/health/ready")
-    yield server, tmp
-    assert server.stop() == 0
+        "FAKE_GATE_DIR": str(tmp / "gates")}, wait="/health/ready", clean_exit=True)
+    return server, tmp
 
 
 def totals(text: str, name: str, **labels: str) -> float:
@@ -256,7 +253,7 @@ DOCS = [[" ".join(WORDS[(q * 3 + d * 7 + j) % len(WORDS)] for j in range(4 + d %
 
 
 @pytest.fixture(scope="module")
-def pipeline(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, Path]]:
+def pipeline(tmp_path_factory: pytest.TempPathFactory, module_serve: Callable[..., Server]) -> tuple[Server, Path]:
     import shutil
 
     import yaml
@@ -273,10 +270,9 @@ def pipeline(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server,
     shutil.copy(ROOT / "configs" / "base.yaml", config / "base.yaml")
     models = [{"name": "reranker", "path": str(root / "ce")}, {"name": "classifier", "path": str(root / "cls")}]
     (config / "dev.yaml").write_text(yaml.safe_dump({"models": models, "model": {"root": [str(root)]}}))
-    server = start_server(root, {"INFERD_CONFIG_DIR": str(config), "INFERD__SERVER__ADMIN_KEY": "admin-secret",
-                                 "INFERD__MODEL__LOAD_MODE": "eager"}, wait="/health/ready")
-    yield server, root
-    assert server.stop() == 0
+    server = module_serve({"INFERD_CONFIG_DIR": str(config), "INFERD__SERVER__ADMIN_KEY": "admin-secret",
+                           "INFERD__MODEL__LOAD_MODE": "eager"}, wait="/health/ready", clean_exit=True)
+    return server, root
 
 
 def outputs(path: Path, inputs: list[Any]) -> np.ndarray:
