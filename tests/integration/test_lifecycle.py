@@ -22,7 +22,7 @@ import psutil
 import pytest
 import torch
 import yaml
-from conftest import ROOT, Server, metric_value, start_server, wait_for
+from conftest import ROOT, Server, metric_value, wait_for
 from lifecycle_fakes import vector_for
 from prompted import add_matryoshka_card, add_prompts, sentence_transformer
 from tinymodel import write_st_v6, write_tiny_bert
@@ -48,15 +48,14 @@ def reference(path: Path) -> np.ndarray:
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path, models_root: Path) -> Iterator[Server]:
-    s = start_server(tmp_path_factory.mktemp("lifecycle"), {
+def server(module_serve: Callable[..., Server], tiny_model: Path, models_root: Path) -> Server:
+    return module_serve({
         "INFERD__MODEL__PATH": str(tiny_model), "INFERD__MODEL__VERSION": "v1", "INFERD__MODEL__NAME": "tiny",
         "INFERD__MODEL__ROOT": str(models_root), "INFERD__SERVER__ADMIN_KEY": "admin-secret",
         # Batches of four and six texts a request keep a backlog, so at the switch v1 and v2 items wait side
         # by side: the case where a scheduler that ignored item.group would mix versions.
-        "INFERD__BATCHING__MAX_BATCH_SIZE": "4", "INFERD__SERVER__LOG_FORMAT": "json"}, wait="/health/ready")
-    yield s
-    assert s.stop() == 0
+        "INFERD__BATCHING__MAX_BATCH_SIZE": "4", "INFERD__SERVER__LOG_FORMAT": "json"}, wait="/health/ready",
+        clean_exit=True)
 
 
 @pytest.fixture(scope="module")
@@ -408,47 +407,45 @@ def config_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_sighup_rereads_the_model_section_and_a_second_change_gets_409(
-        tmp_path: Path, config_dir: Path, tiny_model: Path, tiny_model_v2: Path, models_root: Path,
+        serve: Callable[..., Server], config_dir: Path, tiny_model: Path, tiny_model_v2: Path, models_root: Path,
         refs: dict[Path, np.ndarray]) -> None:
     model = {"name": "tiny", "path": str(tiny_model), "version": "v1", "root": [str(models_root)],
              "load_delay_s": 1.0}  # every load takes a second: room for a second change to collide
     write_config(config_dir, model)
-    server = start_server(tmp_path, {"INFERD_CONFIG_DIR": str(config_dir),
-                                     "INFERD__SERVER__ADMIN_KEY": "admin-secret"}, wait="/health/ready")
-    try:
-        with server.client() as c:
-            results: list[httpx.Response] = []
-            posts = [threading.Thread(target=lambda v=v: results.append(c.post(
-                "/admin/models/reload", json={"path": str(tiny_model_v2), "version": v}, headers=ADMIN)))
-                for v in ("v2", "v2b")]
-            for t in posts:
-                t.start()
-            for t in posts:
-                t.join(30)
-            assert sorted(r.status_code for r in results) == [200, 409]
-            conflict = next(r for r in results if r.status_code == 409).json()["error"]
-            assert conflict["code"] == "reload_in_progress" and conflict["type"] == "conflict_error"
-            assert metric(server, "inferd_model_reloads_total", outcome="conflict") == 1
+    server = serve({"INFERD_CONFIG_DIR": str(config_dir), "INFERD__SERVER__ADMIN_KEY": "admin-secret"},
+                   wait="/health/ready")
+    with server.client() as c:
+        results: list[httpx.Response] = []
+        posts = [threading.Thread(target=lambda v=v: results.append(c.post(
+            "/admin/models/reload", json={"path": str(tiny_model_v2), "version": v}, headers=ADMIN)))
+            for v in ("v2", "v2b")]
+        for t in posts:
+            t.start()
+        for t in posts:
+            t.join(30)
+        assert sorted(r.status_code for r in results) == [200, 409]
+        conflict = next(r for r in results if r.status_code == 409).json()["error"]
+        assert conflict["code"] == "reload_in_progress" and conflict["type"] == "conflict_error"
+        assert metric(server, "inferd_model_reloads_total", outcome="conflict") == 1
 
-            write_config(config_dir, {**model, "version": "v3"})
+        write_config(config_dir, {**model, "version": "v3"})
+        server.proc.send_signal(signal.SIGHUP)
+        wait_for(lambda: active_version(c) == "v3", what="SIGHUP reload to v3")
+        answer = predict(c)
+        assert answer.headers["X-Model-Version"] == "v3"
+        np.testing.assert_allclose(answer.json()["results"][0], refs[tiny_model], atol=1e-5)
+
+        for n, bad in enumerate(({**model, "path": str(models_root / "gone"), "version": "v4"},
+                                 "model: [unclosed"), start=1):
+            write_config(config_dir, bad)
             server.proc.send_signal(signal.SIGHUP)
-            wait_for(lambda: active_version(c) == "v3", what="SIGHUP reload to v3")
-            answer = predict(c)
-            assert answer.headers["X-Model-Version"] == "v3"
-            np.testing.assert_allclose(answer.json()["results"][0], refs[tiny_model], atol=1e-5)
-
-            for n, bad in enumerate(({**model, "path": str(models_root / "gone"), "version": "v4"},
-                                     "model: [unclosed"), start=1):
-                write_config(config_dir, bad)
-                server.proc.send_signal(signal.SIGHUP)
-                wait_for(lambda n=n: metric(server, "inferd_model_reloads_total", outcome="failed") == n,
-                         what=f"failed SIGHUP reload {n}")
-                assert active_version(c) == "v3" and predict(c).headers["X-Model-Version"] == "v3"
-            assert c.get("/admin/models", headers=ADMIN).json()["switches"] == 2
-        log = server.log()
-        assert "does not exist" in log and "not valid YAML" in log and "SIGHUP reload failed" in log
-    finally:
-        assert server.stop() == 0
+            wait_for(lambda n=n: metric(server, "inferd_model_reloads_total", outcome="failed") == n,
+                     what=f"failed SIGHUP reload {n}")
+            assert active_version(c) == "v3" and predict(c).headers["X-Model-Version"] == "v3"
+        assert c.get("/admin/models", headers=ADMIN).json()["switches"] == 2
+    log = server.log()
+    assert "does not exist" in log and "not valid YAML" in log and "SIGHUP reload failed" in log
+    assert server.stop() == 0  # SIGTERM after the failed reloads: still a clean exit
 
 
 # -- memory after repeated reloads -----------------------------------------------------------------------
