@@ -74,16 +74,18 @@ def serve(tmp_path: Path) -> Iterator[Callable[..., Server]]:
 @pytest.fixture(scope="module")
 def module_serve(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., Server]]:
     """Factory for servers the whole module shares: ``module_serve(env, ...)`` takes start_server's arguments;
-    every one started is stopped when the module ends (``clean_exit=True``: and must exit with 0)."""
-    started: list[tuple[Server, bool]] = []
+    every one started is stopped (SIGTERM, killed after ``stop_timeout`` seconds) when the module ends
+    (``clean_exit=True``: and must exit with 0)."""
+    started: list[tuple[Server, bool, float]] = []
 
-    def _serve(env: dict[str, str] | None = None, *, clean_exit: bool = False, **kw) -> Server:
+    def _serve(env: dict[str, str] | None = None, *, clean_exit: bool = False, stop_timeout: float = 30.0,
+               **kw) -> Server:
         server = start_server(tmp_path_factory.mktemp("srv"), env, **kw)
-        started.append((server, clean_exit))
+        started.append((server, clean_exit, stop_timeout))
         return server
 
     yield _serve
-    codes = [(server, server.stop(signal.SIGTERM, timeout=30), clean) for server, clean in started]
+    codes = [(server, server.stop(signal.SIGTERM, timeout=wait), clean) for server, clean, wait in started]
     for server, code, clean in codes:
         assert not clean or code == 0, f"server exited with {code}:\n{server.log()[-4000:]}"
 

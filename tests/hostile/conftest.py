@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
 import pytest
-from conftest import Server, metric_value, start_server
+from conftest import Server, metric_value
 
 # Short enough that a test waits little, long enough that a loaded 2-core machine never trips them by accident.
 HEADER_TIMEOUT_S = 1.0
@@ -34,23 +33,21 @@ def hostile_env(tmp: Path, **extra: str) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def module_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., Server]]:
-    """Factory for servers that live for the whole module (stopped at its end, even on failure)."""
-    started: list[Server] = []
+def module_server(module_serve: Callable[..., Server],
+                  tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Server]:
+    """Factory for servers that live for the whole module (conftest's module_serve: stopped at its end, even on
+    failure), each run at a raised priority."""
 
     def _start(**extra: str) -> Server:
         tmp = tmp_path_factory.mktemp("hostile")
-        server = start_server(tmp, hostile_env(tmp, **extra), wait="/health/ready")
-        started.append(server)
+        server = module_serve(hostile_env(tmp, **extra), wait="/health/ready", stop_timeout=15)
         with contextlib.suppress(OSError):
             # Its main thread runs the event loop: raised like the probe's, so that a busy shared machine is
             # not read as a stall (the property under test is the server's own, not the scheduler's).
             os.setpriority(os.PRIO_PROCESS, server.proc.pid, -10)
         return server
 
-    yield _start
-    for server in started:
-        server.stop(signal.SIGTERM, timeout=15)
+    return _start
 
 
 @pytest.fixture(scope="module")
