@@ -8,14 +8,14 @@ import os
 import re
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 import yaml
-from conftest import Server, free_port, start_server
+from conftest import Server, free_port
 from prometheus_client.parser import text_string_to_metric_families
 
 from inferd.config import load_settings
@@ -51,7 +51,8 @@ def settings_of(docs: Docs, config_dir: Path) -> Settings:
 
 
 @pytest.fixture(scope="module")
-def pod_server(built: dict[str, Docs], tmp_path_factory: pytest.TempPathFactory, tiny_model: Path) -> Iterator[Server]:
+def pod_server(built: dict[str, Docs], tmp_path_factory: pytest.TempPathFactory, tiny_model: Path,
+               module_serve: Callable[..., Server]) -> Server:
     """inferd as the cpu overlay's pod runs it, on loopback ports, with the tiny model in place of the volume."""
     tmp = tmp_path_factory.mktemp("pod")
     configs = tmp / "configs"
@@ -60,21 +61,18 @@ def pod_server(built: dict[str, Docs], tmp_path_factory: pytest.TempPathFactory,
     docs = built["overlays/cpu"]
     (configs / "prod.yaml").write_text(config_map_data(docs, "inferd-config")["prod.yaml"], encoding="utf-8")
     env = resolve_env(docs)
-    # start_server picks the port and host; the model and the writable folders are this machine's.
+    # module_serve picks the port and host; the model and the writable folders are this machine's.
     for key in ("INFERD__SERVER__PORT", "INFERD__SERVER__HOST"):
         env.pop(key, None)
     env.update({"INFERD_CONFIG_DIR": str(configs), "INFERD__SERVER__ADMIN_PORT": str(free_port()),
                 "INFERD__MODEL__PATH": str(tiny_model), "INFERD__MODEL__ROOT": str(tiny_model.parent),
                 "INFERD__RUNTIME__TORCH_THREADS": "1", "HF_HOME": str(tmp / "hf")})
-    server = start_server(tmp, env, wait="/health/ready")
-    try:
-        # One inference, so the per-version histograms have a series (a labelled metric appears on first use).
-        r = httpx.post(server.url + "/predict", json={"texts": ["hello world"]},
-                       headers={"Authorization": f"Bearer {env['INFERD__SERVER__API_KEYS']}"}, timeout=30)
-        assert r.status_code == 200, r.text
-        yield server
-    finally:
-        server.stop()
+    server = module_serve(env, wait="/health/ready")
+    # One inference, so the per-version histograms have a series (a labelled metric appears on first use).
+    r = httpx.post(server.url + "/predict", json={"texts": ["hello world"]},
+                   headers={"Authorization": f"Bearer {env['INFERD__SERVER__API_KEYS']}"}, timeout=30)
+    assert r.status_code == 200, r.text
+    return server
 
 
 @pytest.fixture(scope="module")
