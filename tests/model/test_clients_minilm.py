@@ -10,7 +10,7 @@ texts' ranges up to a bucket edge.
 from __future__ import annotations
 
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +18,7 @@ import cohere
 import numpy as np
 import openai
 import pytest
-from conftest import Server, start_server
+from conftest import Server
 from huggingface_hub import InferenceClient
 from prompted import add_prompts, sentence_transformer
 from sentence_transformers.quantization import quantize_embeddings
@@ -54,14 +54,10 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def server(folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    srv = start_server(tmp_path_factory.mktemp("srv"), {
+def server(folder: Path, module_serve: Callable[..., Server]) -> Server:
+    return module_serve({
         "INFERD__MODEL__PATH": str(folder), "INFERD__MODEL__NAME": "minilm", "INFERD__MODEL__LOAD_MODE": "eager",
         "INFERD__RUNTIME__TORCH_THREADS": "2"}, wait="/health/ready", timeout=180)
-    try:
-        yield srv
-    finally:
-        srv.stop()
 
 
 @pytest.fixture(scope="module")

@@ -6,12 +6,12 @@ openai client round trip.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import Server, start_server
+from conftest import Server
 
 from inferd.core.loading import load_handler
 from inferd.core.spec import spec_from_settings
@@ -99,14 +99,10 @@ def test_batch_invariance(handler: Handler) -> None:
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+def server(module_serve: Callable[..., Server]) -> Server:
     # No model path: the server must find the packaged MiniLM by itself, as `make run` does.
     env = {"INFERD__MODEL__LOAD_MODE": "eager", "INFERD__MODEL__DEVICE": "cpu", "MODEL_PATH": ""}
-    s = start_server(tmp_path_factory.mktemp("minilm"), env, timeout=120)
-    try:
-        yield s
-    finally:
-        s.stop()
+    return module_serve(env, timeout=120)
 
 
 def test_openai_client_round_trip(server: Server, handler: Handler) -> None:
