@@ -9,9 +9,9 @@ import re
 from pathlib import Path
 
 import pytest
+from settingskit import make_settings
 
 from inferd.api.app import create_app
-from inferd.config import load_settings
 
 from .dockerfile import Instruction, comments, copy_sources, last, parse
 from .k8s_objects import ROOT, SHUTDOWN_MARGIN_S
@@ -113,7 +113,7 @@ def serve_port(instructions: list[Instruction]) -> int:
     cmd = last(instructions, "CMD")
     assert cmd is not None
     words = cmd.words()
-    return int(words[words.index("--port") + 1]) if "--port" in words else load_settings("prod").server.port
+    return int(words[words.index("--port") + 1]) if "--port" in words else make_settings(layered="prod").server.port
 
 
 def test_the_health_check_probes_a_route_inferd_serves(instructions: list[Instruction]) -> None:
@@ -124,7 +124,7 @@ def test_the_health_check_probes_a_route_inferd_serves(instructions: list[Instru
     assert int(url.group(1)) == serve_port(instructions)
     expose = last(instructions, "EXPOSE")
     assert expose is not None and int(expose.args.split("/")[0]) == serve_port(instructions)
-    paths = set(create_app(load_settings("prod")).openapi()["paths"])
+    paths = set(create_app(make_settings(layered="prod")).openapi()["paths"])
     assert url.group(2) in paths and url.group(2) == "/health/live"
     # The start period covers a model load (the Kubernetes startupProbe budget says the same, 300 s there).
     start = re.search(r"--start-period=(\d+)s", check.args)
@@ -142,7 +142,7 @@ def test_the_stop_timeout_covers_the_drain(where: str) -> None:
     text = comments(DOCKERFILE) if where == "Dockerfile" else (ROOT / "README.md").read_text(encoding="utf-8")
     timeouts = stop_timeouts(text)
     assert len(timeouts) >= 3, f"{where} should show --stop-timeout, docker stop -t and stop_grace_period"
-    drain = load_settings("prod").server.drain_timeout_s
+    drain = make_settings(layered="prod").server.drain_timeout_s
     assert all(t > drain + SHUTDOWN_MARGIN_S for t in timeouts), (timeouts, drain)
     stop = last(parse(DOCKERFILE), "STOPSIGNAL")
     assert stop is not None and stop.args in ("SIGTERM", "15")

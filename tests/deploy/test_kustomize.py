@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from settingskit import make_settings
 
 from .k8s_objects import BUILDS, K8S, ROOT, Docs, config_map_data, kustomize, objects
 
@@ -67,13 +68,11 @@ def test_config_map_holds_configs_overlays(built: dict[str, Docs], file: str) ->
 
 
 def test_the_pipeline_overlay_serves_three_models_of_three_tasks(built: dict[str, Docs], tmp_path: Path) -> None:
-    from inferd.config import load_settings
-
     folder = tmp_path / "configs"
     folder.mkdir()
     (folder / "base.yaml").write_text((ROOT / "configs" / "base.yaml").read_text(encoding="utf-8"))
     (folder / "pipeline.yaml").write_text(config_map_data(built["overlays/cpu"], "inferd-config")["pipeline.yaml"])
-    served = load_settings("pipeline", config_dir=folder, environ={}).served()
+    served = make_settings(layered="pipeline", config_dir=folder).served()
     assert [(m.name, m.model.task, m.required) for m in served] == [
         ("embedder", "auto", True), ("reranker", "rerank", True), ("classifier", "classification", False)]
     assert served[1].batching.max_batch_size == 64 and served[0].batching.max_batch_size == 32

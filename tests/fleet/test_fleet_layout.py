@@ -17,10 +17,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from settingskit import make_settings
 
 from inferd import cli
 from inferd.api.errors import _TYPES
-from inferd.config import load_settings
 from inferd.fleet import render
 from inferd.fleet.layout import plan, visible_gpus
 from inferd.fleet.render import RenderError, find_nginx
@@ -42,11 +42,6 @@ def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("INFERD_CONFIG_DIR", str(CONFIGS))
 
 
-def settings(**fleet: Any) -> Settings:
-    overrides = {f"fleet.{k}": v for k, v in fleet.items()}
-    return load_settings("dev", overrides, environ={}, config_dir=CONFIGS)
-
-
 def counter(start: int = 20000) -> Any:
     ports = iter(range(start, start + 1000))
     return lambda: next(ports)
@@ -56,7 +51,8 @@ def counter(start: int = 20000) -> Any:
 
 
 def test_four_workers_on_two_gpus_share_each_gpu_in_blocks() -> None:
-    layout = plan(settings(gpus=["0", "1"], workers_per_gpu=2), [], cores=8, port=counter())
+    s = make_settings(layered="dev", fleet={"gpus": ["0", "1"], "workers_per_gpu": 2})
+    layout = plan(s, [], cores=8, port=counter())
     assert [w.gpu for w in layout.workers] == ["0", "0", "1", "1"]
     assert [w.memory_fraction for w in layout.workers] == [0.475] * 4  # (1 - 0.05 margin) / 2
     assert [w.torch_threads for w in layout.workers] == [2] * 4  # 8 cores / 4 workers
@@ -66,35 +62,35 @@ def test_four_workers_on_two_gpus_share_each_gpu_in_blocks() -> None:
 
 
 def test_uneven_workers_and_a_gpu_of_its_own() -> None:
-    layout = plan(settings(gpus=["0", "1"], workers=5), [], cores=2, port=counter())
+    layout = plan(make_settings(layered="dev", fleet={"gpus": ["0", "1"], "workers": 5}), [], cores=2, port=counter())
     assert [w.gpu for w in layout.workers] == ["0", "0", "0", "1", "1"]
     assert [w.memory_fraction for w in layout.workers] == [0.3166, 0.3166, 0.3166, 0.475, 0.475]
-    alone = plan(settings(gpus=["GPU-uuid-a", "GPU-uuid-b"]), [], cores=4, port=counter())
+    uuids = make_settings(layered="dev", fleet={"gpus": ["GPU-uuid-a", "GPU-uuid-b"]})
+    alone = plan(uuids, [], cores=4, port=counter())
     assert [(w.gpu, w.memory_fraction) for w in alone.workers] == [("GPU-uuid-a", None), ("GPU-uuid-b", None)]
 
 
 def test_an_operators_smaller_memory_fraction_stands() -> None:
-    s = load_settings("dev", {"fleet.gpus": ["0"], "fleet.workers_per_gpu": 2, "memory.per_process_fraction": 0.3},
-                      environ={}, config_dir=CONFIGS)
+    s = make_settings(layered="dev", fleet={"gpus": ["0"], "workers_per_gpu": 2}, memory={"per_process_fraction": 0.3})
     assert [w.memory_fraction for w in plan(s, [], 4, counter()).workers] == [0.3, 0.3]
 
 
 def test_default_gpus_are_the_visible_ones_and_none_means_cpu() -> None:
-    assert [w.gpu for w in plan(settings(), ["3", "5"], 4, counter()).workers] == ["3", "5"]
-    cpu = plan(settings(), [], 4, counter())
+    assert [w.gpu for w in plan(make_settings(layered="dev"), ["3", "5"], 4, counter()).workers] == ["3", "5"]
+    cpu = plan(make_settings(layered="dev"), [], 4, counter())
     assert [w.gpu for w in cpu.workers] == [None, None] and cpu.summary() == "2 workers on the CPU (4 cores)"
-    assert [w.gpu for w in plan(settings(gpus=[]), ["0"], 4, counter()).workers] == [None, None]  # [] = CPU only
+    cpu_only = make_settings(layered="dev", fleet={"gpus": []})
+    assert [w.gpu for w in plan(cpu_only, ["0"], 4, counter()).workers] == [None, None]  # [] = CPU only
 
 
 @pytest.mark.parametrize(("cores", "workers", "threads"), [(2, 2, 1), (8, 3, 2), (2, 4, 1), (16, 4, 4), (1, 1, 1)])
 def test_cpu_threads_are_the_cores_split_at_least_one(cores: int, workers: int, threads: int) -> None:
-    layout = plan(settings(workers=workers), [], cores, counter())
+    layout = plan(make_settings(layered="dev", fleet={"workers": workers}), [], cores, counter())
     assert [w.torch_threads for w in layout.workers] == [threads] * workers
 
 
 def test_explicit_ports_and_threads() -> None:
-    s = load_settings("dev", {"fleet.workers": 3, "fleet.worker_base_port": 9100, "runtime.torch_threads": 3},
-                      environ={}, config_dir=CONFIGS)
+    s = make_settings(layered="dev", fleet={"workers": 3, "worker_base_port": 9100}, runtime={"torch_threads": 3})
     layout = plan(s, [], 2, counter())
     assert [(w.port, w.admin_port, w.torch_threads) for w in layout.workers] == [(9100, 9101, 3), (9102, 9103, 3),
                                                                                  (9104, 9105, 3)]
@@ -107,10 +103,9 @@ def test_visible_gpus_follow_cuda_visible_devices(value: str, gpus: tuple[str, .
 
 
 def test_fleet_settings_from_the_environment() -> None:
-    s = load_settings("dev", environ={"INFERD__FLEET__GPUS": "0,1", "INFERD__FLEET__WORKERS_PER_GPU": "2"},
-                      config_dir=CONFIGS)
+    s = make_settings(layered="dev", environ={"INFERD__FLEET__GPUS": "0,1", "INFERD__FLEET__WORKERS_PER_GPU": "2"})
     assert s.fleet.gpus == ("0", "1") and s.fleet.workers_per_gpu == 2
-    assert load_settings("dev", environ={"INFERD__FLEET__GPUS": "3"}, config_dir=CONFIGS).fleet.gpus == ("3",)
+    assert make_settings(layered="dev", environ={"INFERD__FLEET__GPUS": "3"}).fleet.gpus == ("3",)
 
 
 # -- the templates ----------------------------------------------------------------------------------------------
@@ -144,7 +139,7 @@ def test_nginx_error_pages_speak_inferds_error_shape() -> None:
 
 
 def test_nginx_never_marks_a_worker_failed_and_caps_no_connections(tmp_path: Path) -> None:
-    settings = load_settings("dev", environ={"INFERD__FLEET__WORKERS": "2", "INFERD__FLEET__GPUS": ""})
+    settings = make_settings(layered="dev", environ={"INFERD__FLEET__WORKERS": "2", "INFERD__FLEET__GPUS": ""})
     layout = plan(settings, visible_gpus(), 2)
     fleet = render.Fleet(settings, layout, tmp_path, 18990, "/usr/sbin/nginx", "key")
     text = render.render_nginx(fleet)

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import httpx
 import pytest
+from settingskit import make_settings
 
-from inferd.config import load_settings
 from inferd.fleet.layout import Layout, WorkerSlot, free_port
 from inferd.fleet.render import Fleet as Rendered
 from inferd.fleet.render import nginx_user, write_run_dir
@@ -22,7 +22,6 @@ from inferd.fleet.render import nginx_user, write_run_dir
 from .fleetkit import NGINX, ClosedLoop, Fleet, requires_nginx
 
 pytestmark = requires_nginx
-CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 TEXTS = ["hello world", "the cat is on the mat", "a long river runs by the city", "我们 的 模型", "yes no ok"]
 # What a client may see for a request nginx never accepted, once the fleet is stopping (and only then).
 NOT_ACCEPTED = {"ConnectError", "RemoteProtocolError", "ReadError"}
@@ -89,8 +88,7 @@ def nginx_before(tmp_path: Path) -> Iterator[Callable[[list[int]], str]]:
 
     def start(ports: list[int]) -> str:
         run = tmp_path / f"run{len(procs)}"
-        settings = load_settings("dev", {"fleet.port": free_port(), "fleet.proxy_read_timeout_s": 1,
-                                         "model.path": str(tmp_path)}, environ={}, config_dir=CONFIGS)
+        settings = make_settings(tmp_path, layered="dev", fleet={"port": free_port(), "proxy_read_timeout_s": 1})
         workers = tuple(WorkerSlot(i, f"worker-{i}", p, free_port(), None, 1, None) for i, p in enumerate(ports))
         user, _ = nginx_user(None, run)
         fleet = Rendered(settings, Layout(workers, (), 2), run, free_port(), NGINX or "nginx", "key", user)

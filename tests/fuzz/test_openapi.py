@@ -24,9 +24,9 @@ from schemathesis.specs.openapi.checks import (
     response_schema_conformance,
     status_code_conformance,
 )
+from settingskit import make_settings
 
 from inferd.api.app import create_app
-from inferd.settings import BatchingSettings, CanarySettings, ModelSettings, ServerSettings, Settings
 
 KEY = "fuzz-key"
 # Hypothesis examples per operation (derandomized, so the same ones every run): 60, down from 100, which took 65 s
@@ -48,12 +48,10 @@ MODELS = Path(tempfile.gettempdir()) / "inferd-fuzz-models"  # only a name: the 
 def make_app() -> FastAPI:
     # model.root "/" lets a generated path load (the fake loader reads nothing), so reloads and canaries with
     # generated versions really switch models; a canary from the start gives promote and rollback work.
-    return create_app(Settings(
-        model=ModelSettings(name="fuzz", path=str(MODELS / "m1"), version="v1", warmup=False, load_mode="eager",
-                            root=("/",)),
-        canary=CanarySettings(path=str(MODELS / "c1"), version="c1", weight=0.5),
-        server=ServerSettings(admin_key=KEY, api_keys=(KEY,), access_log=False),
-        batching=BatchingSettings(max_wait_ms=0.0)), loader=loader_for(HashHandler()))
+    return create_app(make_settings(
+        MODELS / "m1", model={"name": "fuzz", "version": "v1", "root": ["/"]},
+        canary={"path": str(MODELS / "c1"), "version": "c1", "weight": 0.5},
+        server={"admin_key": KEY, "api_keys": [KEY], "access_log": False}), loader=loader_for(HashHandler()))
 
 
 app = make_app()

@@ -10,10 +10,10 @@ import httpx
 import openai
 import psutil
 import pytest
-from conftest import ROOT, Server, free_port, start_server
+from conftest import Server, free_port, start_server
+from settingskit import make_settings
 
 from inferd.api.app import create_app
-from inferd.config import load_settings
 
 INFERENCE = [("POST", "/predict", {"texts": ["hello world"]}),
              ("POST", "/v1/embeddings", {"input": "hello world"}),
@@ -172,7 +172,7 @@ def test_admin_routes_move_to_a_loopback_port(tmp_path: Path, tiny_model: Path) 
 
 def test_admin_routes_do_not_exist_without_an_admin_key(tiny_model: Path) -> None:
     # The app itself, no server process: the refusal comes before any model work.
-    settings = load_settings("dev", {"model.path": str(tiny_model)}, environ={}, config_dir=ROOT / "configs")
+    settings = make_settings(tiny_model, layered="dev")
     app = create_app(settings)
 
     async def statuses() -> list[tuple[int, str]]:

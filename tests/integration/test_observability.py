@@ -14,10 +14,10 @@ import pytest
 from conftest import Server
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
+from settingskit import make_settings
 
 from inferd.api.app import create_app
 from inferd.api.services import services_of
-from inferd.config import load_settings
 
 ADMIN_KEY = "admin-" + uuid.uuid4().hex
 VERSION = "v1"
@@ -183,7 +183,7 @@ def test_admin_memory_requires_the_admin_key(server: Server) -> None:
 
 
 def test_admin_memory_is_absent_without_an_admin_key(tiny_model: Path) -> None:
-    settings = load_settings("dev", {"model.path": str(tiny_model), "model.load_mode": "lazy"}, environ={})
+    settings = make_settings(tiny_model, layered="dev", model={"load_mode": "lazy"})
     with TestClient(create_app(settings)) as client:  # create_app builds its own guard
         assert services_of(client.app).memory_guard is not None
         for headers in ({}, {"Authorization": "Bearer anything"}):

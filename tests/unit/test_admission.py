@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 from fakes import DIM, HashHandler, vector_for
+from settingskit import make_settings
 
 from inferd.api import vectors
 from inferd.core.engine import InferenceEngine
@@ -21,7 +22,6 @@ from inferd.core.errors import EngineError, Kind
 from inferd.core.outcomes import TaskResult
 from inferd.core.prompts import Prompt
 from inferd.core.spec import ModelSpec
-from inferd.settings import BatchingSettings, ModelSettings, Settings
 from inferd.utils.metrics import Metrics
 
 
@@ -43,8 +43,7 @@ def with_canary(tmp_path: Path, scenario: Callable[[InferenceEngine, str], Await
     the canary's."""
     for folder in ("active", "canary"):
         (tmp_path / folder).mkdir()
-    settings = Settings(model=ModelSettings(path=str(tmp_path / "active"), version="v1", warmup=False,
-                                            load_mode="eager"), batching=BatchingSettings(max_wait_ms=0.0))
+    settings = make_settings(tmp_path / "active", model={"version": "v1"})
 
     def load(spec: ModelSpec) -> Prompted:
         handler = Prompted()

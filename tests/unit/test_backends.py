@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from settingskit import make_settings
 
-from inferd.config import load_settings
 from inferd.core.agreement import cosine_rows, overlap_at_k
 from inferd.core.backends import factory, gate
 from inferd.core.backends.base import (
@@ -110,10 +110,9 @@ def test_converted_backends_refuse_a_gpu_device() -> None:
 
 
 def test_settings_reach_the_backend_options(tmp_path: Path) -> None:
-    settings = load_settings(overrides={
-        "model.backend": "openvino", "model.quantize": "int8", "model.dtype": "auto",
-        "model.cache_dir": str(tmp_path), "model.gate.int8_cosine_min": 0.98, "model.gate.texts": 64},
-        environ={})
+    settings = make_settings(layered="dev", model={"backend": "openvino", "quantize": "int8", "dtype": "auto",
+                                                   "cache_dir": str(tmp_path),
+                                                   "gate": {"int8_cosine_min": 0.98, "texts": 64}})
     options = options_for(spec_from_settings(settings))
     assert (options.backend, options.quantize, options.dtype) == ("openvino", "int8", "auto")
     assert options.cache_dir == tmp_path
@@ -126,19 +125,19 @@ def test_bad_backend_settings_name_the_key() -> None:
     from inferd.config import ConfigError
 
     with pytest.raises(ConfigError, match="model.backend"):
-        load_settings(overrides={"model.backend": "tensorrt"}, environ={})
+        make_settings(layered="dev", model={"backend": "tensorrt"})
     with pytest.raises(ConfigError, match="model.gate.int8_cosine_min"):
-        load_settings(overrides={"model.gate.int8_cosine_min": 1.5}, environ={})
+        make_settings(layered="dev", **{"model.gate.int8_cosine_min": 1.5})
 
 
 def test_unpadded_reaches_the_options_as_auto_true_or_false() -> None:
     def options(**overrides: object) -> BackendOptions:
-        return options_for(spec_from_settings(load_settings(overrides=overrides, environ={})))
+        return options_for(spec_from_settings(make_settings(layered="dev", **overrides)))
 
     assert options().unpadded == "auto"
     assert options(**{"model.unpadded": True}).unpadded == "true"
     assert options(**{"model.unpadded": False}).unpadded == "false"
-    env = load_settings(environ={"INFERD__MODEL__UNPADDED": "false"})
+    env = make_settings(layered="dev", environ={"INFERD__MODEL__UNPADDED": "false"})
     assert options_for(spec_from_settings(env)).unpadded == "false"
     check_options(BackendOptions(backend="onnx", unpadded="auto"), CPU)  # auto leaves the graph runtimes be
 
@@ -147,7 +146,7 @@ def test_a_bad_unpadded_setting_names_the_key() -> None:
     from inferd.config import ConfigError
 
     with pytest.raises(ConfigError, match="model.unpadded"):
-        load_settings(overrides={"model.unpadded": "sometimes"}, environ={})
+        make_settings(layered="dev", model={"unpadded": "sometimes"})
 
 
 def test_every_runner_says_whether_padding_costs_compute() -> None:

@@ -8,11 +8,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 from fakes import HashHandler, engine_for, vector_for
+from settingskit import make_settings
 
 from inferd.core.cache import ResultCache
 from inferd.core.engine import InferenceEngine
 from inferd.core.errors import EngineError, Kind
-from inferd.settings import BatchingSettings, CacheSettings, ModelSettings, Settings
 from inferd.utils.metrics import Metrics
 
 
@@ -67,9 +67,8 @@ def test_size_and_hit_rate_are_exported() -> None:
 
 def make_engine(tmp_path: Path, handler: HashHandler, max_entries: int) -> InferenceEngine:
     # oversize=reject with a small budget gives an input error raised on the texts sent on to the queue.
-    batching = BatchingSettings(max_wait_ms=0.0, max_batch_tokens=64, oversize="reject")
-    settings = Settings(model=ModelSettings(path=str(tmp_path), warmup=False, load_mode="eager"),
-                        batching=batching, cache=CacheSettings(max_entries=max_entries))
+    settings = make_settings(tmp_path, batching={"max_batch_tokens": 64, "oversize": "reject"},
+                             cache={"max_entries": max_entries})
     return engine_for(handler, settings)
 
 

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
+from settingskit import make_settings
 
 from inferd.api.app import create_app
 from inferd.api.services import services_of
-from inferd.config import load_settings
 
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "deploy" / "grafana" / "inferd.json"
@@ -65,8 +65,7 @@ def dashboard_exprs() -> list[str]:
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory: pytest.TempPathFactory) -> set[str]:
     """Every metric family name the app's /metrics exposition declares (what /metrics serves)."""
-    settings = load_settings("dev", {"model.path": str(tmp_path_factory.mktemp("m")), "model.device": "cpu"},
-                             environ={})
+    settings = make_settings(tmp_path_factory.mktemp("m"), layered="dev", model={"device": "cpu"})
     app = create_app(settings)  # not started: the registry is complete at construction
     text = generate_latest(services_of(app).metrics.registry).decode()
     return {family.name for family in text_string_to_metric_families(text)}

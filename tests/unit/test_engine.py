@@ -14,24 +14,18 @@ from typing import Any
 
 import pytest
 from fakes import HashHandler, ShortHandler, engine_for, loader_for, vector_for
+from settingskit import make_settings
 from starlette.testclient import TestClient
 
 from inferd.api.app import create_app
 from inferd.api.services import services_of
 from inferd.core.engine import InferenceEngine
 from inferd.core.errors import ClientGone, EngineError, Kind
-from inferd.settings import BatchingSettings, ModelSettings, Settings
 from inferd.utils.metrics import Metrics
 
 
-def make_settings(tmp_path: Path, **batching: Any) -> Settings:
-    batching = {"max_wait_ms": 0.0, **batching}
-    return Settings(model=ModelSettings(path=str(tmp_path), warmup=False, load_mode="eager"),
-                    batching=BatchingSettings(**batching))
-
-
 def make_engine(tmp_path: Path, handler: HashHandler, **batching: Any) -> InferenceEngine:
-    return engine_for(handler, make_settings(tmp_path, **batching))
+    return engine_for(handler, make_settings(tmp_path, batching=batching))
 
 
 def run(engine: InferenceEngine, scenario: Callable[[InferenceEngine], Awaitable[None]]) -> None:
@@ -253,7 +247,7 @@ def test_the_worker_survives_an_error_outside_the_handler(tmp_path: Path):
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # the worker dies on purpose
 def test_a_dead_worker_answers_every_waiting_request_and_health_says_so(tmp_path: Path):
     handler = HashHandler()
-    settings = make_settings(tmp_path, max_batch_size=1)
+    settings = make_settings(tmp_path, batching={"max_batch_size": 1})
     app = create_app(settings, loader=loader_for(handler))
     engine: InferenceEngine = services_of(app).engine
 
@@ -301,8 +295,7 @@ def test_the_engine_builds_its_manager_with_the_callbacks_it_is_given(tmp_path: 
     """The manager is told its callbacks when it is built (the app's metrics, the lazy-failure exit)."""
     changes: list[list[str]] = []
     failures: list[str] = []
-    settings = Settings(model=ModelSettings(path=str(tmp_path / "absent"), warmup=False, load_mode="lazy",
-                                            exit_on_load_failure=True))
+    settings = make_settings(tmp_path / "absent", model={"load_mode": "lazy", "exit_on_load_failure": True})
 
     def broken(spec: Any) -> Any:
         raise RuntimeError("no model here")

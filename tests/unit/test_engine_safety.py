@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import torch
 from fakes import HashHandler, vector_for
+from settingskit import make_settings
 
 from inferd.core import admission
 from inferd.core.engine import InferenceEngine
@@ -22,7 +23,6 @@ from inferd.core.manager import ModelManager
 from inferd.core.outcomes import Ticket
 from inferd.core.preprocess import Encoded
 from inferd.core.spec import ModelSpec
-from inferd.settings import BatchingSettings, CacheSettings, LimitSettings, ModelSettings, Settings
 from inferd.utils.metrics import Metrics
 
 
@@ -61,10 +61,8 @@ class Models:
 
 
 def make(tmp_path: Path, cache: int = 0, **limits: Any) -> tuple[InferenceEngine, ModelManager, Models]:
-    settings = Settings(model=ModelSettings(path=str(tmp_path / "a"), version="v1", warmup=False,
-                                            load_mode="eager", root=(str(tmp_path),)),
-                        batching=BatchingSettings(max_wait_ms=0.0), cache=CacheSettings(max_entries=cache),
-                        limits=LimitSettings(**limits))
+    settings = make_settings(tmp_path / "a", model={"version": "v1", "root": [str(tmp_path)]},
+                             cache={"max_entries": cache}, limits=limits)
     models = Models()
     engine = InferenceEngine(settings, Metrics(), loader=models)
     engine.manager.load_initial()

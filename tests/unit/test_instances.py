@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 import torch
 from fakes import HashHandler, encode, loader_for, vector_for
+from settingskit import make_settings
 from starlette.testclient import TestClient
 
 from inferd.api.app import create_app
@@ -32,7 +33,7 @@ from inferd.core.outcomes import Outcome, Ticket, WorkItem
 from inferd.core.slots import ModelSlot
 from inferd.core.spec import ModelSpec, spec_from_settings
 from inferd.core.worker import BatchWorker
-from inferd.settings import BatchingSettings, ModelEntry, ModelSettings, Settings
+from inferd.settings import BatchingSettings, ModelEntry, ModelSettings
 from inferd.utils.metrics import Metrics
 
 
@@ -61,7 +62,7 @@ def engine_of(tmp_path: Path, handlers: dict[str, HashHandler], entries: list[Mo
         handler.load(spec, torch.device("cpu"))
         return handler
 
-    engine = InferenceEngine(Settings(models=tuple(entries)), Metrics(), loader=load)
+    engine = InferenceEngine(make_settings(models=tuple(entries)), Metrics(), loader=load)
     for served in engine.registry:
         served.manager.load_initial()
     return engine
@@ -172,9 +173,9 @@ def test_the_cores_are_split_between_every_instance_unless_a_model_sets_its_own(
     assert thread_budgets((entry(tmp_path, "a", threads=4), b), 8) == {"a": 4, "b": 2}
     # More instances than cores: one thread each (they time-share), never none.
     assert thread_budgets((a, b), 2) == {"a": 1, "b": 1}
-    resolved = with_budgets(Settings(models=(a, b)), cores=6)
+    resolved = with_budgets(make_settings(models=(a, b)), cores=6)
     assert [e.model.threads for e in resolved.models] == [2, 2]
-    single = with_budgets(Settings(model=ModelSettings(path=str(tmp_path / "a"))), cores=3)
+    single = with_budgets(make_settings(tmp_path / "a"), cores=3)
     assert single.model.threads == 3 and single.served()[0].model.threads == 3
 
 
@@ -184,7 +185,7 @@ def test_instances_0_is_one_instance_of_one_thread_per_core_of_the_model_s_share
     assert instance_counts((auto, other), 4) == {"a": 2, "b": 2}
     assert instance_counts((auto, other), 1) == {"a": 1, "b": 1}  # never none
     assert instance_counts((entry(tmp_path, "a", instances=0, threads=2),), 4) == {"a": 2}
-    resolved = with_budgets(Settings(models=(auto, entry(tmp_path, "b", instances=1))), cores=4)
+    resolved = with_budgets(make_settings(models=(auto, entry(tmp_path, "b", instances=1))), cores=4)
     # Three instances on four cores: one thread each, the fourth core left to the event loop and the tokenizer.
     assert [(e.model.instances, e.model.threads) for e in resolved.models] == [(2, 1), (1, 1)]
 
@@ -270,7 +271,7 @@ def test_on_a_gpu_each_instance_runs_its_batch_and_the_copy_out_on_its_own_strea
 
 
 def test_the_instances_budget_reaches_the_graph_runtimes_options(tmp_path: Path) -> None:
-    settings = with_budgets(Settings(models=(entry(tmp_path, "a", instances=2, backend="openvino"),)), cores=4)
+    settings = with_budgets(make_settings(models=(entry(tmp_path, "a", instances=2, backend="openvino"),)), cores=4)
     options = options_for(spec_from_settings(settings.for_model(settings.models[0])))
     assert (options.threads, options.streams) == (4, 2)  # two instances of two threads, in one compiled model
 
@@ -314,8 +315,7 @@ def test_an_openvino_model_of_two_instances_runs_two_streams_one_request_per_thr
 
 def test_v1_models_and_admin_models_show_each_model_s_instances(tmp_path: Path) -> None:
     handler = HashHandler()
-    settings = Settings(model=ModelSettings(path=str(tmp_path / "m"), warmup=False, load_mode="eager", instances=2,
-                                            threads=1), server={"admin_key": "k"})
+    settings = make_settings(tmp_path / "m", model={"instances": 2, "threads": 1}, server={"admin_key": "k"})
     (tmp_path / "m").mkdir()
     with TestClient(create_app(settings, loader=loader_for(handler))) as client:
         assert client.post("/embed", json={"inputs": "x"}).status_code == 200
@@ -378,7 +378,7 @@ def test_the_fleet_layout_shows_each_worker_s_instances(tmp_path: Path) -> None:
 
     models = (entry(tmp_path, "embedder", instances=0), entry(tmp_path, "reranker", instances=1))
     ports = iter(range(20000, 20100))
-    layout = fleet_plan(Settings(models=models, fleet={"workers": 2}), [], cores=8, port=lambda: next(ports))
+    layout = fleet_plan(make_settings(models=models, fleet={"workers": 2}), [], cores=8, port=lambda: next(ports))
     # Each worker's 4 threads: the embedder's share of 2 cores as two one-thread instances, the reranker's one
     # instance the rest of the even split.
     assert [w.instances for w in layout.workers] == ["embedder 2x1, reranker 1x1"] * 2

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
+from settingskit import make_settings
 
 from inferd.api.app import create_app
-from inferd.config import load_settings
 from inferd.utils.logger import JsonFormatter, RequestIdFilter, TextFormatter, configure_logging, request_id_var
 
 SECRET_TEXT = "the confidential river sentence"
@@ -87,9 +87,8 @@ def test_configure_logging_picks_the_format(restore_logging: None, fmt: str, for
 
 def run_requests(tiny_model: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture,
                  log_inputs: bool) -> list[logging.LogRecord]:
-    settings = load_settings("dev", {"model.path": str(tiny_model), "model.device": "cpu",
-                                     "model.load_mode": "eager", "server.log_inputs": log_inputs,
-                                     "batching.min_padding_efficiency": 0.0}, environ={})
+    settings = make_settings(tiny_model, layered="dev", model={"device": "cpu", "load_mode": "eager"},
+                             server={"log_inputs": log_inputs}, batching={"min_padding_efficiency": 0.0})
     caplog.handler.addFilter(RequestIdFilter())  # as configure_logging's handler does
     with caplog.at_level(logging.INFO, logger="inferd"), TestClient(create_app(settings)) as client:
         r = client.post("/predict", json={"texts": [SECRET_TEXT, "the cat"]}, headers={"X-Request-ID": "rid-1"})

@@ -17,26 +17,24 @@ import pytest
 import torch
 from fakes import engine_for
 from fastapi.testclient import TestClient
+from settingskit import make_settings
 
 from inferd.api.app import create_app
-from inferd.config import load_settings
 from inferd.core import memory
 from inferd.core.engine import InferenceEngine
 from inferd.core.errors import EngineError, Kind
 from inferd.core.memory import CudaStats, MemoryGuard, MemoryStats, ProcessStats, build_guard, configure_process
 from inferd.core.preprocess import Encoded
 from inferd.core.tasks.base import Handler
-from inferd.settings import Settings
 from inferd.utils.metrics import Metrics
 
 MARKER = "BOOM"
 
 
-def make_settings(tmp_path: Path, **overrides: Any) -> Settings:
-    # The OOM split is about batches of mixed texts: no padding floor splitting them first.
-    base = {"model.path": str(tmp_path), "model.device": "cpu", "model.load_mode": "eager",
-            "batching.min_padding_efficiency": 0.0}
-    return load_settings("dev", {**base, **overrides}, environ={})
+# Every test's settings: the dev layers, on the CPU, loaded at start (make_settings(tmp_path, **SUITE, ...)).
+# The OOM split is about batches of mixed texts: no padding floor splitting them first.
+SUITE: dict[str, Any] = {"layered": "dev", "model": {"device": "cpu", "load_mode": "eager"},
+                         "batching": {"min_padding_efficiency": 0.0}}
 
 
 class FakeStats:
@@ -118,8 +116,8 @@ def expected(text: str) -> list[float]:
 
 
 def guard_with(tmp_path: Path, source: Any, every: int = 1, threshold: float = 0.3) -> tuple[MemoryGuard, Metrics]:
-    settings = make_settings(tmp_path, **{"memory.check_every_n": every,
-                                          "memory.fragmentation_threshold": threshold})
+    settings = make_settings(tmp_path, **SUITE, **{"memory.check_every_n": every,
+                                                   "memory.fragmentation_threshold": threshold})
     guard = MemoryGuard(settings.memory, source)
     metrics = Metrics()
     guard.bind(metrics)
@@ -219,18 +217,18 @@ def test_utilization_failure_is_reported_once_then_skipped(monkeypatch: pytest.M
 
 def test_configure_process_sets_expandable_segments(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(memory.ALLOC_CONF, raising=False)
-    guard = configure_process(make_settings(tmp_path))
+    guard = configure_process(make_settings(tmp_path, **SUITE))
     assert os.environ.get(memory.ALLOC_CONF) == "expandable_segments:True"
     assert isinstance(guard.source, ProcessStats)  # a CPU model: RSS stands in
     monkeypatch.setenv(memory.ALLOC_CONF, "max_split_size_mb:128")
-    configure_process(make_settings(tmp_path))
+    configure_process(make_settings(tmp_path, **SUITE))
     assert os.environ.get(memory.ALLOC_CONF) == "max_split_size_mb:128,expandable_segments:True"
 
 
 def test_configure_process_leaves_the_allocator_alone_when_off(tmp_path: Path,
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(memory.ALLOC_CONF, raising=False)
-    configure_process(make_settings(tmp_path, **{"memory.expandable_segments": False}))
+    configure_process(make_settings(tmp_path, **SUITE, **{"memory.expandable_segments": False}))
     assert os.environ.get(memory.ALLOC_CONF) is None
 
 
@@ -239,15 +237,15 @@ def test_per_process_fraction_applies_to_the_models_device(tmp_path: Path, monke
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", lambda f, d=None: applied.append((f, d)))
     monkeypatch.setenv(memory.ALLOC_CONF, "expandable_segments:True")
-    guard = configure_process(make_settings(tmp_path, **{"model.device": "cuda:1",
-                                                         "memory.per_process_fraction": 0.25}))
+    guard = configure_process(make_settings(tmp_path, **SUITE, **{"model.device": "cuda:1",
+                                                                  "memory.per_process_fraction": 0.25}))
     assert isinstance(guard.source, CudaStats) and guard.source.device == "cuda:1"
     assert applied == [(0.25, 1)]
 
 
 def test_build_guard_has_no_process_side_effects(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(memory.ALLOC_CONF, raising=False)
-    guard = build_guard(make_settings(tmp_path))
+    guard = build_guard(make_settings(tmp_path, **SUITE))
     assert isinstance(guard.source, ProcessStats)
     assert os.environ.get(memory.ALLOC_CONF) is None
 
@@ -256,7 +254,7 @@ def test_build_guard_has_no_process_side_effects(tmp_path: Path, monkeypatch: py
 
 
 def engine_with(tmp_path: Path, handler: FakeHandler, source: FakeStats, **overrides: Any) -> InferenceEngine:
-    settings = make_settings(tmp_path, **overrides)
+    settings = make_settings(tmp_path, **SUITE, **overrides)
     return engine_for(handler, settings, MemoryGuard(settings.memory, source))
 
 
@@ -332,7 +330,7 @@ def test_injected_oom_splits_and_every_other_request_succeeds(tmp_path: Path) ->
 
 def test_oom_over_http_is_507_and_the_service_stays_ready(tmp_path: Path) -> None:
     handler = FakeHandler(oom_over=4)
-    settings = make_settings(tmp_path)
+    settings = make_settings(tmp_path, **SUITE)
     guard = MemoryGuard(settings.memory, FakeStats(allocated=100, reserved=200))
     app = create_app(settings, loader=lambda spec: handler, memory_guard=guard)
     with TestClient(app) as client:
@@ -370,7 +368,7 @@ class FakeHeap:
 
 def test_tick_trims_the_heap_every_n_requests_and_never_when_off(tmp_path: Path) -> None:
     for every, ticks, trims in ((3, [1, 1, 1, 2, 1, 5], 3), (0, [1] * 50, 0), (1, [1] * 4, 4)):
-        settings = make_settings(tmp_path, **{"memory.malloc_trim_every_n": every})
+        settings = make_settings(tmp_path, **SUITE, **{"memory.malloc_trim_every_n": every})
         heap = FakeHeap()
         guard = MemoryGuard(settings.memory, FakeStats(100, 100), heap=heap)  # type: ignore[arg-type]
         for n in ticks:
@@ -384,7 +382,7 @@ def test_tick_trims_the_heap_every_n_requests_and_never_when_off(tmp_path: Path)
 def test_trims_run_on_the_worker_between_batches(tmp_path: Path) -> None:
     events: list[tuple[str, Any]] = []
     handler = FakeHandler(events=events)
-    settings = make_settings(tmp_path, **{"memory.malloc_trim_every_n": 1, "batching.max_batch_size": 2})
+    settings = make_settings(tmp_path, **SUITE, **{"memory.malloc_trim_every_n": 1, "batching.max_batch_size": 2})
     heap = FakeHeap(busy=handler, events=events)
     engine = engine_for(handler, settings, MemoryGuard(settings.memory, FakeStats(100, 100), heap=heap))
 
@@ -436,7 +434,7 @@ def test_native_heap_returns_freed_fragmented_memory_to_the_os() -> None:
 def test_a_heap_that_cannot_trim_is_left_alone(tmp_path: Path) -> None:
     heap = memory.NativeHeap(find=False)  # as on musl or macOS: no malloc_trim
     assert not heap.available and heap.trim() is False
-    settings = make_settings(tmp_path, **{"memory.malloc_trim_every_n": 1})
+    settings = make_settings(tmp_path, **SUITE, **{"memory.malloc_trim_every_n": 1})
     guard = MemoryGuard(settings.memory, FakeStats(100, 100), heap=heap)
     guard.tick(5)
     assert guard.trims == 0
@@ -515,7 +513,7 @@ class RecordingHeap(FakeHeap):
                                                                 (65536, False, [65536])])
 def test_configure_process_fixes_the_mmap_threshold_once(tmp_path: Path, caplog: pytest.LogCaptureFixture,
                                                           configured: int, accept: bool, expected: list[int]) -> None:
-    settings = make_settings(tmp_path, **{"memory.malloc_mmap_threshold": configured})
+    settings = make_settings(tmp_path, **SUITE, **{"memory.malloc_mmap_threshold": configured})
     heap = RecordingHeap(accept)
     guard = configure_process(settings, heap=heap)  # type: ignore[arg-type]
     assert heap.thresholds == expected

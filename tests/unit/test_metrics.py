@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
+from settingskit import make_settings
 
-from inferd.config import load_settings
 from inferd.core.memory import MemoryGuard, MemoryStats, ProcessStats
 from inferd.utils.metrics import GPU_METRICS, LATENCY_BUCKETS, REJECT_REASONS, Metrics, batch_size_buckets
 
@@ -49,7 +49,7 @@ def scrape(metrics: Metrics) -> dict[str, dict[tuple, float]]:
 
 
 def bound(source: object, tmp_path: Path) -> Metrics:
-    settings = load_settings("dev", {"model.path": str(tmp_path)}, environ={})
+    settings = make_settings(tmp_path, layered="dev")
     metrics = Metrics()
     MemoryGuard(settings.memory, source).bind(metrics)  # type: ignore[arg-type]
     return metrics

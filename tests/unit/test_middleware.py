@@ -8,9 +8,9 @@ from conftest import metric_value
 from fakes import HashHandler, loader_for
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
+from settingskit import make_settings
 
 from inferd.api.app import create_admin_app, create_app, route_paths
-from inferd.settings import ModelSettings, ServerSettings, Settings
 
 ADMIN_PATHS = {"/admin/memory", "/admin/models/reload", "/admin/models/canary", "/admin/models/promote",
                "/admin/models/rollback", "/admin/models", "/admin/models/shadow", "/admin/models/shadow/promote",
@@ -23,31 +23,28 @@ SERVING_PATHS = {"/predict", "/v1/embeddings", "/v1/rerank", "/v2/rerank", "/rer
                  "/embed_sparse", "/embed_all", "/v1/encode"}
 
 
-def settings_for(tmp_path: Path, admin_port: int | None = None) -> Settings:
-    return Settings(model=ModelSettings(path=str(tmp_path / "m1"), version="v1", warmup=False, load_mode="eager"),
-                    server=ServerSettings(admin_key="admin-key", admin_port=admin_port))
-
-
 def served(app: FastAPI) -> set[str]:
     """The paths the app answers (its OpenAPI paths: every route of ours is in the schema)."""
     return set(app.openapi()["paths"])
 
 
 def test_the_labels_are_the_route_table_and_not_the_docs(tmp_path: Path) -> None:
-    settings = settings_for(tmp_path)
+    settings = make_settings(tmp_path / "m1", model={"version": "v1"}, server={"admin_key": "admin-key"})
     assert route_paths(settings) == SERVING_PATHS | ADMIN_PATHS == served(create_app(settings))
     assert not {"/docs", "/redoc", "/openapi.json"} & route_paths(settings)
 
 
 def test_with_an_admin_port_each_app_labels_the_routes_it_serves(tmp_path: Path) -> None:
-    settings = settings_for(tmp_path, admin_port=0)
+    settings = make_settings(tmp_path / "m1", model={"version": "v1"},
+                             server={"admin_key": "admin-key", "admin_port": 0})
     main = create_app(settings)
     assert route_paths(settings) == SERVING_PATHS == served(main)
     assert route_paths(settings, admin=True) == ADMIN_PATHS == served(create_admin_app(main))
 
 
 def test_a_path_the_app_does_not_serve_counts_as_other(tmp_path: Path) -> None:
-    app = create_app(settings_for(tmp_path), loader=loader_for(HashHandler()))
+    settings = make_settings(tmp_path / "m1", model={"version": "v1"}, server={"admin_key": "admin-key"})
+    app = create_app(settings, loader=loader_for(HashHandler()))
     with TestClient(app) as client:
         assert client.post("/predict", json={"texts": ["a"]}).status_code == 200
         assert client.get("/wp-login.php").status_code == 404

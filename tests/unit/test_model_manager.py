@@ -9,16 +9,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from settingskit import make_settings
 
-from inferd.config import load_settings
 from inferd.core.errors import ManagerClosed, ModelLoadError, ModelNotReady, NoCanary, ReloadInProgress, VersionInUse
 from inferd.core.loading import check_model_path
 from inferd.core.manager import ModelManager
 from inferd.core.spec import ModelSpec
 from inferd.core.tasks.base import Handler
-from inferd.settings import Settings
-
-CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
 
 class FakeHandler(Handler):
@@ -73,10 +70,12 @@ class Loader:
         return handler
 
 
-def settings_for(root: Path, **overrides: Any) -> Settings:
-    base = {"model.path": str(root / "m1"), "model.version": "v1", "model.name": "tiny",
-            "model.root": [str(root)], **overrides}
-    return load_settings("dev", base, environ={}, config_dir=CONFIGS)
+@pytest.fixture
+def suite(tmp_path: Path) -> dict[str, Any]:
+    """This suite's settings, ``make_settings(**suite)``: the dev layers serving m1 (v1, "tiny") under tmp_path,
+    which is its model.root; a test's dotted keys after them change them."""
+    return {"layered": "dev", "model": {"path": str(tmp_path / "m1"), "version": "v1", "name": "tiny",
+                                        "root": [str(tmp_path)]}}
 
 
 @pytest.fixture
@@ -85,8 +84,8 @@ def loader() -> Loader:
 
 
 @pytest.fixture
-def manager(tmp_path: Path, loader: Loader) -> ModelManager:
-    m = ModelManager(settings_for(tmp_path), loader)
+def manager(suite: dict[str, Any], loader: Loader) -> ModelManager:
+    m = ModelManager(make_settings(**suite), loader)
     m.load_initial()
     return m
 
@@ -103,9 +102,9 @@ def use(manager: ModelManager, **kw: Any) -> str:
 
 
 def test_reload_switches_new_requests_and_frees_the_old_model_after_its_last_request(
-        loader: Loader, tmp_path: Path) -> None:
+        loader: Loader, tmp_path: Path, suite: dict[str, Any]) -> None:
     changes: list[list[tuple[str, str]]] = []  # the served slots, as the manager tells them after each change
-    manager = ModelManager(settings_for(tmp_path), loader,
+    manager = ModelManager(make_settings(**suite), loader,
                            on_change=lambda slots: changes.append([(role, s.version) for role, s in slots]))
     manager.load_initial()
     held = manager.pick()  # a request running on v1 during the swap
@@ -137,14 +136,14 @@ def test_a_failed_reload_leaves_the_active_model_serving(manager: ModelManager, 
 
 
 def test_a_different_dimension_is_refused_and_the_loaded_standby_released(
-        tmp_path: Path, loader: Loader) -> None:
-    manager = ModelManager(settings_for(tmp_path), loader)
+        tmp_path: Path, suite: dict[str, Any], loader: Loader) -> None:
+    manager = ModelManager(make_settings(**suite), loader)
     manager.load_initial()
     with pytest.raises(ModelLoadError, match="dimension is 48.*serving model's is 32.*allow_dimension_change"):
         manager.reload(str(tmp_path / "dim48-x"), "v2")
     assert use(manager) == "v1"
 
-    allowing = ModelManager(settings_for(tmp_path, **{"model.allow_dimension_change": True}), loader)
+    allowing = ModelManager(make_settings(**suite, **{"model.allow_dimension_change": True}), loader)
     allowing.load_initial()
     allowing.reload(str(tmp_path / "dim48-x"), "v2")
     assert allowing.active is not None and allowing.active.description.dimension == 48
@@ -169,14 +168,14 @@ def test_a_change_while_another_is_loading_is_refused(manager: ModelManager, loa
     assert use(manager) == "v2" and manager.switches == 1
 
 
-def test_reload_before_any_model_is_loaded_is_not_ready(tmp_path: Path, loader: Loader) -> None:
-    manager = ModelManager(settings_for(tmp_path), loader)
+def test_reload_before_any_model_is_loaded_is_not_ready(tmp_path: Path, suite: dict[str, Any], loader: Loader) -> None:
+    manager = ModelManager(make_settings(**suite), loader)
     with pytest.raises(ModelNotReady):
         manager.reload(str(tmp_path / "m2"), "v2")
 
 
-def test_a_reload_recovers_a_failed_start(tmp_path: Path, loader: Loader) -> None:
-    manager = ModelManager(settings_for(tmp_path, **{"model.path": str(tmp_path / "broken-load")}), loader)
+def test_a_reload_recovers_a_failed_start(tmp_path: Path, suite: dict[str, Any], loader: Loader) -> None:
+    manager = ModelManager(make_settings(**suite, **{"model.path": str(tmp_path / "broken-load")}), loader)
     with pytest.raises(ModelLoadError):
         manager.load_initial()
     assert manager.state == "failed"
@@ -185,9 +184,9 @@ def test_a_reload_recovers_a_failed_start(tmp_path: Path, loader: Loader) -> Non
 
 
 def test_reload_from_settings_applies_the_new_model_section(manager: ModelManager, tmp_path: Path,
-                                                            loader: Loader) -> None:
+                                                            suite: dict[str, Any], loader: Loader) -> None:
     elsewhere = tmp_path.parent / "elsewhere" / "m9"  # outside model.root: the operator's own config
-    fresh = settings_for(tmp_path, **{"model.path": str(elsewhere), "model.version": "v9",
+    fresh = make_settings(**suite, **{"model.path": str(elsewhere), "model.version": "v9",
                                       "model.pooling": "cls"})
     slot = manager.reload_from_settings(fresh)
     assert slot.version == "v9" and use(manager) == "v9"
@@ -207,7 +206,7 @@ def test_twenty_reloads_free_every_retired_model(manager: ModelManager, tmp_path
 
 
 def test_a_reload_under_a_served_version_is_refused_before_loading(with_canary: ModelManager, tmp_path: Path,
-                                                                   loader: Loader) -> None:
+                                                                   suite: dict[str, Any], loader: Loader) -> None:
     before = len(loader.specs)
     for version, role in (("v1", "active"), ("v2", "canary")):
         with pytest.raises(VersionInUse, match=f"'{version}' is already being served by the {role} model") as info:
@@ -217,7 +216,7 @@ def test_a_reload_under_a_served_version_is_refused_before_loading(with_canary: 
             with_canary.set_canary(str(tmp_path / "other"), version, 0.5)
     # SIGHUP: a new model.path under the same model.version.
     with pytest.raises(VersionInUse, match="'v1'"):
-        with_canary.reload_from_settings(settings_for(tmp_path, **{"model.path": str(tmp_path / "other")}))
+        with_canary.reload_from_settings(make_settings(**suite, **{"model.path": str(tmp_path / "other")}))
     assert len(loader.specs) == before and with_canary.switches == 0
     assert [(r, s.version, s.spec.path.name) for r, s in with_canary.slots()] == [("active", "v1", "m1"),
                                                                                   ("canary", "v2", "m2")]
@@ -226,9 +225,9 @@ def test_a_reload_under_a_served_version_is_refused_before_loading(with_canary: 
 
 
 def test_every_load_has_its_own_identity_and_freeing_says_whether_its_version_is_gone(
-        loader: Loader, tmp_path: Path) -> None:
+        loader: Loader, tmp_path: Path, suite: dict[str, Any]) -> None:
     freed: list[tuple[str, int, bool]] = []
-    manager = ModelManager(settings_for(tmp_path), loader,
+    manager = ModelManager(make_settings(**suite), loader,
                            on_freed=lambda slot, last: freed.append((slot.version, slot.load_id, last)))
     manager.load_initial()
     first = manager.pick()  # a request still on the first v1 when v1 is loaded again
@@ -242,9 +241,9 @@ def test_every_load_has_its_own_identity_and_freeing_says_whether_its_version_is
     assert freed[1][1] == first.load_id and freed[2][1] == again.load_id
 
 
-def test_frees_run_where_the_reaper_says(loader: Loader, tmp_path: Path) -> None:
+def test_frees_run_where_the_reaper_says(loader: Loader, tmp_path: Path, suite: dict[str, Any]) -> None:
     chores: list[Any] = []
-    manager = ModelManager(settings_for(tmp_path), loader, reaper=chores.append)  # the engine's: its worker
+    manager = ModelManager(make_settings(**suite), loader, reaper=chores.append)  # the engine's: its worker
     manager.load_initial()
     old = manager.active
     assert old is not None
@@ -285,8 +284,8 @@ def test_a_reload_that_finishes_after_close_is_discarded(manager: ModelManager, 
         manager.reload(str(tmp_path / "m3"), "v3")
 
 
-def test_a_first_load_that_finishes_after_close_is_discarded(tmp_path: Path, loader: Loader) -> None:
-    manager = ModelManager(settings_for(tmp_path), loader)
+def test_a_first_load_that_finishes_after_close_is_discarded(suite: dict[str, Any], loader: Loader) -> None:
+    manager = ModelManager(make_settings(**suite), loader)
     loader.gate, loader.entered = threading.Event(), threading.Event()
     thread = threading.Thread(target=manager.load_initial)
     thread.start()
@@ -335,8 +334,7 @@ def test_reload_applies_the_allow_list_before_loading(manager: ModelManager, loa
 
 
 def test_the_default_root_is_the_initial_models_parent(tmp_path: Path, loader: Loader) -> None:
-    settings = load_settings("dev", {"model.path": str(tmp_path / "models" / "m1")}, environ={},
-                             config_dir=CONFIGS)
+    settings = make_settings(tmp_path / "models" / "m1", layered="dev")
     assert ModelManager(settings, loader).roots == [(tmp_path / "models").resolve()]
 
 
@@ -375,11 +373,12 @@ def test_routing_keys_are_sticky_and_spread_by_the_weight(with_canary: ModelMana
     assert within_binomial(sum(v == "v2" for v in first.values()), 1000, 0.2)
 
 
-def test_a_new_manager_routes_each_key_as_the_old_one_did(tmp_path: Path, loader: Loader) -> None:
+def test_a_new_manager_routes_each_key_as_the_old_one_did(tmp_path: Path, suite: dict[str, Any],
+                                                          loader: Loader) -> None:
     # Sticky across restarts and replicas: the bucket is a hash of the key, not process state.
     seen = []
     for _ in range(2):
-        m = ModelManager(settings_for(tmp_path), loader)
+        m = ModelManager(make_settings(**suite), loader)
         m.load_initial()
         m.set_canary(str(tmp_path / "m2"), "v2", 0.5)
         seen.append([use(m, routing_key=f"k{i}") for i in range(200)])
@@ -433,8 +432,8 @@ def test_a_canary_needs_its_own_version_and_a_valid_weight(manager: ModelManager
     assert manager.canary is None
 
 
-def test_a_configured_canary_is_loaded_with_the_model(tmp_path: Path, loader: Loader) -> None:
-    settings = settings_for(tmp_path, **{"canary.path": str(tmp_path / "m2"), "canary.version": "v2",
+def test_a_configured_canary_is_loaded_with_the_model(tmp_path: Path, suite: dict[str, Any], loader: Loader) -> None:
+    settings = make_settings(**suite, **{"canary.path": str(tmp_path / "m2"), "canary.version": "v2",
                                          "canary.weight": 0.3})
     manager = ModelManager(settings, loader)
     manager.load_initial()
@@ -442,8 +441,9 @@ def test_a_configured_canary_is_loaded_with_the_model(tmp_path: Path, loader: Lo
     assert manager.canary_weight == 0.3
 
 
-def test_a_configured_canary_of_another_dimension_fails_the_start(tmp_path: Path, loader: Loader) -> None:
-    settings = settings_for(tmp_path, **{"canary.path": str(tmp_path / "dim48-c"), "canary.version": "v2",
+def test_a_configured_canary_of_another_dimension_fails_the_start(tmp_path: Path, suite: dict[str, Any],
+                                                                  loader: Loader) -> None:
+    settings = make_settings(**suite, **{"canary.path": str(tmp_path / "dim48-c"), "canary.version": "v2",
                                          "canary.weight": 0.3})
     manager = ModelManager(settings, loader)
     with pytest.raises(ModelLoadError, match="canary.path"):
@@ -451,7 +451,7 @@ def test_a_configured_canary_of_another_dimension_fails_the_start(tmp_path: Path
     assert manager.state == "failed" and "dimension is 48" in (manager.reason or "")
 
 
-def test_a_model_over_its_memory_fraction_is_refused_and_closed(tmp_path: Path, loader: Loader,
+def test_a_model_over_its_memory_fraction_is_refused_and_closed(suite: dict[str, Any], loader: Loader,
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     """Several models on one GPU: a load taking more of the device than model.memory_fraction is refused (the
     device's figures injected: this machine has no GPU)."""
@@ -460,15 +460,15 @@ def test_a_model_over_its_memory_fraction_is_refused_and_closed(tmp_path: Path, 
     gib = 2**30
     readings = iter([(1 * gib, 10 * gib), (5 * gib, 10 * gib), (1 * gib, 10 * gib), (3 * gib, 10 * gib)])
     monkeypatch.setattr(manager_module, "device_memory", lambda device: next(readings))
-    tight = ModelManager(settings_for(tmp_path, **{"model.memory_fraction": 0.3}), loader)
+    tight = ModelManager(make_settings(**suite, **{"model.memory_fraction": 0.3}), loader)
     with pytest.raises(ModelLoadError, match=r"took 4.00 GiB .* more than its model.memory_fraction 0.3"):
         tight.load_initial()
     assert loader.handlers[-1].closed and tight.state == "failed"
-    roomy = ModelManager(settings_for(tmp_path, **{"model.memory_fraction": 0.3}), loader)
+    roomy = ModelManager(make_settings(**suite, **{"model.memory_fraction": 0.3}), loader)
     roomy.load_initial()  # 2 GiB of 10: within 0.3
     assert roomy.state == "ready" and not loader.handlers[-1].closed
     monkeypatch.setattr(manager_module, "device_memory", lambda device: None)  # a CPU: nothing to check
-    ModelManager(settings_for(tmp_path, **{"model.memory_fraction": 0.01}), loader).load_initial()
+    ModelManager(make_settings(**suite, **{"model.memory_fraction": 0.01}), loader).load_initial()
 
 
 def test_the_models_memory_fractions_must_fit_the_process(tmp_path: Path) -> None:
@@ -476,6 +476,6 @@ def test_the_models_memory_fractions_must_fit_the_process(tmp_path: Path) -> Non
 
     models = [{"name": "a", "path": str(tmp_path), "memory_fraction": 0.5},
               {"name": "b", "path": str(tmp_path), "memory_fraction": 0.4}]
-    assert len(load_settings("dev", {"models": models}, environ={}, config_dir=CONFIGS).served()) == 2
+    assert len(make_settings(layered="dev", models=models).served()) == 2
     with pytest.raises(ConfigError, match="add up to 0.9, more than the process may use"):
-        load_settings("dev", {"models": models, "memory.per_process_fraction": 0.8}, environ={}, config_dir=CONFIGS)
+        make_settings(layered="dev", models=models, **{"memory.per_process_fraction": 0.8})

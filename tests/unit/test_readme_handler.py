@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
+from settingskit import make_settings
 
 from inferd.api.app import create_app
-from inferd.settings import Settings
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 
@@ -33,7 +33,8 @@ def example_package(tmp_path: Path) -> str:
 
 
 def test_the_readme_handler_serves_classify_and_not_embeddings(example_package: str, tmp_path: Path) -> None:
-    settings = Settings(model={"task": example_package, "path": str(tmp_path), "load_mode": "eager"})
+    # Warmed up, as a user's server runs the handler.
+    settings = make_settings(tmp_path, model={"task": example_package, "warmup": True})
     with TestClient(create_app(settings)) as client:
         r = client.post("/v1/classify", json={"input": ["one two", " ".join(["word"] * 30)]})
         assert r.status_code == 200, r.text

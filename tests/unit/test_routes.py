@@ -13,29 +13,24 @@ import pytest
 from conftest import wait_for
 from fakes import DIM, HashHandler, loader_for, vector_for
 from fastapi.testclient import TestClient
+from settingskit import make_settings
 
 from inferd.api.app import create_admin_app, create_app
 from inferd.core.errors import ModelLoadError
 from inferd.core.spec import ModelSpec
-from inferd.settings import BatchingSettings, LimitSettings, ModelSettings, ServerSettings, Settings
 
 ADMIN = {"Authorization": "Bearer admin-key"}
-
-
-def settings_for(tmp_path: Path, **sections: Any) -> Settings:
-    model = {"path": str(tmp_path / "m1"), "version": "v1", "warmup": False, "load_mode": "eager",
-             "root": (str(tmp_path),), **sections.pop("model", {})}
-    server = {"admin_key": "admin-key", **sections.pop("server", {})}
-    return Settings(model=ModelSettings(**model), server=ServerSettings(**server),
-                    batching=BatchingSettings(max_wait_ms=0.0, **sections.pop("batching", {})),
-                    limits=LimitSettings(**sections.pop("limits", {})), **sections)
 
 
 @contextmanager
 def app_client(tmp_path: Path, handler: Any = None, **sections: Any) -> Iterator[tuple[TestClient, HashHandler]]:
     handler = handler or HashHandler()
     loader = handler if callable(handler) and not isinstance(handler, HashHandler) else loader_for(handler)
-    with TestClient(create_app(settings_for(tmp_path, **sections), loader=loader)) as client:
+    # The suite's server: m1 (v1) under tmp_path (its model.root), the admin routes behind "admin-key"; a test's
+    # sections change it.
+    settings = make_settings(tmp_path / "m1", **{"model.version": "v1", "model.root": [str(tmp_path)],
+                                                 "server.admin_key": "admin-key"}, **sections)
+    with TestClient(create_app(settings, loader=loader)) as client:
         yield client, handler
 
 
@@ -153,7 +148,9 @@ def test_an_admin_path_with_control_characters_is_a_422_not_a_500(tmp_path: Path
 
 
 def test_the_admin_listener_has_the_body_limit_too(tmp_path: Path) -> None:
-    app = create_app(settings_for(tmp_path, limits={"max_body_bytes": 4096}), loader=loader_for(HashHandler()))
+    settings = make_settings(tmp_path / "m1", model={"version": "v1", "root": [str(tmp_path)]},
+                             server={"admin_key": "admin-key"}, limits={"max_body_bytes": 4096})
+    app = create_app(settings, loader=loader_for(HashHandler()))
     with TestClient(app), TestClient(create_admin_app(app)) as admin:
         big = {"path": "x" * 5000, "version": "v2"}
         assert error(admin.post("/admin/models/reload", json=big, headers=ADMIN), 413)["code"] == "body_too_large"
@@ -172,7 +169,9 @@ def test_the_docs_are_public_or_off_as_set_and_the_admin_ports_docs_need_the_adm
     with app_client(tmp_path, server={"docs": "off"}) as (c, _):
         for path in ("/openapi.json", "/docs", "/redoc"):
             assert error(c.get(path), 404)["code"] == "not_found"
-    app = create_app(settings_for(tmp_path, server={"admin_port": 0}), loader=loader_for(HashHandler()))
+    settings = make_settings(tmp_path / "m1", model={"version": "v1", "root": [str(tmp_path)]},
+                             server={"admin_key": "admin-key", "admin_port": 0})
+    app = create_app(settings, loader=loader_for(HashHandler()))
     with TestClient(app), TestClient(create_admin_app(app)) as admin:
         assert error(admin.get("/openapi.json"), 401)["code"] == "invalid_api_key"
         assert set(admin.get("/openapi.json", headers=ADMIN).json()["paths"]) >= {"/admin/models", "/admin/memory"}

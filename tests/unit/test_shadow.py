@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 from fakes import HashHandler, vector_for
+from settingskit import make_settings
 
 from inferd.core.agreement import overlap_at_k
 from inferd.core.batcher import BatchQueue, Policy, QueueFull
@@ -28,7 +29,7 @@ from inferd.core.shadow import (
 )
 from inferd.core.shadow_slot import sampled
 from inferd.core.spec import ModelSpec
-from inferd.settings import BatchingSettings, CanarySettings, GateSettings, ModelSettings, Settings, ShadowSettings
+from inferd.settings import CanarySettings, GateSettings, ShadowSettings
 from inferd.utils.metrics import Metrics
 
 GATE = GateSettings()
@@ -277,9 +278,8 @@ def engine_with(tmp_path: Path, shadow: ShadowSettings | None = None, canary: Ca
         handler.load(spec, torch.device("cpu"))
         return handler
 
-    settings = Settings(model=ModelSettings(path=str(tmp_path / "active"), warmup=False, load_mode="eager"),
-                        batching=BatchingSettings(**{"max_wait_ms": 0.0, **batching}),
-                        shadow=shadow or ShadowSettings(), canary=canary or CanarySettings())
+    settings = make_settings(tmp_path / "active", batching=batching, shadow=shadow or ShadowSettings(),
+                             canary=canary or CanarySettings())
     engine = InferenceEngine(settings, Metrics(), loader=load)
     engine.manager.load_initial()
     return engine, handlers

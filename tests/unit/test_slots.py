@@ -10,6 +10,7 @@ import torch
 from conftest import metric_value
 from fakes import DIM, HashHandler, loader_for
 from fastapi.testclient import TestClient
+from settingskit import make_settings
 
 from inferd.api.app import create_app
 from inferd.core.description import ModelDescription
@@ -17,7 +18,6 @@ from inferd.core.slots import ModelSlot
 from inferd.core.spec import ModelSpec
 from inferd.core.tasks.base import Handler
 from inferd.core.tasks.classification import ClassificationHandler
-from inferd.settings import ModelSettings, Settings
 
 ADMIN = {"Authorization": "Bearer admin-key"}
 
@@ -36,11 +36,6 @@ class BareHandler(Handler):
 
     def postprocess(self, outputs: list[Any]) -> list[Any]:
         return [[0.0] for _ in outputs]
-
-
-def settings_for(tmp_path: Path) -> Settings:
-    return Settings(model=ModelSettings(path=str(tmp_path / "m1"), version="v1", warmup=False, load_mode="eager",
-                                        root=(str(tmp_path),)), server={"admin_key": "admin-key"})
 
 
 def test_a_plugin_handler_gets_the_defaults_in_its_description(tmp_path: Path) -> None:
@@ -63,7 +58,9 @@ def test_the_task_s_facts_sit_beside_the_common_ones_and_cannot_replace_them(tmp
 
 def test_info_models_admin_and_metrics_show_the_description_built_at_load(tmp_path: Path) -> None:
     handler = HashHandler()
-    with TestClient(create_app(settings_for(tmp_path), loader=loader_for(handler))) as client:
+    settings = make_settings(tmp_path / "m1", model={"version": "v1", "root": [str(tmp_path)]},
+                             server={"admin_key": "admin-key"})
+    with TestClient(create_app(settings, loader=loader_for(handler))) as client:
         handler.dtype = "changed after load"  # what is served was described at load: nothing reads it again
         info = client.get("/info").json()
         (model,) = info["models"]
@@ -85,7 +82,9 @@ def test_info_models_admin_and_metrics_show_the_description_built_at_load(tmp_pa
 
 
 def test_a_bare_plugin_handler_is_described_too(tmp_path: Path) -> None:
-    with TestClient(create_app(settings_for(tmp_path), loader=lambda spec: BareHandler())) as client:
+    settings = make_settings(tmp_path / "m1", model={"version": "v1", "root": [str(tmp_path)]},
+                             server={"admin_key": "admin-key"})
+    with TestClient(create_app(settings, loader=lambda spec: BareHandler())) as client:
         r = client.get("/info")
         assert r.status_code == 200, r.text
         (model,) = r.json()["models"]
@@ -115,7 +114,9 @@ def test_the_reload_rules_read_the_serving_load_s_typed_description(tmp_path: Pa
 
 def test_info_shows_each_load_as_its_description_renders_it_for_the_wire(tmp_path: Path) -> None:
     handler = HashHandler()
-    with TestClient(create_app(settings_for(tmp_path), loader=loader_for(handler))) as client:
+    settings = make_settings(tmp_path / "m1", model={"version": "v1", "root": [str(tmp_path)]},
+                             server={"admin_key": "admin-key"})
+    with TestClient(create_app(settings, loader=loader_for(handler))) as client:
         (model,) = client.get("/info").json()["models"]
         (slot,) = client.app.state.services.registry.first().manager.slots()  # type: ignore[attr-defined]
         assert model == {"role": "active", "state": "ready", "weight": None, **slot[1].description.wire()}

@@ -26,10 +26,10 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
 from opentelemetry.trace import Link, SpanContext, SpanKind, StatusCode, TraceFlags
+from settingskit import make_settings
 
 from inferd.api.app import create_app
 from inferd.api.services import services_of
-from inferd.settings import BatchingSettings, ModelSettings, Settings
 from inferd.utils import tracing
 from inferd.utils.logger import JsonFormatter, RequestIdFilter
 from inferd.utils.trace_export import (
@@ -83,9 +83,8 @@ def lines() -> Iterator[list[logging.LogRecord]]:
 @contextmanager
 def app_client(tmp_path: Path) -> Iterator[tuple[TestClient, HashHandler]]:
     handler = HashHandler()
-    settings = Settings(model=ModelSettings(path=str(tmp_path / "m1"), name="m1", version="v1", warmup=False,
-                                            load_mode="eager"),
-                        batching=BatchingSettings(max_wait_ms=0.0, min_padding_efficiency=0.0))
+    settings = make_settings(tmp_path / "m1", model={"name": "m1", "version": "v1"},
+                             batching={"min_padding_efficiency": 0.0})
     with TestClient(create_app(settings, loader=loader_for(handler))) as client:
         try:
             yield client, handler
