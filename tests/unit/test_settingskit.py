@@ -34,7 +34,7 @@ def test_layered_reads_the_repository_s_files_and_none_of_the_quiet_defaults(tmp
     assert (dev.model.load_mode, dev.model.warmup, dev.batching.max_wait_ms) == ("background", True, 2.0)
     assert dev.batching.max_batch_size == 4
     prod = make_settings(layered="prod")
-    assert (prod.server.host, prod.server.log_format, prod.model.instances) == ("0.0.0.0", "json", 0)
+    assert (prod.server.host, prod.server.log_format) == ("0.0.0.0", "json")  # prod.yaml's, not base.yaml's
 
 
 def test_layered_never_reads_the_process_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
