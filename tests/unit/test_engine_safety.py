@@ -94,11 +94,11 @@ def test_a_batch_taken_from_the_queue_keeps_its_model_until_it_has_run(tmp_path:
     worker = engine.worker.all()[0]  # the model's one instance
     handle = worker._handle
 
-    def paused(decision: Any) -> None:
+    def paused(decision: Any, *staged: Any) -> None:
         if decision.batch:
             taken.set()
             go.wait(10)
-        handle(decision)
+        handle(decision, *staged)
 
     worker._handle = paused  # type: ignore[method-assign]
 
