@@ -210,8 +210,9 @@ class ModelSettings(_Section):
     # English); None = the card's default. A cross-encoder has no instruction: it is refused there.
     rerank_instruction: str | None = Field(None, min_length=1, max_length=2000)
     # Workers that run this model's batches at the same time, each with its own threads, or CUDA stream, on one
-    # load of the weights (core/instances.py); 0 = one per core of the model's even share of the cores, of one
-    # thread each (what bench/RESULTS.md "Instances" measured best; configs/prod.yaml sets it).
+    # load of the weights (core/instances.py); 0 = chosen per runtime by measurement (core/budgets.py): an OpenVINO
+    # model one instance of one thread per core of its even share of the cores, any other one instance of them all
+    # (configs/prod.yaml sets 0).
     instances: int = Field(1, ge=0, le=64)
     # Intra-op threads of each instance; 0 = the machine's cores split evenly between every model's instances.
     threads: int = Field(0, ge=0, le=1024)

@@ -179,12 +179,18 @@ def test_the_cores_are_split_between_every_instance_unless_a_model_sets_its_own(
     assert single.model.threads == 3 and single.served()[0].model.threads == 3
 
 
-def test_instances_0_is_one_instance_of_one_thread_per_core_of_the_model_s_share(tmp_path: Path) -> None:
-    auto, other = entry(tmp_path, "a", instances=0), entry(tmp_path, "b", instances=0)
+def test_instances_0_is_one_openvino_instance_per_core_of_the_model_s_share_and_one_torch_instance(
+        tmp_path: Path) -> None:
+    auto, other = entry(tmp_path, "a", instances=0, backend="openvino"), entry(tmp_path, "b", instances=0,
+                                                                              backend="openvino")
     assert instance_counts((auto,), 4) == {"a": 4} and thread_budgets((auto,), 4) == {"a": 1}
     assert instance_counts((auto, other), 4) == {"a": 2, "b": 2}
     assert instance_counts((auto, other), 1) == {"a": 1, "b": 1}  # never none
-    assert instance_counts((entry(tmp_path, "a", instances=0, threads=2),), 4) == {"a": 2}
+    assert instance_counts((entry(tmp_path, "a", instances=0, threads=2, backend="openvino"),), 4) == {"a": 2}
+    # torch (and ONNX Runtime): one instance of every thread of its share, which served more on torch.
+    torch_auto = entry(tmp_path, "t", instances=0)
+    assert instance_counts((torch_auto,), 4) == {"t": 1} and thread_budgets((torch_auto,), 4) == {"t": 4}
+    assert instance_counts((torch_auto, other), 4) == {"t": 1, "b": 2}
     resolved = with_budgets(make_settings(models=(auto, entry(tmp_path, "b", instances=1))), cores=4)
     # Three instances on four cores: one thread each, the fourth core left to the event loop and the tokenizer.
     assert [(e.model.instances, e.model.threads) for e in resolved.models] == [(2, 1), (1, 1)]
@@ -376,7 +382,7 @@ def test_an_instance_out_of_memory_splits_its_own_batch_and_leaves_the_other_run
 def test_the_fleet_layout_shows_each_worker_s_instances(tmp_path: Path) -> None:
     from inferd.fleet.layout import plan as fleet_plan
 
-    models = (entry(tmp_path, "embedder", instances=0), entry(tmp_path, "reranker", instances=1))
+    models = (entry(tmp_path, "embedder", instances=0, backend="openvino"), entry(tmp_path, "reranker", instances=1))
     ports = iter(range(20000, 20100))
     layout = fleet_plan(make_settings(models=models, fleet={"workers": 2}), [], cores=8, port=lambda: next(ports))
     # Each worker's 4 threads: the embedder's share of 2 cores as two one-thread instances, the reranker's one

@@ -23,12 +23,17 @@ def machine_cores() -> int:
 
 
 def instance_counts(entries: tuple[ModelEntry, ...], cores: int) -> dict[str, int]:
-    """Each model's instances: its own ``model.instances``, or (0, the default) one per core of its even share of the
-    cores, of ``model.threads`` threads each where it sets them. One thread per instance is what the measurement
-    chose (bench/RESULTS.md, "Instances": on 2 cores, 2 instances of 1 thread served more texts/s than 1 of 2 at 1
-    and 32 clients, torch and OpenVINO, with a lower P99 at 1 client)."""
+    """Each model's instances: its own ``model.instances``, or (0) as the measurement chose per runtime
+    (bench/RESULTS.md, "Instances, again on a quiet machine"): an OpenVINO model one instance per core of its even
+    share of the cores (of ``model.threads`` threads each where it sets them): 1.07-1.23x the texts/s of one
+    instance of every thread at 32 clients; any other one instance of all its share, since torch's one-thread
+    instances served no more (0.91-1.02x) at 32 clients and less at one (0.59-0.76x)."""
     share = max(1, cores // max(1, len(entries)))
-    return {e.name: e.model.instances or max(1, share // (e.model.threads or 1)) for e in entries}
+
+    def auto(model: ModelSettings) -> int:
+        return max(1, share // (model.threads or 1)) if model.backend == "openvino" else 1
+
+    return {e.name: e.model.instances or auto(e.model) for e in entries}
 
 
 def thread_budgets(entries: tuple[ModelEntry, ...], cores: int) -> dict[str, int]:
