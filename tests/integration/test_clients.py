@@ -8,7 +8,7 @@ outputs equal ``quantize_embeddings`` given the calibration texts' ranges.
 from __future__ import annotations
 
 import base64
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +17,7 @@ import httpx
 import numpy as np
 import openai
 import pytest
-from conftest import Server, start_server
+from conftest import Server
 from huggingface_hub import InferenceClient
 from prompted import PROMPTS, add_matryoshka_card, add_prompts, sentence_transformer
 from sentence_transformers.quantization import quantize_embeddings
@@ -43,37 +43,25 @@ def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-def _serve(tmp_path_factory: pytest.TempPathFactory, path: Path, name: str) -> Server:
-    return start_server(tmp_path_factory.mktemp("srv"), {
+def _serve(module_serve: Callable[..., Server], path: Path, name: str) -> Server:
+    return module_serve({
         "INFERD__MODEL__PATH": str(path), "INFERD__MODEL__NAME": name, "INFERD__MODEL__LOAD_MODE": "eager",
         "INFERD__SERVER__API_KEYS": KEY}, wait="/health/ready")
 
 
 @pytest.fixture(scope="module")
-def embedder(root: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    server = _serve(tmp_path_factory, root / "emb", "tiny-mrl")
-    try:
-        yield server
-    finally:
-        server.stop()
+def embedder(root: Path, module_serve: Callable[..., Server]) -> Server:
+    return _serve(module_serve, root / "emb", "tiny-mrl")
 
 
 @pytest.fixture(scope="module")
-def classifier(root: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    server = _serve(tmp_path_factory, root / "cls", "tiny-cls")
-    try:
-        yield server
-    finally:
-        server.stop()
+def classifier(root: Path, module_serve: Callable[..., Server]) -> Server:
+    return _serve(module_serve, root / "cls", "tiny-cls")
 
 
 @pytest.fixture(scope="module")
-def reranker(root: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    server = _serve(tmp_path_factory, root / "ce", "tiny-ce")
-    try:
-        yield server
-    finally:
-        server.stop()
+def reranker(root: Path, module_serve: Callable[..., Server]) -> Server:
+    return _serve(module_serve, root / "ce", "tiny-ce")
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ import json
 import shutil
 import signal
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +25,7 @@ import numpy as np
 import openai
 import pytest
 import yaml
-from conftest import ROOT, Server, metric_value, running, start_server, wait_for
+from conftest import ROOT, Server, metric_value, wait_for
 from fakes import read_record
 from tinymodel import write_tiny_bert
 
@@ -50,11 +50,6 @@ def config_env(tmp: Path, models: list[dict[str, Any]], **env: str) -> dict[str,
             "INFERD__MODEL__LOAD_MODE": "eager", **env}
 
 
-def serve_config(tmp: Path, models: list[dict[str, Any]], wait: str | None = "/health/ready",
-                 **env: str) -> Server:
-    return start_server(tmp, config_env(tmp, models, **env), wait=wait)
-
-
 @pytest.fixture(scope="module")
 def root(task_models: Path) -> Path:
     """The package's task models (ce, ce2, cls: the shared reranker and classifier serve ce and cls alone) and
@@ -72,10 +67,8 @@ def pipeline_models(root: Path) -> list[dict[str, Any]]:
 
 
 @pytest.fixture(scope="module")
-def pipeline(root: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    tmp = tmp_path_factory.mktemp("pipeline")
-    with running(tmp, config_env(tmp, pipeline_models(root)), wait="/health/ready") as server:
-        yield server
+def pipeline(root: Path, tmp_path_factory: pytest.TempPathFactory, module_serve: Callable[..., Server]) -> Server:
+    return module_serve(config_env(tmp_path_factory.mktemp("pipeline"), pipeline_models(root)), wait="/health/ready")
 
 
 @pytest.fixture(scope="module")
@@ -203,123 +196,115 @@ def test_every_stage_metric_carries_the_model(pipeline: Server) -> None:
     assert metric_value(text, "inferd_requests_total", endpoint="/v1/rerank", status="200", model="reranker") >= 1
 
 
-def test_a_reload_of_one_model_under_load_on_two_loses_nothing(root: Path,
-                                                                 tmp_path_factory: pytest.TempPathFactory) -> None:
-    server = serve_config(tmp_path_factory.mktemp("reload"), pipeline_models(root)[::2])  # embedder, reranker
-    try:
-        async def load(stop: asyncio.Event) -> list[tuple[str, int, str]]:
-            seen: list[tuple[str, int, str]] = []
-            async with httpx.AsyncClient(base_url=server.url, timeout=30) as c:
-                async def embedder() -> None:
-                    while not stop.is_set():
-                        r = await c.post("/v1/embeddings", json={"input": TEXTS, "model": "embedder"})
-                        seen.append(("embedder", r.status_code, r.json().get("model", "")))
+def test_a_reload_of_one_model_under_load_on_two_loses_nothing(root: Path, tmp_path: Path,
+                                                                 serve: Callable[..., Server]) -> None:
+    server = serve(config_env(tmp_path, pipeline_models(root)[::2]), wait="/health/ready")  # embedder, reranker
 
-                async def reranker() -> None:
-                    while not stop.is_set():
-                        r = await c.post("/v1/rerank", json={"query": QUERY, "documents": DOCS, "model": "reranker"})
-                        seen.append(("reranker", r.status_code, r.json().get("model", "")))
+    async def load(stop: asyncio.Event) -> list[tuple[str, int, str]]:
+        seen: list[tuple[str, int, str]] = []
+        async with httpx.AsyncClient(base_url=server.url, timeout=30) as c:
+            async def embedder() -> None:
+                while not stop.is_set():
+                    r = await c.post("/v1/embeddings", json={"input": TEXTS, "model": "embedder"})
+                    seen.append(("embedder", r.status_code, r.json().get("model", "")))
 
-                tasks = [asyncio.create_task(f()) for f in (embedder, embedder, reranker, reranker)]
-                await asyncio.sleep(0.5)
-                r = await c.post("/admin/models/reload", headers=ADMIN, timeout=120,
-                                 json={"model": "reranker", "path": str(root / "ce2"), "version": "2"})
-                assert r.status_code == 200, r.text
-                assert r.json()["active"]["model"] == "reranker"
-                await asyncio.sleep(0.5)
-                stop.set()
-                await asyncio.gather(*tasks)
-            return seen
+            async def reranker() -> None:
+                while not stop.is_set():
+                    r = await c.post("/v1/rerank", json={"query": QUERY, "documents": DOCS, "model": "reranker"})
+                    seen.append(("reranker", r.status_code, r.json().get("model", "")))
 
-        seen = asyncio.run(load(asyncio.Event()))
-        assert [s for s in seen if s[1] != 200] == []
-        assert {m for who, _, m in seen if who == "reranker"} == {"reranker@1", "reranker@2"}
-        assert {m for who, _, m in seen if who == "embedder"} == {"embedder@1"}  # the other model untouched
-        # The reload named its model: a change without a name is refused when several are served.
-        r = httpx.post(server.url + "/admin/models/rollback", headers=ADMIN)
-        assert r.status_code == 422 and r.json()["error"]["code"] == "model_required"
-        r = httpx.post(server.url + "/admin/models/rollback", headers=ADMIN, params={"model": "reranker"})
-        assert r.status_code == 409 and r.json()["error"]["code"] == "no_canary"
-    finally:
-        server.stop()
+            tasks = [asyncio.create_task(f()) for f in (embedder, embedder, reranker, reranker)]
+            await asyncio.sleep(0.5)
+            r = await c.post("/admin/models/reload", headers=ADMIN, timeout=120,
+                             json={"model": "reranker", "path": str(root / "ce2"), "version": "2"})
+            assert r.status_code == 200, r.text
+            assert r.json()["active"]["model"] == "reranker"
+            await asyncio.sleep(0.5)
+            stop.set()
+            await asyncio.gather(*tasks)
+        return seen
+
+    seen = asyncio.run(load(asyncio.Event()))
+    assert [s for s in seen if s[1] != 200] == []
+    assert {m for who, _, m in seen if who == "reranker"} == {"reranker@1", "reranker@2"}
+    assert {m for who, _, m in seen if who == "embedder"} == {"embedder@1"}  # the other model untouched
+    # The reload named its model: a change without a name is refused when several are served.
+    r = httpx.post(server.url + "/admin/models/rollback", headers=ADMIN)
+    assert r.status_code == 422 and r.json()["error"]["code"] == "model_required"
+    r = httpx.post(server.url + "/admin/models/rollback", headers=ADMIN, params={"model": "reranker"})
+    assert r.status_code == 409 and r.json()["error"]["code"] == "no_canary"
 
 
 def test_a_model_that_fails_to_load_leaves_the_others_serving_and_sighup_changes_the_list(
-        root: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
-    tmp = tmp_path_factory.mktemp("broken")
+        root: Path, tmp_path: Path, serve: Callable[..., Server]) -> None:
+    tmp = tmp_path
     (tmp / "broken").mkdir()
     (tmp / "broken" / "config.json").write_text("{not json")
     models = [{"name": "embedder", "path": str(root / "emb-a")}, {"name": "broken", "path": str(tmp / "broken")}]
-    server = serve_config(tmp, models, wait="/health/live", INFERD__MODEL__LOAD_MODE="background")
+    server = serve(config_env(tmp, models, INFERD__MODEL__LOAD_MODE="background"), wait="/health/live")
     config = Path(server.env["INFERD_CONFIG_DIR"]) / "dev.yaml"
-    try:
-        wait_for(lambda: httpx.get(server.url + "/v1/models").json()["data"][1]["state"] == "failed",
-                 what="the broken model's load to fail")
-        ready = httpx.get(server.url + "/health/ready")
-        assert ready.status_code == 503 and ready.headers["Retry-After"]
-        assert ready.json()["status"] == "failed" and ready.json()["models"] == {"embedder": "ready",
-                                                                                 "broken": "failed"}
-        assert httpx.get(server.url + "/health/ready", params={"model": "embedder"}).status_code == 200
-        assert post(server, "/v1/embeddings", {"input": "hi", "model": "embedder"})["model"] == "embedder@1"
-        refused = post(server, "/v1/embeddings", {"input": "hi", "model": "broken"}, 503)["error"]
-        assert refused["code"] == "model_failed" and "'broken'" in refused["message"]
+    wait_for(lambda: httpx.get(server.url + "/v1/models").json()["data"][1]["state"] == "failed",
+             what="the broken model's load to fail")
+    ready = httpx.get(server.url + "/health/ready")
+    assert ready.status_code == 503 and ready.headers["Retry-After"]
+    assert ready.json()["status"] == "failed" and ready.json()["models"] == {"embedder": "ready",
+                                                                             "broken": "failed"}
+    assert httpx.get(server.url + "/health/ready", params={"model": "embedder"}).status_code == 200
+    assert post(server, "/v1/embeddings", {"input": "hi", "model": "embedder"})["model"] == "embedder@1"
+    refused = post(server, "/v1/embeddings", {"input": "hi", "model": "broken"}, 503)["error"]
+    assert refused["code"] == "model_failed" and "'broken'" in refused["message"]
 
-        # Not required: readiness no longer waits for it (SIGHUP takes the new rule without a reload).
-        config.write_text(yaml.safe_dump({"models": [models[0], {**models[1], "required": False}]}))
-        server.proc.send_signal(signal.SIGHUP)
-        wait_for(lambda: httpx.get(server.url + "/health/ready").status_code == 200, what="readiness")
+    # Not required: readiness no longer waits for it (SIGHUP takes the new rule without a reload).
+    config.write_text(yaml.safe_dump({"models": [models[0], {**models[1], "required": False}]}))
+    server.proc.send_signal(signal.SIGHUP)
+    wait_for(lambda: httpx.get(server.url + "/health/ready").status_code == 200, what="readiness")
 
-        # SIGHUP again: the broken one removed, a reranker added (loaded), the embedder untouched.
-        config.write_text(yaml.safe_dump({"models": [models[0], {"name": "reranker", "path": str(root / "ce")}]}))
-        server.proc.send_signal(signal.SIGHUP)
-        wait_for(lambda: [m["id"] for m in httpx.get(server.url + "/v1/models").json()["data"]]
-                 == ["embedder", "reranker"] and httpx.get(server.url + "/health/ready").status_code == 200,
-                 what="the new list served")
-        assert post(server, "/v1/rerank", {"query": QUERY, "documents": DOCS})["model"] == "reranker@1"
-        gone = post(server, "/v1/embeddings", {"input": "hi", "model": "broken"}, 404)["error"]
-        assert gone["code"] == "model_not_found"
-        assert "SIGHUP: broken removed, embedder unchanged, reranker added" in server.log()
-    finally:
-        server.stop()
+    # SIGHUP again: the broken one removed, a reranker added (loaded), the embedder untouched.
+    config.write_text(yaml.safe_dump({"models": [models[0], {"name": "reranker", "path": str(root / "ce")}]}))
+    server.proc.send_signal(signal.SIGHUP)
+    wait_for(lambda: [m["id"] for m in httpx.get(server.url + "/v1/models").json()["data"]]
+             == ["embedder", "reranker"] and httpx.get(server.url + "/health/ready").status_code == 200,
+             what="the new list served")
+    assert post(server, "/v1/rerank", {"query": QUERY, "documents": DOCS})["model"] == "reranker@1"
+    gone = post(server, "/v1/embeddings", {"input": "hi", "model": "broken"}, 404)["error"]
+    assert gone["code"] == "model_not_found"
+    assert "SIGHUP: broken removed, embedder unchanged, reranker added" in server.log()
 
 
 def test_a_flooded_model_cannot_hold_another_models_request_behind_its_backlog(
-        tmp_path_factory: pytest.TempPathFactory) -> None:
+        tmp_path: Path, serve: Callable[..., Server]) -> None:
     """Models run on instances of their own (core/instances.py), shown without a clock: model a's batch is held
     while 20 more batches of it queue, then one text of model b is sent; b's answer comes while a's batch is still
     held, before any of a's backlog has run (one shared worker ran it after the held batch at best)."""
-    tmp = tmp_path_factory.mktemp("fair")
+    tmp = tmp_path
     for name in ("a", "b", "gates"):
         (tmp / name).mkdir()
     record = tmp / "record.jsonl"
     lane = {"task": "fakes:HashHandler", "batching": {"max_batch_size": 8, "max_queue": 512, "max_wait_ms": 0,
                                                      "min_padding_efficiency": 0}}
-    server = serve_config(tmp, [{"name": "a", "path": str(tmp / "a"), **lane},
-                                {"name": "b", "path": str(tmp / "b"), **lane}],
-                          FAKE_RECORD=str(record), FAKE_GATE_DIR=str(tmp / "gates"))
-    try:
-        async def scenario() -> list[int]:
-            limits = httpx.Limits(max_connections=100)
-            async with httpx.AsyncClient(base_url=server.url, timeout=60, limits=limits) as c:
-                hold = asyncio.ensure_future(c.post("/predict", json={"texts": ["hold:gate"], "model": "a"}))
-                await until(lambda: any("hold:gate" in b for b in read_record(record)), "the held batch")
-                flood = [asyncio.ensure_future(c.post("/predict", json={
-                    "texts": [f"a-{i}-{j}" for j in range(8)], "model": "a"})) for i in range(20)]
-                await until_metric(c, "a", 160)
-                other = await c.post("/predict", json={"texts": ["b-0"], "model": "b"})
-                assert other.status_code == 200 and not hold.done()
-                (tmp / "gates" / "gate").touch()
-                answers = await asyncio.gather(hold, *flood)
-                return [r.status_code for r in [other, *answers]]
+    server = serve(config_env(tmp, [{"name": "a", "path": str(tmp / "a"), **lane},
+                                    {"name": "b", "path": str(tmp / "b"), **lane}],
+                              FAKE_RECORD=str(record), FAKE_GATE_DIR=str(tmp / "gates")), wait="/health/ready")
+    async def scenario() -> list[int]:
+        limits = httpx.Limits(max_connections=100)
+        async with httpx.AsyncClient(base_url=server.url, timeout=60, limits=limits) as c:
+            hold = asyncio.ensure_future(c.post("/predict", json={"texts": ["hold:gate"], "model": "a"}))
+            await until(lambda: any("hold:gate" in b for b in read_record(record)), "the held batch")
+            flood = [asyncio.ensure_future(c.post("/predict", json={
+                "texts": [f"a-{i}-{j}" for j in range(8)], "model": "a"})) for i in range(20)]
+            await until_metric(c, "a", 160)
+            other = await c.post("/predict", json={"texts": ["b-0"], "model": "b"})
+            assert other.status_code == 200 and not hold.done()
+            (tmp / "gates" / "gate").touch()
+            answers = await asyncio.gather(hold, *flood)
+            return [r.status_code for r in [other, *answers]]
 
-        assert set(asyncio.run(asyncio.wait_for(scenario(), 90))) == {200}
-        batches = read_record(record)
-        held = next(i for i, b in enumerate(batches) if "hold:gate" in b)
-        assert sum(len(b) for b in batches[held + 1:]) == 161  # nothing lost
-        first_of_a = next(i for i, b in enumerate(batches) if any(t.startswith("a-") for t in b))
-        assert next(i for i, b in enumerate(batches) if "b-0" in b) < first_of_a
-    finally:
-        server.stop()
+    assert set(asyncio.run(asyncio.wait_for(scenario(), 90))) == {200}
+    batches = read_record(record)
+    held = next(i for i, b in enumerate(batches) if "hold:gate" in b)
+    assert sum(len(b) for b in batches[held + 1:]) == 161  # nothing lost
+    first_of_a = next(i for i, b in enumerate(batches) if any(t.startswith("a-") for t in b))
+    assert next(i for i, b in enumerate(batches) if "b-0" in b) < first_of_a
 
 
 async def until(check: Any, what: str, timeout: float = 30.0) -> None:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import base64
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +26,7 @@ import numpy as np
 import pytest
 import torch
 import yaml
-from conftest import ROOT, Server, metric_value, start_server
+from conftest import ROOT, Server, metric_value
 from tinymodel import WORDS, _tiny_encoder_config, write_tiny_bert, write_tiny_colbert
 
 TOL = 1e-5
@@ -67,7 +67,7 @@ def m3(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def server(m3: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+def server(m3: Path, tmp_path_factory: pytest.TempPathFactory, module_serve: Callable[..., Server]) -> Server:
     tmp = tmp_path_factory.mktemp("sparse-srv")
     dense = write_tiny_bert(tmp / "dense", seed=6)
     from transformers import BertForMaskedLM
@@ -85,12 +85,8 @@ def server(m3: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Serve
                    {"name": "splade", "path": str(tmp / "mlm"), "pooling": "splade"}],
         "limits": {"max_multivector_tokens": CAP}}))
     # Three loads (the bge-m3 folder twice) on a busy CI machine: more than the one-model default of 60 s.
-    server = start_server(tmp, {"INFERD_CONFIG_DIR": str(config), "INFERD__MODEL__LOAD_MODE": "eager"},
-                          wait="/health/ready", timeout=180)
-    try:
-        yield server
-    finally:
-        server.stop()
+    return module_serve({"INFERD_CONFIG_DIR": str(config), "INFERD__MODEL__LOAD_MODE": "eager"},
+                        wait="/health/ready", timeout=180)
 
 
 @pytest.fixture(scope="module")

@@ -13,14 +13,14 @@ import shutil
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
 import openai
 import pytest
 import yaml
-from conftest import ROOT, Server, metric_value, start_server, wait_for
+from conftest import ROOT, Server, metric_value, wait_for
 from fakes import read_record
 
 ADMIN = "admin-key"
@@ -73,7 +73,7 @@ class Fake:
 
 
 @pytest.fixture(scope="module")
-def fake(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fake]:
+def fake(tmp_path_factory: pytest.TempPathFactory, module_serve: Callable[..., Server]) -> Iterator[Fake]:
     tmp = tmp_path_factory.mktemp("tenants")
     (tmp / "gates").mkdir()
     (tmp / "model").mkdir()
@@ -82,7 +82,7 @@ def fake(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fake]:
     (tmp / "configs").mkdir()
     shutil.copy(ROOT / "configs" / "base.yaml", tmp / "configs" / "base.yaml")
     (tmp / "configs" / "dev.yaml").write_text(yaml.safe_dump({"models": [{"name": MODEL, "aliases": [ALIAS]}]}))
-    server = start_server(tmp, {"INFERD_CONFIG_DIR": str(tmp / "configs"),
+    server = module_serve({"INFERD_CONFIG_DIR": str(tmp / "configs"),
         "INFERD__MODEL__TASK": "fakes:PacedHandler", "FAKE_SECONDS_PER_TOKEN": str(SECONDS_PER_TOKEN),
         "INFERD__MODEL__PATH": str(tmp / "model"),
         "INFERD__SERVER__TENANTS_FILE": str(tmp / "tenants.yaml"), "INFERD__SERVER__ADMIN_KEY": ADMIN,
@@ -95,7 +95,6 @@ def fake(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fake]:
         assert fake.post(STEADY, f"warm {i}".ljust(TEXT, "w")).status_code == 200
     yield fake
     fake.http.close()
-    server.stop()
 
 
 def test_a_flooder_gets_429s_and_cannot_push_another_tenant_behind_its_share(fake: Fake) -> None:
