@@ -10,7 +10,7 @@ import httpx
 import openai
 import psutil
 import pytest
-from conftest import Server, free_port, start_server
+from conftest import Server, free_port
 from settingskit import make_settings
 
 from inferd.api.app import create_app
@@ -143,31 +143,29 @@ def test_the_openai_client_with_and_without_the_key(keyed: Server) -> None:
 # -- the admin port, and nothing configured --------------------------------------------------------------
 
 
-def test_admin_routes_move_to_a_loopback_port(tmp_path: Path, tiny_model: Path) -> None:
+def test_admin_routes_move_to_a_loopback_port(serve: Callable[..., Server], tiny_model: Path) -> None:
     admin_port = free_port()
     # The main listener on every interface, as in production; the admin listener must stay on loopback.
-    s = start_server(tmp_path, {"INFERD__MODEL__PATH": str(tiny_model), "INFERD__SERVER__HOST": "0.0.0.0",
-                                "INFERD__SERVER__ADMIN_PORT": str(admin_port),
-                                "INFERD__SERVER__ADMIN_KEY": "admin-key"}, wait="/health/ready")
-    try:
-        listening = {c.laddr.port: c.laddr.ip for c in psutil.Process(s.proc.pid).net_connections("tcp")
-                     if c.status == psutil.CONN_LISTEN}
-        assert listening == {s.port: "0.0.0.0", admin_port: "127.0.0.1"}
-        admin = {"Authorization": "Bearer admin-key"}
-        with s.client() as main, httpx.Client(base_url=s.admin_url, timeout=30) as side:
-            r = main.get("/admin/models", headers=admin)
-            assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
-            assert main.post("/admin/models/promote", headers=admin).status_code == 404
-            assert side.get("/admin/models", headers=admin).json()["slots"][0]["role"] == "active"
-            assert_401(side.get("/admin/models"))
-            assert_401(side.get("/admin/models", headers={"Authorization": "Bearer nope"}))
-            assert side.post("/admin/models/rollback", headers=admin).status_code == 409  # reached: no canary
-            assert side.post("/predict", json={"texts": ["x"]}).status_code == 404  # admin only
-            # No api_keys, no metrics_key: inference and metrics are open.
-            assert main.post("/predict", json={"texts": ["hello"]}).status_code == 200
-            assert main.get("/metrics").status_code == 200
-    finally:
-        assert s.stop() == 0
+    s = serve({"INFERD__MODEL__PATH": str(tiny_model), "INFERD__SERVER__HOST": "0.0.0.0",
+               "INFERD__SERVER__ADMIN_PORT": str(admin_port), "INFERD__SERVER__ADMIN_KEY": "admin-key"},
+              wait="/health/ready")
+    listening = {c.laddr.port: c.laddr.ip for c in psutil.Process(s.proc.pid).net_connections("tcp")
+                 if c.status == psutil.CONN_LISTEN}
+    assert listening == {s.port: "0.0.0.0", admin_port: "127.0.0.1"}
+    admin = {"Authorization": "Bearer admin-key"}
+    with s.client() as main, httpx.Client(base_url=s.admin_url, timeout=30) as side:
+        r = main.get("/admin/models", headers=admin)
+        assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
+        assert main.post("/admin/models/promote", headers=admin).status_code == 404
+        assert side.get("/admin/models", headers=admin).json()["slots"][0]["role"] == "active"
+        assert_401(side.get("/admin/models"))
+        assert_401(side.get("/admin/models", headers={"Authorization": "Bearer nope"}))
+        assert side.post("/admin/models/rollback", headers=admin).status_code == 409  # reached: no canary
+        assert side.post("/predict", json={"texts": ["x"]}).status_code == 404  # admin only
+        # No api_keys, no metrics_key: inference and metrics are open.
+        assert main.post("/predict", json={"texts": ["hello"]}).status_code == 200
+        assert main.get("/metrics").status_code == 200
+    assert s.stop() == 0  # SIGTERM after the admin calls: a clean exit
 
 
 def test_admin_routes_do_not_exist_without_an_admin_key(tiny_model: Path) -> None:

@@ -12,15 +12,17 @@ import socket
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
-from conftest import Server, start_server, wait_for
+from conftest import Server, wait_for
 from lifecycle_fakes import vector_for
 
 
-def slow_server(tmp_path: Path, drain_timeout_s: float, **env: str) -> Server:
-    return start_server(tmp_path, {
+def slow_server(serve: Callable[..., Server], tmp_path: Path, drain_timeout_s: float, **env: str) -> Server:
+    """A server of the slow fake; the test signals it itself, and ``serve`` stops whatever a failure left running."""
+    return serve({
         "INFERD__MODEL__TASK": "lifecycle_fakes:SlowHandler", "INFERD__MODEL__PATH": str(tmp_path),
         "INFERD__MODEL__VERSION": "slow-1",
         "INFERD__BATCHING__MAX_BATCH_SIZE": "1",  # one request per batch: the rest wait in the queue
@@ -58,91 +60,83 @@ def exit_within(server: Server, seconds: float) -> int:
         raise AssertionError(f"still running {seconds}s after the signal:\n{server.log()[-3000:]}") from None
 
 
-def test_sigterm_completes_accepted_work_refuses_new_and_exits_0(tmp_path: Path) -> None:
+def test_sigterm_completes_accepted_work_refuses_new_and_exits_0(tmp_path: Path, serve: Callable[..., Server]) -> None:
     drain_timeout = 20.0
-    server = slow_server(tmp_path, drain_timeout, LIFECYCLE_DELAY_S="0.4")
-    try:
-        texts = [f"accepted {i}" for i in range(6)]  # ~2.4 s of work: one running, five queued
-        threads, answers = send_all(server, texts)
-        server.proc.send_signal(signal.SIGTERM)
+    server = slow_server(serve, tmp_path, drain_timeout, LIFECYCLE_DELAY_S="0.4")
+    texts = [f"accepted {i}" for i in range(6)]  # ~2.4 s of work: one running, five queued
+    threads, answers = send_all(server, texts)
+    server.proc.send_signal(signal.SIGTERM)
 
-        with server.client() as c:
-            ready = wait_for(lambda: (r := c.get("/health/ready")).status_code == 503 and r, 5, "draining")
-            assert ready.json() == {"status": "draining"} and ready.headers["Retry-After"]
-            assert c.get("/health/live").status_code == 200  # draining is not dead: no restart
-            refused = c.post("/predict", json={"texts": ["too late"]})
-            assert refused.status_code == 503 and refused.headers["Retry-After"]
-            assert refused.json()["error"]["code"] == "draining"
-            assert in_flight(server) > 0  # the refusal came while accepted work was still running
+    with server.client() as c:
+        ready = wait_for(lambda: (r := c.get("/health/ready")).status_code == 503 and r, 5, "draining")
+        assert ready.json() == {"status": "draining"} and ready.headers["Retry-After"]
+        assert c.get("/health/live").status_code == 200  # draining is not dead: no restart
+        refused = c.post("/predict", json={"texts": ["too late"]})
+        assert refused.status_code == 503 and refused.headers["Retry-After"]
+        assert refused.json()["error"]["code"] == "draining"
+        assert in_flight(server) > 0  # the refusal came while accepted work was still running
 
-        for t in threads:
-            t.join(60)
-        assert {text: r.status_code for text, r in answers.items()} == dict.fromkeys(texts, 200)
-        for text, r in answers.items():
-            assert r.json()["results"] == [vector_for(text)]
-        assert exit_within(server, drain_timeout) == 0
-        assert "drained" in server.log()
-    finally:
-        server.stop(signal.SIGKILL)
+    for t in threads:
+        t.join(60)
+    assert {text: r.status_code for text, r in answers.items()} == dict.fromkeys(texts, 200)
+    for text, r in answers.items():
+        assert r.json()["results"] == [vector_for(text)]
+    assert exit_within(server, drain_timeout) == 0
+    assert "drained" in server.log()
 
 
-def test_a_request_stuck_at_the_drain_timeout_gets_503_and_the_process_still_exits_0(tmp_path: Path) -> None:
+def test_a_request_stuck_at_the_drain_timeout_gets_503_and_the_process_still_exits_0(
+        tmp_path: Path, serve: Callable[..., Server]) -> None:
     drain_timeout = 2.0
-    server = slow_server(tmp_path, drain_timeout, LIFECYCLE_STALL_S="120")
-    try:
-        # One running forever, then one queued behind it: neither can finish within the drain timeout.
-        threads, answers = send_all(server, ["stall forever"])
-        more, queued = send_all(server, ["queued behind it"], already=1)
-        threads += more
-        answers.update(queued)
-        signalled = time.monotonic()
-        server.proc.send_signal(signal.SIGINT)
-        for t in threads:
-            t.join(60)
-        answered_after = time.monotonic() - signalled
-        for r in answers.values():
-            assert r.status_code == 503 and r.headers["Retry-After"]
-            assert r.json()["error"]["code"] == "draining"
-        # Answered when the drain gave up, not before (nothing was dropped early) and not left hanging.
-        assert answered_after >= drain_timeout
-        # The stuck worker thread must not hold the exit up: the drain's timeout plus shutdown bookkeeping.
-        assert exit_within(server, drain_timeout + 5) == 0
-        assert "drain timed out" in server.log()
-    finally:
-        server.stop(signal.SIGKILL)
+    server = slow_server(serve, tmp_path, drain_timeout, LIFECYCLE_STALL_S="120")
+    # One running forever, then one queued behind it: neither can finish within the drain timeout.
+    threads, answers = send_all(server, ["stall forever"])
+    more, queued = send_all(server, ["queued behind it"], already=1)
+    threads += more
+    answers.update(queued)
+    signalled = time.monotonic()
+    server.proc.send_signal(signal.SIGINT)
+    for t in threads:
+        t.join(60)
+    answered_after = time.monotonic() - signalled
+    for r in answers.values():
+        assert r.status_code == 503 and r.headers["Retry-After"]
+        assert r.json()["error"]["code"] == "draining"
+    # Answered when the drain gave up, not before (nothing was dropped early) and not left hanging.
+    assert answered_after >= drain_timeout
+    # The stuck worker thread must not hold the exit up: the drain's timeout plus shutdown bookkeeping.
+    assert exit_within(server, drain_timeout + 5) == 0
+    assert "drain timed out" in server.log()
 
 
 def test_shutdown_with_a_stuck_request_and_a_stalled_upload_fits_the_drain_timeout_plus_the_margin(
-        tmp_path: Path) -> None:
+        tmp_path: Path, serve: Callable[..., Server]) -> None:
     """Issue 8, item 5: on main uvicorn's graceful timeout ran after the drain (2 x drain + 5 s in all), and a
     client stalled mid-upload then got a text/plain 500 and left a traceback."""
     from inferd.server import SHUTDOWN_MARGIN_S
 
     drain_timeout = 3.0
-    server = slow_server(tmp_path, drain_timeout, LIFECYCLE_STALL_S="120")
-    try:
-        threads, answers = send_all(server, ["stall forever"])  # the drain runs its full timeout
-        upload = socket.create_connection(("127.0.0.1", server.port), timeout=30)
-        upload.sendall(b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                       b"Content-Length: 1000\r\n\r\n" + b'{"texts":')  # ... and then nothing more
-        time.sleep(0.3)
-        signalled = time.monotonic()
-        server.proc.send_signal(signal.SIGTERM)
-        assert exit_within(server, drain_timeout + SHUTDOWN_MARGIN_S + 2) == 0
-        took = time.monotonic() - signalled
-        assert took <= drain_timeout + SHUTDOWN_MARGIN_S, f"shutdown took {took:.1f} s"
+    server = slow_server(serve, tmp_path, drain_timeout, LIFECYCLE_STALL_S="120")
+    threads, answers = send_all(server, ["stall forever"])  # the drain runs its full timeout
+    upload = socket.create_connection(("127.0.0.1", server.port), timeout=30)
+    upload.sendall(b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                   b"Content-Length: 1000\r\n\r\n" + b'{"texts":')  # ... and then nothing more
+    time.sleep(0.3)
+    signalled = time.monotonic()
+    server.proc.send_signal(signal.SIGTERM)
+    assert exit_within(server, drain_timeout + SHUTDOWN_MARGIN_S + 2) == 0
+    took = time.monotonic() - signalled
+    assert took <= drain_timeout + SHUTDOWN_MARGIN_S, f"shutdown took {took:.1f} s"
 
-        stalled = upload.recv(65536)
-        upload.close()
-        head, _, body = stalled.partition(b"\r\n\r\n")
-        assert head.startswith(b"HTTP/1.1 503"), stalled[:300]
-        assert b"content-type: application/json" in head.lower() and b"retry-after: 1" in head.lower()
-        assert json.loads(body)["error"]["code"] == "draining"
-        for t in threads:
-            t.join(30)
-        assert answers["stall forever"].status_code == 503
-        log = server.log()
-        assert "Traceback" not in log and "Exception in ASGI application" not in log, log[-3000:]
-        assert "POST /predict 503" in log  # the stalled upload logged as what it got
-    finally:
-        server.stop(signal.SIGKILL)
+    stalled = upload.recv(65536)
+    upload.close()
+    head, _, body = stalled.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 503"), stalled[:300]
+    assert b"content-type: application/json" in head.lower() and b"retry-after: 1" in head.lower()
+    assert json.loads(body)["error"]["code"] == "draining"
+    for t in threads:
+        t.join(30)
+    assert answers["stall forever"].status_code == 503
+    log = server.log()
+    assert "Traceback" not in log and "Exception in ASGI application" not in log, log[-3000:]
+    assert "POST /predict 503" in log  # the stalled upload logged as what it got

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import random
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
 import numpy as np
 import pytest
-from conftest import metric_value, start_server
+from conftest import Server, metric_value
 from tinymodel import WORDS, write_tiny_classifier, write_tiny_cross_encoder
 
 from inferd.core.agreement import spearman
@@ -186,28 +187,25 @@ def test_a_loosened_score_gate_serves_what_the_default_refuses(models: Path, cac
 
 
 def test_the_server_serves_rerank_on_openvino_and_shows_the_score_gate(models: Path, cache: Path,
-                                                                       tmp_path: Path,
+                                                                       serve: Callable[..., Server],
                                                                        cross_encoder_scores: np.ndarray) -> None:
-    server = start_server(tmp_path, {
+    server = serve({
         "INFERD__MODEL__PATH": str(models / "ce"), "INFERD__MODEL__LOAD_MODE": "eager",
         "INFERD__MODEL__BACKEND": "openvino", "INFERD__MODEL__CACHE_DIR": str(cache),
         # The gate's sizes of the configurations above: run after them, the server starts from their cache entry.
         "INFERD__MODEL__GATE__TEXTS": "64", "INFERD__MODEL__GATE__CALIBRATION_TEXTS": "64",
         "INFERD__CACHE__MAX_ENTRIES": "0"}, wait="/health/ready")
-    try:
-        pairs = rerank_pairs()[:8]
-        r = httpx.post(server.url + "/v1/rerank", json={"query": pairs[0][0], "documents": [d for _, d in pairs]},
-                       timeout=60)
-        assert r.status_code == 200, r.text
-        got = {item["index"]: item["relevance_score"] for item in r.json()["results"]}
-        np.testing.assert_allclose([got[i] for i in range(8)], cross_encoder_scores[:8], atol=TOL, rtol=0)
-        model = httpx.get(server.url + "/info").json()["models"][0]
-        assert (model["task"], model["backend"], model["backend_info"]["head"]) == ("rerank", "openvino", "logits")
-        gate = model["backend_info"]["gate"]
-        assert gate["passed"] and gate["kind"] == "fp32" and gate["figures"]["task"] == "rerank"
-        assert gate["figures"]["spearman_mean"] >= 0.9999 and gate["figures"]["top3_agreement"] == 1.0
-        assert gate["thresholds"]["rerank_spearman_min"] == 0.995
-        exposition = httpx.get(server.url + "/metrics").text
-        assert metric_value(exposition, "inferd_model_gate_ratio", figure="spearman_mean") >= 0.9999
-    finally:
-        server.stop()
+    pairs = rerank_pairs()[:8]
+    r = httpx.post(server.url + "/v1/rerank", json={"query": pairs[0][0], "documents": [d for _, d in pairs]},
+                   timeout=60)
+    assert r.status_code == 200, r.text
+    got = {item["index"]: item["relevance_score"] for item in r.json()["results"]}
+    np.testing.assert_allclose([got[i] for i in range(8)], cross_encoder_scores[:8], atol=TOL, rtol=0)
+    model = httpx.get(server.url + "/info").json()["models"][0]
+    assert (model["task"], model["backend"], model["backend_info"]["head"]) == ("rerank", "openvino", "logits")
+    gate = model["backend_info"]["gate"]
+    assert gate["passed"] and gate["kind"] == "fp32" and gate["figures"]["task"] == "rerank"
+    assert gate["figures"]["spearman_mean"] >= 0.9999 and gate["figures"]["top3_agreement"] == 1.0
+    assert gate["thresholds"]["rerank_spearman_min"] == 0.995
+    exposition = httpx.get(server.url + "/metrics").text
+    assert metric_value(exposition, "inferd_model_gate_ratio", figure="spearman_mean") >= 0.9999
