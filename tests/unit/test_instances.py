@@ -582,3 +582,4 @@ def test_when_a_staging_worker_dies_the_batch_it_had_staged_is_failed_not_lost(t
     assert handler.staged[1] == (["staged"], "hold:g then die")  # it was in the stager's hand when the worker died
     assert first in failed and staged in failed
     assert all(o.error.kind is Kind.WORKER_DEAD for o in outcomes if isinstance(o, Failure))
+    assert slot.refs == 0  # the staged batch's claim on the model was let go with it: a retired model still frees

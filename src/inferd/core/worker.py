@@ -76,6 +76,7 @@ class BatchWorker:
         self._dead = False  # the worker died: its stager takes nothing more
         # The stager's hand-over (core/staging.py): a decision and its staged inputs, and room for one ahead.
         self._handoff: SimpleQueue[Any] = SimpleQueue()
+        self._handoff_lock = threading.Lock()  # a hand-over and the worker's death never interleave
         self._room = threading.Semaphore(1)
         self._serves = instance.serves if instance is not None else _any_lane
         self._guard_lock = guard_lock or threading.Lock()
@@ -177,7 +178,16 @@ class BatchWorker:
                 decision = None if self._dead else self._take()
                 if decision is None:
                     break
-                self._handoff.put((decision, self._stage(decision)))
+                staged = self._stage(decision)
+                with self._handoff_lock:
+                    if not self._dead:
+                        self._handoff.put((decision, staged))
+                        continue
+                # The worker died while this was taken: it is answered here, never held.
+                self._unclaim(decision)
+                self.deliver(Failure(tickets_of([*decision.batch, *decision.expired]),
+                                     EngineError(Kind.WORKER_DEAD, "the inference worker stopped")))
+                break
             self._handoff.put(None)
         except BaseException as exc:
             self._handoff.put(exc)
@@ -194,18 +204,27 @@ class BatchWorker:
             return None
 
     def _stop_stager(self) -> list[WorkItem]:
-        """After the worker died: the stager takes nothing more; the items of what it had staged."""
-        self._dead = True
+        """After the worker died: the stager takes nothing more; the items of what it had staged (their claims on
+        the model let go, as a batch that ran lets go of its own)."""
+        items: list[WorkItem] = []
+        with self._handoff_lock:
+            self._dead = True
+            while True:
+                try:
+                    got = self._handoff.get_nowait()
+                except Empty:
+                    break
+                if isinstance(got, tuple):
+                    self._unclaim(got[0])
+                    items += [*got[0].batch, *got[0].expired]
         self._room.release()
         self.queue.wake()
-        items: list[WorkItem] = []
-        while True:
-            try:
-                got = self._handoff.get_nowait()
-            except Empty:
-                return items
-            if isinstance(got, tuple):
-                items += [*got[0].batch, *got[0].expired]
+        return items
+
+    @staticmethod
+    def _unclaim(decision: Decision) -> None:
+        if decision.batch:
+            decision.batch[0].group.release()  # the claim the queue took for the batch (core/batcher.py)
 
     @property
     def _takes_chores(self) -> bool:
