@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import math
 import threading
+import time
 from dataclasses import dataclass, field
 
 import pytest
@@ -492,3 +493,37 @@ def test_the_shadow_taker_wakes_when_another_taker_empties_the_live_lanes():
     queue.close()
     shadow.join()
     assert not alive and got[0] is not None and got[0].lane == "m#shadow"
+
+
+def _waiting(queue: BatchQueue, n: int) -> None:
+    give_up = time.monotonic() + 5
+    while len(queue._idle) < n:  # noqa: SLF001
+        assert time.monotonic() < give_up, "the takers never began to wait"
+        time.sleep(0.001)
+
+
+def test_a_put_wakes_one_taker_of_its_lane_and_what_it_leaves_wakes_the_next():
+    # Each wake-up is a thread the OS must run on the event loop's cores: a put wakes one waiting taker that
+    # serves its lane, not every taker of every model; the batch limit leaves work behind, and the taker that
+    # takes it wakes another of the lane's takers for the rest.
+    queue = BatchQueue()
+    queue.add_lane("a", policy(max_batch_size=1), 16)
+    queue.add_lane("b", policy(max_batch_size=1), 16)
+    got: list[object] = []
+    takers = [threading.Thread(target=lambda accept=accept: got.append(queue.take(timeout=30.0, lanes=accept)))
+              for accept in (lambda lane: lane.name == "a", lambda lane: lane.name == "a",
+                             lambda lane: lane.name == "b")]
+    for t in takers:
+        t.start()
+    _waiting(queue, 3)
+    with queue._cond:  # noqa: SLF001 (the lock: no taker runs between the put and the look)
+        queue.put([Item(5, seq=queue.next_seq()), Item(5, seq=queue.next_seq())], "a")
+        woken = [(t.lanes(queue._lanes["a"]), t.woken) for t in queue._idle]  # noqa: SLF001
+    assert sorted(woken) == [(False, False), (True, False), (True, True)]
+    for t in takers[:2]:
+        t.join(5.0)
+    assert [d.lane for d in got] == ["a", "a"]  # both of lane a's takers ran, one batch each; b's slept on
+    assert takers[2].is_alive()
+    queue.close()
+    takers[2].join(5.0)
+    assert got[-1] is None

@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import random
 import re
 import time
-import uuid
 from typing import Any
 
 from starlette.datastructures import MutableHeaders
@@ -23,6 +24,16 @@ from inferd.utils.metrics import Metrics
 
 log = logging.getLogger(__name__)
 access_log = logging.getLogger("inferd.access")
+
+# Request ids: 128 random bits from a generator of this process's own, seeded from the OS at import and again in a
+# forked child, so ids differ across workers without a system call per request (uuid4 asks the kernel each time).
+_ids = random.Random()
+os.register_at_fork(after_in_child=_ids.seed)
+
+
+def new_request_id() -> str:
+    return f"{_ids.getrandbits(128):032x}"
+
 
 _SAFE_ID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
 # Why the connection protocol ended a request the app was still reading, and the status it answered
@@ -58,7 +69,7 @@ class RequestContextMiddleware:
             await self.app(scope, receive, send)
             return
         supplied = _header(scope, b"x-request-id")
-        rid = supplied if supplied and _SAFE_ID.match(supplied) else uuid.uuid4().hex
+        rid = supplied if supplied and _SAFE_ID.match(supplied) else new_request_id()
         token = request_id_var.set(rid)
         started = time.perf_counter()
         ctx = context(scope)

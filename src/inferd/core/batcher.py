@@ -182,6 +182,15 @@ class Lane:
         self.last_put = now
 
 
+@dataclass
+class _Taker:
+    """A ``take`` waiting for work: the lanes it accepts (None: all) and its own condition over the queue's lock."""
+
+    lanes: Callable[[Lane], bool] | None
+    cond: threading.Condition
+    woken: bool = False
+
+
 class BatchQueue:
     """Bounded, thread-safe pending lists, one lane per model; ``take`` blocks the worker until there is work.
 
@@ -195,7 +204,11 @@ class BatchQueue:
     def __init__(self, claim: Callable[[list[Any]], None] | None = None) -> None:
         """No lanes yet: ``add_lane`` adds each model's, with its own rules and bound."""
         self._lanes: dict[str, Lane] = {}
-        self._cond = threading.Condition()
+        self._lock = threading.RLock()
+        self._cond = threading.Condition(self._lock)  # the lock every method holds; takers wait on their own
+        # Takers waiting for work, each on a condition of its own over the one lock: a put wakes one taker of its
+        # lane, not every taker of every model (each wake-up is a thread the OS runs on the event loop's cores).
+        self._idle: list[_Taker] = []
         self._closed = False
         self._seq = itertools.count()
         self._paused = False
@@ -212,7 +225,7 @@ class BatchQueue:
                 self._lanes[name] = Lane(name, policy, max_queue, share, shadow=shadow)
             else:
                 lane.policy, lane.max_queue, lane.share, lane.retiring = policy, max_queue, share, False
-            self._cond.notify_all()  # takers of other lanes wait on the one condition
+            self._wake_all()
 
     def retire_lane(self, name: str) -> None:
         """The model is no longer served: the lane takes nothing new; what it holds still runs, then it goes."""
@@ -265,7 +278,7 @@ class BatchQueue:
                     target.served = max(target.served, min(busy))
             target.pending.extend(items)
             target.note_arrival(time.monotonic())
-            self._cond.notify_all()  # takers of other lanes wait on the one condition
+            self._wake_one(target)
 
     def charge(self, lane: str, seconds: float) -> None:
         """The worker's report of how long a batch of ``lane`` held the device (the fairness clock)."""
@@ -290,7 +303,7 @@ class BatchQueue:
         """Run ``chore`` on the thread that calls ``take`` (it comes back as ``Decision.chores``)."""
         with self._cond:
             self._chores.append(chore)
-            self._cond.notify_all()  # takers of other lanes wait on the one condition
+            self._wake_all()
 
     def take_chores(self) -> list[Callable[[], None]]:
         """The chores not yet handed out (for the taker's own shutdown: nothing may be left undone)."""
@@ -302,17 +315,17 @@ class BatchQueue:
         """Hold batches back (items still expire and drop). For operators and for tests of backpressure."""
         with self._cond:
             self._paused = paused
-            self._cond.notify_all()  # takers of other lanes wait on the one condition
+            self._wake_all()
 
     def close(self) -> None:
         with self._cond:
             self._closed = True
-            self._cond.notify_all()
+            self._wake_all()
 
     def wake(self) -> None:
         """Wake every taker to look again (one was told to stop)."""
         with self._cond:
-            self._cond.notify_all()
+            self._wake_all()
 
     def drain_all(self, lanes: Callable[[Lane], bool] | None = None) -> list[Any]:
         """Take every pending item out (of the lanes ``lanes`` accepts; None: all)."""
@@ -367,6 +380,7 @@ class BatchQueue:
         runs posted chores; ``stop``: checked on each wake, None once it says so and nothing is ready for it.
         """
         give_up = None if timeout is None else time.monotonic() + timeout
+        me = _Taker(lanes, threading.Condition(self._lock))
         with self._cond:
             while True:
                 now = time.monotonic()
@@ -384,7 +398,8 @@ class BatchQueue:
                             # The shadow instance held its batch back while live work waited, with no wait of
                             # its own (the live lanes are not its lanes): this taker emptied them, so wake it, or
                             # it sleeps until the next put (a lost wakeup: shadow work stuck once load ended).
-                            self._cond.notify_all()
+                            self._wake_all()
+                        self._wake_for_pending()  # what this batch left behind: another idle taker's
                     if decision.batch and self._claim is not None:
                         self._claim(decision.batch)
                     return decision
@@ -398,4 +413,27 @@ class BatchQueue:
                     if now >= give_up:
                         return None
                     wait = give_up - now if wait is None else min(wait, give_up - now)
-                self._cond.wait(wait)
+                me.woken = False
+                self._idle.append(me)
+                try:
+                    me.cond.wait(wait)
+                finally:
+                    self._idle.remove(me)
+
+    def _wake_all(self) -> None:
+        """Every waiting taker looks again (under the lock)."""
+        for taker in self._idle:
+            taker.woken = True
+            taker.cond.notify()
+
+    def _wake_one(self, lane: Lane) -> None:
+        """One waiting taker of ``lane`` looks again, unless one already is about to (under the lock)."""
+        takers = [t for t in self._idle if t.lanes is None or t.lanes(lane)]
+        if takers and not any(t.woken for t in takers):
+            takers[0].woken = True
+            takers[0].cond.notify()
+
+    def _wake_for_pending(self) -> None:
+        for lane in self._lanes.values():
+            if lane.pending:
+                self._wake_one(lane)

@@ -29,7 +29,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-import uuid
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,7 +37,7 @@ from starlette.types import ASGIApp
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol, RequestResponseCycle
 
 from inferd.api.errors import error_body
-from inferd.api.middleware import ABORT_STATUS, context
+from inferd.api.middleware import ABORT_STATUS, context, new_request_id
 
 access_log = logging.getLogger("inferd.access")
 log = logging.getLogger(__name__)
@@ -293,7 +292,7 @@ class LimitedProtocol(HttpToolsProtocol):
             self._held = True  # on_response_complete of the last of them answers it
             self._cancel_timers()
             return
-        rid = uuid.uuid4().hex
+        rid = new_request_id()
         self._write_error(status, code, message, rid)
         if self.metrics is not None:
             self.metrics.requests.labels("other", str(status), "").inc()
