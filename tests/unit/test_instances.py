@@ -444,7 +444,7 @@ class StagingHandler(HashHandler):
         from inferd.core.staging import StagedBatch, to_device
 
         self.staged.append(([decode_text(e) for e in batch], self.running))
-        tensors, event = to_device((torch.tensor([len(batch)]),), torch.device("cpu"), copy, copy)
+        tensors, event = to_device((torch.tensor([len(batch)]),), torch.device("cpu"), copy)
         return StagedBatch(batch, tensors, event, compute)
 
     def infer(self, batch: list[Any]) -> list[str]:

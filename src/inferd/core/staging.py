@@ -50,11 +50,11 @@ def stream_context(stream: Any) -> Any:
     return stream
 
 
-def to_device(tensors: Sequence[torch.Tensor | None], device: torch.device, copy: Any,
-              context: Any) -> tuple[tuple[torch.Tensor | None, ...], Any]:
-    """``tensors`` copied to ``device`` inside ``context`` (the copy stream's), from page-locked host memory so
-    the copy does not block the host; returns the copies and the event that marks them done on ``copy``."""
-    with context:
+def to_device(tensors: Sequence[torch.Tensor | None], device: torch.device,
+              copy: Any) -> tuple[tuple[torch.Tensor | None, ...], Any]:
+    """``tensors`` copied to ``device`` on the ``copy`` stream, from page-locked host memory so the copy does not
+    block the host; returns the copies and the event that marks them done on ``copy``."""
+    with stream_context(copy):
         moved = tuple(None if t is None else _copy(t, device) for t in tensors)
         event = copy.record_event()
     return moved, event

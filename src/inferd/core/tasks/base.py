@@ -28,7 +28,7 @@ from inferd.core.errors import ModelLoadError
 from inferd.core.families import family_of
 from inferd.core.preprocess import Encoded
 from inferd.core.spec import ModelSpec
-from inferd.core.staging import StagedBatch, stream_context, to_device
+from inferd.core.staging import StagedBatch, to_device
 
 log = logging.getLogger(__name__)
 
@@ -226,7 +226,7 @@ class ModelTask(Handler):
         and OpenVINO take host memory)."""
         if self.backend != "torch" or self.device is None or self.device.type != "cuda":
             return batch
-        tensors, event = to_device(self.collate(batch), self.device, copy, stream_context(copy))
+        tensors, event = to_device(self.collate(batch), self.device, copy)
         return StagedBatch(batch, tensors, event, compute)
 
     def head_module(self, model: torch.nn.Module) -> torch.nn.Module | None:
