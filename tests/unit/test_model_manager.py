@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import gc
 import math
 import threading
+import weakref
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -200,6 +202,51 @@ def test_twenty_reloads_free_every_retired_model(manager: ModelManager, tmp_path
         manager.reload(str(tmp_path / f"m{i % 2}"), f"r{i}")
     assert all(s is not None and s.freed.is_set() and s.handler.closed for s in retired)
     assert manager.switches == 20 and manager.active is not None and manager.active.refs == 0
+
+
+# -- the heap after a load -------------------------------------------------------------------------------
+
+
+class _Node:
+    """A cyclic garbage a load leaves behind (weak-referenceable, so the test can see it go)."""
+
+    def __init__(self) -> None:
+        self.me = self
+
+
+@pytest.fixture
+def quiet_collector() -> Any:
+    """The automatic collector off and nothing frozen, for the test; both restored after it."""
+    enabled = gc.isenabled()
+    gc.disable()
+    gc.unfreeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+        if enabled:
+            gc.enable()
+
+
+@pytest.mark.parametrize("freeze", [True, False])
+def test_a_load_collects_its_garbage_and_freezes_the_loaded_heap_when_asked(
+        freeze: bool, suite: dict[str, Any], quiet_collector: None) -> None:
+    left: list[weakref.ref] = []
+
+    def loader(spec: ModelSpec) -> FakeHandler:
+        left.append(weakref.ref(_Node()))  # unreachable at once; only a collection frees a cycle
+        return FakeHandler(spec)
+
+    before = [object(), [1]]  # a long-lived container, alive before the load
+    manager = ModelManager(make_settings(**suite, **{"memory.freeze_heap": freeze}), loader)
+    manager.load_initial()
+    assert manager.state == "ready"
+    if freeze:
+        assert left[0]() is None  # collected before freezing: garbage is not kept for ever
+        assert gc.get_freeze_count() > 0
+        assert not any(o is before for g in range(3) for o in gc.get_objects(g))  # out of the collector's walks
+    else:
+        assert left[0]() is not None and gc.get_freeze_count() == 0
 
 
 # -- versions: one label, one model ---------------------------------------------------------------------

@@ -29,7 +29,7 @@ from inferd.core.errors import (
     VersionInUse,
 )
 from inferd.core.loading import check_model_path, load_handler, spec_task
-from inferd.core.memory import device_memory
+from inferd.core.memory import device_memory, settle_heap
 from inferd.core.shadow import MIN_ITEMS, Shadow
 from inferd.core.shadow_slot import ShadowSlot
 from inferd.core.slots import ModelSlot
@@ -99,6 +99,9 @@ class ModelManager:
             raise ModelLoadError(f"cannot load {spec.path}: {type(exc).__name__}: {exc}") from exc
         if before is not None and fraction is not None:
             self._within_budget(handler, spec, before, fraction)
+        if self.settings.memory.freeze_heap:
+            settled = settle_heap()
+            log.debug("heap frozen after the load", extra={"model": spec.name, "seconds": round(settled, 3)})
         slot = ModelSlot(handler, spec, time.perf_counter() - started, reaper=self._reaper, on_freed=self._freed)
         with self._lock:
             self._live[slot.load_id] = slot
