@@ -254,7 +254,7 @@ class BatchingSettings(_Section):
     ageing_ms: float = Field(1000.0, gt=0)
     default_timeout_ms: float = Field(30_000.0, gt=0)
     oversize: Literal["run_alone", "reject"] = "run_alone"
-    min_padding_efficiency: float = Field(0.8, ge=0.0, le=1.0)
+    min_padding_efficiency: float = Field(0.9, ge=0.0, le=1.0)
     adaptive_wait: bool = True
     # The highest priority a request may ask for (requests range -100..100); above it: 422. 0 = no queue-jumping.
     max_priority: int = Field(0, ge=-100, le=100)
