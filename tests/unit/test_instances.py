@@ -23,12 +23,12 @@ from settingskit import make_settings
 from starlette.testclient import TestClient
 
 from inferd.api.app import create_app
-from inferd.core.backends.base import options_for
+from inferd.core.backends.base import all_threads, options_for, running_alone
 from inferd.core.batcher import BatchQueue, Policy
 from inferd.core.budgets import instance_counts, thread_budgets, with_budgets
 from inferd.core.engine import InferenceEngine
 from inferd.core.errors import EngineError, Kind
-from inferd.core.instances import Instance, live_lane
+from inferd.core.instances import Instance, Sharing, live_lane
 from inferd.core.outcomes import Outcome, Ticket, WorkItem
 from inferd.core.slots import ModelSlot
 from inferd.core.spec import ModelSpec, spec_from_settings
@@ -583,3 +583,153 @@ def test_when_a_staging_worker_dies_the_batch_it_had_staged_is_failed_not_lost(t
     assert first in failed and staged in failed
     assert all(o.error.kind is Kind.WORKER_DEAD for o in outcomes if isinstance(o, Failure))
     assert slot.refs == 0  # the staged batch's claim on the model was let go with it: a retired model still frees
+
+
+# -- alone on every thread ---------------------------------------------------------------------------------
+
+
+class WideRunner:
+    widens = True  # as an OpenVINO runner compiled for several instances
+
+
+class AloneHandler(HashHandler):
+    """Records each batch's text, whether it ran alone (on every thread), and what else was inside at the time."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.runner = WideRunner()
+        self.alone: dict[str, bool] = {}
+        self.beside: dict[str, set[str]] = {}
+        self.inside: set[str] = set()
+        self._lock = threading.Lock()
+
+    def infer(self, batch: list[Any]) -> list[str]:
+        text = decode_text(batch[0])
+        with self._lock:
+            self.alone[text] = running_alone()
+            self.beside[text] = set(self.inside)
+            for other in self.inside:
+                self.beside[other].add(text)
+            self.inside.add(text)
+        try:
+            return super().infer(batch)
+        finally:
+            with self._lock:
+                self.inside.discard(text)
+
+
+def two_sharing(model: str = "m") -> list[Instance]:
+    sharing = Sharing()
+    return [Instance(model, i, 1, live_lane(model), sharing=sharing) for i in range(2)]
+
+
+def wait_for(condition: Any, seconds: float = 10) -> None:
+    give_up = time.monotonic() + seconds
+    while not condition() and time.monotonic() < give_up:
+        time.sleep(0.002)
+
+
+def sharing_queue() -> BatchQueue:
+    queue = BatchQueue(claim=lambda b: b[0].group.acquire())
+    queue.add_lane("m", Policy(max_batch_size=1, max_wait_ms=0.0), 64)
+    return queue
+
+
+def test_instances_run_side_by_side_on_their_share_while_work_waits_and_alone_on_every_thread_when_idle(
+        tmp_path: Path) -> None:
+    handler = AloneHandler()
+    handler.gates["g"] = threading.Event()
+    slot = ModelSlot(handler, ModelSpec(tmp_path, "1"), 0.0)
+    queue = sharing_queue()
+    loop = asyncio.new_event_loop()
+    try:
+        put(queue, loop, slot, "hold:g a")
+        put(queue, loop, slot, "hold:g b")  # both queued before either instance takes one: work waits
+        with workers_on(queue, two_sharing()) as outcomes:
+            wait_for(lambda: len(handler.batches) == 2)
+            both_inside = set(handler.inside)
+            handler.gates["g"].set()
+            wait_for(lambda: len(outcomes) == 2)
+            put(queue, loop, slot, "c")  # the model's only work, no sibling running
+            wait_for(lambda: len(outcomes) == 3)
+    finally:
+        loop.close()
+    assert both_inside == {"hold:g a", "hold:g b"}  # two instances at once, each on its own share
+    assert handler.alone == {"hold:g a": False, "hold:g b": False, "c": True}
+    with all_threads():
+        assert running_alone()
+    assert not running_alone()  # only inside the context, on this thread
+
+
+def test_a_sibling_waits_for_a_batch_running_alone_instead_of_oversubscribing_the_cores(tmp_path: Path) -> None:
+    handler = AloneHandler()
+    handler.gates["g"] = threading.Event()
+    slot = ModelSlot(handler, ModelSpec(tmp_path, "1"), 0.0)
+    queue = sharing_queue()
+    loop = asyncio.new_event_loop()
+    try:
+        with workers_on(queue, two_sharing()) as outcomes:
+            put(queue, loop, slot, "hold:g a")
+            wait_for(lambda: handler.batches == [["hold:g a"]])
+            put(queue, loop, slot, "b")  # taken by the idle sibling, which must not start beside "a"
+            wait_for(lambda: len(queue) == 0)
+            time.sleep(0.05)
+            started_while_alone = [b for b in handler.batches]
+            handler.gates["g"].set()
+            wait_for(lambda: len(outcomes) == 2)
+    finally:
+        loop.close()
+    assert handler.alone["hold:g a"] is True
+    assert started_while_alone == [["hold:g a"]]
+    assert handler.beside == {"hold:g a": set(), "b": set()} and len(outcomes) == 2
+
+
+def test_sharing_lets_one_alone_only_with_nothing_queued_and_no_sibling_running() -> None:
+    sharing = Sharing()
+    assert sharing.enter(lambda: False) is False  # work waits: on its own share
+    assert sharing.enter(lambda: True) is False  # a sibling runs: on its own share
+    sharing.leave(False)
+    sharing.leave(False)
+    assert sharing.enter(lambda: True) is True
+    entered = threading.Event()
+    got: list[bool] = []
+
+    def sibling() -> None:
+        got.append(sharing.enter(lambda: False))
+        entered.set()
+
+    t = threading.Thread(target=sibling, daemon=True)
+    t.start()
+    assert not entered.wait(0.05)  # waits while one runs alone
+    sharing.leave(True)
+    assert entered.wait(5) and got == [False]
+    sharing.leave(False)
+    t.join(5)
+
+
+def test_an_openvino_model_of_several_instances_compiles_a_one_stream_twin_for_a_batch_run_alone(
+        tmp_path: Path) -> None:
+    import openvino as ov
+    import openvino.opset13 as ops
+
+    from inferd.core.backends.openvino import OpenVINORunner
+
+    ids = ops.parameter([-1, -1], ov.Type.i64, name="input_ids")
+    mask = ops.parameter([-1, -1], ov.Type.i64, name="attention_mask")
+    ov.save_model(ov.Model([ops.convert(ops.multiply(ids, mask), ov.Type.f32)], [ids, mask]), tmp_path / "g.xml")
+    feed = {"input_ids": np.full((2, 3), 5, np.int64), "attention_mask": np.ones((2, 3), np.int64)}
+    one = OpenVINORunner(tmp_path / "g.xml", "hidden", "float32", "none", threads=2, streams=1)
+    assert not one.widens and one.info["threads_alone"] is None
+    runner = OpenVINORunner(tmp_path / "g.xml", "hidden", "float32", "none", threads=2, streams=2)
+    assert runner.widens and runner.info["threads_alone"] == 2
+    wide = runner._wide  # noqa: SLF001
+    assert int(wide.get_property("NUM_STREAMS")) == 1 and int(wide.get_property("INFERENCE_NUM_THREADS")) == 2
+    shared = runner._run(feed)  # noqa: SLF001
+    with all_threads():
+        alone = runner._run(feed)  # noqa: SLF001
+    assert shared.tolist() == alone.tolist() == [[5.0] * 3] * 2
+    requests = runner._requests  # noqa: SLF001
+    assert requests.alone.get_compiled_model() is not requests.request.get_compiled_model()
+    runner.close()
+    one.close()
+

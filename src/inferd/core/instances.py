@@ -25,6 +25,7 @@ shadow integration test once waited past its 20 s for 42 tiny fake batches).
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -44,6 +45,43 @@ def _new_stream(device: str) -> Any:
     return None
 
 
+class Sharing:
+    """The instances of one model, and whether one of them runs alone on every thread of the model.
+
+    Instances of one thread each serve the most at many clients, but a lone request on one thread took 1.6x as long
+    as on two (OpenVINO bf16; bench/RESULTS.md, "Alone on every thread"). So a batch that is its model's only work
+    (no sibling running, nothing of the model left queued) runs on every thread (a runner that ``widens``), and a
+    sibling that takes a batch meanwhile waits for that one to end instead of running beside it, which would
+    oversubscribe the cores. Widening is an opportunity, never a wait: a batch runs on its own share whenever any
+    sibling is running.
+    """
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._running = 0  # siblings running on their own share
+        self._alone = False  # one runs on every thread
+
+    def enter(self, nothing_queued: Callable[[], bool]) -> bool:
+        """Before a batch; True: run it alone, on every thread. Waits while a sibling runs alone."""
+        with self._cond:
+            while self._alone:
+                self._cond.wait()
+            if self._running == 0 and nothing_queued():
+                self._alone = True
+                return True
+            self._running += 1
+            return False
+
+    def leave(self, alone: bool) -> None:
+        """After the batch ``enter`` let in (whatever happened in it)."""
+        with self._cond:
+            if alone:
+                self._alone = False
+            else:
+                self._running -= 1
+            self._cond.notify_all()
+
+
 @dataclass
 class Instance:
     """One worker's identity and budget: the model it serves (its lanes), its index, its threads, its stream."""
@@ -57,6 +95,8 @@ class Instance:
     # On a GPU, a second stream the next batch's inputs are copied on while this one computes (core/staging.py);
     # None: no overlap (a CPU, or the shadow instance).
     copy_stream: Any = None
+    # The model's instances together (None: it has one); set by core/worker.py Workers.
+    sharing: Sharing | None = None
     # What /admin/models and the metrics read; written by the worker thread only.
     batches: int = 0
     busy_s: float = 0.0

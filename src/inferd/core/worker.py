@@ -23,9 +23,10 @@ from typing import Any
 
 import torch
 
+from inferd.core.backends.base import all_threads
 from inferd.core.batcher import BatchQueue, Decision
 from inferd.core.errors import EngineError, Kind, deadline_passed
-from inferd.core.instances import Instance, plan, shadow_instance
+from inferd.core.instances import Instance, Sharing, plan, shadow_instance
 from inferd.core.outcomes import BatchReport, Failure, Outcome, WorkItem, tickets_of
 from inferd.core.shadow import SHADOW_SUFFIX
 from inferd.core.slots import ModelSlot
@@ -241,9 +242,14 @@ class BatchWorker:
             live = not decision.lane.endswith(SHADOW_SUFFIX)  # shadow work stays out of the live metrics
             if self.instance is not None:
                 self.instance.apply_threads()
+            sharing = self._sharing(slot)
+            alone = sharing is not None and sharing.enter(lambda: self.queue.depth(decision.lane) == 0)
             try:
-                report = self._run_batch(slot, decision.batch, live, staged)
+                with all_threads(alone):
+                    report = self._run_batch(slot, decision.batch, live, staged)
             finally:
+                if sharing is not None:
+                    sharing.leave(alone)
                 slot.release()  # the claim the queue took for this batch; a retired slot is freed here
                 took = time.monotonic() - started
                 # The device time the lane's model took: the fair share between models (core/batcher.py).
@@ -257,6 +263,12 @@ class BatchWorker:
         if self.memory_guard is not None and decision.batch:
             with self._guard_lock:  # every instance's requests count into the one guard
                 self.memory_guard.tick(len({id(i.ticket) for i in decision.batch}))
+
+    def _sharing(self, slot: ModelSlot) -> Sharing | None:
+        """The model's instances together, where its runner can run a batch on all of their threads."""
+        sharing = self.instance.sharing if self.instance is not None else None
+        runner = getattr(slot.handler, "runner", None)
+        return sharing if sharing is not None and getattr(runner, "widens", False) else None
 
     def _count(self, model: str, batch: list[WorkItem], started: float, took: float) -> None:
         instance = self.instance
@@ -382,6 +394,9 @@ class Workers:
                 worker.start()
         while len(workers) > len(wanted):
             self._retire(workers.pop())
+        sharing = Sharing() if len(workers) > 1 else None
+        for worker in workers:
+            worker.instance.sharing = sharing  # type: ignore[union-attr]
 
     def remove_model(self, name: str) -> None:
         for worker in self._by_model.pop(name, []):

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -249,6 +250,26 @@ def eager_attention(model: torch.nn.Module) -> Iterator[None]:
         setter(before)
 
 
+_alone = threading.local()
+
+
+@contextlib.contextmanager
+def all_threads(on: bool = True) -> Iterator[None]:
+    """On an instance's worker thread: the runner calls inside may run on every thread of the model, not the
+    instance's share (a runner that ``widens``; core/instances.py ``Sharing`` says when an instance is alone)."""
+    before = getattr(_alone, "on", False)
+    _alone.on = on
+    try:
+        yield
+    finally:
+        _alone.on = before
+
+
+def running_alone() -> bool:
+    """Whether this thread's runner calls may use every thread of the model (inside ``all_threads``)."""
+    return getattr(_alone, "on", False)
+
+
 class GraphRunner:
     """What the ONNX Runtime and OpenVINO runners share: an exported graph (either head) run on the CPU.
 
@@ -260,6 +281,8 @@ class GraphRunner:
     backend = "graph"
     uses_torch_allocator = False
     pads = True  # dynamic shapes, but every row runs to the batch's longest
+    # Whether a call inside ``all_threads`` runs on every thread of the model rather than one instance's share.
+    widens = False
 
     def __init__(self, graph_path: Path, head: str, dtype: str, quantize: str, threads: int = 0,
                  info: dict[str, Any] | None = None, compile_cache: Path | None = None, streams: int = 1) -> None:

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from inferd.core.backends.base import BackendError, GraphRunner, eager_attention
+from inferd.core.backends.base import BackendError, GraphRunner, eager_attention, running_alone
 from inferd.core.backends.torch import ExportWrapper
 
 log = logging.getLogger(__name__)
@@ -127,8 +127,16 @@ class OpenVINORunner(GraphRunner):
                                   "NUM_STREAMS": str(self.streams), "INFERENCE_NUM_THREADS": threads}
         try:
             self._compiled = core.compile_model(str(graph_path), "CPU", config)
+            # Several instances: the same graph compiled again as one stream of every thread, for a batch that is
+            # its model's only work (core/instances.py Sharing): a lone request on one instance's one thread
+            # took 1.6x as long as on two (bench/RESULTS.md, "Alone on every thread"). The weights are shared
+            # between the two (+32 MB for MiniLM bf16, against 162 MB for the first).
+            self._wide = None if self.streams == 1 else core.compile_model(
+                str(graph_path), "CPU", {**config, "NUM_STREAMS": "1"})
         except RuntimeError as exc:
             raise BackendError(f"OpenVINO cannot compile {graph_path}: {exc}") from exc
+        self.widens = self._wide is not None
+        self._threads = threads
         # One request per calling thread (an instance's worker, or the gate's); results are copied out of it.
         self._requests = threading.local()
         # The plugin takes a precision the CPU cannot run as a hint and runs float32 instead (bf16 without
@@ -140,12 +148,18 @@ class OpenVINORunner(GraphRunner):
         return tuple(i.get_any_name() for i in self._compiled.inputs)
 
     def _opened(self) -> dict[str, Any]:
-        return {"inference_precision": self._precision}
+        return {"inference_precision": self._precision, "streams": self.streams,
+                "threads_alone": self._threads if self.widens else None}
 
     def _run(self, feed: dict[str, Any]) -> Any:
-        request = getattr(self._requests, "request", None)
-        if request is None:
-            request = self._requests.request = self._compiled.create_infer_request()
+        if self._wide is not None and running_alone():
+            request = getattr(self._requests, "alone", None)
+            if request is None:
+                request = self._requests.alone = self._wide.create_infer_request()
+        else:
+            request = getattr(self._requests, "request", None)
+            if request is None:
+                request = self._requests.request = self._compiled.create_infer_request()
         # share_inputs: the request reads the feed's arrays where they are (they live until infer returns), so
         # no input is copied and the bindings' copying path (data_dispatcher.update_inputs: resize the request's
         # own tensor, copy into it) is not taken. Two instances' threads were once seen stuck together in that
@@ -156,4 +170,4 @@ class OpenVINORunner(GraphRunner):
 
     def _release(self) -> None:
         self._requests = threading.local()
-        self._compiled = None
+        self._compiled = self._wide = None
