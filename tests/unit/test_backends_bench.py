@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import time
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -61,6 +64,40 @@ def test_ratios_are_taken_within_each_round() -> None:
     assert out["torch fp32"]["in_process"]["median"] is None
 
 
+def test_each_server_is_judged_against_its_own_ceiling_of_the_same_round() -> None:
+    # Round 1's machine is slower for both: the share of the ceiling holds although both figures fell.
+    rows = {"openvino bf16": {"rounds": [{"round": 0, "in_process": 200.0, "server": 180.0},
+                                         {"round": 1, "in_process": 100.0, "server": 80.0},
+                                         {"round": 2, "server": 150.0}]}}
+    out = summarise(rows, "openvino bf16", "st")["rows"]["openvino bf16"]
+    assert out["of_ceiling"] == {"median": 0.85, "min": 0.8, "max": 0.9}  # round 2 had no ceiling: not judged
+
+
+def test_the_in_process_ceiling_runs_whole_passes_for_its_window() -> None:
+    from inferd.bench.backends import in_process
+
+    class Counting:
+        def __init__(self) -> None:
+            self.texts = 0
+
+        def preprocess(self, texts: list[str]) -> list[Any]:
+            self.texts += len(texts)
+            return [SimpleNamespace(tokens=len(t)) for t in texts]
+
+        def infer(self, batch: list[Any]) -> list[Any]:
+            time.sleep(0.01)
+            return batch
+
+        def postprocess(self, outputs: list[Any]) -> list[Any]:
+            return outputs
+
+    once, windowed = Counting(), Counting()
+    in_process(once, ["a", "bb", "ccc"], batch_size=2)
+    in_process(windowed, ["a", "bb", "ccc"], batch_size=2, min_seconds=0.2)
+    assert once.texts == 3  # one pass
+    assert windowed.texts >= 6 and windowed.texts % 3 == 0  # whole passes (of 0.02 s each), for the window
+
+
 def test_the_table_shows_figures_and_refusals() -> None:
     rows = {"torch fp32": {"rounds": [{"round": 0, "server": 100.0, "in_process": 130.0, "warm_start_s": 4.0}],
                            "accuracy": {"cosine_min": 0.99991, "cosine_mean": 1.0, "overlap_at_10": 1.0},
@@ -69,7 +106,8 @@ def test_the_table_shows_figures_and_refusals() -> None:
                                                       "refused by the accuracy gate (int8 thresholds): cosine "
                                                       "min 0.82 < 0.99 (model.gate.int8_cosine_min)"}}
     text = render(summarise(rows, "torch fp32", "sentence-transformers"), 1, 15)
-    assert "| torch fp32 | 130.0 (130.0–130.0) | 1.00 (1.00–1.00) | 100.0 (100.0–100.0) |" in text
+    assert "| torch fp32 | 130.0 (130.0–130.0) | 1.00 (1.00–1.00) | 100.0 (100.0–100.0) | 1.00 (1.00–1.00) | 0.77 " \
+           "(0.77–0.77) |" in text
     assert "0.99991 / 1.00000 | 1.000 | 6.1 | 4.0 (4.0–4.0) |" in text
     assert "| onnx fp32 int8 | **refused by the gate** (int8 thresholds): cosine min 0.82 < 0.99" in text
     assert "against sentence-transformers" in text

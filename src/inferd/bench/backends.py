@@ -5,11 +5,13 @@ is torch with the padded forward pass instead of the default, unpadded on a CPU)
   cold start  ``inferd serve`` with an empty export cache: export, quantisation and the accuracy gate included;
   accuracy    its vectors against sentence-transformers' on the corpus, worst over four batch shapes (one
               text, sorted 32, shuffled 32, padded to the limit), and the top-10 neighbour overlap;
-  in-process  tokenise + forward, texts sorted by length, batches of 32 (the ceiling);
+  in-process  tokenise + forward, texts sorted by length, batches of 32 (the ceiling), passes over the corpus
+              for at least ``--duration`` seconds, the server's own window;
   server      a warm start (timed), then closed loop, concurrency 32, one text per request.
-The in-process and server measurements are repeated in rounds with the configurations in rotating order,
-so a drifting machine load falls on all of them alike; the table gives each figure's median and range and
-the ratio to torch fp32 taken within each round. Infinity (``--infinity``, a separate installation) runs
+Each round measures every configuration in process, then every server, the configurations in rotating order, so
+a drifting machine load falls on all of them alike and a server is compared with its ceiling of the same minutes;
+the table gives each figure's median and range, the ratio to torch fp32 taken within each round, and each
+server's share of its own in-process ceiling, round by round. Infinity (``--infinity``, a separate installation) runs
 as a separate server, with each of its engines, under the same load.
 """
 
@@ -129,14 +131,20 @@ def accuracy(handler: Any, texts: Sequence[str], reference: np.ndarray) -> dict[
             "overlap_at_10": round(min(overlaps), 4)}
 
 
-def in_process(handler: Any, texts: Sequence[str], batch_size: int = 32) -> float:
-    """texts/s: tokenise, sort by length, forward in batches, pool (the ceiling's method)."""
+def in_process(handler: Any, texts: Sequence[str], batch_size: int = 32, min_seconds: float = 0.0) -> float:
+    """texts/s: tokenise, sort by length, forward in batches, pool (the ceiling's method); whole passes over
+    ``texts`` until ``min_seconds`` have gone by (one pass at least)."""
     t0 = time.perf_counter()
-    encoded = handler.preprocess(list(texts))
-    order = sorted(range(len(encoded)), key=lambda i: encoded[i].tokens)
-    for k in range(0, len(order), batch_size):
-        handler.postprocess(handler.infer([encoded[i] for i in order[k:k + batch_size]]))
-    return len(texts) / (time.perf_counter() - t0)
+    done = 0
+    while True:
+        encoded = handler.preprocess(list(texts))
+        order = sorted(range(len(encoded)), key=lambda i: encoded[i].tokens)
+        for k in range(0, len(order), batch_size):
+            handler.postprocess(handler.infer([encoded[i] for i in order[k:k + batch_size]]))
+        done += len(texts)
+        elapsed = time.perf_counter() - t0
+        if elapsed >= min_seconds:
+            return done / elapsed
 
 
 # -- infinity ---------------------------------------------------------------------------------------------
@@ -230,14 +238,6 @@ def run_phase(args: argparse.Namespace, model: Path, texts: Sequence[str], sourc
         rows[c.name]["gate"] = (handlers[c.name].backend_info.get("gate") or {}).get("figures")
         rows[c.name]["dtype"] = handlers[c.name].dtype
         say(f"backends: {c.name}: accuracy {rows[c.name]['accuracy']}")
-    for r in range(args.backend_rounds):
-        for c in _rotated(live, r):
-            tps = in_process(handlers[c.name], corpus)
-            rows[c.name]["rounds"].append({"round": r, "in_process": round(tps, 2)})
-            say(f"backends: round {r + 1}: {c.name} in-process {tps:.1f} texts/s")
-    for h in handlers.values():
-        h.close()
-    handlers.clear()
 
     externals: list[tuple[str, Callable[[], ServerProc]]] = []
     if args.infinity is not None:
@@ -250,6 +250,10 @@ def run_phase(args: argparse.Namespace, model: Path, texts: Sequence[str], sourc
          Target("", client=args.client)) for c in live]
     servers += [(name, start, Target("", "/embeddings", "input", client=args.client)) for name, start in externals]
     for r in range(args.backend_rounds):
+        for c in _rotated(live, r):
+            tps = in_process(handlers[c.name], corpus, min_seconds=args.duration)
+            rows[c.name]["rounds"].append({"round": r, "in_process": round(tps, 2)})
+            say(f"backends: round {r + 1}: {c.name} in-process {tps:.1f} texts/s")
         for name, start, target in _rotated(servers, r):
             row = rows[name]
             if "error" in row:
@@ -286,6 +290,9 @@ def run_phase(args: argparse.Namespace, model: Path, texts: Sequence[str], sourc
                           "p99_ms": result.get("p99_ms")})
             say(f"backends: round {r + 1}: {name} server {result['texts_per_s']:.1f} texts/s (warm start "
                 f"{warm:.1f} s)")
+    for h in handlers.values():
+        h.close()
+    handlers.clear()
     return summarise(rows, configs[0].name if configs else None, ref_name)
 
 
@@ -300,6 +307,9 @@ def summarise(rows: dict[str, dict[str, Any]], baseline: str | None, reference: 
             ratios = [x[key] / base_rounds[x["round"]][key] for x in rounds
                       if x.get(key) and base_rounds.get(x["round"], {}).get(key)]
             row[f"{key}_ratio"] = _spread(ratios)
+        # The server's share of its own in-process ceiling, measured minutes apart within each round.
+        row["of_ceiling"] = _spread([x["server"] / x["in_process"] for x in rounds
+                                     if x.get("server") and x.get("in_process")])
     others = [name for name in rows if name.startswith("infinity") and rows[name]["rounds"]]
     for row in rows.values():  # server texts/s over each infinity engine's, round by round
         row["versus"] = {o: round_ratios(row["rounds"], rows[o]["rounds"]) for o in others}
@@ -374,18 +384,20 @@ def render(section: dict[str, Any], rounds: int, duration: float) -> str:
            "overlap@10: of each text's ten nearest texts, the share also among the configuration's ten). "
            f"Throughput: median (range) over {rounds} rounds, configurations in rotating order; in-process = "
            "tokenise + forward, sorted batches of 32; server = closed loop, concurrency 32, one text per "
-           f"request, {duration:g} s a round. × = ratio to {section['baseline']} within each round (median).",
-           "", "| configuration | in-process texts/s | × | server texts/s | × | cosine min / mean | overlap@10 "
-           "| cold start s | warm start s |", "|---|---|---|---|---|---|---|---|---|"]
+           f"request, {duration:g} s a round. × = ratio to {section['baseline']} within each round (median); "
+           "of ceiling = server ÷ its own in-process texts/s, round by round.",
+           "", "| configuration | in-process texts/s | × | server texts/s | × | of ceiling | cosine min / mean "
+           "| overlap@10 | cold start s | warm start s |", "|---|---|---|---|---|---|---|---|---|---|"]
     for name, row in rows.items():
         if "error" in row and not row.get("rounds"):
-            out.append(f"| {name} | {why_failed(row['error'])} | | | | | | | |")
+            out.append(f"| {name} | {why_failed(row['error'])} | | | | | | | | |")
             continue
         acc = row.get("accuracy") or {}
         cos = f"{acc['cosine_min']:.5f} / {acc['cosine_mean']:.5f}" if acc else "–"
         overlap = f"{acc['overlap_at_10']:.3f}" if acc else "–"
         out.append(f"| {name} | {_cell(row['in_process'])} | {_cell(row['in_process_ratio'], 2)} | "
-                   f"{_cell(row['server'])} | {_cell(row['server_ratio'], 2)} | {cos} | {overlap} | "
+                   f"{_cell(row['server'])} | {_cell(row['server_ratio'], 2)} | "
+                   f"{_cell(row.get('of_ceiling') or {}, 2)} | {cos} | {overlap} | "
                    f"{row.get('cold_start_s', '–')} | {_cell(row['warm_start_s'])} |")
     if section.get("targets"):
         out += ["", "Targets (issue 11): server texts/s over the other's, round by round (same minutes of load); met = "
