@@ -11,7 +11,8 @@ OpenMP backend once that thread has been initialised (measured on torch 2.13: a 
 thread keeps one while the thread beside it runs two; a thread not yet initialised copies the last count any thread
 set), so each worker initialises its thread, then sets its own count. How many instances and threads each model gets
 is core/budgets.py's arithmetic, resolved once at start. OpenVINO and ONNX Runtime get theirs from the model's load
-(core/backends/base.py ``options_for``: streams and threads per compiled model). By default the machine's cores are
+(core/backends/base.py ``options_for``: streams and threads per compiled model); a batch that is an OpenVINO model's
+only work runs alone on all of its instances' threads (``Sharing``, below). By default the machine's cores are
 split evenly between every live instance, never more than one core each way; ``model.threads`` sets a model's own.
 On a GPU each instance runs on its own CUDA stream, and copies its next batch's inputs to the device on a second one
 while the current batch computes (core/staging.py, the stager in core/worker.py). The shadow instance has one thread
@@ -48,8 +49,8 @@ def _new_stream(device: str) -> Any:
 class Sharing:
     """The instances of one model, and whether one of them runs alone on every thread of the model.
 
-    Instances of one thread each serve the most at many clients, but a lone request on one thread took 1.6x as long
-    as on two (OpenVINO bf16; bench/RESULTS.md, "Alone on every thread"). So a batch that is its model's only work
+    Instances of one thread each serve the most at many clients, but a lone request on one thread took 1.3-1.6x as
+    long as on two (OpenVINO bf16; bench/RESULTS.md, "Alone on every thread"). So a batch that is its model's only work
     (no sibling running, nothing of the model left queued) runs on every thread (a runner that ``widens``), and a
     sibling that takes a batch meanwhile waits for that one to end instead of running beside it, which would
     oversubscribe the cores. Widening is an opportunity, never a wait: a batch runs on its own share whenever any

@@ -238,12 +238,13 @@ class BatchWorker:
             self.deliver(Failure(expired, deadline_passed()))
         if decision.batch:
             slot: ModelSlot = decision.batch[0].group  # type: ignore[assignment]
-            started = time.monotonic()
             live = not decision.lane.endswith(SHADOW_SUFFIX)  # shadow work stays out of the live metrics
             if self.instance is not None:
                 self.instance.apply_threads()
             sharing = self._sharing(slot)
+            # Waits while a sibling runs alone on every thread: queue time for the batch, not this instance's busy.
             alone = sharing is not None and sharing.enter(lambda: self.queue.depth(decision.lane) == 0)
+            started = time.monotonic()
             try:
                 with all_threads(alone):
                     report = self._run_batch(slot, decision.batch, live, staged)

@@ -129,7 +129,7 @@ class OpenVINORunner(GraphRunner):
             self._compiled = core.compile_model(str(graph_path), "CPU", config)
             # Several instances: the same graph compiled again as one stream of every thread, for a batch that is
             # its model's only work (core/instances.py Sharing): a lone request on one instance's one thread
-            # took 1.6x as long as on two (bench/RESULTS.md, "Alone on every thread"). The weights are shared
+            # took 1.3-1.6x as long as on two (bench/RESULTS.md, "Alone on every thread"). The weights are shared
             # between the two (+32 MB for MiniLM bf16, against 162 MB for the first).
             self._wide = None if self.streams == 1 else core.compile_model(
                 str(graph_path), "CPU", {**config, "NUM_STREAMS": "1"})
