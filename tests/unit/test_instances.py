@@ -629,20 +629,24 @@ def wait_for(condition: Any, seconds: float = 10) -> None:
         time.sleep(0.002)
 
 
-def sharing_queue() -> BatchQueue:
+@contextmanager
+def held_model(tmp_path: Path) -> Iterator[tuple[AloneHandler, ModelSlot, BatchQueue, asyncio.AbstractEventLoop]]:
+    """An AloneHandler whose ``hold:g`` texts wait for the test, its slot, a queue of batches of one, a loop."""
+    handler = AloneHandler()
+    handler.gates["g"] = threading.Event()
     queue = BatchQueue(claim=lambda b: b[0].group.acquire())
     queue.add_lane("m", Policy(max_batch_size=1, max_wait_ms=0.0), 64)
-    return queue
+    loop = asyncio.new_event_loop()
+    try:
+        yield handler, ModelSlot(handler, ModelSpec(tmp_path, "1"), 0.0), queue, loop
+    finally:
+        handler.gates["g"].set()
+        loop.close()
 
 
 def test_instances_run_side_by_side_on_their_share_while_work_waits_and_alone_on_every_thread_when_idle(
         tmp_path: Path) -> None:
-    handler = AloneHandler()
-    handler.gates["g"] = threading.Event()
-    slot = ModelSlot(handler, ModelSpec(tmp_path, "1"), 0.0)
-    queue = sharing_queue()
-    loop = asyncio.new_event_loop()
-    try:
+    with held_model(tmp_path) as (handler, slot, queue, loop):
         put(queue, loop, slot, "hold:g a")
         put(queue, loop, slot, "hold:g b")  # both queued before either instance takes one: work waits
         with workers_on(queue, two_sharing()) as outcomes:
@@ -652,8 +656,6 @@ def test_instances_run_side_by_side_on_their_share_while_work_waits_and_alone_on
             wait_for(lambda: len(outcomes) == 2)
             put(queue, loop, slot, "c")  # the model's only work, no sibling running
             wait_for(lambda: len(outcomes) == 3)
-    finally:
-        loop.close()
     assert both_inside == {"hold:g a", "hold:g b"}  # two instances at once, each on its own share
     assert handler.alone == {"hold:g a": False, "hold:g b": False, "c": True}
     with all_threads():
@@ -662,23 +664,15 @@ def test_instances_run_side_by_side_on_their_share_while_work_waits_and_alone_on
 
 
 def test_a_sibling_waits_for_a_batch_running_alone_instead_of_oversubscribing_the_cores(tmp_path: Path) -> None:
-    handler = AloneHandler()
-    handler.gates["g"] = threading.Event()
-    slot = ModelSlot(handler, ModelSpec(tmp_path, "1"), 0.0)
-    queue = sharing_queue()
-    loop = asyncio.new_event_loop()
-    try:
-        with workers_on(queue, two_sharing()) as outcomes:
-            put(queue, loop, slot, "hold:g a")
-            wait_for(lambda: handler.batches == [["hold:g a"]])
-            put(queue, loop, slot, "b")  # taken by the idle sibling, which must not start beside "a"
-            wait_for(lambda: len(queue) == 0)
-            time.sleep(0.05)
-            started_while_alone = [b for b in handler.batches]
-            handler.gates["g"].set()
-            wait_for(lambda: len(outcomes) == 2)
-    finally:
-        loop.close()
+    with held_model(tmp_path) as (handler, slot, queue, loop), workers_on(queue, two_sharing()) as outcomes:
+        put(queue, loop, slot, "hold:g a")
+        wait_for(lambda: handler.batches == [["hold:g a"]])
+        put(queue, loop, slot, "b")  # taken by the idle sibling, which must not start beside "a"
+        wait_for(lambda: len(queue) == 0)
+        time.sleep(0.05)
+        started_while_alone = [b for b in handler.batches]
+        handler.gates["g"].set()
+        wait_for(lambda: len(outcomes) == 2)
     assert handler.alone["hold:g a"] is True
     assert started_while_alone == [["hold:g a"]]
     assert handler.beside == {"hold:g a": set(), "b": set()} and len(outcomes) == 2
