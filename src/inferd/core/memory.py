@@ -271,7 +271,7 @@ def settle_heap() -> float:
     With torch, transformers and a model loaded the heap holds millions of long-lived objects, and the collector's
     oldest generation walks them all: while serving, a full collection came every 6-8 s and held the GIL (the
     event loop and the workers) for ~0.22 s each, 0.3 ms of CPU a request at 150 requests/s (bench/RESULTS.md,
-    "The collector's walks"). Frozen, they are never walked again; what requests allocate is still collected.
+    "The collector"). Frozen, they are never walked again; what requests allocate is still collected.
     Earlier loads' objects are thawed first, so the cycles of a model freed since (its weights went with
     reference counting at once) are collected here, at the next load, not kept for ever.
     """
