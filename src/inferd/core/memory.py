@@ -268,7 +268,7 @@ def settle_heap() -> float:
     """After a model loads: collect what loading left behind, then move every live object out of the collector's
     reach (``gc.freeze``); returns the seconds it took.
 
-    With torch, transformers and a model loaded the heap holds millions of long-lived objects, and the collector's
+    With torch, transformers and a model loaded the heap holds some 260,000 tracked objects, and the collector's
     oldest generation walks them all: while serving, a full collection came every 6-8 s and held the GIL (the
     event loop and the workers) for ~0.22 s each, 0.3 ms of CPU a request at 150 requests/s (bench/RESULTS.md,
     "The collector"). Frozen, they are never walked again; what requests allocate is still collected.
