@@ -18,7 +18,7 @@ from conftest import metric_value, wait_for
 
 from inferd import cli
 from inferd.core.backends import factory
-from inferd.core.backends.base import BackendError, cpu_flags, native_bf16
+from inferd.core.backends.base import BackendError, all_threads, cpu_flags, native_bf16
 from inferd.core.loading import load_handler
 from inferd.core.spec import ModelSpec
 from inferd.core.tasks.embedding import EmbeddingHandler
@@ -133,6 +133,22 @@ def test_a_warm_start_loads_the_cached_graph_without_torch(tiny_model: Path, tmp
     assert warm.backend_info["gate"]["figures"] == cold.backend_info["gate"]["figures"]
     np.testing.assert_array_equal(embed(warm, MIXED), embed(cold, MIXED))
     assert [p.name for p in tmp_path.iterdir()] == [entry.name]  # no temporary folder left behind
+
+
+def test_an_openvino_model_of_two_instances_may_run_a_lone_batch_on_every_thread_with_the_same_vectors(
+        tiny_model: Path, cache: Path) -> None:
+    one = load_handler(ModelSpec(tiny_model, "1", device="cpu", backend="openvino", cache_dir=str(cache),
+                                 gate=dict(SMALL), warmup=False, instances=1, threads=1))
+    two = load_handler(ModelSpec(tiny_model, "1", device="cpu", backend="openvino", cache_dir=str(cache),
+                                 gate=dict(SMALL), warmup=False, instances=2, threads=1))
+    # The handler says so, from its runner: the worker reads it to let a batch that is the model's only work widen.
+    assert (one.widens, two.widens) == (False, True)
+    assert two.backend_info["threads_alone"] == 2 and one.backend_info["threads_alone"] is None
+    shared = embed(two, MIXED)
+    with all_threads():
+        alone = embed(two, MIXED)  # on the one-stream twin of both instances' threads
+    np.testing.assert_allclose(alone, shared, rtol=0, atol=1e-5)
+    np.testing.assert_allclose(embed(one, MIXED), shared, rtol=0, atol=1e-5)
 
 
 def test_a_changed_model_folder_is_exported_again(tiny_model: Path, tmp_path: Path) -> None:

@@ -588,16 +588,12 @@ def test_when_a_staging_worker_dies_the_batch_it_had_staged_is_failed_not_lost(t
 # -- alone on every thread ---------------------------------------------------------------------------------
 
 
-class WideRunner:
-    widens = True  # as an OpenVINO runner compiled for several instances
-
-
 class AloneHandler(HashHandler):
     """Records each batch's text, whether it ran alone (on every thread), and what else was inside at the time."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.runner = WideRunner()
+        self.widens = True  # as a model on an OpenVINO runner compiled for several instances
         self.alone: dict[str, bool] = {}
         self.beside: dict[str, set[str]] = {}
         self.inside: set[str] = set()

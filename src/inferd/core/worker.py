@@ -268,8 +268,7 @@ class BatchWorker:
     def _sharing(self, slot: ModelSlot) -> Sharing | None:
         """The model's instances together, where its runner can run a batch on all of their threads."""
         sharing = self.instance.sharing if self.instance is not None else None
-        runner = getattr(slot.handler, "runner", None)
-        return sharing if sharing is not None and getattr(runner, "widens", False) else None
+        return sharing if sharing is not None and slot.handler.widens else None
 
     def _count(self, model: str, batch: list[WorkItem], started: float, took: float) -> None:
         instance = self.instance

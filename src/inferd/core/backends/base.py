@@ -90,6 +90,8 @@ class Runner(Protocol):
     # Whether padded positions cost compute (a batch costs its size times its longest text): a padding floor
     # is for runners that pad; a batch on one that does not costs its real tokens, whatever their lengths.
     pads: bool
+    # Whether a call inside ``all_threads`` runs on every thread of the model rather than one instance's share.
+    widens: bool
     # What /info shows about how this forward pass runs (cache, export, gate figures).
     info: dict[str, Any]
 
@@ -281,8 +283,7 @@ class GraphRunner:
     backend = "graph"
     uses_torch_allocator = False
     pads = True  # dynamic shapes, but every row runs to the batch's longest
-    # Whether a call inside ``all_threads`` runs on every thread of the model rather than one instance's share.
-    widens = False
+    widens = False  # OpenVINO's, compiled for several instances, sets it (openvino.py)
 
     def __init__(self, graph_path: Path, head: str, dtype: str, quantize: str, threads: int = 0,
                  info: dict[str, Any] | None = None, compile_cache: Path | None = None, streams: int = 1) -> None:

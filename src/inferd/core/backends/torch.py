@@ -71,6 +71,9 @@ class TorchRunner:
     backend = "torch"
     quantize = "none"
     pads = True  # eager transformers computes every padded position
+    # Cannot run a batch on more threads than its instance's: torch's count belongs to the calling thread, and one
+    # changed per batch left OpenMP teams spinning on each other's cores (bench/RESULTS.md, "Alone on every thread").
+    widens = False
 
     def __init__(self, model: torch.nn.Module, device: torch.device, dtype: str = "float32",
                  info: dict[str, Any] | None = None, head: str = "hidden") -> None:

@@ -62,6 +62,9 @@ class Handler(ABC):
     backend_info: dict[str, Any] | None = None
     # Whether padded positions cost this model compute (the scheduler's padding floor follows it).
     pads: bool = True
+    # Whether a batch may run on every thread of the model's instances when it is the model's only work (its runner
+    # ``widens``: OpenVINO compiled for several instances; core/instances.py ``Sharing``).
+    widens: bool = False
     # An embedding's vector size, its pooling and whether its vectors are unit length (None: not said).
     dimension: int | None = None
     pooling: str | None = None
@@ -212,7 +215,7 @@ class ModelTask(Handler):
         self.device = self.runner.device
         self.dtype = self.runner.dtype
         self.backend, self.quantize, self.backend_info = self.runner.backend, self.runner.quantize, self.runner.info
-        self.pads = self.runner.pads
+        self.pads, self.widens = self.runner.pads, self.runner.widens
 
     def collate(self, batch: list[Encoded]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         if isinstance(batch, StagedBatch):  # padded and copied to the device while the batch before it ran

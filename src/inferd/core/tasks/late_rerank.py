@@ -58,6 +58,7 @@ class LateInteractionRerankHandler(Handler):
         inner = self.inner
         self.name, self.version, self.max_seq_length = inner.name, inner.version, inner.max_seq_length
         self.device, self.dtype, self.pads, self.tokenizer = inner.device, inner.dtype, inner.pads, inner.tokenizer
+        self.widens = inner.widens
         self.backend, self.quantize, self.backend_info = inner.backend, inner.quantize, inner.backend_info
 
     def describe(self) -> dict[str, Any]:
