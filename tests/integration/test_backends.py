@@ -11,6 +11,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -31,9 +32,9 @@ AT_LIMIT = [(WORDS + " ") * 12, ("我们的模型很快" * 30), (WORDS + " 你�
 
 
 def spec(model: Path, cache: Path, backend: str = "torch", quantize: str = "none", dtype: str = "float32",
-         gate: tuple[tuple[str, float], ...] = ()) -> ModelSpec:
+         gate: tuple[tuple[str, float], ...] = (), **settings: Any) -> ModelSpec:
     return ModelSpec(path=model, name="tiny", version="1", device="cpu", backend=backend, quantize=quantize,
-                     dtype=dtype, cache_dir=str(cache), gate=(*SMALL, *gate), warmup=False)
+                     dtype=dtype, cache_dir=str(cache), gate=(*SMALL, *gate), warmup=False, **settings)
 
 
 def embed(h: EmbeddingHandler, texts: list[str]) -> np.ndarray:
@@ -137,10 +138,8 @@ def test_a_warm_start_loads_the_cached_graph_without_torch(tiny_model: Path, tmp
 
 def test_an_openvino_model_of_two_instances_may_run_a_lone_batch_on_every_thread_with_the_same_vectors(
         tiny_model: Path, cache: Path) -> None:
-    one = load_handler(ModelSpec(tiny_model, "1", device="cpu", backend="openvino", cache_dir=str(cache),
-                                 gate=dict(SMALL), warmup=False, instances=1, threads=1))
-    two = load_handler(ModelSpec(tiny_model, "1", device="cpu", backend="openvino", cache_dir=str(cache),
-                                 gate=dict(SMALL), warmup=False, instances=2, threads=1))
+    one = load_handler(spec(tiny_model, cache, "openvino", instances=1, threads=1))
+    two = load_handler(spec(tiny_model, cache, "openvino", instances=2, threads=1))
     # The handler says so, from its runner: the worker reads it to let a batch that is the model's only work widen.
     assert (one.widens, two.widens) == (False, True)
     assert two.backend_info["threads_alone"] == 2 and one.backend_info["threads_alone"] is None
