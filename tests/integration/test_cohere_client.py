@@ -62,6 +62,16 @@ def test_the_v2_client_with_top_n(reranker: Server, reference: np.ndarray) -> No
     assert all(abs(r.relevance_score - reference[r.index]) <= 1e-5 for r in got.results)
 
 
+def test_the_v2_client_priority_runs_lower_first_on_rerank_as_on_embed(reranker: Server) -> None:
+    # Cohere's priority 10 (below its default 0) is inferd's -10 on rerank as on embed: the server's
+    # batching.max_priority 0 allows it (rerank passed it through as 10 and refused it with 422).
+    client = cohere.ClientV2(api_key="key-1", base_url=reranker.url, timeout=30)
+    assert len(client.rerank(model="ce", query=QUERY, documents=DOCS, priority=10).results) == len(DOCS)
+    with pytest.raises(cohere.errors.UnprocessableEntityError) as caught:
+        client.rerank(model="ce", query=QUERY, documents=DOCS, priority=-3)  # Cohere's range is 0 and up
+    assert caught.value.body["error"]["param"] == "priority"
+
+
 def test_a_refusal_reaches_the_sdk_as_its_own_error(reranker: Server) -> None:
     client = cohere.Client(api_key="key-1", base_url=reranker.url, timeout=30)
     with pytest.raises(cohere.errors.UnprocessableEntityError) as caught:

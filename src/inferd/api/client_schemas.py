@@ -8,11 +8,11 @@ takes ``Left``/``left``/``Right``/``right`` as TEI does, and Cohere's ``priority
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 
-from inferd.api.schemas import _TEXT, _Body
+from inferd.api.schemas import _TEXT, RerankRequest, _Body
 
 _TEXTS = {"anyOf": [_TEXT, {"type": "array", "items": _TEXT, "minItems": 1}]}
 _IDS = {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1}
@@ -145,6 +145,19 @@ class TEIToken(BaseModel):
 EmbeddingType = Literal["float", "int8", "uint8", "binary", "ubinary", "base64"]
 
 
+# Cohere's priority, on every Cohere body (embed and rerank): lower runs first, 0 (the default) the highest, and
+# nothing below 0; api/cohere.py turns it into inferd's (higher first) in one place.
+CoherePriority = Annotated[StrictInt, Field(ge=0, le=100, description="Cohere's: lower runs first; 0 is the "
+                                           "highest (inferd runs it at priority -priority)")]
+
+
+class CohereRerankRequest(RerankRequest):
+    """Cohere's ``POST /v1/rerank`` and ``/v2/rerank`` (Jina's, vLLM's and infinity's too): ``priority`` is Cohere's
+    (and vLLM's): lower runs first."""
+
+    priority: CoherePriority = 0
+
+
 class CohereEmbedRequest(_Body):
     """Cohere's ``POST /v1/embed`` and ``POST /v2/embed`` (what ``cohere.Client`` and ``cohere.ClientV2`` send)."""
 
@@ -161,9 +174,7 @@ class CohereEmbedRequest(_Body):
     output_dimension: StrictInt | None = Field(None, gt=0, description="The model's size, or a Matryoshka size "
                                                "it declares")
     max_tokens: StrictInt | None = Field(None, gt=0, description="Tokens kept per text, below the model's limit")
-    # Cohere's priority: lower runs first, 0 (the default) the highest; run here at -priority.
-    priority: StrictInt = Field(0, ge=0, le=100, description="Cohere's: lower runs first; 0 is the highest "
-                                "(inferd runs it at priority -priority)")
+    priority: CoherePriority = 0
     images: list[Any] | None = Field(None, description="Not supported: text models only")
     inputs: list[Any] | None = Field(None, description="Not supported: send texts")
 

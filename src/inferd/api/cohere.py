@@ -7,7 +7,8 @@ The bodies and answers are the SDK's (cohere/v2/raw_client.py, cohere/types/embe
 ``input_type`` picks the model's prompt (core/prompts.py, on the model load that runs the request; int8 and
 uint8 take their ranges from that load too); ``truncate`` NONE refuses texts over
 the limit, START cuts their start, END their end; ``output_dimension`` is a Matryoshka size the model declares;
-``model`` is a served model's name, as on every route; Cohere's ``priority`` (lower first) runs at -priority.
+``model`` is a served model's name, as on every route; Cohere's ``priority`` (0 and up, lower first; vLLM's rerank
+means the same) runs at -priority on every route here, embed and rerank alike.
 
 Refusals are in Cohere's error shape, ``{"id", "message"}`` (its SDK raises the error class of the status and
 keeps the body as ``body``), with inferd's ``error`` object beside it: /v1/rerank is also Jina's, vLLM's and
@@ -31,12 +32,12 @@ from inferd.api.bodies import json_response
 from inferd.api.client_schemas import (
     CohereEmbedRequest,
     CohereEmbedResponse,
+    CohereRerankRequest,
 )
 from inferd.api.engine_call import INFERENCE_ERRORS, build, read_request, require_task, run, served_name
 from inferd.api.errors import APIError, Names, error_body
 from inferd.api.middleware import context
 from inferd.api.schemas import (
-    RerankRequest,
     RerankResponse,
     request_body,
     responses,
@@ -73,6 +74,12 @@ def cohere_errors(route: Callable[[Request], Awaitable[Response]]) -> Callable[[
     return answered
 
 
+def _priority(cohere: int) -> int:
+    """Cohere's priority (0 and up, lower first; the body refuses negatives) as inferd's (higher first): every
+    Cohere route maps it here, so a priority means the same on embed and rerank."""
+    return -cohere
+
+
 def _embed_request(request: Request, body: CohereEmbedRequest) -> InferenceRequest:
     if body.images or body.inputs:
         field = "images" if body.images else "inputs"
@@ -83,8 +90,7 @@ def _embed_request(request: Request, body: CohereEmbedRequest) -> InferenceReque
     side, truncate = _TRUNCATE[body.truncate]
     texts = vectors.inputs_of(body.texts, side, truncate, body.max_tokens)
     quantized = bool({"int8", "uint8"} & set(body.embedding_types or ()))
-    # Cohere's priority (lower first) runs as inferd's (higher first).
-    return build(request, texts, _EMBED, task="embedding", model=body.model, priority=-body.priority,
+    return build(request, texts, _EMBED, task="embedding", model=body.model, priority=_priority(body.priority),
                  timeout_ms=body.timeout_ms, dimensions=body.output_dimension,
                  prompt=Prompt(input_type=body.input_type, field="input_type"), calibrate=quantized)
 
@@ -132,19 +138,19 @@ async def embed_v2(request: Request) -> Response:
     return await _embed(request, 2)
 
 
-def _rerank_request(request: Request, body: RerankRequest) -> InferenceRequest:
+def _rerank_request(request: Request, body: CohereRerankRequest) -> InferenceRequest:
     # Each document is an item: counts toward limits.max_items_per_request, named documents[i] when at fault.
     return build(request, [(body.query, d) for d in body.documents], _RERANK, task="rerank", model=body.model,
-                 priority=body.priority, timeout_ms=body.timeout_ms)
+                 priority=_priority(body.priority), timeout_ms=body.timeout_ms)
 
 
 def _usage(result: TaskResult) -> dict[str, int]:
     return {"prompt_tokens": result.prompt_tokens, "total_tokens": result.prompt_tokens}
 
 
-@cohere_router.post("/v1/rerank", openapi_extra=request_body(RerankRequest),
+@cohere_router.post("/v1/rerank", openapi_extra=request_body(CohereRerankRequest),
                   responses=responses(RerankResponse, *INFERENCE_ERRORS))
-@cohere_router.post("/v2/rerank", openapi_extra=request_body(RerankRequest),
+@cohere_router.post("/v2/rerank", openapi_extra=request_body(CohereRerankRequest),
                   responses=responses(RerankResponse, *INFERENCE_ERRORS))
 @cohere_errors
 async def rerank(request: Request) -> Response:
@@ -152,7 +158,7 @@ async def rerank(request: Request) -> Response:
 
     Also on /v2/rerank, where Cohere's v2 client (``cohere.ClientV2``) sends the same body."""
     require_task(request, "rerank")
-    body, engine_request = await read_request(request, RerankRequest, lambda b: _rerank_request(request, b))
+    body, engine_request = await read_request(request, CohereRerankRequest, lambda b: _rerank_request(request, b))
     result = await run(request, engine_request, _RERANK)
     order = sorted(range(len(body.documents)), key=lambda i: -float(result.outputs[i][0]))
     if body.top_n is not None:
