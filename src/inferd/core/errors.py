@@ -112,6 +112,24 @@ class SpaceChanged(ModelLoadError):
     kind, code, field = Kind.CONFLICT, "space_changed", "path"
 
 
+class LoadCancelled(ModelLoadError):
+    """A model change abandoned while it loaded (the admin API's cancel): nothing switched, the lock is free."""
+
+    kind, code, field = Kind.CONFLICT, "load_cancelled", None
+
+
+class LoadTimedOut(ModelLoadError):
+    """A model change whose load ran past ``model.load_timeout_s``: abandoned, nothing switched."""
+
+    kind, code, field = Kind.INVALID_INPUT, "load_timed_out", "path"
+
+
+class NoLoadInProgress(Exception):
+    """A cancel with no model change loading (none started, or it has just finished): a state conflict."""
+
+    kind, code, field = Kind.CONFLICT, "no_load_in_progress", None
+
+
 class ModelNotReady(Exception):
     """No slot to run on: the model is loading, not loaded, failed (``reason``) or closed."""
 
