@@ -20,6 +20,7 @@ from inferd.settings import (
 )
 
 _MAX_CHARS = LimitSettings().max_chars_per_text
+_MAX_TOKEN_VECTORS = LimitSettings().max_multivector_tokens
 
 
 @dataclass(frozen=True, init=False)
@@ -29,6 +30,8 @@ class ModelSpec:
     ``files_roots``: the folders every file the load opens must resolve under, symlinks followed (the
     ``model.root`` entries; empty: ``path``'s parent, as when no ``model.root`` is set). ``max_chars_per_text``: the
     server's ``limits.max_chars_per_text``, which a prompt the model prepends to texts may not exceed.
+    ``max_token_vectors``: ``limits.max_multivector_tokens``, which a multi-vector model checks a request's token
+    counts against once tokenised, before it queues (core/tasks/base.py TokenVectorTask).
 
     The settings are declared once, in settings.py, and read from ``spec.settings``; those every load reads
     (``spec.device``, ``spec.backend``, ``spec.pooling``, ...) are properties of the spec too. Keyword arguments
@@ -41,9 +44,11 @@ class ModelSpec:
     settings: ModelSettings
     files_roots: tuple[Path, ...]
     max_chars_per_text: int
+    max_token_vectors: int
 
     def __init__(self, path: Path, version: str | None = None, settings: ModelSettings | None = None,
-                 files_roots: tuple[Path, ...] = (), max_chars_per_text: int = _MAX_CHARS, **overrides: Any) -> None:
+                 files_roots: tuple[Path, ...] = (), max_chars_per_text: int = _MAX_CHARS,
+                 max_token_vectors: int = _MAX_TOKEN_VECTORS, **overrides: Any) -> None:
         base = settings if settings is not None else ModelSettings()
         if overrides:
             if "gate" in overrides and not isinstance(overrides["gate"], dict):
@@ -54,6 +59,7 @@ class ModelSpec:
         object.__setattr__(self, "settings", base)
         object.__setattr__(self, "files_roots", tuple(Path(r) for r in files_roots))
         object.__setattr__(self, "max_chars_per_text", max_chars_per_text)
+        object.__setattr__(self, "max_token_vectors", max_token_vectors)
 
     # The settings a load reads, by name; every other ``model.*`` setting is read from ``spec.settings``.
     @property
@@ -133,7 +139,8 @@ def spec_from_settings(settings: Settings, path: Path | None = None, version: st
     m = settings.model
     folder = path or resolve_model_path(m)
     return ModelSpec(folder, version or m.version, m, files_roots=roots_of(folder, settings),
-                     max_chars_per_text=settings.limits.max_chars_per_text)
+                     max_chars_per_text=settings.limits.max_chars_per_text,
+                     max_token_vectors=settings.limits.max_multivector_tokens)
 
 
 def model_roots(settings: Settings) -> list[Path]:
