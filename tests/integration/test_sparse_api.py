@@ -230,6 +230,29 @@ def test_what_a_model_cannot_give_and_the_token_vector_cap_are_refused_by_name(c
     assert r.status_code == 422 and r.json()["error"]["param"] == "outputs.0"
 
 
+def test_the_token_vector_cap_is_decided_before_the_pass(client: httpx.Client) -> None:
+    # Counted once tokenised, before the request queues: no batch runs and no tokens are used (issue 39: the pass
+    # ran, its tokens were charged, and then the answer was refused). A late-interaction reranker's pairs are
+    # scores, not token vectors: the cap is not theirs.
+    long = [" ".join(WORDS[:20]) + f" {i}" for i in range(3)]  # uncached: 3 x 22 token vectors > CAP
+
+    def batches() -> float:
+        text = client.get("/metrics").text
+        return sum(metric_value(text, "inferd_batch_size_count", model=m) for m in ("m3", "colbert"))
+
+    before = batches()
+    for model in ("m3", "colbert"):
+        r = client.post("/v1/encode", json={"input": long, "outputs": ["multivector"], "model": model})
+        assert r.status_code == 422 and r.json()["error"]["code"] == "too_many_token_vectors", r.text
+        assert r.json()["error"]["param"] == "input" and "limits.max_multivector_tokens" in r.json()["error"]["message"]
+        r = client.post("/embed_all", json={"inputs": long, "model": model})
+        assert r.status_code == 422 and "limits.max_multivector_tokens" in r.json()["error"], r.text
+    assert batches() == before
+    for model in ("m3-rerank", "colbert-rerank"):
+        r = client.post("/v1/rerank", json={"query": "q", "documents": long * 3, "model": model})
+        assert r.status_code == 200, r.text
+
+
 def test_qdrant_hybrid_query_ranks_the_exact_term_first(client: httpx.Client) -> None:
     """Each document holds one word no other text holds, among words every document shares; a query holds that word
     among words no document holds. The sparse side then matches that document alone, so reciprocal rank fusion ranks

@@ -18,7 +18,7 @@ from inferd.api.errors import APIError, refusal
 from inferd.core import quantize
 from inferd.core.errors import Kind
 from inferd.core.outcomes import TaskResult
-from inferd.core.outputs import SparseVector, TextOutputs
+from inferd.core.outputs import SparseVector, TextOutputs, token_vectors_refusal
 
 
 def outputs_of(result: TaskResult, wanted: Sequence[str]) -> list[TextOutputs]:
@@ -35,12 +35,13 @@ def outputs_of(result: TaskResult, wanted: Sequence[str]) -> list[TextOutputs]:
 
 def check_token_vectors(outputs: Sequence[TextOutputs], limit: int, param: str = "inputs") -> None:
     """A multi-vector answer is tokens x dimension floats per text: over ``limits.max_multivector_tokens`` token
-    vectors in all, it is refused (422, too long, naming the setting) rather than sent."""
+    vectors in all, it is refused (422, too long, naming the setting) rather than sent. The model refuses such a
+    request from its token counts before the pass (core/tasks/base.py TokenVectorTask); this holds the answer to it
+    when cached outputs join fresh ones, or the limit changed under a loaded model."""
     count = sum(len(o.multivector) for o in outputs if o.multivector is not None)
     if count > limit:
-        raise refusal(Kind.TOO_LONG, f"{param}: the multi-vector output of this request holds {count} token "
-                      f"vectors; at most {limit} per response (limits.max_multivector_tokens): send fewer or "
-                      "shorter texts", "too_many_token_vectors", param)
+        raise refusal(Kind.TOO_LONG, f"{param}: {token_vectors_refusal(count, limit)}", "too_many_token_vectors",
+                      param)
 
 
 def sparse_object(vector: SparseVector, tokens: bool) -> dict[str, Any]:

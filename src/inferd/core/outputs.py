@@ -79,6 +79,12 @@ class TextOutputs:
         return tuple(k for k in OUTPUTS if getattr(self, k) is not None)
 
 
+def token_vectors_refusal(count: int, limit: int) -> str:
+    """Why a request's token vectors are refused: a multi-vector answer is tokens x dimension floats per text."""
+    return (f"the multi-vector output of this request holds {count} token vectors; at most {limit} per response "
+            "(limits.max_multivector_tokens): send fewer or shorter texts")
+
+
 def asked(text: object, default: tuple[str, ...]) -> tuple[str, ...]:
     """The outputs an input asks for (its ``outputs`` attribute), else ``default``; always in OUTPUTS' order."""
     wanted = getattr(text, "outputs", None) or default

@@ -32,7 +32,7 @@ PRIORITIES = range(-100, 101)
 # The longest deadline a request may set (10 minutes): past it a client has long given up.
 MAX_TIMEOUT_MS = 600_000.0
 # Input checks whose refusal is about length, not about the input's kind.
-_TOO_LONG = frozenset({"context_length_exceeded", "too_many_tokens", "text_too_long"})
+_TOO_LONG = frozenset({"context_length_exceeded", "too_many_tokens", "text_too_long", "too_many_token_vectors"})
 # Only build() makes a request (dataclasses.replace() of a built one too: it passes the fields on).
 _BUILT = object()
 

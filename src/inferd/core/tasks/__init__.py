@@ -66,12 +66,13 @@ def handler_for(task: str, path: Path | None = None, pooling: str | None = None)
         from inferd.core.tasks.embedding import EmbeddingHandler
         return EmbeddingHandler()
     if task == "rerank" and path is not None:
-        from inferd.core.tasks.m3 import has_heads
-        from inferd.core.tasks.multivector import is_colbert
-        # Token vectors: a late-interaction reranker (MaxSim) over the embedding handler.
+        from inferd.core.tasks.m3 import M3Handler, has_heads
+        from inferd.core.tasks.multivector import ColbertHandler, is_colbert
+        # Token vectors: a late-interaction reranker (MaxSim) over the embedding handler (a PyLate folder first, as
+        # the embedding task picks it).
         if has_heads(path) or is_colbert(path):
             from inferd.core.tasks.late_rerank import LateInteractionRerankHandler
-            return LateInteractionRerankHandler(handler_for("embedding", path))
+            return LateInteractionRerankHandler(ColbertHandler() if is_colbert(path) else M3Handler())
         from inferd.core.tasks.llm_rerank import LLMRerankHandler, is_causal_lm
         if is_causal_lm(path):
             return LLMRerankHandler()

@@ -26,7 +26,8 @@ from inferd.core.backends.factory import open_backend
 from inferd.core.description import ModelDescription
 from inferd.core.errors import ModelLoadError
 from inferd.core.families import family_of
-from inferd.core.preprocess import Encoded
+from inferd.core.outputs import token_vectors_refusal
+from inferd.core.preprocess import Encoded, InputError
 from inferd.core.spec import ModelSpec
 from inferd.core.staging import StagedBatch, to_device
 
@@ -251,3 +252,30 @@ class ModelTask(Handler):
     def close(self) -> None:
         if "runner" in vars(self):  # a load that failed before open_runner has none
             self.runner.close()
+
+
+class TokenVectorTask(ModelTask):
+    """A task whose texts may give token vectors (ColBERT's, bge-m3's multi-vector output): a text's count is its
+    kept tokens, known once it is tokenised, so a request whose answer would hold more than
+    ``limits.max_multivector_tokens`` (``spec.max_token_vectors``) is refused here, before it queues: no pass runs
+    and nothing is charged for an answer that could never be sent.
+
+    A subclass tokenises in ``encode_texts`` and counts an item's vectors in ``token_vectors``; a late-interaction
+    reranker over it calls ``encode_texts``, as its answer is a score per pair, not the vectors.
+    """
+
+    max_token_vectors: int
+
+    def encode_texts(self, texts: list[Any]) -> list[Encoded]:
+        raise NotImplementedError
+
+    def token_vectors(self, item: Encoded) -> int:
+        """The token vectors the answer will hold for ``item`` (0 when its text did not ask for them)."""
+        raise NotImplementedError
+
+    def preprocess(self, texts: list[Any]) -> list[Encoded]:
+        encoded = self.encode_texts(texts)
+        count = sum(map(self.token_vectors, encoded))
+        if count > self.max_token_vectors:
+            raise InputError(None, token_vectors_refusal(count, self.max_token_vectors), "too_many_token_vectors")
+        return encoded

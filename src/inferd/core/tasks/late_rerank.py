@@ -20,7 +20,7 @@ from inferd.core.errors import ModelLoadError
 from inferd.core.outputs import TextOutputs, maxsim
 from inferd.core.preprocess import Encoded, TextInput
 from inferd.core.spec import ModelSpec
-from inferd.core.tasks.base import Handler
+from inferd.core.tasks.base import Handler, TokenVectorTask
 
 _ASK = ("multivector",)
 
@@ -44,7 +44,7 @@ class LateInteractionRerankHandler(Handler):
     task = "rerank"
     inputs = "pairs"
 
-    def __init__(self, inner: Handler) -> None:
+    def __init__(self, inner: TokenVectorTask) -> None:
         self.inner = inner
 
     def load(self, spec: ModelSpec, device: torch.device) -> None:
@@ -68,7 +68,9 @@ class LateInteractionRerankHandler(Handler):
         queries = {q: i for i, q in enumerate(dict.fromkeys(str(q) for q, _ in pairs))}
         docs = [TextInput(str(d), direction=getattr(d, "direction", "right"), truncate=getattr(d, "truncate", None),
                           outputs=_ASK) for _, d in pairs]
-        encoded = self.inner.preprocess([TextInput(q, outputs=_ASK, role="query") for q in queries] + docs)
+        # encode_texts, not preprocess: the answer is a score per pair, not the token vectors, so their limit
+        # (limits.max_multivector_tokens) is not this request's.
+        encoded = self.inner.encode_texts([TextInput(q, outputs=_ASK, role="query") for q in queries] + docs)
         asked, documents = encoded[: len(queries)], encoded[len(queries):]
         return [ScoredPair(d.ids, d.truncated, query=asked[queries[str(q)]], document=d)
                 for (q, _), d in zip(pairs, documents, strict=True)]

@@ -31,7 +31,7 @@ from inferd.core.outputs import SparseVector, TextOutputs, asked, sparse_from_we
 from inferd.core.preprocess import Encoded, InputError
 from inferd.core.spec import ModelSpec
 from inferd.core.tasks import st_folder
-from inferd.core.tasks.base import ModelTask, check_weights, dimension_refusal, length_limit, load_tokenizer
+from inferd.core.tasks.base import TokenVectorTask, check_weights, dimension_refusal, length_limit, load_tokenizer
 from inferd.core.tasks.embedding import POOLERS, PooledHead, folder_encoder, head_steps
 from inferd.core.tasks.heads import TokenHeads, linear_weights
 from inferd.core.tasks.sparse import vocabulary
@@ -61,7 +61,7 @@ def special_ids(tokenizer: Any) -> set[int]:
     return out
 
 
-class M3Handler(ModelTask):
+class M3Handler(TokenVectorTask):
     """Dense, sparse and multi-vector outputs of a bge-m3-shaped folder, from one forward pass."""
 
     task = "embedding"
@@ -87,6 +87,7 @@ class M3Handler(ModelTask):
         self.outputs = ("dense",) + (("sparse",) if self.sparse_linear is not None else ()) + (
             ("multivector",) if self.colbert_linear is not None else ())
         self.name, self.version = spec.name, spec.version
+        self.max_token_vectors = spec.max_token_vectors
         limit = length_limit(config, tokenizer, None)
         self.max_seq_length = min(spec.max_seq_length or folder.max_seq_length or limit, limit)
         # bge-m3 without sentence-transformers files: its first token, normalised (BAAI's reference).
@@ -118,7 +119,7 @@ class M3Handler(ModelTask):
     def incompatibility(self, serving: Any, allow_change: bool) -> str | None:
         return dimension_refusal(self.dimension, serving, allow_change)
 
-    def preprocess(self, texts: list[str]) -> list[Encoded]:
+    def encode_texts(self, texts: list[str]) -> list[Encoded]:
         out: list[Encoded] = []
         for i, (text, enc) in enumerate(zip(texts, self.encoder.encode(texts), strict=True)):
             wanted = asked(text, ())
@@ -128,6 +129,10 @@ class M3Handler(ModelTask):
                                  "unsupported_output")
             out.append(Asked(enc.ids, enc.truncated, enc.type_ids, enc.skip, wanted) if wanted else enc)
         return out
+
+    def token_vectors(self, item: Encoded) -> int:
+        # Every token after the first, up to the text's end (multivector below).
+        return item.tokens - 1 if isinstance(item, Asked) and "multivector" in item.outputs else 0
 
     def tokens(self, runner: Any, batch: list[Encoded]) -> tuple[torch.Tensor, torch.Tensor]:
         """The head's token outputs ``[batch, length, hidden + 1 + dim]`` and the attention mask."""

@@ -33,7 +33,7 @@ from inferd.core.outputs import TextOutputs, asked, is_query
 from inferd.core.preprocess import Encoded, InputError, TextEncoder
 from inferd.core.spec import ModelSpec
 from inferd.core.tasks import st_folder
-from inferd.core.tasks.base import ModelTask, check_weights, length_limit, load_tokenizer
+from inferd.core.tasks.base import TokenVectorTask, check_weights, length_limit, load_tokenizer
 from inferd.core.tasks.embedding import PooledHead
 from inferd.core.tasks.heads import TokenHeads
 
@@ -108,7 +108,7 @@ class Marked(Encoded):
     keep: tuple[int, ...] = ()
 
 
-class ColbertHandler(ModelTask):
+class ColbertHandler(TokenVectorTask):
     """Token vectors of a PyLate ColBERT folder, queries and documents each as PyLate encodes them."""
 
     task = "embedding"
@@ -129,6 +129,7 @@ class ColbertHandler(ModelTask):
         self.dimension = size
         self.projection = PooledHead(list(folder.dense)).eval()
         self.name, self.version = spec.name, spec.version
+        self.max_token_vectors = spec.max_token_vectors
         limit = length_limit(config, tokenizer, None)
         self.max_seq_length = min(max(folder.query_length, folder.document_length), limit)
         self.prefix_ids = {}
@@ -179,7 +180,10 @@ class ColbertHandler(ModelTask):
             keep = tuple(i for i, t in enumerate(ids) if t not in self.skiplist)
         return Marked(ids, enc.truncated, attended=attended, keep=keep)
 
-    def preprocess(self, texts: list[str]) -> list[Encoded]:
+    def token_vectors(self, item: Encoded) -> int:
+        return len(item.keep) if isinstance(item, Marked) else 0
+
+    def encode_texts(self, texts: list[str]) -> list[Encoded]:
         roles = ["query" if is_query(t) else "document" for t in texts]
         for i, text in enumerate(texts):
             missing = [k for k in asked(text, self.outputs) if k not in self.outputs]
