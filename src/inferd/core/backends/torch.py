@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from inferd.core import checkpoint, load_guard
 from inferd.core.backends.base import BackendError
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -17,26 +18,52 @@ OUTPUT_NAMES = {"hidden": "last_hidden_state", "logits": "logits", "splade": "we
 
 def load_model(path: Path, safetensors: bool, head: str = "hidden", dtype: str = "float32") -> torch.nn.Module:
     """The encoder (head ``hidden``, ``tokens``), the encoder with its sequence-classification head (``logits``) or
-    its masked-LM head (``splade``), its weights checked against the architecture config.json names."""
-    from transformers import AutoModel, AutoModelForMaskedLM, AutoModelForSequenceClassification
+    its masked-LM head (``splade``), its weights checked against the architecture config.json names: before it
+    is built, against the checkpoint's headers (core/checkpoint.py), and after, against what transformers read."""
+    from transformers import AutoConfig, AutoModel, AutoModelForMaskedLM, AutoModelForSequenceClassification
 
     auto = {"logits": AutoModelForSequenceClassification, "splade": AutoModelForMaskedLM}.get(head, AutoModel)
+    # The pooler is unused by embedding pooling and often absent (a classification head reads it, so there it
+    # must be there).
+    optional = () if head == "logits" else ("pooler.",)
+    load_guard.stage("reading the checkpoint")
+    try:
+        config = AutoConfig.from_pretrained(path, local_files_only=True)
+    except (OSError, ValueError, KeyError, RuntimeError) as exc:
+        raise BackendError(f"cannot load {path}: {exc}") from exc
+    held = checkpoint.read_held(path, safetensors)
+    if held is not None:
+        checkpoint.check_config(path, config, held)
+        checkpoint.check_size(path, skeleton(auto, config), held, optional, _DTYPES[dtype].itemsize)
+    load_guard.stage("building the model")
     try:
         model, loading = auto.from_pretrained(
             path, local_files_only=True, use_safetensors=safetensors, dtype=_DTYPES[dtype],
             output_loading_info=True)
     except (OSError, ValueError, KeyError, RuntimeError) as exc:
         raise BackendError(f"cannot load {path}: {exc}") from exc
-    # Weights that do not fit the architecture config.json names are left random, with only a warning:
-    # a model that would serve noise. The pooler is unused by embedding pooling and often absent (a
-    # classification head reads it, so there it must be there).
-    missing = sorted(k for k in loading["missing_keys"] if head == "logits" or not k.startswith("pooler."))
-    if missing or loading["mismatched_keys"]:
+    load_guard.stage("built")
+    # Weights that do not fit the architecture config.json names are left random, or dropped, with only a
+    # warning: a model that would serve noise, or other vectors than its own.
+    missing = sorted(k for k in loading["missing_keys"] if not k.startswith(optional))
+    unused = checkpoint.unexpected_layers(loading["unexpected_keys"])
+    if missing or loading["mismatched_keys"] or unused:
         raise BackendError(
             f"{path}: the weights do not fit the {model.config.model_type!r} architecture config.json names "
             f"({len(missing)} missing, e.g. {missing[:2]}; {len(loading['mismatched_keys'])} of the wrong "
-            "shape): wrong architecture or a damaged checkpoint")
+            f"shape; {len(unused)} of layers it does not name, e.g. {unused[:2]}): wrong architecture or a "
+            "damaged checkpoint")
     return model.eval()
+
+
+def skeleton(auto: Any, config: Any) -> torch.nn.Module:
+    """The model ``config`` describes, built on torch's meta device: every parameter's shape, no memory."""
+    try:
+        with torch.device("meta"):
+            return auto.from_config(config)
+    except Exception as exc:  # a config transformers cannot build raises nearly anything (a head count, a size)
+        raise BackendError(f"config.json describes no model transformers can build: {type(exc).__name__}: "
+                           f"{exc}") from None
 
 
 def output_of(out: Any, head: str) -> torch.Tensor:
