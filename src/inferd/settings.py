@@ -6,6 +6,7 @@ what a key means and which values it takes is declared here, once, and every rea
 
 from __future__ import annotations
 
+import hashlib
 import re
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
@@ -53,9 +54,11 @@ class TenantSettings(_Section):
     max_concurrent: int | None = Field(None, gt=0)
     # The models it may call, by served name (empty: all).
     models: tuple[str, ...] = ()
-    # The highest priority it may ask for (above: refused), and what it gets when it asks for none.
-    priority_ceiling: int | None = None
-    default_priority: int = 0
+    # The highest priority it may ask for (above: refused), and what it gets when it asks for none: in the range a
+    # request may ask for (core/request.py PRIORITIES), and the default at most what its models allow
+    # (batching.max_priority, checked with the models: check_tenant_rules).
+    priority_ceiling: int | None = Field(None, ge=-100, le=100)
+    default_priority: int = Field(0, ge=-100, le=100)
     # Its weight when the queue is contended (weighted fair queuing across tenants inside a priority).
     share: float = Field(1.0, gt=0.0, le=1000.0)
 
@@ -77,18 +80,28 @@ class TenantSettings(_Section):
         return self
 
 
+def key_digest(key: str) -> bytes:
+    """A configured key as the SHA-256 digest a request's key is compared with: ``sha256:<hex>`` (either case) is
+    one already, so a key and its hash, or one hash written in two cases, are one key."""
+    if key.startswith("sha256:"):
+        return bytes.fromhex(key[7:])
+    return hashlib.sha256(key.encode("utf-8", "surrogatepass")).digest()
+
+
 def check_tenants(tenants: tuple[TenantSettings, ...]) -> None:
-    """One name per tenant and one tenant per key (a key of two tenants would answer as either)."""
+    """One name per tenant and one tenant per key (a key of two tenants would answer as either), keys compared as
+    the digests a request is matched by, not as written."""
     names: set[str] = set()
-    keys: set[str] = set()
+    owners: dict[bytes, str] = {}
     for tenant in tenants:
         if tenant.name in names:
             raise ValueError(f"tenants: {tenant.name!r} is named twice")
         names.add(tenant.name)
         for key in tenant.keys:
-            if key in keys:
-                raise ValueError(f"tenants: a key of {tenant.name!r} is another tenant's too")
-            keys.add(key)
+            owner = owners.setdefault(key_digest(key), tenant.name)
+            if owner != tenant.name:
+                raise ValueError(f"tenants: a key of {tenant.name!r} is another tenant's too ({owner!r}'s; a key and "
+                                 "its sha256: hash, in either case, are one key)")
 
 
 class ServerSettings(_Section):
@@ -193,6 +206,10 @@ class ModelSettings(_Section):
     warmup: bool = True
     # Test hook and operator aid: sleep this long before loading (shows the loading state).
     load_delay_s: float = Field(0.0, ge=0)
+    # A model change (admin reload, canary, shadow, SIGHUP) whose load runs longer is abandoned and answered
+    # 422 load_timed_out, the serving model unchanged (core/load_guard.py); 0 = no limit. The first load at
+    # start is not held to it (a first export of a large model may take longer; nothing serves meanwhile).
+    load_timeout_s: float = Field(900.0, ge=0)
     # Folders that reload/canary paths must lie under; empty = the initial model's parent folder.
     root: tuple[str, ...] = ()
     allow_dimension_change: bool = False
@@ -418,6 +435,7 @@ class Settings(_Section):
         for task_defaults in _defaults_by_task(self.models).values():
             if len(task_defaults) > 1:
                 raise ValueError(f"models: {', '.join(task_defaults)} are all marked default; one per task")
+        check_tenant_rules(self.server.tenants, self)
         return self
 
     def served(self) -> tuple[ModelEntry, ...]:
@@ -427,11 +445,33 @@ class Settings(_Section):
         return (ModelEntry(name=self.model.name, model=self.model, batching=self.batching, cache=self.cache,
                            canary=self.canary),)
 
+    def model_names(self) -> dict[str, str]:
+        """Every name a request may call a served model by (its own, and its aliases), to the model's own name."""
+        return {name: e.name for e in self.served() for name in (e.name, *e.aliases)}
+
     def for_model(self, entry: ModelEntry) -> Settings:
         """These settings as one model sees them: its model, batching, cache and canary in the sections'
         places (what a single-model server reads), everything else shared."""
         return self.model_copy(update={"model": entry.model, "batching": entry.batching, "cache": entry.cache,
                                        "canary": entry.canary, "models": (entry,)})
+
+
+def check_tenant_rules(tenants: tuple[TenantSettings, ...], settings: Settings) -> None:
+    """What a tenant names must be served: each of its ``models`` a served model or an alias of one (a name of
+    neither would refuse its every request), and its ``default_priority`` at most every model it may call allows
+    (``batching.max_priority``: a request's own priority is held to it, so a default is too)."""
+    names = settings.model_names()
+    entries = {e.name: e for e in settings.served()}
+    for tenant in tenants:
+        unknown = [m for m in tenant.models if m not in names]
+        if unknown:
+            raise ValueError(f"tenant {tenant.name!r}: models {unknown} are not served here (served: "
+                             f"{sorted(names)}); each is a served model's name or alias")
+        for name in sorted({names[m] for m in tenant.models} or entries):
+            ceiling = entries[name].batching.max_priority
+            if tenant.default_priority > ceiling:
+                raise ValueError(f"tenant {tenant.name!r}: default_priority {tenant.default_priority} is above "
+                                 f"{ceiling}, the highest model {name!r} runs a request at (batching.max_priority)")
 
 
 def _defaults_by_task(entries: tuple[ModelEntry, ...]) -> dict[str, list[str]]:

@@ -15,6 +15,7 @@ import os
 from pathlib import Path
 from urllib.parse import urlparse
 
+from inferd.core import load_guard
 from inferd.core.spec import ModelSpec
 from inferd.core.tasks import detect_task, handler_for
 from inferd.core.tasks.base import Handler, ModelLoadError, resolve_device
@@ -30,12 +31,21 @@ def spec_task(spec: ModelSpec) -> str:
 
 
 def load_handler(spec: ModelSpec) -> Handler:
-    """Build the task's handler, load the weights on the device and warm it up."""
+    """Build the task's handler, load the weights on the device and warm it up; a guarded change abandoned
+    meanwhile (core/load_guard.py) stops between these stages, and what it built is closed."""
+    load_guard.stage("checking the folder")
     check_confined(spec.path, spec.files_roots)
     handler = handler_for(spec_task(spec), spec.path, spec.pooling)
+    load_guard.stage("loading the model")
     handler.load(spec, resolve_device(spec.device))
-    if spec.warmup:
-        handler.warmup()
+    try:
+        load_guard.stage("warm-up")
+        if spec.warmup:
+            handler.warmup()
+        load_guard.stage("warmed up")
+    except ModelLoadError:
+        handler.close()
+        raise
     return handler
 
 

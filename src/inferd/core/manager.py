@@ -16,18 +16,21 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TypeAlias
+from typing import TypeAlias, TypeVar
 
+from inferd.core import load_guard
 from inferd.core.errors import (
     ManagerClosed,
     ModelNotReady,
     NoCanary,
+    NoLoadInProgress,
     NoShadow,
     ReloadInProgress,
     SpaceChanged,
     TaskMismatch,
     VersionInUse,
 )
+from inferd.core.load_guard import LoadGuard
 from inferd.core.loading import check_model_path, load_handler, spec_task
 from inferd.core.memory import device_memory, settle_heap
 from inferd.core.shadow import MIN_ITEMS, Shadow
@@ -40,6 +43,8 @@ from inferd.core.tasks.embedding import allows_change
 from inferd.settings import Settings
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 # Told the served slots after every change (the app publishes them as metrics).
 OnChange: TypeAlias = Callable[[list[tuple[str, ModelSlot]]], None]
@@ -77,6 +82,8 @@ class ModelManager:
         self._live: dict[int, ModelSlot] = {}  # loaded and not yet freed, by load_id
         self._lock = threading.Lock()
         self._reload_lock = threading.Lock()
+        # The model change loading now (None: none), which the admin API may cancel (core/load_guard.py).
+        self._loading: LoadGuard | None = None
         self._lazy_lock = asyncio.Lock()
         self._initial = spec_from_settings(settings)
         roots = [Path(r).expanduser().resolve() for r in settings.model.root]
@@ -86,8 +93,9 @@ class ModelManager:
 
     def _load(self, spec: ModelSpec) -> ModelSlot:
         if self.settings.model.load_delay_s:
-            # Every load, reloads included: makes "loading" and "reload in progress" observable in tests.
-            time.sleep(self.settings.model.load_delay_s)
+            # Every load, reloads included: makes "loading" and "reload in progress" observable in tests (and a
+            # change's cancel: the wait is cut short by it).
+            load_guard.sleep(self.settings.model.load_delay_s)
         started = time.perf_counter()
         fraction = spec.settings.memory_fraction
         before = device_memory(spec.settings.device) if fraction is not None else None
@@ -97,6 +105,11 @@ class ModelManager:
             raise
         except Exception as exc:  # a broken model folder can raise nearly anything from transformers
             raise ModelLoadError(f"cannot load {spec.path}: {type(exc).__name__}: {exc}") from exc
+        try:
+            load_guard.stage("loaded")
+        except ModelLoadError:
+            handler.close()  # abandoned while it loaded: what it built goes now
+            raise
         if before is not None and fraction is not None:
             self._within_budget(handler, spec, before, fraction)
         if self.settings.memory.freeze_heap:
@@ -285,6 +298,52 @@ class ModelManager:
         if not self._reload_lock.acquire(blocking=False):
             raise ReloadInProgress("another model change is in progress")
 
+    def _guarded(self, action: str, work: Callable[[], T], timeout_s: float | None = None) -> T:
+        """Run a change that loads a model, one at a time: bounded by ``model.load_timeout_s`` and cancellable
+        (cancel_load); either ends it at once for the caller and frees the change lock (core/load_guard.py)."""
+        self._exclusive()
+        limit = self.settings.model.load_timeout_s if timeout_s is None else timeout_s
+        guard = LoadGuard(action, limit)
+        with self._lock:
+            self._loading = guard
+        try:
+            return load_guard.run(guard, work)
+        finally:
+            with self._lock:
+                mine = self._loading is guard  # else cancel_load took the lock's release upon itself
+                if mine:
+                    self._loading = None
+            if mine:
+                self._reload_lock.release()
+
+    @property
+    def loading(self) -> LoadGuard | None:
+        """The model change loading now, if any (its action, stage and age)."""
+        return self._loading
+
+    def cancel_load(self, reason: str = "cancelled through the admin API") -> LoadGuard:
+        """Abandon the model change loading now: the serving model stays, the change lock is free at once, and
+        the load stops at its next stage (core/load_guard.py). NoLoadInProgress when none is (or it has just
+        installed its model)."""
+        with self._lock:
+            guard = self._loading
+            if guard is None or not guard.cancel(reason):
+                raise NoLoadInProgress("no model change is loading (none started, or it has just finished)")
+            self._loading = None
+        self._reload_lock.release()
+        log.warning("model change cancelled", extra={"action": guard.action, "stage": guard.stage,
+                                                      "seconds": round(guard.seconds, 3)})
+        return guard
+
+    @staticmethod
+    def _commit(slot: ModelSlot) -> None:
+        """The guarded change installs ``slot`` now; abandoned first, the slot is freed and the change raises."""
+        try:
+            load_guard.commit()
+        except ModelLoadError:
+            slot.retire()
+            raise
+
     def _discard_after_close(self, slot: ModelSlot) -> ManagerClosed:
         # close() already emptied the slots; installing this one would serve (and leak) a model after it.
         slot.retire()
@@ -293,6 +352,7 @@ class ModelManager:
         return ManagerClosed("the server is shutting down; the model change was discarded")
 
     def _switch(self, slot: ModelSlot) -> None:
+        self._commit(slot)
         with self._lock:
             closed = self._closed
             if not closed:
@@ -318,14 +378,12 @@ class ModelManager:
 
     def reload(self, path: str, version: str, runtime: dict[str, str] | None = None) -> ModelSlot:
         """Load into standby, then switch atomically; the old slot is freed when its requests finish."""
-        self._exclusive()
-        try:
-            spec = self._client_spec(path, version, runtime)
-            slot = self._load_standby(spec)
+        def work() -> ModelSlot:
+            slot = self._load_standby(self._client_spec(path, version, runtime))
             self._switch(slot)
             return slot
-        finally:
-            self._reload_lock.release()
+
+        return self._guarded("reload", work)
 
     def reload_from_settings(self, settings: Settings) -> ModelSlot:
         """SIGHUP: serve the model section of freshly read settings (path, version, pooling, task...).
@@ -334,21 +392,19 @@ class ModelManager:
         to ``model.root``; the task's compatibility rule still applies, by the new configuration's consent, and so does
         the version rule (a new model needs a new ``model.version``).
         """
-        self._exclusive()
-        try:
-            slot = self._load_standby(spec_from_settings(settings),
-                                      allows_change(settings.model))
+        def work() -> ModelSlot:
+            slot = self._load_standby(spec_from_settings(settings), allows_change(settings.model))
             self._switch(slot)
             return slot
-        finally:
-            self._reload_lock.release()
+
+        return self._guarded("reload", work, settings.model.load_timeout_s)
 
     def set_canary(self, path: str, version: str, weight: float,
                    runtime: dict[str, str] | None = None, force: bool = False) -> ModelSlot:
         if not 0.0 <= weight <= 1.0:
             raise ValueError(f"canary weight must lie in [0, 1], not {weight}")
-        self._exclusive()
-        try:
+
+        def work() -> ModelSlot:
             if self.active is None and not self._closed:
                 raise ModelNotReady(self.state, self.reason)
             slot = self._load_standby(self._client_spec(path, version, runtime))
@@ -358,6 +414,7 @@ class ModelManager:
                 raise SpaceChanged(why)
             if why is not None:
                 log.warning("canary forced although its space differs: %s", why, extra={"version": slot.version})
+            self._commit(slot)
             with self._lock:
                 closed = self._closed
                 if not closed:
@@ -369,8 +426,8 @@ class ModelManager:
                 old.retire()
             self._changed()
             return slot
-        finally:
-            self._reload_lock.release()
+
+        return self._guarded("canary", work)
 
     def promote(self) -> ModelSlot:
         """The canary becomes the active model; the old active is retired."""
@@ -422,11 +479,12 @@ class ModelManager:
         live requests off the response path; a previous candidate and its report are replaced."""
         if not 0.0 <= weight <= 1.0:
             raise ValueError(f"shadow weight must lie in [0, 1], not {weight}")
-        self._exclusive()
-        try:
+
+        def work() -> ModelSlot:
             if self.active is None and not self._closed:
                 raise ModelNotReady(self.state, self.reason)
             slot = self._load_standby(self._client_spec(path, version, runtime))
+            self._commit(slot)
             with self._lock:
                 closed = self._closed
                 if not closed:
@@ -437,8 +495,8 @@ class ModelManager:
             if old is not None:
                 old.slot.retire()
             return slot
-        finally:
-            self._reload_lock.release()
+
+        return self._guarded("shadow", work)
 
     def drop_shadow(self) -> Shadow:
         """Stop shadowing; the candidate is freed once its queued work lets go. Returns it (its final report)."""
