@@ -260,6 +260,10 @@ class LimitSettings(_Section):
     # Token vectors one response may carry (a multi-vector output is tokens x dimension per text: 8,192 x 1,024
     # floats for one long bge-m3 text); a request over it is refused, naming this setting.
     max_multivector_tokens: int = Field(16_384, gt=0)
+    # Tokens one /tokenize answer may show (TEI's route, untruncated: some 50 bytes of JSON per token, so a 1 MB body
+    # of text answered 13 MB); a request over it is refused, naming this setting. No model runs for /tokenize, so
+    # its tokens are not charged to a tenant's budget (which counts what the model ran): its requests per second are.
+    max_tokenize_tokens: int = Field(65_536, gt=0)
 
 
 class BatchingSettings(_Section):
