@@ -17,10 +17,12 @@ from inferd.api.schemas import AdminModels, ModelChange, raw_body, request_body,
 from inferd.api.services import admin_auth, services
 from inferd.core.errors import (
     Kind,
+    LoadCancelled,
     ManagerClosed,
     ModelLoadError,
     ModelNotReady,
     NoCanary,
+    NoLoadInProgress,
     NoShadow,
     ReloadInProgress,
     ShadowRefused,
@@ -106,6 +108,10 @@ def _refused(exc: Any, action: str, metrics: Any) -> APIError:
         return refusal(exc.kind, exc.reason or "the server is shutting down", exc.code, exc.field)
     if isinstance(exc, ModelNotReady):
         return refusal(exc.kind, f"no model is serving yet ({exc.state})", exc.code, exc.field)
+    if isinstance(exc, LoadCancelled):
+        metrics.model_reloads.labels("cancelled").inc()
+        log.warning("%s cancelled: %s", action, exc, extra={"action": action})
+        return refusal(exc.kind, f"{action} cancelled; the serving model is unchanged: {exc}", exc.code, exc.field)
     if isinstance(exc, ModelLoadError):
         metrics.model_reloads.labels("failed").inc()
         refused = isinstance(exc, SpaceChanged | VersionInUse | TaskMismatch)  # a rule refused it, not the load
@@ -139,6 +145,20 @@ async def reload_model(request: Request) -> Response:
     manager = _served(request, body.model).manager
     slot = await _change(request, "reload", manager.reload, body.path, body.version, body.runtime())
     return json_response({"status": "switched", "active": slot, "switches": manager.switches})
+
+
+@admin_router.post("/models/reload/cancel", responses=responses(_OBJECT, 401, 404, 409, 422))
+async def cancel_load(request: Request, model: str | None = None) -> Response:
+    """Abandon the model change of ``?model=NAME`` (or of the only model) still loading: a reload, canary, shadow or
+    SIGHUP. It answers 409 ``load_cancelled`` with the serving model unchanged, and the next change may start at
+    once; the abandoned load stops at its next stage (core/load_guard.py). 409 ``no_load_in_progress`` when none
+    is loading."""
+    served = _served(request, model)
+    try:
+        guard = served.manager.cancel_load()
+    except NoLoadInProgress as exc:
+        raise refusal(exc.kind, str(exc), exc.code, exc.field) from None
+    return json_response({"status": "cancelled", "model": served.name, **guard.describe()})
 
 
 @admin_router.post("/models/canary", openapi_extra=request_body(CanaryRequest),
@@ -254,7 +274,10 @@ def _admin_row(served: ServedModel, queue_depth: int) -> dict[str, Any]:
     manager, shadow = served.manager, served.manager.shadow
     return {"name": served.name, "task": served.task, "required": served.required, "state": manager.state,
             "switches": manager.switches, "canary_weight": manager.canary_weight, "reason": manager.reason,
-            "queue_depth": queue_depth, "slots": [{"role": role, **_describe(s), "in_use": s.refs}
+            "queue_depth": queue_depth,
+            # The change loading now (its action, stage and age), which POST /admin/models/reload/cancel abandons.
+            "loading": None if manager.loading is None else manager.loading.describe(),
+            "slots": [{"role": role, **_describe(s), "in_use": s.refs}
                                            for role, s in manager.slots()],
             # The candidate computes beside the active model but answers nobody: not a serving slot.
             "shadow": None if shadow is None else {**_describe(shadow.slot), "in_use": shadow.slot.refs,

@@ -353,6 +353,8 @@ class AdminModel(BaseModel):
     canary_weight: float
     reason: str | None = None
     queue_depth: int = 0
+    loading: dict[str, Any] | None = Field(None, description="the model change loading now (action, stage, seconds), "
+                                                             "which POST /admin/models/reload/cancel abandons")
     slots: list[SlotState]
     shadow: ShadowSlot | None = Field(None, description="the shadow candidate (POST /admin/models/shadow), if any")
 
