@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import threading
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -13,15 +15,18 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from fakes import DIM, HashHandler, vector_for
+from fakes import DIM, HashHandler, engine_for, vector_for
 from settingskit import make_settings
 
 from inferd.api import vectors
+from inferd.core.admission import token_estimate
 from inferd.core.engine import InferenceEngine
 from inferd.core.errors import EngineError, Kind
 from inferd.core.outcomes import TaskResult
+from inferd.core.preprocess import Encoded, TextInput
 from inferd.core.prompts import Prompt
 from inferd.core.spec import ModelSpec
+from inferd.core.tenants import Tenancy, current_tenant
 from inferd.utils.metrics import Metrics
 
 
@@ -126,3 +131,59 @@ def test_a_result_is_cut_and_quantised_by_the_description_it_carries(tmp_path: P
         assert vectors.ranges_for(calibrated, 4).shape == (2, 4)
 
     with_canary(tmp_path, scenario)
+
+
+class GatedTokenizer(HashHandler):
+    """Tokenises only once ``gate`` is set: requests admitted meanwhile are all tokenising at once."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate, self.entered = threading.Event(), threading.Event()
+
+    def preprocess(self, texts: list[str]) -> list[Encoded]:
+        self.entered.set()
+        assert self.gate.wait(20), "the test never opened the gate"
+        return super().preprocess(texts)
+
+
+def test_requests_tokenising_at_once_cannot_take_a_token_budget_past_one_request(tmp_path: Path) -> None:
+    """Issue 39: 40 requests of one long text (tokenised in the thread pool) from a tenant with 1,000 tokens a
+    minute were all admitted, each checked against a budget none had been charged yet; 5,000 tokens each, one fits
+    (the budget goes below zero by at most one request)."""
+    handler = GatedTokenizer()
+    settings = make_settings(tmp_path, server={"tenants": [{"name": "a", "keys": ["k"], "tokens_per_minute": 1000}]})
+    engine = engine_for(handler, settings)
+    tenant = Tenancy(settings).resolve("k")
+    text = "long " * 1000  # 5,000 characters: past the size tokenised on the event loop
+
+    async def main() -> list[Any]:
+        engine.start()
+        try:
+            current_tenant.set(tenant)  # each task below starts with a copy of this context
+            sent = [asyncio.ensure_future(engine.run(engine.request([text]))) for _ in range(40)]
+            await asyncio.to_thread(handler.entered.wait, 20)
+            for _ in range(10):  # every request admitted or refused before any is tokenised
+                await asyncio.sleep(0)
+            handler.gate.set()
+            return await asyncio.wait_for(asyncio.gather(*sent, return_exceptions=True), 20)
+        finally:
+            engine.stop()
+
+    answers = asyncio.run(main())
+    done = [a for a in answers if isinstance(a, TaskResult)]
+    refused = [a for a in answers if isinstance(a, EngineError)]
+    assert len(done) == 1 and len(refused) == 39, [type(a) for a in answers]
+    assert {(e.kind, e.code) for e in refused} == {(Kind.RATE_LIMITED, "rate_limit_exceeded")}
+    assert tenant.report()["models"][engine.registry.names()[0]]["tokens"] == len(text)
+    # One request's debt, nothing left reserved (a few seconds' refill at most).
+    assert tenant.in_flight == 0 and tenant.tokens.refill(time.monotonic()) == pytest.approx(1000 - 5000, abs=100)
+
+
+def test_a_reservation_is_estimated_from_characters_capped_at_the_window() -> None:
+    # A token per character and the special tokens, a pair counting both texts, each input at most the window or
+    # its own max_tokens.
+    assert token_estimate(["abcd", "ef"], None) == (4 + 3) + (2 + 3)
+    assert token_estimate([("query", "a document")], 512) == 5 + 10 + 3
+    assert token_estimate(["x" * 5000, "short"], 512) == 512 + 5 + 3
+    assert token_estimate([TextInput("x" * 5000, max_tokens=64)], 512) == 64
+    assert token_estimate([TextInput("x" * 5000, max_tokens=64)], None) == 64

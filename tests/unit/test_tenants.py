@@ -16,9 +16,16 @@ from inferd.settings import Settings
 from inferd.utils.metrics import Metrics
 
 
-def table(*tenants: dict, api_keys: tuple[str, ...] = (), tenants_file: Path | None = None) -> Tenancy:
+def table(*tenants: dict, api_keys: tuple[str, ...] = (), tenants_file: Path | None = None,
+          models: tuple[dict, ...] = ()) -> Tenancy:
     return Tenancy(Settings.model_validate({"server": {"tenants": list(tenants), "api_keys": list(api_keys),
-                                                       "tenants_file": tenants_file}}), Metrics())
+                                                       "tenants_file": tenants_file}, "models": list(models)}),
+                   Metrics())
+
+
+# Two served models that let a request run at priority 3 (a tenant's default is held to it).
+MODELS = ({"name": "m1", "batching": {"max_priority": 3}, "aliases": ["text-embedding-3-small"]},
+          {"name": "m2", "batching": {"max_priority": 3}})
 
 
 def test_keys_resolve_to_their_tenant_hashed_or_not_and_api_keys_are_the_default_tenant() -> None:
@@ -40,7 +47,8 @@ def test_a_key_of_two_tenants_or_a_name_twice_is_refused() -> None:
 
 
 def test_models_and_priorities_are_checked_and_the_default_priority_applied() -> None:
-    t = table({"name": "a", "keys": ["k"], "models": ["m1"], "priority_ceiling": 3, "default_priority": 2})
+    t = table({"name": "a", "keys": ["k"], "models": ["m1"], "priority_ceiling": 3, "default_priority": 2},
+              models=MODELS)
     a = t.resolve("k")
     with pytest.raises(EngineError) as exc:
         a.admit("m2", 0)
@@ -149,3 +157,96 @@ def test_a_fleet_worker_enforces_its_part_of_each_limit() -> None:
     a = Tenancy(settings).resolve("k")
     assert (a.rules.requests_per_second, a.rules.tokens_per_minute, a.rules.max_concurrent) == (2, 250, 1)
     assert a.tokens.capacity == 250 and a.headers(time.monotonic())["x-ratelimit-limit-tokens"] == "250"
+
+
+def test_a_tenant_s_models_are_served_names_or_aliases_and_an_alias_allows_its_model(tmp_path: Path) -> None:
+    """A name neither served nor an alias would refuse the tenant's every request: refused when the settings are
+    read (check-config, start) and when a tenants file is re-read (SIGHUP: the table stays as it was)."""
+    with pytest.raises(ValueError, match=r"models \['m3'\] are not served"):
+        table({"name": "a", "keys": ["k"], "models": ["m1", "m3"]}, models=MODELS)
+    t = table({"name": "a", "keys": ["k"], "models": ["text-embedding-3-small"]}, models=MODELS)
+    a = t.resolve("k")
+    assert a.rules.models == ("m1",) and a.admit("m1", 0) == 0  # admission compares the model's own name
+    with pytest.raises(EngineError):
+        a.admit("m2", 0)
+    path = tmp_path / "tenants.yaml"
+    path.write_text(yaml.safe_dump({"tenants": [{"name": "b", "keys": ["kb"], "models": ["m1"]}]}))
+    settings = Settings.model_validate({"server": {"tenants_file": path}, "models": list(MODELS)})
+    t = Tenancy(settings)
+    path.write_text(yaml.safe_dump({"tenants": [{"name": "b", "keys": ["kb"], "models": ["gone"]}]}))
+    with pytest.raises(ValueError, match="not served"):
+        t.configure(settings)
+    assert t.resolve("kb").rules.models == ("m1",)
+
+
+def test_a_default_priority_is_held_to_what_a_request_may_ask_and_its_models_allow() -> None:
+    with pytest.raises(ValueError, match="default_priority"):
+        table({"name": "a", "keys": ["k"], "default_priority": 500})
+    with pytest.raises(ValueError, match="priority_ceiling"):
+        table({"name": "a", "keys": ["k"], "priority_ceiling": -101})
+    # The served model runs nothing above batching.max_priority (0 by default): a default of 5 would jump it.
+    with pytest.raises(ValueError, match=r"default_priority 5 is above 0.*'all-MiniLM-L6-v2'"):
+        table({"name": "a", "keys": ["k"], "default_priority": 5})
+    with pytest.raises(ValueError, match="'m3'"):
+        table({"name": "a", "keys": ["k"], "default_priority": 2}, models=(*MODELS, {"name": "m3"}))
+    # Allowed on m1 and m2 only, both up to 3: a default of 2 is theirs to run.
+    t = table({"name": "a", "keys": ["k"], "models": ["m1", "m2"], "default_priority": 2},
+              models=(*MODELS, {"name": "m3"}))
+    assert t.resolve("k").admit("m2", 0) == 2
+
+
+def test_a_limit_changed_by_sighup_keeps_the_tenant_s_debt(tmp_path: Path) -> None:
+    path = tmp_path / "tenants.yaml"
+    path.write_text(yaml.safe_dump({"tenants": [{"name": "a", "keys": ["ka"], "tokens_per_minute": 1000,
+                                                 "requests_per_second": 2}]}))
+    settings = Settings.model_validate({"server": {"tenants_file": path}})
+    t = Tenancy(settings)
+    a = t.resolve("ka")
+    a.admit("m", 0)
+    a.admit("m", 0)
+    a.queue("m", 5000, time.monotonic(), 0, 1.0)  # one large request: 4,000 tokens of debt
+    a.done("m", 5000, ran=True)
+    path.write_text(yaml.safe_dump({"tenants": [{"name": "a", "keys": ["ka"], "tokens_per_minute": 1001,
+                                                 "requests_per_second": 3}]}))
+    t.configure(settings)
+    assert t.resolve("ka") is a and a.tokens.capacity == 1001
+    with pytest.raises(EngineError) as exc:
+        a.admit("m", 0)
+    # The debt is paid at the new rate: 4,000 tokens at 1,001 a minute, not wiped by the reload.
+    assert exc.value.kind is Kind.RATE_LIMITED and exc.value.retry_after == pytest.approx(4000 * 60 / 1001, rel=0.01)
+    assert a.requests.level < 1  # nor is the request bucket refilled
+    path.write_text(yaml.safe_dump({"tenants": [{"name": "a", "keys": ["ka"], "tokens_per_minute": 10}]}))
+    t.configure(settings)
+    assert a.tokens.refill(time.monotonic()) < -3999  # a smaller bucket: no fuller than its capacity, debt kept
+
+
+def test_a_reservation_makes_requests_tokenising_at_once_see_each_other_and_settles_to_the_real_count() -> None:
+    """Admission reserves an estimate before tokenising and settles it as the request is queued (core/admission.py):
+    the budget goes below zero by at most one request however many tokenise at once."""
+    t = table({"name": "a", "keys": ["k"], "tokens_per_minute": 1000})
+    a, now = t.resolve("k"), time.monotonic()
+    # Three requests tokenising at once, 512 reserved each: the third finds the budget reserved away.
+    a.admit("m", 0)
+    first = a.reserve(512)
+    a.admit("m", 0)
+    second = a.reserve(512)
+    with pytest.raises(EngineError) as exc:
+        a.admit("m", 0)
+    assert exc.value.kind is Kind.RATE_LIMITED
+    # Settled to the real count (the difference given back); a count within its reservation is always charged.
+    a.queue("m", 128, now, 0, 1.0, first)
+    a.queue("m", 300, now, 0, 1.0, second)
+    assert a.tokens.refill(time.monotonic()) == pytest.approx(1000 - 128 - 300, abs=1)
+    # A count beyond its reservation is charged while the budget is above zero (going below by this request) ...
+    a.queue("m", 900, now, 0, 1.0, a.reserve(100))
+    assert a.tokens.refill(time.monotonic()) == pytest.approx(572 - 900, abs=1)
+    # ... and refused once it is spent, its reservation given back: nothing charged.
+    level = a.tokens.level
+    with pytest.raises(EngineError) as exc:
+        a.queue("m", 200, now, 0, 1.0, a.reserve(100))
+    assert exc.value.kind is Kind.RATE_LIMITED and exc.value.retry_after > 0
+    assert a.tokens.refill(time.monotonic()) == pytest.approx(level, abs=1)
+    a.release(a.reserve(300))  # refused or gone before it was queued: given back whole
+    assert a.tokens.refill(time.monotonic()) == pytest.approx(level, abs=1)
+    assert a.refusals["tokens_per_minute"] == 2
+    assert table({"name": "b", "keys": ["kb"]}).resolve("kb").reserve(500) == 0  # no budget: nothing to reserve

@@ -30,7 +30,7 @@ from inferd.core.batcher import BatchQueue, QueueClosed, QueueFull
 from inferd.core.description import ModelDescription
 from inferd.core.errors import ClientGone, EngineError, Kind, ModelNotReady, deadline_passed
 from inferd.core.outcomes import Failure, Outcome, TaskResult, Ticket, WorkItem
-from inferd.core.preprocess import InputError, asking
+from inferd.core.preprocess import InputError, TextInput, asking
 from inferd.core.prompts import prompt_text, prompted
 from inferd.core.registry import ModelRegistry, ServedModel
 from inferd.core.request import InferenceRequest, input_refusal
@@ -49,8 +49,30 @@ _INLINE_TOKENIZE_CHARS = 4096
 Disconnected = Callable[[], Awaitable[Any]]
 
 
+# Special tokens one input may add beyond its characters' tokens (a pair's [CLS] query [SEP] document [SEP]).
+_SPECIAL_TOKENS = 3
+
+
 def _chars(item: Any) -> int:
     return len(item) if isinstance(item, str) else sum(map(len, item))
+
+
+def token_estimate(inputs: list[Any], window: int | None) -> int:
+    """The tokens ``inputs`` are reserved from a tenant's budget before they are tokenised (core/tenants.py
+    reserve): a token per character plus the special tokens, at most the model's window per input (a longer one
+    is cut, or refused uncharged) and a text's own ``max_tokens``. A bound for WordPiece (BERT, MiniLM: every token
+    but the specials spans a character or more), so such a request is never refused once tokenised; a byte-level
+    tokenizer can exceed it, and the settling makes the budget hold all the same. It runs up to about four times a
+    short English text's count, which only requests tokenising at once pay (a reservation is settled as the
+    request is queued, and a request under _INLINE_TOKENIZE_CHARS is tokenised and queued in one step)."""
+    total = 0
+    for item in inputs:
+        cap = window
+        if isinstance(item, TextInput) and item.max_tokens is not None:
+            cap = item.max_tokens if cap is None else min(cap, item.max_tokens)
+        estimate = _chars(item) + _SPECIAL_TOKENS
+        total += estimate if cap is None else min(estimate, cap)
+    return total
 
 
 def cache_key(item: Any) -> str:
@@ -340,31 +362,41 @@ class Admission:
 
     async def _run_on(self, served: ServedModel, slot: ModelSlot, inputs: list[Any], priority: int,
                       timeout_ms: float | None, disconnected: Disconnected | None) -> TaskResult:
+        tenant: Tenant | None = current_tenant.get()
+        # Reserved from the tenant's budget before tokenising, so requests tokenising at once see each other's
+        # (core/tenants.py); settled against the real count as it is queued, given back if it never is.
+        reserved = 0 if tenant is None else tenant.reserve(token_estimate(inputs, slot.description.max_seq_length))
+        version, name, batching = slot.version, served.name, served.settings.batching
         t0 = time.perf_counter()
         try:
-            with tracing.span("tokenize"):
-                encoded = await self._preprocess(slot, inputs)
-        except InputError as exc:
-            raise input_refusal(exc) from None
-        pre_s = time.perf_counter() - t0
-        version, name, batching = slot.version, served.name, served.settings.batching
-        self.metrics.preprocess_duration.labels(name, version).observe(pre_s)
-        if batching.oversize == "reject":
-            for i, enc in enumerate(encoded):
-                if enc.tokens > batching.max_batch_tokens:
-                    raise EngineError(Kind.TOO_LONG, f"has {enc.tokens} tokens, more than "
-                                      f"batching.max_batch_tokens ({batching.max_batch_tokens})",
-                                      "too_many_tokens", index=i)
+            try:
+                with tracing.span("tokenize"):
+                    encoded = await self._preprocess(slot, inputs)
+            except InputError as exc:
+                raise input_refusal(exc) from None
+            pre_s = time.perf_counter() - t0
+            self.metrics.preprocess_duration.labels(name, version).observe(pre_s)
+            if batching.oversize == "reject":
+                for i, enc in enumerate(encoded):
+                    if enc.tokens > batching.max_batch_tokens:
+                        raise EngineError(Kind.TOO_LONG, f"has {enc.tokens} tokens, more than "
+                                          f"batching.max_batch_tokens ({batching.max_batch_tokens})",
+                                          "too_many_tokens", index=i)
+        except BaseException:  # refused, failed or cancelled (the client left) before it was queued
+            if tenant is not None:
+                tenant.release(reserved)
+            raise
         assert self._loop is not None
         # tracing.queued(): the request's queue and inference spans, made as its outcome is applied.
         ticket = Ticket(self._loop.create_future(), len(encoded), tracing.queued())
         now = time.monotonic()
         deadline = now + (timeout_ms or batching.default_timeout_ms) / 1000.0
-        tenant: Tenant | None = current_tenant.get()
         tokens = sum(e.tokens for e in encoded)
-        # A tenant's work is charged the tokens the model will run, and queued at its priority lowered by how far
-        # ahead of its share it is (core/tenants.py). ``done`` settles the charge once it leaves the queue.
-        rank = priority if tenant is None else tenant.queue(name, tokens, now, priority, batching.ageing_ms / 1e3)
+        # A tenant's work is charged the tokens the model will run (its reservation settled, or refused if it ran
+        # past it into a spent budget), and queued at its priority lowered by how far ahead of its share it is
+        # (core/tenants.py). ``done`` settles the charge once it leaves the queue.
+        rank = priority if tenant is None else tenant.queue(name, tokens, now, priority, batching.ageing_ms / 1e3,
+                                                            reserved)
         # A fractional priority: the batcher adds waiting time to it (ageing), which is all a rank needs.
         items = [WorkItem(ticket, i, enc, enc.tokens, rank, now, deadline, self.queue.next_seq(), slot)  # type: ignore[arg-type]
                  for i, enc in enumerate(encoded)]

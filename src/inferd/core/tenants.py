@@ -5,10 +5,13 @@ limits) has keys, stored as SHA-256 digests and compared in constant time agains
 requests per second and tokens per minute (token buckets: a second's and a minute's worth of burst), concurrent
 requests, the models it may call, a priority ceiling and default, and its share of a contended queue.
 
-Token budgets count the tokens the model runs (after truncation): a request is charged when admission queues it
-(its tokenised length) and the charge is given back if it is then refused, dropped or fails; a cache hit is never
-charged (the model ran nothing). A budget may go below zero by one request (the debt model): the next requests
-are refused until the bucket has refilled past zero, so one large request is never refused for ever.
+Token budgets count the tokens the model runs (after truncation): before tokenising, admission reserves an estimate
+from the characters (``reserve``: requests tokenising at once see each other's), and as it queues the request it
+settles the reservation to the tokenised length (``queue``); the charge is given back if the request is then
+refused, dropped or fails; a cache hit is never charged (the model ran nothing; the cache is per tenant,
+core/cache.py). A budget may go below zero by one request (the debt model): the next requests are refused until
+the bucket has refilled past zero, so one large request is never refused for ever. A reload that changes a limit
+keeps the level, debt included.
 
 Fair share (VirtualClock, weighted by share): the batcher ranks a model's items by priority plus waiting time,
 one priority level per ageing period (core/batcher.py ``_rank``). Admission keeps a virtual clock per model: a
@@ -43,7 +46,7 @@ from typing import Any
 import yaml
 
 from inferd.core.errors import EngineError, Kind
-from inferd.settings import Settings, TenantSettings, check_tenants
+from inferd.settings import Settings, TenantSettings, check_tenant_rules, check_tenants, key_digest
 
 # The tenant ``server.api_keys`` resolve to: no limits, share 1.
 DEFAULT_TENANT = "default"
@@ -61,13 +64,6 @@ current_tenant: ContextVar[Tenant | None] = ContextVar("inferd_tenant", default=
 def digest(key: str) -> bytes:
     """A key's SHA-256 (surrogates from odd header bytes must not raise)."""
     return hashlib.sha256(key.encode("utf-8", "surrogatepass")).digest()
-
-
-def stored_digest(key: str) -> bytes:
-    """A configured key as its digest: ``sha256:<hex>`` is one already."""
-    if key.startswith("sha256:"):
-        return bytes.fromhex(key[7:])
-    return digest(key)
 
 
 class Bucket:
@@ -91,6 +87,13 @@ class Bucket:
     def reset_in(self, now: float) -> float:
         """Seconds until it is full again."""
         return max(0.0, self.capacity - self.refill(now)) / self.rate
+
+
+def _carried(old: Bucket | None, new: Bucket, now: float) -> Bucket:
+    """``new`` at ``old``'s level now (a fresh bucket starts full)."""
+    if old is not None:
+        new.level = min(new.capacity, old.refill(now))
+    return new
 
 
 class RateLimited(EngineError):
@@ -125,18 +128,19 @@ class Tenant:
         self.apply(rules, now)
 
     def apply(self, rules: TenantSettings, now: float) -> None:
-        """New rules; a bucket whose limit is unchanged keeps its level (a SIGHUP is no free refill)."""
+        """New rules; a bucket keeps its level, debt included, whatever its new limit (at most the new capacity):
+        a SIGHUP is no free refill, and a tenant in debt stays refused until the debt is paid at the new rate."""
         old = self.rules
         self.rules = rules
         rps, tpm = rules.requests_per_second, rules.tokens_per_minute
         if rps is None:
             self.requests = None
         elif self.requests is None or old.requests_per_second != rps:
-            self.requests = Bucket(max(1.0, rps), rps, now)
+            self.requests = _carried(self.requests, Bucket(max(1.0, rps), rps, now), now)
         if tpm is None:
             self.tokens = None
         elif self.tokens is None or old.tokens_per_minute != tpm:
-            self.tokens = Bucket(float(tpm), tpm / 60.0, now)
+            self.tokens = _carried(self.tokens, Bucket(float(tpm), tpm / 60.0, now), now)
 
     # -- admission (on the event loop) ---------------------------------------------------------------------
 
@@ -160,9 +164,7 @@ class Tenant:
             raise RateLimited(f"this API key has {rules.max_concurrent} requests running, its limit "
                               "(max_concurrent); retry when one is answered", "rate_limit_exceeded", 1.0)
         if self.tokens is not None and (wait := self.tokens.wait(now)) > 0:
-            self._refuse("tokens_per_minute", model)
-            raise RateLimited(f"this API key used its {rules.tokens_per_minute} tokens per minute; retry in "
-                              f"{wait:.2f} s", "rate_limit_exceeded", wait)
+            raise self._spent(model, wait)
         if self.requests is not None:
             wait = self.requests.wait(now, 1.0 - 1e-9)
             if wait > 0:
@@ -176,13 +178,37 @@ class Tenant:
     def leave(self) -> None:
         self.in_flight -= 1
 
-    def queue(self, model: str, tokens: int, now: float, priority: int, ageing_s: float) -> float:
-        """Work of ``tokens`` about to be queued for ``model`` at ``priority``: charged (the debt model: the level
-        may go below zero once), and the priority to queue it at, lowered by how far ahead of its share the tenant
-        is (in ageing periods: the batcher's exchange rate between waiting and priority). ``done`` must follow,
-        exactly once."""
+    def reserve(self, tokens: int) -> int:
+        """Before tokenising (after ``admit``): an estimate of the request's tokens taken from the budget at once, so
+        that requests tokenising at the same time see each other's and the budget's check at admission holds for
+        them all. ``queue`` settles it against the real count, or ``release`` gives it back; returns what was taken
+        (0 without a token budget), to pass to either, exactly once."""
+        if self.tokens is None:
+            return 0
+        self.tokens.refill(time.monotonic())
+        self.tokens.level -= tokens
+        return tokens
+
+    def release(self, reserved: int) -> None:
+        """A reservation given back whole: the request was refused, failed or left before it was queued."""
+        if self.tokens is not None and reserved:
+            self.tokens.refill(time.monotonic())
+            self.tokens.level = min(self.tokens.capacity, self.tokens.level + reserved)
+
+    def queue(self, model: str, tokens: int, now: float, priority: int, ageing_s: float, reserved: int = 0) -> float:
+        """Work of ``tokens`` about to be queued for ``model`` at ``priority``, ``reserved`` of them taken already:
+        charged, and the priority to queue it at, lowered by how far ahead of its share the tenant is (in ageing
+        periods: the batcher's exchange rate between waiting and priority). ``done`` must follow, exactly once.
+
+        The debt model: a count within its reservation is charged (the budget was above zero when it was reserved);
+        a count beyond it only if the budget, without this request, is still above zero, else the request is
+        refused here, as admission would have (the reservation is settled either way). So the budget goes below
+        zero by at most one request, however many tokenise at once and whatever the estimate was."""
         if self.tokens is not None:
             self.tokens.refill(now)
+            self.tokens.level = min(self.tokens.capacity, self.tokens.level + reserved)
+            if tokens > reserved and (wait := self.tokens.wait(now)) > 0:
+                raise self._spent(model, wait)
             self.tokens.level -= tokens
         fraction = self.table.fraction(self)
         lead = self.table.clock(model).enqueue(self.name, fraction, tokens, now)
@@ -205,6 +231,11 @@ class Tenant:
         elif self.tokens is not None:
             self.tokens.refill(time.monotonic())
             self.tokens.level = min(self.tokens.capacity, self.tokens.level + tokens)
+
+    def _spent(self, model: str, wait: float) -> RateLimited:
+        self._refuse("tokens_per_minute", model)
+        return RateLimited(f"this API key used its {self.rules.tokens_per_minute} tokens per minute; retry in "
+                           f"{wait:.2f} s", "rate_limit_exceeded", wait)
 
     def _refuse(self, reason: str, model: str) -> None:
         self.refusals[reason] += 1
@@ -291,8 +322,10 @@ class Tenancy:
         """Serve these tenants (at start, and on SIGHUP): a tenant kept keeps its buckets, usage and running
         requests; a tenant gone keeps what it is running (its requests hold it) and its keys stop at once.
         Raises ValueError (a bad tenants file) leaving the table as it was. Returns what changed, for the log."""
-        part = settings.server.tenant_limits_fraction
-        rules = [scaled(r, part) for r in read_tenants(settings)]
+        part, names = settings.server.tenant_limits_fraction, settings.model_names()
+        # A tenant's models by their own names: admission compares the served name, whichever alias was sent.
+        rules = [scaled(r.model_copy(update={"models": tuple(dict.fromkeys(names[m] for m in r.models))}), part)
+                 for r in read_tenants(settings)]
         now = time.monotonic()
         old = self.tenants
         fresh: dict[str, Tenant] = {}
@@ -303,7 +336,7 @@ class Tenancy:
             else:
                 tenant.apply(r, now)
             fresh[r.name] = tenant
-        keys = tuple((stored_digest(k), fresh[r.name]) for r in rules for k in r.keys)
+        keys = tuple((key_digest(k), fresh[r.name]) for r in rules for k in r.keys)
         with self._lock:
             self.tenants, self._keys = fresh, keys
             self._shares = sum(r.share for r in rules) or 1.0
@@ -366,6 +399,7 @@ def read_tenants(settings: Settings) -> list[TenantSettings]:
         rules.append(TenantSettings(name=DEFAULT_TENANT, keys=server.api_keys))
     try:
         check_tenants(tuple(rules))
+        check_tenant_rules(tuple(rules), settings)
     except ValueError as exc:
         raise ValueError(f"{exc} (server.tenants, server.tenants_file and server.api_keys, which are the tenant "
                          f"{DEFAULT_TENANT!r})") from None
