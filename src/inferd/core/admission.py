@@ -435,11 +435,14 @@ class Admission:
 
     async def _run_cached(self, served: ServedModel, slot: ModelSlot, inputs: list[Any], priority: int,
                           timeout_ms: float | None, disconnected: Disconnected | None) -> TaskResult:
-        """Answer what the model's cache holds for this very slot; queue only the rest, then remember it."""
+        """Answer what the model's cache holds for this very slot and this tenant (core/cache.py: one tenant's hits
+        never tell what another sent); queue only the rest, then remember it."""
         cache = served.cache
         assert cache is not None
         keys = [cache_key(t) for t in inputs]
-        hits = cache.lookup(slot.load_id, keys)
+        tenant = current_tenant.get()
+        scope = None if tenant is None else tenant.name
+        hits = cache.lookup(slot.load_id, keys, scope)
         todo = [i for i in range(len(inputs)) if i not in hits]
         fresh = TaskResult([], [], slot.description, {"batch_size": 0, "items": 0})
         if todo:
@@ -450,7 +453,7 @@ class Admission:
                 if exc.index is not None:  # an index into the inputs sent on: map it back to the request's
                     exc.index = todo[exc.index]
                 raise
-            cache.store(slot.load_id, [keys[i] for i in todo], fresh.outputs, fresh.tokens)
+            cache.store(slot.load_id, [keys[i] for i in todo], fresh.outputs, fresh.tokens, scope)
         outputs: list[Any] = [None] * len(inputs)
         tokens = [0] * len(inputs)
         for i, (output, count) in hits.items():
