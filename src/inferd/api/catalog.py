@@ -1,5 +1,9 @@
 """What is served: ``/v1/models`` (OpenAI's list, with each model's task, readiness and versions) and ``/info``
-(inferd's description of every served load, with the fields text-embeddings-inference's clients read)."""
+(inferd's description of every served load, with the fields text-embeddings-inference's clients read).
+
+A tenant whose ``models`` restrict it sees only those (their aliases too): what it may not call is none of its
+business, and naming it would tell one tenant what another is served.
+"""
 
 from __future__ import annotations
 
@@ -17,9 +21,28 @@ from inferd.api.schemas import (
 )
 from inferd.api.services import inference_auth, services
 from inferd.core.description import ModelDescription
+from inferd.core.registry import ServedModel
+from inferd.core.tenants import current_tenant
 
 # What is served: the inference keys' business, as the inference routes.
 catalog_router = APIRouter(dependencies=[Depends(inference_auth)])
+
+
+def visible(request: Request) -> list[ServedModel]:
+    """The served models the request's tenant may call (every one on an open server or to an unrestricted tenant),
+    in the registry's order."""
+    tenant = current_tenant.get()
+    allowed = set(tenant.rules.models) if tenant is not None else set()
+    served = list(services(request).registry)
+    if not allowed:
+        return served
+    return [m for m in served if m.name in allowed or allowed & set(m.entry.aliases)]
+
+
+def _default(request: Request, shown: list[ServedModel]) -> ServedModel | None:
+    """The model /info's top-level fields describe: the server's default, or the first the tenant may call."""
+    default = services(request).registry.first()
+    return default if default in shown else (shown[0] if shown else None)
 
 
 @catalog_router.get("/v1/models", responses=responses(ModelList, 401))
@@ -27,7 +50,7 @@ async def models(request: Request) -> Response:
     """Every served model by the name clients send as ``model``, with its task, readiness and versions."""
     s = services(request)
     data = []
-    for served in s.registry:
+    for served in visible(request):
         manager = served.manager
         versions = [{"version": slot.version, "role": role, "backend": slot.description.backend,
                      "dtype": slot.description.dtype, "quantize": slot.description.quantize,
@@ -51,11 +74,11 @@ async def info(request: Request) -> Response:
     # What is served, on which device, with which limits: as much the inference keys' business as /v1/models
     # (the router checks them). ``models`` holds every served slot of every model; the top-level fields are the
     # default model's active slot (a single-model server's).
-    registry = services(request).registry
-    default = registry.first()
+    shown = visible(request)
+    default = _default(request, shown)
     state = default.manager.state if default is not None else "not_loaded"
     out: dict[str, Any] = {"inferd_version": __version__, "state": state, "models": []}
-    ordered = sorted(registry, key=lambda m: m is not default)
+    ordered = sorted(shown, key=lambda m: m is not default)
     for served in ordered:
         manager = served.manager
         for role, slot in manager.slots():
@@ -64,7 +87,8 @@ async def info(request: Request) -> Response:
     if out["models"] and out["models"][0]["name"] == (default.name if default else None):
         out.update({k: out["models"][0][k] for k in ("task", "name", "version", "dimension", "max_seq_length",
                                                      "device", "dtype", "backend", "quantize")})
-    out.update(tei_info(request))  # the fields text-embeddings-inference's clients read (model_id, model_type, ...)
+    # The fields text-embeddings-inference's clients read (model_id, model_type, ...).
+    out.update(tei_info(request, default))
     return json_response(out)
 
 
@@ -73,13 +97,12 @@ def _slot_info(d: ModelDescription, role: str, weight: float | None, state: str)
     return {"role": role, "state": state, "weight": weight, **d.wire()}
 
 
-def tei_info(request: Request) -> dict[str, Any]:
+def tei_info(request: Request, served: ServedModel | None) -> dict[str, Any]:
     """The /info fields text-embeddings-inference's clients read (router/src/lib.rs Info; tei-client requires
-    each key), for the default model: ``model_type`` is ``{"embedding": {"pooling"}}``, ``{"classifier":
-    {"id2label", "label2id"}}`` or ``{"reranker": ...}``. TEI's own ``version`` (its router's) is not given:
-    inferd's ``version`` is the model's."""
+    each key), for ``served`` (the default model, or the first the tenant may call): ``model_type`` is
+    ``{"embedding": {"pooling"}}``, ``{"classifier": {"id2label", "label2id"}}`` or ``{"reranker": ...}``. TEI's
+    own ``version`` (its router's) is not given: inferd's ``version`` is the model's."""
     s = services(request)
-    served = s.registry.first()
     settings = served.settings if served is not None else s.settings
     slots = served.manager.slots() if served is not None else []
     d = slots[0][1].description if slots else None

@@ -1,4 +1,10 @@
-"""TEI's /tokenize and /decode: the served model's tokenizer, untruncated, in TEI's shapes and error shape."""
+"""TEI's /tokenize and /decode: the served model's tokenizer, untruncated, in TEI's shapes and error shape.
+
+No model runs, yet both are a tenant's requests as any other (core/tenants.py ``Tenant.admit``): the model they
+show must be on its allow-list, and they count towards its requests per second and concurrent requests. Their
+tokens are not charged to its budget, which counts the tokens a model ran; what bounds /tokenize's answer instead is
+``limits.max_tokenize_tokens``, checked on the token count before the answer is built.
+"""
 
 from __future__ import annotations
 
@@ -28,6 +34,7 @@ from inferd.core.description import ModelDescription
 from inferd.core.errors import EngineError, Kind
 from inferd.core.prompts import Prompt, prompt_text
 from inferd.core.request import InferenceRequest
+from inferd.core.tenants import current_tenant
 
 tei_tokens_router = APIRouter(dependencies=[Depends(inference_auth)])  # the inference keys
 
@@ -49,19 +56,38 @@ class _Tokenizer:
         self.request = request
 
     async def __aenter__(self) -> tuple[Tokenizer, ModelDescription]:
-        self._held = services(self.request).engine.hold()
+        s = services(self.request)
+        self.tenant = current_tenant.get()
         try:
-            self.slot = await self._held.__aenter__()
+            served, _ = s.registry.resolve(None, None)  # the server's default model, as engine.hold() picks it
+            if self.tenant is not None:
+                self.tenant.admit(served.name, 0)  # its allow-list, rate and concurrency; left in __aexit__
         except EngineError as exc:
-            raise engine_refusal(exc, Names("model")) from None
+            raise engine_refusal(exc, Names("model"), s.metrics) from None
         try:
-            return self._untruncated(), self.slot.description
+            self._held = s.engine.hold(served.name)
+            try:
+                self.slot = await self._held.__aenter__()
+            except EngineError as exc:
+                raise engine_refusal(exc, Names("model")) from None
+            try:
+                return self._untruncated(), self.slot.description
+            except BaseException:
+                await self._held.__aexit__(None, None, None)
+                raise
         except BaseException:
-            await self._held.__aexit__(None, None, None)
+            self._leave()
             raise
 
     async def __aexit__(self, *exc: object) -> None:
-        await self._held.__aexit__(None, None, None)
+        try:
+            await self._held.__aexit__(None, None, None)
+        finally:
+            self._leave()
+
+    def _leave(self) -> None:
+        if self.tenant is not None:
+            self.tenant.leave()
 
     def _untruncated(self) -> Tokenizer:
         kept = services(self.request).tokenizers
@@ -79,9 +105,16 @@ class _Tokenizer:
         return tok
 
 
-def _tokens(tok: Tokenizer, texts: list[str], add_special_tokens: bool) -> list[list[dict[str, Any]]]:
+def _tokens(tok: Tokenizer, texts: list[str], add_special_tokens: bool, limit: int) -> list[list[dict[str, Any]]]:
+    """Each text's tokens; over ``limit`` in all (limits.max_tokenize_tokens), refused before the answer is built."""
+    encoded = tok.encode_batch(texts, add_special_tokens=add_special_tokens)
+    count = sum(len(enc.ids) for enc in encoded)
+    if count > limit:
+        raise refusal(Kind.TOO_LONG, f"inputs: these texts hold {count} tokens; at most {limit} per /tokenize "
+                      "answer (limits.max_tokenize_tokens): send fewer or shorter texts", "too_many_tokens",
+                      "inputs")
     out = []
-    for text, enc in zip(texts, tok.encode_batch(texts, add_special_tokens=add_special_tokens), strict=True):
+    for text, enc in zip(texts, encoded, strict=True):
         # TEI's offsets are bytes of the (prompted) input; the tokenizer's are characters.
         at = np.concatenate(([0], np.cumsum([len(c.encode("utf-8", "surrogatepass")) for c in text]))).tolist()
         row = []
@@ -111,10 +144,11 @@ async def tokenize(request: Request) -> Response:
         except EngineError as exc:
             raise engine_refusal(exc, Names("inputs")) from None
         texts = [prompt + t for t in checked[0].inputs]
+        limit = services(request).settings.limits.max_tokenize_tokens
         if sum(map(len, texts)) > _INLINE_CHARS:
-            rows = await asyncio.to_thread(_tokens, tok, texts, body.add_special_tokens)
+            rows = await asyncio.to_thread(_tokens, tok, texts, body.add_special_tokens, limit)
         else:
-            rows = _tokens(tok, texts, body.add_special_tokens)
+            rows = _tokens(tok, texts, body.add_special_tokens, limit)
     return json_response(rows)
 
 

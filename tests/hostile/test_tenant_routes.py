@@ -1,0 +1,91 @@
+"""The routes beside inference hold a tenant to its rules too (issue 39): /tokenize and /decode show only a model
+its allow-list names and count towards its requests per second; /tokenize's answer is bounded
+(limits.max_tokenize_tokens); /v1/models and /info list only the models a restricted tenant may call.
+
+One real server of two tiny BERT models (``a``, the default, and ``b``) and three tenants: ``wide`` (no limits),
+``narrow`` (model ``b`` only) and ``slow`` (model ``a``, 3 requests per second).
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from collections.abc import Callable
+
+import httpx
+import pytest
+import yaml
+from conftest import ROOT, Server
+from tinymodel import WORDS, write_tiny_bert
+
+from hostile.conftest import internal_errors
+
+KEYS = {"wide": "wide-secret-key-0001", "narrow": "narrow-secret-key-0002", "slow": "slow-secret-key-0003"}
+TOKENIZE_CAP = 64  # limits.max_tokenize_tokens of the server
+RATE = 3  # slow's requests per second
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory, module_serve: Callable[..., Server]) -> Server:
+    tmp = tmp_path_factory.mktemp("tenant-routes")
+    model = write_tiny_bert(tmp / "bert", seed=3)
+    (tmp / "configs").mkdir()
+    shutil.copy(ROOT / "configs" / "base.yaml", tmp / "configs" / "base.yaml")
+    (tmp / "configs" / "dev.yaml").write_text(yaml.safe_dump({
+        "models": [{"name": "a", "path": str(model)}, {"name": "b", "path": str(model), "aliases": ["b-alias"]}],
+        "limits": {"max_tokenize_tokens": TOKENIZE_CAP}}))
+    (tmp / "tenants.yaml").write_text(yaml.safe_dump({"tenants": [
+        {"name": "wide", "keys": [KEYS["wide"]]},
+        {"name": "narrow", "keys": [KEYS["narrow"]], "models": ["b"]},
+        {"name": "slow", "keys": [KEYS["slow"]], "models": ["a"], "requests_per_second": RATE}]}))
+    return module_serve({"INFERD_CONFIG_DIR": str(tmp / "configs"), "INFERD__MODEL__LOAD_MODE": "eager",
+                         "INFERD__SERVER__TENANTS_FILE": str(tmp / "tenants.yaml")}, wait="/health/ready")
+
+
+def call(server: Server, tenant: str, method: str, path: str, body: object = None) -> httpx.Response:
+    return httpx.request(method, server.url + path, json=body, timeout=30,
+                         headers={"Authorization": f"Bearer {KEYS[tenant]}"})
+
+
+@pytest.mark.parametrize(("path", "body"), [("/tokenize", {"inputs": "hello world"}), ("/decode", {"ids": [5, 6]})])
+def test_tokenize_and_decode_show_only_a_model_the_tenant_may_call(server: Server, path: str, body: object) -> None:
+    assert call(server, "wide", "POST", path, body).status_code == 200
+    refused = call(server, "narrow", "POST", path, body)  # the default model, a, is not on narrow's list
+    assert refused.status_code == 404, refused.text
+    assert refused.json()["error"] == "model 'a' is not available to this API key", refused.text
+
+
+def test_tokenize_and_decode_count_towards_the_requests_per_second(server: Server) -> None:
+    started = time.monotonic()
+    answers = [call(server, "slow", "POST", "/tokenize" if i % 2 else "/decode",
+                    {"inputs": "hello"} if i % 2 else {"ids": [5]}) for i in range(10)]
+    elapsed = time.monotonic() - started
+    passed = [r for r in answers if r.status_code == 200]
+    # A bucket of RATE, refilled at RATE per second while the requests were sent; the rest are 429s to retry.
+    assert len(passed) <= RATE + RATE * elapsed + 1, [r.status_code for r in answers]
+    limited = [r for r in answers if r.status_code == 429]
+    assert len(passed) + len(limited) == len(answers) and limited
+    assert all(float(r.headers["retry-after"]) >= 1 for r in limited)
+
+
+def test_a_tokenize_answer_over_its_token_cap_is_refused_naming_it(server: Server) -> None:
+    before = internal_errors(server)
+    fits = call(server, "wide", "POST", "/tokenize", {"inputs": " ".join(WORDS[:10])})
+    assert fits.status_code == 200 and len(fits.json()[0]) <= TOKENIZE_CAP
+    refused = call(server, "wide", "POST", "/tokenize", {"inputs": [" ".join(WORDS[:30])] * 4})
+    assert refused.status_code == 422, refused.text
+    assert "limits.max_tokenize_tokens" in refused.json()["error"] and refused.json()["error_type"] == "validation"
+    assert internal_errors(server) == before
+
+
+def test_the_model_list_and_info_show_a_restricted_tenant_only_its_models(server: Server) -> None:
+    every = {m["id"] for m in call(server, "wide", "GET", "/v1/models").json()["data"]}
+    assert every == {"a", "b", "b-alias"}
+    assert {m["id"] for m in call(server, "narrow", "GET", "/v1/models").json()["data"]} == {"b", "b-alias"}
+    assert {m["id"] for m in call(server, "slow", "GET", "/v1/models").json()["data"]} == {"a"}
+    info = call(server, "narrow", "GET", "/info").json()
+    assert {m["name"] for m in info["models"]} == {"b"}
+    # The top level (TEI's fields) describes the first model it may call, never the default it may not.
+    assert info["name"] == "b" and info["served_model_name"] == "b", info
+    wide = call(server, "wide", "GET", "/info").json()
+    assert {m["name"] for m in wide["models"]} == {"a", "b"} and wide["served_model_name"] == "a"
