@@ -264,6 +264,10 @@ class LimitSettings(_Section):
     # of text answered 13 MB); a request over it is refused, naming this setting. No model runs for /tokenize, so
     # its tokens are not charged to a tenant's budget (which counts what the model ran): its requests per second are.
     max_tokenize_tokens: int = Field(65_536, gt=0)
+    # Sparse weights ((id, weight) pairs) one response may carry, every text's together: a SPLADE vector may hold every
+    # id of the vocabulary (256 short texts answered 268 MB); a response over it is refused, naming this setting.
+    # model.sparse_top_k caps each text's.
+    max_sparse_weights: int = Field(262_144, gt=0)
 
 
 class BatchingSettings(_Section):
