@@ -9,8 +9,11 @@ SIGHUP test changes the tenants, so it runs last.
 from __future__ import annotations
 
 import concurrent.futures
+import json
+import select
 import shutil
 import signal
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -24,7 +27,7 @@ from conftest import ROOT, Server, metric_value, wait_for
 from fakes import read_record
 
 ADMIN = "admin-key"
-FLOOD, CHAT, STEADY, LATE = "key-flood", "key-chat", "key-steady", "key-late"
+FLOOD, CHAT, STEADY, LATE, LONG = "key-flood", "key-chat", "key-steady", "key-late", "key-long"
 BUDGET = 1000  # the flooder's tokens per minute
 TEXT = 50  # characters, so tokens, per request
 MAX_BATCH = 2
@@ -38,6 +41,7 @@ def tenants(*extra: dict) -> dict:
         {"name": "flood", "keys": [FLOOD], "tokens_per_minute": BUDGET, "share": 1},
         {"name": "chat", "keys": [CHAT], "share": 3},
         {"name": "steady", "keys": [STEADY], "share": 1},
+        {"name": "long", "keys": [LONG], "tokens_per_minute": BUDGET, "share": 1},
         *extra]}
 
 
@@ -143,6 +147,51 @@ def test_a_flooder_gets_429s_and_cannot_push_another_tenant_behind_its_share(fak
         map(len, ran_flood))
     assert metric_value(metrics, "inferd_tenant_rejected_total", tenant="flood",
                         reason="tokens_per_minute") == len(refused)
+
+
+def raw_post(port: int, key: str, body: bytes) -> socket.socket:
+    """A request on a connection of its own, which the test closes to leave (httpx cannot leave mid-request)."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+    sock.sendall(b"POST /v1/embeddings HTTP/1.1\r\nHost: inferd\r\nContent-Type: application/json\r\n"
+                 b"Authorization: Bearer " + key.encode() + b"\r\nContent-Length: " + str(len(body)).encode()
+                 + b"\r\n\r\n" + body)
+    return sock
+
+
+def status_of(sock: socket.socket) -> int | None:
+    """The answer's status if one has come (None: none yet)."""
+    if not select.select([sock], [], [], 0)[0]:
+        return None
+    return int(sock.recv(65536).split(b" ", 2)[1])
+
+
+def test_forty_requests_tokenising_at_once_take_a_budget_below_zero_by_one_request_at_most(fake: Fake) -> None:
+    """Issue 39: 40 concurrent requests of one text over 4,096 characters (tokenised in the thread pool) from a
+    tenant with 1,000 tokens a minute were all admitted, each checked against a budget none had been charged yet.
+    Each is 5,000 tokens here: one fits. The worker is held so the admitted wait in the queue, where their client
+    leaving takes them out uncharged (nothing of 5,000 tokens runs)."""
+    held = fake.hold(STEADY, "long")
+    body = json.dumps({"input": "long " * 1000, "model": MODEL}).encode()
+    socks = [raw_post(fake.server.port, LONG, body) for _ in range(40)]
+    answers: dict[int, int] = {}
+
+    def decided() -> bool:
+        for i, sock in enumerate(socks):
+            if i not in answers and (status := status_of(sock)) is not None:
+                answers[i] = status
+        return len(answers) + fake.usage()["long"]["in_flight"] == len(socks)
+
+    try:
+        wait_for(decided, what="every request refused or queued")
+        assert fake.usage()["long"]["in_flight"] == 1 and set(answers.values()) == {429}, answers
+    finally:
+        for sock in socks:
+            sock.close()
+    wait_for(lambda: fake.usage()["long"]["in_flight"] == 0, what="the queued request dropped as its client left")
+    fake.release("long")
+    assert held.result().status_code == 200
+    long = fake.usage()["long"]
+    assert long["refused"] == {"tokens_per_minute": 39} and long["models"] == {}  # the one queued never ran
 
 
 def test_the_openai_sdk_s_own_retries_recover_from_a_spent_budget(fake: Fake) -> None:
