@@ -44,6 +44,17 @@ def test_versions_never_share_entries() -> None:
     assert cache.lookup("2", ["a"]) == {}
 
 
+def test_tenants_never_share_entries_and_a_freed_load_forgets_every_tenant_s() -> None:
+    """A hit is faster and uncharged: one tenant's entry answering another would tell it what the first sent."""
+    cache = ResultCache(10)
+    cache.store("1", ["a"], [vec(1)], [1], "alpha")
+    assert cache.lookup("1", ["a"], "beta") == {} and cache.lookup("1", ["a"]) == {}
+    assert list(cache.lookup("1", ["a"], "alpha")) == [0]
+    cache.store("1", ["a"], [vec(1)], [1], "beta")
+    cache.store("2", ["a"], [vec(1)], [1], "beta")
+    assert cache.forget("1") == 2 and len(cache) == 1
+
+
 def test_stored_vectors_are_copies_not_views_of_the_batch() -> None:
     batch = np.arange(8, dtype=np.float32).reshape(2, 4)
     cache = ResultCache(10)
