@@ -13,6 +13,7 @@ import yaml
 
 from inferd.config import ConfigError, load_settings
 from inferd.config_flags import add_config_flags, overrides
+from inferd.core.tenants import read_tenants
 from inferd.fleet import command as fleet_command
 from inferd.settings import Settings
 
@@ -61,7 +62,8 @@ def main(argv: list[str] | None = None) -> int:
         return fleet_command.main(args)
     try:
         settings = settings_from_args(args)
-    except ConfigError as exc:
+        read_tenants(settings)  # the tenants file too: refused here, not with a traceback at start
+    except (ConfigError, ValueError) as exc:
         print(f"inferd: {exc}", file=sys.stderr)
         return 2
     if args.command == "check-config":

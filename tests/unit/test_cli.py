@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 from pathlib import Path
 
@@ -177,6 +178,20 @@ def test_the_cli_and_the_fleets_commands_start_without_torch() -> None:
             "assert not heavy, heavy")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
+
+
+def test_check_config_refuses_a_tenants_file_the_server_would_refuse(
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """One key in two tenants (itself and its hash), or a model not served: refused before a start would fail."""
+    path = tmp_path / "tenants.yaml"
+    monkeypatch.setenv("INFERD__SERVER__TENANTS_FILE", str(path))
+    hashed = "sha256:" + hashlib.sha256(b"k1").hexdigest().upper()
+    for tenants, says in (([{"name": "nu", "keys": ["k1"]}, {"name": "xi", "keys": [hashed]}], "another tenant's"),
+                          ([{"name": "nu", "keys": ["k1"], "models": ["nope"]}], "not served")):
+        path.write_text(yaml.safe_dump({"tenants": tenants}))
+        assert cli.main(["check-config"]) == 2
+        captured = capsys.readouterr()
+        assert captured.out == "" and says in captured.err and "k1" not in captured.err
 
 
 def test_check_config_redacts_every_tenant_s_keys() -> None:
