@@ -31,6 +31,7 @@ from tinymodel import WORDS, _tiny_encoder_config, write_tiny_bert, write_tiny_c
 
 TOL = 1e-5
 CAP = 48  # limits.max_multivector_tokens of the server
+SPARSE_CAP = 600  # limits.max_sparse_weights of the server: two texts' SPLADE weights fit (a 291-id vocabulary)
 TEXTS = ["hello world", "the cat is in the house", "a dog and a cat", "river mountain city river"]
 
 
@@ -83,7 +84,7 @@ def server(m3: Path, tmp_path_factory: pytest.TempPathFactory, module_serve: Cal
                    {"name": "colbert", "path": str(tmp / "colbert")},
                    {"name": "dense", "path": str(dense)},
                    {"name": "splade", "path": str(tmp / "mlm"), "pooling": "splade"}],
-        "limits": {"max_multivector_tokens": CAP}}))
+        "limits": {"max_multivector_tokens": CAP, "max_sparse_weights": SPARSE_CAP}}))
     # Three loads (the bge-m3 folder twice) on a busy CI machine: more than the one-model default of 60 s.
     return module_serve({"INFERD_CONFIG_DIR": str(config), "INFERD__MODEL__LOAD_MODE": "eager"},
                         wait="/health/ready", timeout=180)
@@ -251,6 +252,21 @@ def test_the_token_vector_cap_is_decided_before_the_pass(client: httpx.Client) -
     for model in ("m3-rerank", "colbert-rerank"):
         r = client.post("/v1/rerank", json={"query": "q", "documents": long * 3, "model": model})
         assert r.status_code == 200, r.text
+
+
+def test_a_sparse_answer_over_its_cap_is_refused_before_it_is_built(client: httpx.Client) -> None:
+    # Each text alone fits; together they hold more weights than limits.max_sparse_weights (issue 39: 256 short
+    # texts to a SPLADE model answered 268 MB).
+    texts = [f"{w} {v}" for w, v in zip(WORDS[:10], WORDS[10:20], strict=True)]
+    alone = [client.post("/embed_sparse", json={"inputs": t, "model": "splade"}) for t in texts]
+    assert all(r.status_code == 200 for r in alone)
+    assert sum(len(r.json()[0]) for r in alone) > SPARSE_CAP
+    r = client.post("/embed_sparse", json={"inputs": texts, "model": "splade"})
+    assert r.status_code == 422 and "limits.max_sparse_weights" in r.json()["error"], r.text
+    r = client.post("/v1/encode", json={"input": texts, "outputs": ["sparse"], "model": "splade",
+                                        "return_tokens": True})
+    assert r.status_code == 422 and r.json()["error"]["code"] == "too_many_sparse_weights", r.text
+    assert r.json()["error"]["param"] == "input" and "model.sparse_top_k" in r.json()["error"]["message"]
 
 
 def test_qdrant_hybrid_query_ranks_the_exact_term_first(client: httpx.Client) -> None:

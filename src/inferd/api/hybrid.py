@@ -1,6 +1,6 @@
 """What the routes of sparse and multi-vector outputs share (TEI's /embed_sparse and /embed_all, inferd's
-/v1/encode): each text's outputs from the result, the limit on the token vectors of one answer, and each output's
-wire shape.
+/v1/encode): each text's outputs from the result, the limits on the token vectors and the sparse weights of one
+answer, and each output's wire shape.
 
 The routes name the outputs on the engine's request (core/request.py ``outputs``); the engine refuses those the
 model does not give before any work and hands them to the handler with each text, which keys the result cache by
@@ -42,6 +42,17 @@ def check_token_vectors(outputs: Sequence[TextOutputs], limit: int, param: str =
     if count > limit:
         raise refusal(Kind.TOO_LONG, f"{param}: {token_vectors_refusal(count, limit)}", "too_many_token_vectors",
                       param)
+
+
+def check_sparse_weights(outputs: Sequence[TextOutputs], limit: int, param: str = "inputs") -> None:
+    """A sparse answer is an (id, weight) pair per nonzero weight, up to the whole vocabulary per text (a SPLADE
+    vector's count is known only once the model has run): over ``limits.max_sparse_weights`` in all, it is refused
+    (422, too long, naming the setting and ``model.sparse_top_k``, each text's cap) before it is built."""
+    count = sum(len(o.sparse) for o in outputs if o.sparse is not None)
+    if count > limit:
+        raise refusal(Kind.TOO_LONG, f"{param}: the sparse output of this request holds {count} weights; at most "
+                      f"{limit} per response (limits.max_sparse_weights; model.sparse_top_k caps each text's): "
+                      "send fewer texts", "too_many_sparse_weights", param)
 
 
 def sparse_object(vector: SparseVector, tokens: bool) -> dict[str, Any]:

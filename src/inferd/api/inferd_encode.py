@@ -63,7 +63,9 @@ async def encode(request: Request) -> Response:
     body, engine_request = await read_request(request, EncodeRequest, lambda b: _request(request, b))
     result = await run(request, engine_request, _names(body))
     outputs = hybrid.outputs_of(result, body.outputs)
-    hybrid.check_token_vectors(outputs, services(request).settings.limits.max_multivector_tokens, "input")
+    limits = services(request).settings.limits
+    hybrid.check_token_vectors(outputs, limits.max_multivector_tokens, "input")
+    hybrid.check_sparse_weights(outputs, limits.max_sparse_weights, "input")
     tokens = result.prompt_tokens
     return json_response({"object": "list", "data": [_item(i, o, body) for i, o in enumerate(outputs)],
                           "model": served_name(result), "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})

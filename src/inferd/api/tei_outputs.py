@@ -48,9 +48,11 @@ def _request(request: Request, body: TEIEmbedSparseRequest, kind: str) -> Infere
 async def _outputs(request: Request, schema: type[TEIEmbedSparseRequest], kind: str) -> Response:
     body, engine_request = await read_request(request, schema, lambda b: _request(request, b, kind))
     outputs = hybrid.outputs_of(await run(request, engine_request, _names(body)), (kind,))
+    limits = services(request).settings.limits
     if kind == "sparse":
+        hybrid.check_sparse_weights(outputs, limits.max_sparse_weights)
         return json_response([hybrid.sparse_pairs(o.sparse) for o in outputs if o.sparse is not None])
-    hybrid.check_token_vectors(outputs, services(request).settings.limits.max_multivector_tokens)
+    hybrid.check_token_vectors(outputs, limits.max_multivector_tokens)
     return json_response([o.multivector for o in outputs])
 
 
@@ -59,7 +61,8 @@ async def _outputs(request: Request, schema: type[TEIEmbedSparseRequest], kind: 
 @tei_errors
 async def embed_sparse(request: Request) -> Response:
     """TEI's embed_sparse: ``{"inputs": str | [str], "truncate"?, "truncation_direction"?, "prompt_name"?}`` →
-    each input's ``[{"index", "value"}]``, ids ascending (a SPLADE model's, or bge-m3's lexical weights)."""
+    each input's ``[{"index", "value"}]``, ids ascending (a SPLADE model's, or bge-m3's lexical weights), at most
+    ``limits.max_sparse_weights`` in one answer (422 naming it)."""
     return await _outputs(request, TEIEmbedSparseRequest, "sparse")
 
 

@@ -40,12 +40,25 @@ def is_splade(path: Path) -> bool:
 
 
 def vocabulary(tokenizer: Any, size: int) -> np.ndarray:
-    """Each id's token text, ``size`` of them (a model's vocabulary may be padded past its tokenizer's: "")."""
+    """Each id's token text, ``size`` of them (the model's vocabulary, config.json ``vocab_size``; an id the
+    tokenizer has no token for: "")."""
     out = np.full(size, "", dtype=object)
     for token, i in tokenizer.get_vocab().items():
         if 0 <= i < size:
             out[i] = token
     return out
+
+
+def check_vocabulary(tokenizer: Any, size: int) -> None:
+    """A model that weighs every id of its vocabulary (SPLADE) must have a token for each: ids past the tokenizer's
+    (a vocabulary padded past it, or another model's tokenizer) would go out with no token text, matching no
+    text's ids. (bge-m3's lexical weights are on the text's own ids: no such check.)"""
+    known = {i for i in tokenizer.get_vocab().values() if 0 <= i < size}
+    if len(known) < size:
+        first = next(i for i in range(size) if i not in known)
+        raise ModelLoadError(f"the model gives {size} weights per text (config.json vocab_size) but its tokenizer "
+                             f"has a token for {len(known)} of those ids (none for {first}, ...): serve the model with "
+                             "the tokenizer it was trained with")
 
 
 class SparseHandler(ModelTask):
@@ -75,6 +88,7 @@ class SparseHandler(ModelTask):
         self.pooling, self.normalize = "splade", False
         self.top_k, self.threshold = spec.settings.sparse_top_k, spec.settings.sparse_threshold
         self.pad_id = tokenizer.pad_token_id or 0
+        check_vocabulary(tokenizer, self.dimension)
         self.vocab = vocabulary(tokenizer, self.dimension)
         self.prompts, self.default_prompt_name = folder.prompts, folder.default_prompt_name
         self.tokenizer, self.encoder = folder_encoder(tokenizer, folder, self.max_seq_length, spec, self.prompts)
