@@ -89,3 +89,13 @@ def test_the_model_list_and_info_show_a_restricted_tenant_only_its_models(server
     assert info["name"] == "b" and info["served_model_name"] == "b", info
     wide = call(server, "wide", "GET", "/info").json()
     assert {m["name"] for m in wide["models"]} == {"a", "b"} and wide["served_model_name"] == "a"
+
+
+def test_two_authorization_headers_are_refused_whatever_they_hold(server: Server) -> None:
+    # The first one won: a request carrying narrow's key behind wide's ran as wide (a proxy checking the last
+    # one would have let it through as narrow).
+    for pair in ((KEYS["wide"], KEYS["narrow"]), (KEYS["wide"], KEYS["wide"]), ("not-a-key", KEYS["wide"])):
+        headers = httpx.Headers([("Authorization", f"Bearer {key}") for key in pair])
+        r = httpx.get(server.url + "/v1/models", headers=headers, timeout=10)
+        assert r.status_code == 400, r.text
+        assert r.json()["error"]["code"] == "invalid_authorization" and "2 Authorization headers" in r.text

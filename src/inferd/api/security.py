@@ -19,8 +19,14 @@ from inferd.core.tenants import Tenancy, Tenant, current_tenant
 
 
 def bearer_token(request: Request) -> str | None:
-    """The token of ``Authorization: Bearer <token>``; None when the header is absent or malformed."""
-    header = request.headers.get("authorization", "")
+    """The token of ``Authorization: Bearer <token>``; None when the header is absent or malformed. Two
+    Authorization headers are refused (400), as two Host headers are (server/http.py): the field is a singleton,
+    and whichever one a server reads, a proxy in front may have checked the other."""
+    sent = request.headers.getlist("authorization")
+    if len(sent) > 1:
+        raise APIError(400, f"the request has {len(sent)} Authorization headers; at most one is allowed",
+                       "invalid_authorization")
+    header = sent[0] if sent else ""
     scheme, _, token = header.partition(" ")
     token = token.strip()
     if scheme.lower() != "bearer" or not token or " " in token:
