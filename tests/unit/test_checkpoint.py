@@ -164,3 +164,11 @@ def test_unused_layer_weights_are_refused_after_the_build_too(tiny: Path, tmp_pa
     monkeypatch.setattr(checkpoint, "read_held", lambda path, safetensors: None)
     with pytest.raises(BackendError, match=r"\d+ of layers it does not name, e\.g\. \['encoder\.layer\.1\."):
         load_model(edited(tiny, tmp_path, num_hidden_layers=1), True)
+
+
+def test_a_model_that_would_not_fit_in_the_memory_left_is_refused_before_building(
+        tiny: Path, monkeypatch: pytest.MonkeyPatch, nothing_built: None) -> None:
+    monkeypatch.setattr(checkpoint, "memory_available", lambda: 64 * 1024)
+    with pytest.raises(BackendError, match=r"tiny: the model needs 1\d\d\.\d KiB to build, and this process has "
+                                           r"64\.0 KiB of memory left"):
+        load_model(tiny, True)

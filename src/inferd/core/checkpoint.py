@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import psutil
 import torch
 
 from inferd.core.backends.base import BackendError
@@ -211,11 +212,11 @@ def check_config(path: Path, config: Any, held: Held) -> None:
 
 
 def check_size(path: Path, skeleton: torch.nn.Module, held: Held, optional: tuple[str, ...] = (),
-               itemsize: int = 4) -> None:
+               itemsize: int = 4) -> int:
     """Refuse a config whose model (``skeleton``, built on the meta device) has more parameters than the
     checkpoint holds, beyond a small margin: every other setting that sizes a tensor (``intermediate_size``,
     ``max_position_embeddings``, heads) is held here. ``optional``: name parts of parameters a checkpoint may
-    leave out (the pooler, when the task does not read it)."""
+    leave out (the pooler, when the task does not read it). Returns the parameters the config implies."""
     implied = sum(p.numel() for n, p in skeleton.named_parameters() if not any(o in n for o in optional))
     have = held.elements
     if implied > have + max(int(have * MARGIN_SHARE), MARGIN_ELEMENTS):
@@ -223,6 +224,28 @@ def check_size(path: Path, skeleton: torch.nn.Module, held: Held, optional: tupl
             f"{path.name}: config.json describes a model of {implied:,} parameters ({_size(implied * itemsize)} to "
             f"build), the checkpoint ({held.where}) holds {have:,} ({_size(held.nbytes)}); the config does not "
             "describe these weights")
+    return implied
+
+
+def memory_available() -> int:
+    """Bytes this process may still take: the machine's available memory, or less under a cgroup (v2) limit (a
+    container's, which the machine's figure does not show)."""
+    free = int(psutil.virtual_memory().available)
+    try:
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        if limit != "max":
+            free = min(free, int(limit) - int(Path("/sys/fs/cgroup/memory.current").read_text()))
+    except (OSError, ValueError):
+        pass
+    return free
+
+
+def check_room(path: Path, nbytes: int, available: int) -> None:
+    """Refuse a model whose weights (``nbytes``, built in host memory before they move to a device) do not fit in
+    the memory left: the load would take the serving models down with it."""
+    if nbytes > available:
+        raise BackendError(f"{path.name}: the model needs {_size(nbytes)} to build, and this process has "
+                           f"{_size(max(available, 0))} of memory left; it would not fit beside what serves")
 
 
 def _size(n: int) -> str:

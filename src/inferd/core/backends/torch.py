@@ -34,7 +34,8 @@ def load_model(path: Path, safetensors: bool, head: str = "hidden", dtype: str =
     held = checkpoint.read_held(path, safetensors)
     if held is not None:
         checkpoint.check_config(path, config, held)
-        checkpoint.check_size(path, skeleton(auto, config), held, optional, _DTYPES[dtype].itemsize)
+        implied = checkpoint.check_size(path, skeleton(auto, config), held, optional, _DTYPES[dtype].itemsize)
+        checkpoint.check_room(path, implied * _DTYPES[dtype].itemsize, checkpoint.memory_available())
     load_guard.stage("building the model")
     try:
         model, loading = auto.from_pretrained(
