@@ -14,6 +14,7 @@ from inferd.api.app import create_admin_app, create_app, route_paths
 
 ADMIN_PATHS = {"/admin/memory", "/admin/models/reload", "/admin/models/canary", "/admin/models/promote",
                "/admin/models/rollback", "/admin/models", "/admin/models/shadow", "/admin/models/shadow/promote",
+               "/admin/models/reload/cancel",
                "/admin/usage"}
 SERVING_PATHS = {"/predict", "/v1/embeddings", "/v1/rerank", "/v2/rerank", "/rerank", "/v1/classify", "/v1/models",
                  "/info", "/health", "/health/live", "/health/ready", "/metrics",
