@@ -32,7 +32,7 @@ from tinymodel import WORDS, write_tiny_bert
 
 from inferd.core.errors import ModelLoadError
 from inferd.core.loading import load_handler
-from inferd.core.preprocess import TextInput
+from inferd.core.preprocess import InputError, TextInput
 from inferd.core.spec import ModelSpec
 from inferd.core.tasks import detect_task
 
@@ -169,6 +169,17 @@ def test_a_pair_past_the_limit_loses_its_document_end_as_the_model_card_cuts_it(
     assert encoded[0].tokens == 96 and encoded[0].truncated and not encoded[1].truncated
     np.testing.assert_allclose(_outputs(handler, pairs)[:, 0],
                                model_card_scores(root / "llm-reranker", pairs, max_length=96), atol=TOL, rtol=0)
+
+
+def test_a_query_that_leaves_no_room_for_a_document_is_refused_naming_the_limit(root: Path) -> None:
+    # The card cuts the formatted pair's end: such a query cut every document away, and every one scored alike.
+    handler = _handler(root / "llm-reranker", max_seq_length=96)
+    crowded = _sentence(random.Random(9), 120)
+    with pytest.raises(InputError, match=r"the query leaves no room for a document: .* the model's limit of 96 "
+                                         r"\(max_seq_length\)") as caught:
+        handler.preprocess([("a dog", "the cat"), (crowded, "the cat"), (crowded, "a dog")])
+    assert (caught.value.index, caught.value.code) == (1, "context_length_exceeded")
+    assert handler.preprocess([(_sentence(random.Random(10), 3), "the cat")])[0].tokens < 96
 
 
 @pytest.mark.parametrize("tokenizer_pad", [None, "<|im_end|>"])

@@ -116,7 +116,7 @@ class LLMRerankHandler(ModelTask):
         if room < 16:
             raise ModelLoadError(f"{spec.path}: max_seq_length {self.max_seq_length} leaves {room} tokens for the "
                                  "query and document after the template")
-        self.truncate = spec.truncate
+        self.truncate, self.room = spec.truncate, room
         self._pairs = Tokenizer.from_str(self.tokenizer.to_str())
         self._pairs.no_padding()
         self._pairs.enable_truncation(room)  # the card cuts the formatted pair's end: the document's
@@ -130,6 +130,7 @@ class LLMRerankHandler(ModelTask):
         return None  # scores are ranked within one request, as a cross-encoder's
 
     def preprocess(self, pairs: list[tuple[str, str]]) -> list[Encoded]:
+        self._check_room(pairs)
         texts = [PAIR.format(instruction=self.instruction, query=q, document=d) for q, d in pairs]
         out = []
         for i, enc in enumerate(self._pairs.encode_batch(texts)):
@@ -140,6 +141,22 @@ class LLMRerankHandler(ModelTask):
                                  "context_length_exceeded")
             out.append(Encoded(self.prefix + enc.ids + self.suffix, truncated))
         return out
+
+    def _check_room(self, pairs: list[tuple[str, str]]) -> None:
+        """Refuses a query that leaves no room for its document: the card cuts the formatted pair's end, so the
+        document would be cut away whole and every document of the request scored alike (a cross-encoder refuses
+        what it cannot fit, naming its limit; truncation on or off, nothing here could be ranked)."""
+        seen: set[str] = set()
+        for i, (query, _) in enumerate(pairs):
+            if query in seen:
+                continue
+            seen.add(query)
+            head = PAIR.format(instruction=self.instruction, query=query, document="").rstrip()
+            enc = self._pairs.encode(head)
+            if enc.overflowing or len(enc.ids) >= self.room:
+                raise InputError(i, f"the query leaves no room for a document: with the instruction it fills the "
+                                 f"{self.room} tokens the model's limit of {self.max_seq_length} (max_seq_length) "
+                                 "leaves after its template; send a shorter query", "context_length_exceeded")
 
     def run(self, runner: Runner, batch: list[Encoded]) -> np.ndarray:
         """[P(yes), yes - no logit] per pair; the batch is padded on the right, so a row's last real token is at
