@@ -171,6 +171,17 @@ def render_markdown(results: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
+def plot_unavailable() -> str | None:
+    """Why no plot can be drawn here (None: it can): matplotlib is a dev requirement (requirements-dev.in), which
+    the runtime install (``make run``'s) leaves out. Asked before a run, so that minutes of measuring are never
+    lost to the plot at the end."""
+    try:
+        import matplotlib  # noqa: F401  (optional: only the plots need it)
+    except ImportError as exc:
+        return f"matplotlib cannot be imported ({exc})"
+    return None
+
+
 def write_plot(results: dict[str, Any], path: Path) -> Path:
     import matplotlib
 

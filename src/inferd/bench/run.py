@@ -34,7 +34,7 @@ from typing import Any
 from inferd import corpus as bench_corpus
 from inferd.bench.load import Target, TextSource, run_closed, run_open
 from inferd.bench.procs import ROOT, ServerFailed, ServerProc, Starts, start_inferd, start_naive
-from inferd.bench.report import machine_info, render_markdown, target_rows, write_plot
+from inferd.bench.report import machine_info, plot_unavailable, render_markdown, target_rows, write_plot
 from inferd.bench.stats import describe, ratio
 
 PHASES = ("ceiling", "naive", "closed", "multi", "open", "rerank")
@@ -381,8 +381,16 @@ def main(argv: list[str] | None = None) -> int:
         from inferd.bench import compare
 
         return compare.main(args, command, Progress())
+    plot = not args.no_plot
+    missing = plot_unavailable() if plot else None
+    if missing is not None:
+        # Said before the run, not found after it: the figures are written all the same.
+        print(f"inferd bench: {missing}: the figures will be written, the plots skipped (install the dev "
+              "requirements, make install-dev, to draw them; --no-plot skips them without this message)",
+              file=sys.stderr, flush=True)
+        plot = False
     results = run(args, command)
-    write_outputs(results, args.out, plot=not args.no_plot)
+    write_outputs(results, args.out, plot=plot)
     for name, value, wanted, met in target_rows(results["ratios"]):
         verdict = "–" if met is None else ("met" if met else "NOT met")
         print(f"target {name}: {value if value is not None else '–'} (wanted {wanted}) {verdict}")
