@@ -2,7 +2,8 @@
 
 A swap loads the new model beside the serving one, replaces the pointer under a lock (atomic for every new
 request) and retires the old slot, freed when its last request lets go (core/slots.py). A failed load, or
-a model the task's own rule refuses, leaves the serving model in place.
+a model the task's own rule refuses, leaves the serving model in place. A change that loads runs one at a time,
+bounded by ``model.load_timeout_s`` and cancellable (``cancel_load``, core/load_guard.py).
 """
 
 from __future__ import annotations
