@@ -36,7 +36,8 @@ def visible(request: Request) -> list[ServedModel]:
     served = list(services(request).registry)
     if not allowed:
         return served
-    return [m for m in served if m.name in allowed or allowed & set(m.entry.aliases)]
+    # By served name: a tenant's models are kept by their own names, an alias it named included (core/tenants.py).
+    return [m for m in served if m.name in allowed]
 
 
 def _default(request: Request, shown: list[ServedModel]) -> ServedModel | None:
