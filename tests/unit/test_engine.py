@@ -7,13 +7,12 @@ each test decides exactly what is queued while the worker is busy.
 from __future__ import annotations
 
 import asyncio
-import threading
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-from fakes import HashHandler, ShortHandler, engine_for, loader_for, vector_for
+from enginekit import EngineKit, hold, until
+from fakes import HashHandler, ShortHandler, loader_for, vector_for
 from settingskit import make_settings
 from starlette.testclient import TestClient
 
@@ -21,42 +20,10 @@ from inferd.api.app import create_app
 from inferd.api.services import services_of
 from inferd.core.engine import InferenceEngine
 from inferd.core.errors import ClientGone, EngineError, Kind
-from inferd.utils.metrics import Metrics
 
 
-def make_engine(tmp_path: Path, handler: HashHandler, **batching: Any) -> InferenceEngine:
-    return engine_for(handler, make_settings(tmp_path, batching=batching))
-
-
-def run(engine: InferenceEngine, scenario: Callable[[InferenceEngine], Awaitable[None]]) -> None:
-    async def main() -> None:
-        engine.start()
-        try:
-            await asyncio.wait_for(scenario(engine), 20)
-        finally:
-            for event in engine.manager.active.handler.gates.values():  # type: ignore[union-attr]
-                event.set()
-            engine.stop()
-
-    asyncio.run(main())
-
-
-def rejected(engine: InferenceEngine, reason: str) -> float:
-    value = engine.metrics.registry.get_sample_value("inferd_requests_rejected_total", {"reason": reason})
-    return value or 0.0
-
-
-async def until(condition: Callable[[], bool]) -> None:
-    while not condition():
-        await asyncio.sleep(0.002)
-
-
-async def hold(engine: InferenceEngine, handler: HashHandler, name: str) -> asyncio.Task:
-    """Occupy the worker with a batch that blocks until ``handler.gates[name]`` is set."""
-    handler.gates[name] = threading.Event()
-    task = asyncio.ensure_future(engine.run(engine.request([f"hold:{name}"])))
-    await until(lambda: any(f"hold:{name}" in b for b in handler.batches))
-    return task
+def make_engine(tmp_path: Path, handler: HashHandler, **batching: Any) -> EngineKit:
+    return EngineKit(make_settings(tmp_path, batching=batching), handler)
 
 
 def computed(handler: HashHandler) -> set[str]:
@@ -65,11 +32,12 @@ def computed(handler: HashHandler) -> set[str]:
 
 def test_multi_text_requests_are_split_batched_with_others_and_reassembled_in_order(tmp_path: Path):
     handler = HashHandler()
-    engine = make_engine(tmp_path, handler, max_batch_size=4)
+    kit = make_engine(tmp_path, handler, max_batch_size=4)
+    engine = kit.engine
     a = [f"a{i} " + "x" * n for i, n in enumerate([30, 2, 17, 9, 25, 4])]
     b = [f"b{i} " + "y" * n for i, n in enumerate([3, 28, 10])]
 
-    async def scenario(engine: InferenceEngine) -> None:
+    async def scenario() -> None:
         held = await hold(engine, handler, "g")
         ta = asyncio.ensure_future(engine.run(engine.request(a)))
         tb = asyncio.ensure_future(engine.run(engine.request(b)))
@@ -83,14 +51,15 @@ def test_multi_text_requests_are_split_batched_with_others_and_reassembled_in_or
         # Items of both requests shared a batch, and length grouping reordered them inside it.
         assert any({t[0] for t in x} == {"a", "b"} for x in batches)
 
-    run(engine, scenario)
+    kit.run(scenario)
 
 
 def test_a_failing_batch_fails_only_its_own_requests_and_the_worker_survives(tmp_path: Path):
     handler = HashHandler()
-    engine = make_engine(tmp_path, handler, max_batch_size=1)
+    kit = make_engine(tmp_path, handler, max_batch_size=1)
+    engine = kit.engine
 
-    async def scenario(engine: InferenceEngine) -> None:
+    async def scenario() -> None:
         held = await hold(engine, handler, "g")
         tasks = [asyncio.ensure_future(engine.run(engine.request([t]))) for t in ("before", "fail:boom", "after")]
         await until(lambda: len(engine.queue) == 3)
@@ -102,14 +71,15 @@ def test_a_failing_batch_fails_only_its_own_requests_and_the_worker_survives(tmp
         assert engine.alive
         assert (await engine.run(engine.request(["later"]))).outputs == [vector_for("later")]
 
-    run(engine, scenario)
+    kit.run(scenario)
 
 
 def test_a_batch_with_the_wrong_number_of_results_fails_alone(tmp_path: Path):
     handler = ShortHandler()
-    engine = make_engine(tmp_path, handler, max_batch_size=4)
+    kit = make_engine(tmp_path, handler, max_batch_size=4)
+    engine = kit.engine
 
-    async def scenario(engine: InferenceEngine) -> None:
+    async def scenario() -> None:
         held = await hold(engine, handler, "g")
         pair = [asyncio.ensure_future(engine.run(engine.request([t]))) for t in ("one", "two")]
         await until(lambda: len(engine.queue) == 2)
@@ -119,14 +89,15 @@ def test_a_batch_with_the_wrong_number_of_results_fails_alone(tmp_path: Path):
         assert (await held).outputs == [vector_for("hold:g")]
         assert (await engine.run(engine.request(["alone"]))).outputs == [vector_for("alone")]
 
-    run(engine, scenario)
+    kit.run(scenario)
 
 
 def test_a_deadline_passing_while_queued_answers_504_at_once_and_never_computes(tmp_path: Path):
     handler = HashHandler()
-    engine = make_engine(tmp_path, handler)
+    kit = make_engine(tmp_path, handler)
+    engine = kit.engine
 
-    async def scenario(engine: InferenceEngine) -> None:
+    async def scenario() -> None:
         held = await hold(engine, handler, "g")
         # The worker stays busy: the answer must come from the deadline, not from the worker coming back.
         with pytest.raises(EngineError) as info:
@@ -138,14 +109,15 @@ def test_a_deadline_passing_while_queued_answers_504_at_once_and_never_computes(
         assert (await engine.run(engine.request(["in time"], timeout_ms=5000))).outputs == [vector_for("in time")]
         assert "too late" not in computed(handler)
 
-    run(engine, scenario)
+    kit.run(scenario)
 
 
 def test_a_client_gone_while_queued_is_dropped_counted_and_never_computed(tmp_path: Path):
     handler = HashHandler()
-    engine = make_engine(tmp_path, handler)
+    kit = make_engine(tmp_path, handler)
+    engine = kit.engine
 
-    async def scenario(engine: InferenceEngine) -> None:
+    async def scenario() -> None:
         held = await hold(engine, handler, "g")
         gone = asyncio.Event()
         victim = asyncio.ensure_future(engine.run(engine.request(["victim"]), disconnected=gone.wait))
@@ -155,17 +127,18 @@ def test_a_client_gone_while_queued_is_dropped_counted_and_never_computed(tmp_pa
             await victim
         handler.gates["g"].set()
         await held
-        await until(lambda: rejected(engine, "disconnected") == 1)
+        await until(lambda: kit.sample("inferd_requests_rejected_total", reason="disconnected") == 1)
         assert len(engine.queue) == 0 and "victim" not in computed(handler)
 
-    run(engine, scenario)
+    kit.run(scenario)
 
 
 def test_a_full_queue_refuses_with_retry_after_and_accepted_work_completes(tmp_path: Path):
     handler = HashHandler()
-    engine = make_engine(tmp_path, handler, max_batch_size=2, max_queue=4)
+    kit = make_engine(tmp_path, handler, max_batch_size=2, max_queue=4)
+    engine = kit.engine
 
-    async def scenario(engine: InferenceEngine) -> None:
+    async def scenario() -> None:
         held = await hold(engine, handler, "g")
         accepted = [asyncio.ensure_future(engine.run(engine.request([f"q{i}"]))) for i in range(4)]
         await until(lambda: len(engine.queue) == 4)
@@ -176,28 +149,30 @@ def test_a_full_queue_refuses_with_retry_after_and_accepted_work_completes(tmp_p
         results = await asyncio.gather(held, *accepted)
         assert [r.outputs for r in results[1:]] == [[vector_for(f"q{i}")] for i in range(4)]
 
-    run(engine, scenario)
+    kit.run(scenario)
 
 
 def test_a_request_larger_than_the_whole_queue_is_refused_as_invalid(tmp_path: Path):
     # Retry-After would promise a retry that can never succeed.
-    engine = make_engine(tmp_path, HashHandler(), max_batch_size=2, max_queue=4)
+    kit = make_engine(tmp_path, HashHandler(), max_batch_size=2, max_queue=4)
+    engine = kit.engine
 
-    async def scenario(engine: InferenceEngine) -> None:
+    async def scenario() -> None:
         with pytest.raises(EngineError) as info:
             await engine.run(engine.request([f"t{i}" for i in range(5)]))
         assert (info.value.kind, info.value.code) == (Kind.INVALID_INPUT, "too_many_items")
         assert len((await engine.run(engine.request([f"t{i}" for i in range(4)]))).outputs) == 4
 
-    run(engine, scenario)
+    kit.run(scenario)
 
 
 def test_an_oversize_text_runs_alone_or_is_refused_when_configured(tmp_path: Path):
     handler = HashHandler()
-    engine = make_engine(tmp_path, handler, max_batch_tokens=64)
+    kit = make_engine(tmp_path, handler, max_batch_tokens=64)
+    engine = kit.engine
     long_text = "L" * 100
 
-    async def scenario(engine: InferenceEngine) -> None:
+    async def scenario() -> None:
         held = await hold(engine, handler, "g")
         tasks = [asyncio.ensure_future(engine.run(engine.request([t]))) for t in ("s1", long_text, "s2", "s3")]
         await until(lambda: len(engine.queue) == 4)
@@ -206,16 +181,16 @@ def test_an_oversize_text_runs_alone_or_is_refused_when_configured(tmp_path: Pat
         assert [long_text] in handler.batches
         assert ["s1", "s2", "s3"] in handler.batches  # the long one did not hold the others back
 
-    run(engine, scenario)
+    kit.run(scenario)
 
     strict = make_engine(tmp_path, HashHandler(), max_batch_tokens=64, oversize="reject")
 
-    async def refused(engine: InferenceEngine) -> None:
+    async def refused() -> None:
         with pytest.raises(EngineError) as info:
-            await engine.run(engine.request(["ok", long_text]))
+            await strict.engine.run(strict.engine.request(["ok", long_text]))
         assert (info.value.kind, info.value.code, info.value.index) == (Kind.TOO_LONG, "too_many_tokens", 1)
 
-    run(strict, refused)
+    strict.run(refused)
 
 
 class _FailingGuard:
@@ -232,16 +207,15 @@ class _FailingGuard:
 
 def test_the_worker_survives_an_error_outside_the_handler(tmp_path: Path):
     handler = HashHandler()
-    settings = make_settings(tmp_path)
-    engine = InferenceEngine(settings, Metrics(), memory_guard=_FailingGuard(), loader=loader_for(handler))
-    engine.manager.load_initial()
+    kit = EngineKit(make_settings(tmp_path), handler, guard=_FailingGuard())
+    engine = kit.engine
 
-    async def scenario(engine: InferenceEngine) -> None:
+    async def scenario() -> None:
         for text in ("first", "second"):
             assert (await engine.run(engine.request([text]))).outputs == [vector_for(text)]
         assert engine.alive
 
-    run(engine, scenario)
+    kit.run(scenario)
 
 
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # the worker dies on purpose
@@ -279,16 +253,17 @@ def test_a_dead_worker_answers_every_waiting_request_and_health_says_so(tmp_path
 def test_dimensions_other_than_the_model_s_are_refused_before_any_work(tmp_path: Path):
     """OpenAI's ``dimensions`` is the engine's rule: known from the model's description, refused unrun."""
     handler = HashHandler()
-    engine = make_engine(tmp_path, handler)
+    kit = make_engine(tmp_path, handler)
+    engine = kit.engine
 
-    async def scenario(engine: InferenceEngine) -> None:
+    async def scenario() -> None:
         with pytest.raises(EngineError) as refused:
             await engine.run(engine.request(["a"], dimensions=handler.dimension + 1))
         assert (refused.value.kind, refused.value.field) == (Kind.INVALID_INPUT, "dimensions")
         assert f"{handler.dimension}-dimensional" in str(refused.value) and handler.batches == []
         assert (await engine.run(engine.request(["a"], dimensions=handler.dimension))).outputs == [vector_for("a")]
 
-    run(engine, scenario)
+    kit.run(scenario)
 
 
 def test_the_engine_builds_its_manager_with_the_callbacks_it_is_given(tmp_path: Path):
@@ -300,24 +275,16 @@ def test_the_engine_builds_its_manager_with_the_callbacks_it_is_given(tmp_path: 
     def broken(spec: Any) -> Any:
         raise RuntimeError("no model here")
 
-    engine = InferenceEngine(settings, Metrics(), loader=broken, on_lazy_failure=failures.append,
-                             on_change=lambda slots: changes.append([s.version for _, _, s in slots]))
+    kit = EngineKit(settings, broken, on_lazy_failure=failures.append,
+                    on_change=lambda slots: changes.append([s.version for _, _, s in slots]))
+    engine = kit.engine
 
-    async def scenario(engine: InferenceEngine) -> None:
+    async def scenario() -> None:
         with pytest.raises(EngineError):
             await engine.run(engine.request(["a"]))
         assert len(failures) == 1 and "no model here" in failures[0] and changes == []
 
-    asyncio.run(_started(engine, scenario))
-    ok = InferenceEngine(make_settings(tmp_path), Metrics(), loader=loader_for(HashHandler()),
-                         on_change=lambda slots: changes.append([s.version for _, _, s in slots]))
-    ok.manager.load_initial()
+    kit.run(scenario)
+    EngineKit(make_settings(tmp_path), HashHandler(),
+              on_change=lambda slots: changes.append([s.version for _, _, s in slots]))
     assert changes == [["1"]]
-
-
-async def _started(engine: InferenceEngine, scenario: Callable[[InferenceEngine], Awaitable[None]]) -> None:
-    engine.start()
-    try:
-        await asyncio.wait_for(scenario(engine), 20)
-    finally:
-        engine.stop()

@@ -1,0 +1,153 @@
+"""The in-process engine kit: an InferenceEngine over fake handlers (tests/fakes.py) with no HTTP and no weights, and
+the one wait for a condition every suite polls with (issue 40 item 5: the harness was built by hand in six suites,
+``until`` written six times).
+
+- ``EngineKit(settings, load)``: the engine of these settings (tests/settingskit.make_settings), every served model
+  that is not ``load_mode: lazy`` loaded at once, as the app loads them at start. ``load`` is a handler (that very
+  instance at every load, fakes.loader_for), ``by_folder(handlers)`` (the handler named by the load's folder:
+  several models, a reload, a canary or a shadow) or ``per_load(make)`` (a new handler made from each load's spec);
+  any other ``spec -> Handler`` is taken as it is. ``guard`` is the memory guard, bound to the kit's metrics.
+- ``kit.run(scenario)``: the engine started on a new event loop, ``scenario()`` awaited (``timeout`` seconds at
+  most) and its value returned; then every gate (``hold:NAME``) of every handler the kit loaded is opened and the
+  engine stopped, so a failing scenario never leaves a worker held for the fake's minute.
+- ``kit.sample(metric, **labels)``: a metric's value (0.0 while unset).
+- ``ask(engine, texts, **options)``: one request as a task; ``await hold(engine, handler, name)``: the worker held
+  on a batch ``hold:NAME`` until ``handler.gates[name]`` is set. Both take any engine, an app's too.
+
+``until`` (async, on the loop a scenario runs on) and ``wait_for`` (sync, in a test's own thread) poll a condition
+until it is truthy and return its value, failing with an AssertionError that names ``what`` after ``timeout``
+seconds. ``until``'s condition may be a coroutine function (a check over HTTP). The async form polls every 2 ms (an
+in-process condition is cheap to read); the sync one every 20 ms by default, as most of its callers read another
+process over HTTP and a faster poll would take the CPU that process needs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import threading
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from pathlib import Path
+from typing import Any, TypeVar
+
+import torch
+from fakes import HashHandler, loader_for
+
+from inferd.core.engine import InferenceEngine
+from inferd.core.memory import MemoryGuard
+from inferd.core.outcomes import TaskResult
+from inferd.core.spec import ModelSpec
+from inferd.core.tasks.base import Handler
+from inferd.settings import Settings
+from inferd.utils.metrics import Metrics
+
+T = TypeVar("T")
+Loader = Callable[[ModelSpec], Handler]
+CPU = torch.device("cpu")
+
+
+async def until(condition: Callable[[], Any], timeout: float = 10.0, what: str = "condition", *,
+                every: float = 0.002) -> Any:
+    """Poll ``condition()`` (awaited when it returns an awaitable) until truthy; its value, or fail naming ``what``."""
+    loop = asyncio.get_running_loop()
+    give_up = loop.time() + timeout
+    while True:
+        value = condition()
+        if inspect.isawaitable(value):
+            value = await value
+        if value:
+            return value
+        if loop.time() > give_up:
+            raise AssertionError(f"{what} not reached within {timeout}s")
+        await asyncio.sleep(every)
+
+
+def wait_for(condition: Callable[[], T], timeout: float = 30.0, what: str = "condition", *,
+             every: float = 0.02) -> T:
+    """Poll ``condition()`` until truthy and return its value; fail naming ``what`` after ``timeout`` seconds."""
+    give_up = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > give_up:
+            raise AssertionError(f"{what} not reached within {timeout}s")
+        time.sleep(every)
+
+
+def ask(engine: InferenceEngine, texts: Any, **options: Any) -> asyncio.Future[TaskResult]:
+    """One request to the engine, as a task of the running loop."""
+    return asyncio.ensure_future(engine.run(engine.request(texts, **options)))
+
+
+async def hold(engine: InferenceEngine, handler: HashHandler, name: str, **options: Any) -> asyncio.Future[TaskResult]:
+    """Occupy the worker with a batch ``hold:NAME`` that blocks until ``handler.gates[name]`` is set."""
+    handler.gates[name] = threading.Event()
+    held = ask(engine, [f"hold:{name}"], **options)
+    await until(lambda: any(f"hold:{name}" in batch for batch in handler.batches), what=f"hold:{name} running")
+    return held
+
+
+def by_folder(handlers: Mapping[str, Handler]) -> Loader:
+    """A loader: the handler named by the load's folder (its path's last part), loaded on the CPU."""
+
+    def load(spec: ModelSpec) -> Handler:
+        handler = handlers[Path(spec.path).name]
+        handler.load(spec, CPU)
+        return handler
+
+    return load
+
+
+def per_load(make: Callable[[ModelSpec], Handler]) -> Loader:
+    """A loader: a new handler per load, made from its spec, loaded on the CPU."""
+
+    def load(spec: ModelSpec) -> Handler:
+        handler = make(spec)
+        handler.load(spec, CPU)
+        return handler
+
+    return load
+
+
+class EngineKit:
+    """One in-process engine, the handlers it loaded, and a way to drive it; see the module's docstring."""
+
+    def __init__(self, settings: Settings, load: Handler | Loader, *, guard: Any = None,
+                 **callbacks: Any) -> None:
+        """``callbacks`` are InferenceEngine's own (``on_change``, ``on_lazy_failure``)."""
+        self.loaded: list[Handler] = []
+        self._load = loader_for(load) if isinstance(load, Handler) else load
+        self.metrics = Metrics(settings.batching.max_batch_size)
+        if isinstance(guard, MemoryGuard):
+            guard.bind(self.metrics)
+        self.engine = InferenceEngine(settings, self.metrics, guard, loader=self._loading, **callbacks)
+        for served in self.engine.registry:
+            if served.settings.model.load_mode != "lazy":
+                served.manager.load_initial()
+
+    def _loading(self, spec: ModelSpec) -> Handler:
+        handler = self._load(spec)
+        self.loaded.append(handler)
+        return handler
+
+    def run(self, scenario: Callable[[], Awaitable[T]], timeout: float = 20.0) -> T:
+        """Start the engine on a new loop, await ``scenario()`` and return its value; open every gate, stop."""
+
+        async def main() -> T:
+            self.engine.start()
+            try:
+                return await asyncio.wait_for(scenario(), timeout)
+            finally:
+                for handler in self.loaded:
+                    if isinstance(handler, HashHandler):
+                        for gate in handler.gates.values():
+                            gate.set()
+                self.engine.stop()
+
+        return asyncio.run(main())
+
+    def sample(self, metric: str, **labels: str) -> float:
+        """A metric's value in the kit's registry, 0.0 while unset (as an unset counter)."""
+        return self.metrics.registry.get_sample_value(metric, labels) or 0.0
