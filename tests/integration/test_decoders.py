@@ -34,7 +34,7 @@ from inferd.core.errors import ModelLoadError
 from inferd.core.loading import load_handler
 from inferd.core.preprocess import InputError, TextInput
 from inferd.core.spec import ModelSpec
-from inferd.core.tasks import detect_task
+from inferd.core.tasks.handlers import detect_task
 
 TOL = 1e-5
 

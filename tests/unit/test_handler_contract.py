@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from inferd.core.errors import ModelLoadError
-from inferd.core.tasks import handler_for
+from inferd.core.tasks.handlers import handler_for
 
 ROOT = Path(__file__).resolve().parents[2]
 SRC = ROOT / "src" / "inferd"

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from inferd.core.errors import ModelLoadError
-from inferd.core.tasks import detect_task
+from inferd.core.tasks.handlers import detect_task
 from inferd.core.tasks.multivector import is_colbert
 from inferd.core.tasks.sparse import is_splade
 from inferd.core.tasks.st_folder import Splade, read_folder

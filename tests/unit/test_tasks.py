@@ -11,8 +11,8 @@ from tinymodel import write_tiny_bert, write_tiny_classifier, write_tiny_cross_e
 from tokenizers import Tokenizer
 
 from inferd.core.preprocess import InputError, PairEncoder
-from inferd.core.tasks import detect_task, handler_for
 from inferd.core.tasks.base import ModelLoadError
+from inferd.core.tasks.handlers import detect_task, handler_for
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""The tasks this service can serve, one module each, and which one a model folder is (``model.task: auto``)."""
+"""Which task a model folder was made for (``model.task: auto``) and the handler that serves it."""
 
 from __future__ import annotations
 
