@@ -7,23 +7,20 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from enginekit import EngineKit, hold, per_load, until
 from fakes import HashHandler, vector_for
 from settingskit import make_settings
 
 from inferd.core import admission
-from inferd.core.engine import InferenceEngine
 from inferd.core.errors import ClientGone, EngineError, Kind
-from inferd.core.manager import ModelManager
 from inferd.core.outcomes import Ticket
 from inferd.core.preprocess import Encoded
 from inferd.core.spec import ModelSpec
-from inferd.utils.metrics import Metrics
 
 
 class Salted(HashHandler):
@@ -48,48 +45,25 @@ class Salted(HashHandler):
         super().close()
 
 
-class Models:
-    """A loader: folder name -> its Salted handler (made on first load, remembered for the test)."""
-
-    def __init__(self) -> None:
-        self.handlers: dict[str, Salted] = {}
-
-    def __call__(self, spec: ModelSpec) -> Salted:
-        handler = self.handlers[spec.path.name] = Salted(spec.path.name)
-        handler.load(spec, torch.device("cpu"))
-        return handler
-
-
-def make(tmp_path: Path, cache: int = 0, **limits: Any) -> tuple[InferenceEngine, ModelManager, Models]:
+def make(tmp_path: Path, cache: int = 0, **limits: Any) -> tuple[EngineKit, dict[str, Salted]]:
+    """An engine over folder ``a`` (v1) under ``tmp_path``, and each folder's Salted handler, made at its load."""
     settings = make_settings(tmp_path / "a", model={"version": "v1", "root": [str(tmp_path)]},
                              cache={"max_entries": cache}, limits=limits)
-    models = Models()
-    engine = InferenceEngine(settings, Metrics(), loader=models)
-    engine.manager.load_initial()
-    return engine, engine.manager, models
+    models: dict[str, Salted] = {}
 
+    def salted(spec: ModelSpec) -> Salted:
+        handler = models[spec.path.name] = Salted(spec.path.name)
+        return handler
 
-def run(engine: InferenceEngine, scenario: Callable[[], Awaitable[None]]) -> None:
-    async def main() -> None:
-        engine.start()
-        try:
-            await asyncio.wait_for(scenario(), 20)
-        finally:
-            engine.stop()
-
-    asyncio.run(main())
-
-
-async def until(condition: Callable[[], object]) -> None:
-    while not condition():
-        await asyncio.sleep(0.002)
+    return EngineKit(settings, per_load(salted)), models
 
 
 def test_a_batch_taken_from_the_queue_keeps_its_model_until_it_has_run(tmp_path: Path):
     # The worker has taken a batch; before it runs, the model is replaced and the only client leaves.
     # The batch's own claim keeps the model loaded: it is never run on (or freed under) a closed model.
-    engine, manager, models = make(tmp_path)
-    old = models.handlers["a"]
+    kit, models = make(tmp_path)
+    engine, manager = kit.engine, kit.engine.manager
+    old = models["a"]
     taken, go = threading.Event(), threading.Event()
     worker = engine.worker.all()[0]  # the model's one instance
     handle = worker._handle
@@ -116,7 +90,7 @@ def test_a_batch_taken_from_the_queue_keeps_its_model_until_it_has_run(tmp_path:
         assert True not in old.closed_at_infer
         assert (await engine.run(engine.request(["next"]))).outputs == [vector_for("b" + "next")]
 
-    run(engine, scenario)
+    kit.run(scenario)
 
 
 def test_only_the_event_loop_writes_a_requests_outcome(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
@@ -130,8 +104,9 @@ def test_only_the_event_loop_writes_a_requests_outcome(tmp_path: Path, monkeypat
             super().__setattr__(name, value)
 
     monkeypatch.setattr(admission, "Ticket", Watched)  # where tickets are made
-    engine, _, models = make(tmp_path)
-    handler = models.handlers["a"]
+    kit, models = make(tmp_path)
+    engine = kit.engine
+    handler = models["a"]
     oom = {"oom:x"}
     infer = handler.infer
 
@@ -150,9 +125,7 @@ def test_only_the_event_loop_writes_a_requests_outcome(tmp_path: Path, monkeypat
             with pytest.raises(EngineError) as info:
                 await engine.run(engine.request(texts))
             assert info.value.kind is kind
-        handler.gates["g"] = threading.Event()
-        held = asyncio.ensure_future(engine.run(engine.request(["hold:g"])))
-        await until(lambda: any("hold:g" in b for b in handler.batches))
+        held = await hold(engine, handler, "g")
         with pytest.raises(EngineError) as info:  # expires while queued behind the held batch
             await engine.run(engine.request(["late"], timeout_ms=30))
         assert info.value.kind is Kind.DEADLINE
@@ -160,12 +133,13 @@ def test_only_the_event_loop_writes_a_requests_outcome(tmp_path: Path, monkeypat
         await held
         assert writers and {thread for _, thread in writers} == {loop_thread}
 
-    run(engine, scenario)
+    kit.run(scenario)
 
 
 def test_a_models_last_release_frees_it_on_the_worker_not_the_event_loop(tmp_path: Path):
-    engine, manager, models = make(tmp_path)
-    old = models.handlers["a"]
+    kit, models = make(tmp_path)
+    engine, manager = kit.engine, kit.engine.manager
+    old = models["a"]
     old.gates["g"] = threading.Event()
 
     async def scenario() -> None:
@@ -178,12 +152,13 @@ def test_a_models_last_release_frees_it_on_the_worker_not_the_event_loop(tmp_pat
         await until(lambda: old.closed)
         assert old.closed_by.startswith("inferd-worker")  # the model's instance
 
-    run(engine, scenario)
+    kit.run(scenario)
 
 
 def test_the_cache_never_answers_with_another_models_vectors(tmp_path: Path):
     # v1 is freed for good once v2 replaces it, so the label may serve again: for another model (c).
-    engine, manager, _ = make(tmp_path, cache=100)
+    kit, _ = make(tmp_path, cache=100)
+    engine, manager = kit.engine, kit.engine.manager
 
     async def vector(text: str) -> tuple[str, list[float]]:
         result = await engine.run(engine.request([text]))
@@ -198,12 +173,13 @@ def test_the_cache_never_answers_with_another_models_vectors(tmp_path: Path):
         await asyncio.to_thread(manager.reload, str(tmp_path / "c"), "v1")
         assert await vector("x") == ("v1", vector_for("cx"))
 
-    run(engine, scenario)
+    kit.run(scenario)
 
 
 def test_tokenising_in_the_thread_pool_runs_one_request_at_a_time(tmp_path: Path):
-    engine, _, models = make(tmp_path, preprocess_concurrency=1)
-    handler = models.handlers["a"]
+    kit, models = make(tmp_path, preprocess_concurrency=1)
+    engine = kit.engine
+    handler = models["a"]
     state = {"active": 0, "peak": 0, "entered": 0}
     lock, gate = threading.Lock(), threading.Event()
     preprocess = handler.preprocess
@@ -233,4 +209,4 @@ def test_tokenising_in_the_thread_pool_runs_one_request_at_a_time(tmp_path: Path
         assert [r.outputs for r in results] == [[vector_for("a" + t[0])] for t in long_texts]
         assert state["peak"] == 1 and state["entered"] == 3
 
-    run(engine, scenario)
+    kit.run(scenario)
