@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 
 import numpy as np
 import pytest
-from fakes import HashHandler, engine_for, vector_for
+from enginekit import EngineKit
+from fakes import HashHandler, vector_for
 from settingskit import make_settings
 
 from inferd.core.cache import ResultCache
-from inferd.core.engine import InferenceEngine
 from inferd.core.errors import EngineError, Kind
 from inferd.utils.metrics import Metrics
 
@@ -76,38 +75,35 @@ def test_size_and_hit_rate_are_exported() -> None:
     assert sample("inferd_cache_misses_total", {"cache": "embeddings"}) == 2
 
 
-def make_engine(tmp_path: Path, handler: HashHandler, max_entries: int) -> InferenceEngine:
+def make_engine(tmp_path: Path, handler: HashHandler, max_entries: int) -> EngineKit:
     # oversize=reject with a small budget gives an input error raised on the texts sent on to the queue.
     settings = make_settings(tmp_path, batching={"max_batch_tokens": 64, "oversize": "reject"},
                              cache={"max_entries": max_entries})
-    return engine_for(handler, settings)
+    return EngineKit(settings, handler)
 
 
 def test_engine_answers_repeated_texts_from_the_cache_without_computing_them(tmp_path: Path) -> None:
     handler = HashHandler()
-    engine = make_engine(tmp_path, handler, max_entries=100)
+    kit = make_engine(tmp_path, handler, max_entries=100)
+    engine = kit.engine
 
     async def scenario() -> None:
-        engine.start()
-        try:
-            first = await engine.run(engine.request(["the cat", "a dog"]))
-            again = await engine.run(engine.request(["a dog", "new text", "the cat"]))
-            # Only the new text reached the model the second time; the answer is whole and in order.
-            assert [t for b in handler.batches for t in b].count("a dog") == 1
-            assert [t for b in handler.batches for t in b].count("new text") == 1
-            for text, got in zip(["a dog", "new text", "the cat"], again.outputs, strict=True):
-                assert np.allclose(got, vector_for(text))
-            assert again.tokens == [first.tokens[1], again.tokens[1], first.tokens[0]]
-            assert again.timings["cache_hits"] == 2
-            # An input error in the uncached part names the position in the request, not in what was sent on.
-            with pytest.raises(EngineError) as refused:
-                await engine.run(engine.request(["the cat", "a dog", "x" * 200]))
-            err = refused.value
-            assert (err.kind, err.code, err.index) == (Kind.TOO_LONG, "too_many_tokens", 2)
-        finally:
-            engine.stop()
+        first = await engine.run(engine.request(["the cat", "a dog"]))
+        again = await engine.run(engine.request(["a dog", "new text", "the cat"]))
+        # Only the new text reached the model the second time; the answer is whole and in order.
+        assert [t for b in handler.batches for t in b].count("a dog") == 1
+        assert [t for b in handler.batches for t in b].count("new text") == 1
+        for text, got in zip(["a dog", "new text", "the cat"], again.outputs, strict=True):
+            assert np.allclose(got, vector_for(text))
+        assert again.tokens == [first.tokens[1], again.tokens[1], first.tokens[0]]
+        assert again.timings["cache_hits"] == 2
+        # An input error in the uncached part names the position in the request, not in what was sent on.
+        with pytest.raises(EngineError) as refused:
+            await engine.run(engine.request(["the cat", "a dog", "x" * 200]))
+        err = refused.value
+        assert (err.kind, err.code, err.index) == (Kind.TOO_LONG, "too_many_tokens", 2)
 
-    asyncio.run(scenario())
+    kit.run(scenario)
 
 
 def test_a_pairs_key_carries_each_documents_truncation_choices() -> None:
