@@ -15,7 +15,8 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from fakes import DIM, HashHandler, engine_for, vector_for
+from enginekit import EngineKit, per_load
+from fakes import DIM, HashHandler, vector_for
 from settingskit import make_settings
 
 from inferd.api import vectors
@@ -27,7 +28,6 @@ from inferd.core.preprocess import Encoded, TextInput
 from inferd.core.prompts import Prompt
 from inferd.core.spec import ModelSpec
 from inferd.core.tenants import Tenancy, current_tenant
-from inferd.utils.metrics import Metrics
 
 
 class Prompted(HashHandler):
@@ -48,26 +48,15 @@ def with_canary(tmp_path: Path, scenario: Callable[[InferenceEngine, str], Await
     the canary's."""
     for folder in ("active", "canary"):
         (tmp_path / folder).mkdir()
-    settings = make_settings(tmp_path / "active", model={"version": "v1"})
-
-    def load(spec: ModelSpec) -> Prompted:
-        handler = Prompted()
-        handler.load(spec, torch.device("cpu"))
-        return handler
-
-    engine = InferenceEngine(settings, Metrics(settings.batching.max_batch_size), loader=load)
-    engine.manager.load_initial()
+    kit = EngineKit(make_settings(tmp_path / "active", model={"version": "v1"}), per_load(lambda spec: Prompted()))
+    engine = kit.engine
     name = engine.registry.names()[0]
 
     async def main() -> None:
-        engine.start()
-        try:
-            await asyncio.to_thread(engine.manager.set_canary, str(tmp_path / "canary"), "v2", 1.0, None, True)
-            await asyncio.wait_for(scenario(engine, name), 20)
-        finally:
-            engine.stop()
+        await asyncio.to_thread(engine.manager.set_canary, str(tmp_path / "canary"), "v2", 1.0, None, True)
+        await scenario(engine, name)
 
-    asyncio.run(main())
+    kit.run(main)
 
 
 def test_the_canary_answers_with_its_own_prompt_and_its_description_travels_with_the_result(tmp_path: Path) -> None:
@@ -152,24 +141,21 @@ def test_requests_tokenising_at_once_cannot_take_a_token_budget_past_one_request
     (the budget goes below zero by at most one request)."""
     handler = GatedTokenizer()
     settings = make_settings(tmp_path, server={"tenants": [{"name": "a", "keys": ["k"], "tokens_per_minute": 1000}]})
-    engine = engine_for(handler, settings)
+    kit = EngineKit(settings, handler)
+    engine = kit.engine
     tenant = Tenancy(settings).resolve("k")
     text = "long " * 1000  # 5,000 characters: past the size tokenised on the event loop
 
     async def main() -> list[Any]:
-        engine.start()
-        try:
-            current_tenant.set(tenant)  # each task below starts with a copy of this context
-            sent = [asyncio.ensure_future(engine.run(engine.request([text]))) for _ in range(40)]
-            await asyncio.to_thread(handler.entered.wait, 20)
-            for _ in range(10):  # every request admitted or refused before any is tokenised
-                await asyncio.sleep(0)
-            handler.gate.set()
-            return await asyncio.wait_for(asyncio.gather(*sent, return_exceptions=True), 20)
-        finally:
-            engine.stop()
+        current_tenant.set(tenant)  # each task below starts with a copy of this context
+        sent = [asyncio.ensure_future(engine.run(engine.request([text]))) for _ in range(40)]
+        await asyncio.to_thread(handler.entered.wait, 20)
+        for _ in range(10):  # every request admitted or refused before any is tokenised
+            await asyncio.sleep(0)
+        handler.gate.set()
+        return await asyncio.gather(*sent, return_exceptions=True)
 
-    answers = asyncio.run(main())
+    answers = kit.run(main, timeout=40)
     done = [a for a in answers if isinstance(a, TaskResult)]
     refused = [a for a in answers if isinstance(a, EngineError)]
     assert len(done) == 1 and len(refused) == 39, [type(a) for a in answers]
