@@ -20,7 +20,6 @@ from inferd.core.batcher import BatchQueue, Policy, QueueFull
 from inferd.core.engine import InferenceEngine
 from inferd.core.errors import ModelLoadError, NoShadow, ShadowRefused, SpaceChanged
 from inferd.core.shadow import (
-    COSINE_EDGES,
     DriftReport,
     aggregate,
     shadow_lane,
@@ -29,6 +28,7 @@ from inferd.core.shadow import (
 )
 from inferd.core.shadow_slot import sampled
 from inferd.core.spec import ModelSpec
+from inferd.core.tasks.embedding_task import COSINE_EDGES
 from inferd.settings import CanarySettings, GateSettings, ShadowSettings
 from inferd.utils.metrics import Metrics
 
@@ -176,7 +176,7 @@ def test_the_verdict_needs_enough_traffic_and_every_figure_within_the_gates_boun
 
 
 def test_the_shadow_report_measures_and_judges_as_the_accuracy_gate() -> None:
-    from inferd.core.backends import gate
+    from inferd.core.tasks import classification_task
 
     # A multi-label classifier: one of four label decisions differs for 10 of 40 texts. Both count decisions
     # (the shadow once counted texts with any differing label: 0.75 against the gate's 0.9375).
@@ -187,7 +187,7 @@ def test_the_shadow_report_measures_and_judges_as_the_accuracy_gate() -> None:
     report = DriftReport("classification", "v2", multi_label=True)
     report.add(list(pa), list(pb))
     assert report.figures()["label_agreement"] == pytest.approx(1 - 10 / 160)
-    assert gate.label_figures(pa, pb, True)["label_agreement"] == pytest.approx(1 - 10 / 160)
+    assert classification_task.label_figures(pa, pb, True)["label_agreement"] == pytest.approx(1 - 10 / 160)
     # A NaN figure passes no bound, in the shadow's verdict as in the gate's judge.
     nan = verdict("embedding", 500, {"cosine_mean": float("nan"), "cosine_min": 1.0, "overlap_mean": 1.0}, GATE, 100)
     assert nan.code == "shadow_drifted" and "cosine_mean nan < 0.995" in nan.reasons[0]

@@ -36,6 +36,7 @@ from inferd.core.registry import ModelRegistry, ServedModel
 from inferd.core.request import InferenceRequest, input_refusal
 from inferd.core.shadow import SHADOW_PRIORITY, SHADOW_TIMEOUT_S, Shadow, shadow_lane, shadow_policy
 from inferd.core.slots import ModelSlot
+from inferd.core.tasks.embedding_task import DEFAULT_OUTPUTS
 from inferd.core.tenants import Tenant, current_tenant
 from inferd.settings import Settings
 from inferd.utils import tracing
@@ -107,7 +108,7 @@ def wrong_dimensions(description: ModelDescription, dimensions: int) -> EngineEr
 
 def missing_outputs(description: ModelDescription, outputs: tuple[str, ...]) -> EngineError | None:
     """Outputs the model load cannot give (its description's ``outputs``), refused before any work."""
-    gives = tuple(description.outputs or ("dense",))
+    gives = tuple(description.outputs or DEFAULT_OUTPUTS)
     missing = [k for k in outputs if k not in gives]
     if not missing:
         return None
@@ -225,10 +226,12 @@ class Admission:
             if refusal is not None:
                 raise refusal  # known before any work: refuse now rather than compute in vain
             # A dense vector too: every embedding route asks for one, which a SPLADE or ColBERT model does not give.
-            missing = missing_outputs(slot.description, request.outputs) if slot.task == "embedding" else None
+            # A task without outputs (description.outputs None) ignores them.
+            outputs = slot.description.outputs
+            missing = None if outputs is None else missing_outputs(slot.description, request.outputs)
             if missing is not None:
                 raise missing
-            if request.outputs != ("dense",):
+            if request.outputs != DEFAULT_OUTPUTS:
                 # Each text carries them to the handler, and into its cache key (core/outputs.py asked).
                 inputs = asking(inputs, request.outputs)
             if request.prompt is not None:
@@ -244,7 +247,7 @@ class Admission:
             # While the slot is held: its version's series cannot have been removed (slot freed) under us.
             self.metrics.version_requests.labels(served.name, slot.version).inc()
             self.metrics.task_items.labels(served.name, slot.task).inc(len(inputs))
-            if slot.task == "embedding":
+            if outputs is not None:
                 for kind in request.outputs:
                     self.metrics.output_items.labels(served.name, kind).inc(len(inputs))
             if served.manager.shadow is not None and slot is served.manager.active:

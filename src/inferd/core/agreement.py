@@ -11,7 +11,8 @@ written once so that the two hold a model to the same figures under the same ``m
   largest weight difference as a share of the text's largest weight;
 - token vectors (multi-vector): the MaxSim ranking of the other texts by each text, as rank agreement.
 
-Kept apart from the gate, which needs torch, so that the fleet's CLI (shadow aggregation) starts without it.
+Which of them a task is judged by is the task's own (core/tasks/: ``*_task.py``). Kept apart from the gate, which
+needs torch, so that the fleet's CLI (shadow aggregation) starts without it.
 
 Equal items are not a disagreement: the same text sent twice is computed in different batches, with other
 padding, and its two figures differ by float noise (~1e-7); which of them a model ranks first is then row
@@ -25,7 +26,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
@@ -201,7 +201,8 @@ def maxsim_ranking(a: list[np.ndarray], b: list[np.ndarray]) -> dict[str, float]
 
 @dataclass(frozen=True)
 class Bound:
-    """A figure's bound: at least ``bound`` (at most, when ``upper``), set by ``model.gate.<setting>``."""
+    """A figure's bound: at least ``bound`` (at most, when ``upper``), set by ``model.gate.<setting>``. Which
+    bounds a model is held to is its task's (core/tasks/: ``Task.bounds``, ``Output.bounds``)."""
 
     figure: str
     setting: str
@@ -216,33 +217,6 @@ class Bound:
         """The figure past its bound, worded for an operator (``name``: the figure as the caller shows it)."""
         return (f"{name or self.figure} {value:.6f} {'>' if self.upper else '<'} {self.bound} "
                 f"(model.gate.{self.setting})")
-
-
-def bounds(task: str, kind: str, gate: Any) -> list[Bound]:
-    """The bounds a model's figures are held to, per task and the precision it runs at (fp32, half, int8):
-    ``gate`` is the model.gate settings. Agreement bounds are the task's whatever the precision; a difference's
-    bound (``upper``) is the precision's."""
-    if task == "rerank":
-        return [Bound("spearman_mean", "rerank_spearman_min", gate.rerank_spearman_min),
-                Bound("top3_agreement", "rerank_top3_min", gate.rerank_top3_min),
-                Bound("score_diff_max", f"{kind}_score_diff_max", getattr(gate, f"{kind}_score_diff_max"), True)]
-    if task == "sparse":  # a sparse output's, beside its model's other outputs
-        return [Bound("sparse_top10", "sparse_top10_min", gate.sparse_top10_min),
-                Bound("weight_diff_max", f"{kind}_score_diff_max", getattr(gate, f"{kind}_score_diff_max"), True)]
-    if task == "multivector":
-        return [Bound("maxsim_spearman", "maxsim_spearman_min", gate.maxsim_spearman_min),
-                Bound("maxsim_top3", "maxsim_top3_min", gate.maxsim_top3_min)]
-    if task == "classification":
-        return [Bound("label_agreement", "classification_agreement_min", gate.classification_agreement_min),
-                Bound("score_diff_max", f"{kind}_probability_diff_max",
-                      getattr(gate, f"{kind}_probability_diff_max"), True)]
-    if kind == "int8":
-        return [Bound("cosine_min", "int8_cosine_min", gate.int8_cosine_min),
-                Bound("cosine_mean", "int8_cosine_mean", gate.int8_cosine_mean),
-                Bound("overlap_at_10", "int8_overlap_at_10", gate.int8_overlap_at_10)]
-    if kind == "half":
-        return [Bound("cosine_min", "half_cosine_min", gate.half_cosine_min)]
-    return [Bound("cosine_min", "fp32_cosine_min", gate.fp32_cosine_min)]
 
 
 def judge(figures: Mapping[str, float | None], held_to: list[Bound],

@@ -13,6 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from inferd.core.tasks.kinds import task_of
+
 
 @dataclass(frozen=True, slots=True)
 class ModelDescription:
@@ -61,7 +63,5 @@ class ModelDescription:
     @property
     def outputs(self) -> list[str] | None:
         """An embedding model's outputs (dense, sparse, multivector: its handler's ``outputs``, a dense vector when
-        it names none); None for another task."""
-        if self.task != "embedding":
-            return None
-        return list(self.facts.get("outputs") or ("dense",))
+        it names none); None for a task without outputs."""
+        return task_of(self.task).outputs(self.facts)

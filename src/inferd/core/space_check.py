@@ -22,6 +22,7 @@ from inferd.core.agreement import cosine_rows
 from inferd.core.backends.gate import builtin_texts
 from inferd.core.errors import ModelLoadError
 from inferd.core.slots import ModelSlot
+from inferd.core.tasks.kinds import task_of
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +36,7 @@ Reaper = Callable[[Callable[[], None]], None] | None
 def space_changed(candidate: ModelSlot, active: ModelSlot, bound: float, reaper: Reaper) -> str | None:
     """Why an embedding ``candidate``'s vectors are not ``active``'s space (None: they are, or the models are
     not both embedders, or a plug-in handler cannot embed the built-in texts)."""
-    if candidate.task != "embedding" or active.task != "embedding":
+    if not (task_of(candidate.task).stored_vectors and task_of(active.task).stored_vectors):
         return None
     texts = builtin_texts(SPACE_TEXTS)
     active.acquire()

@@ -31,6 +31,9 @@ rules judge, each with its bound, and no other.
   text's) and the largest weight difference as a share of the text's largest weight; its token vectors by each
   text's MaxSim ranking of the other texts (Spearman and top-3, means over texts). Without a dense vector the
   cosine figures are those of the sparse vectors over the vocabulary, or else of the token vectors.
+
+What differs between tasks (the inputs made of the texts, the scores compared, their figures and bounds) is the
+task object's (core/tasks/: ``*_task.py``); this module runs the batch shapes and judges.
 """
 
 from __future__ import annotations
@@ -47,12 +50,9 @@ import torch
 
 from inferd.core.agreement import (
     Bound,
-    bounds,
     cosine_rows,
-    label_agreement,
     maxsim_ranking,
     overlap_at_k,
-    ranking,
     sparse_cosine,
     term_agreement,
     weight_diff,
@@ -60,6 +60,8 @@ from inferd.core.agreement import (
 from inferd.core.agreement import judge as judge_figures
 from inferd.core.backends.base import BackendError, Runner
 from inferd.core.preprocess import Encoded, InputError
+from inferd.core.tasks.embedding_task import DEFAULT_OUTPUTS
+from inferd.core.tasks.kinds import outputs_measured, task_of
 from inferd.settings import GateSettings
 
 BUILTIN_SEED = 11_2024  # the gate's texts
@@ -73,7 +75,6 @@ LONG_TOKENS = 512
 # Figures no rounding reaches (reduced precision's worst measured: one MiniLM text at cosine 0.66, static int8 with
 # bf16 parts on a Xeon with AMX): below them a graph is told apart as a wrong one, whatever its precision.
 WRONG_BELOW = {"cosine_min": 0.5, "spearman_mean": 0.5, "label_agreement": 0.5}
-PER_QUERY = 16  # documents per query in the rerank gate's set
 _FIGURE_NAMES = {"cosine_min": "cosine min", "cosine_mean": "cosine mean", "overlap_at_10": "overlap@10",
                  "spearman_mean": "Spearman mean", "top3_agreement": "top-3 agreement",
                  "label_agreement": "label agreement", "score_diff_max": "max diff",
@@ -219,21 +220,6 @@ def read_calibration_file(path: Path) -> list[str]:
     return out
 
 
-def gate_inputs(task: str, texts: Sequence[str]) -> list[Any]:
-    """What the gate runs a task on: the texts, or for rerank query/document pairs made from them (each
-    group of PER_QUERY texts is one query's documents; the query is the start of one of them, so a query
-    has one relevant document and a ranking to keep)."""
-    if task != "rerank":
-        return list(texts)
-    pairs: list[tuple[str, str]] = []
-    for g in range(len(texts) // PER_QUERY):
-        docs = texts[g * PER_QUERY:(g + 1) * PER_QUERY]
-        source = docs[g % PER_QUERY]
-        query = " ".join(source.split()[:8]) if " " in source else source[:16]
-        pairs += [(query, d) for d in docs]
-    return pairs
-
-
 def long_length(probe: Probe) -> int:
     """The gate's long documents' length in tokens: the model's limit, at most LONG_TOKENS."""
     return min(probe.max_seq_length, LONG_TOKENS)
@@ -287,7 +273,7 @@ def encode_set(probe: Probe, texts: Sequence[str]) -> list[Encoded]:
     long document at the length limit (for a pair: the same query with a long document)."""
     texts = list(texts)
     out = []
-    for i, item in enumerate(gate_inputs(probe.task, texts)):
+    for i, item in enumerate(task_of(probe.task).gate_inputs(texts)):
         query = item[0] if isinstance(item, tuple) else None
         if i % AT_LIMIT_SHARE == AT_LIMIT_SHARE - 1:
             out.append(at_limit(probe, texts, i, query))
@@ -301,7 +287,7 @@ def encode_set(probe: Probe, texts: Sequence[str]) -> list[Encoded]:
 
 def filler_for(probe: Probe, texts: Sequence[str]) -> Encoded:
     """The long input that pads the gate's padded batches."""
-    return at_limit(probe, texts, 0, "what is this about" if probe.task == "rerank" else None)
+    return at_limit(probe, texts, 0, task_of(probe.task).gate_query)
 
 
 def calibration_samples(probe: Probe, encoded: Sequence[Encoded]) -> list[dict[str, Any]]:
@@ -360,31 +346,15 @@ def outputs(probe: Probe, runner: Runner, items: list[Encoded], plan: list[list[
     return np.stack(rows).astype(np.float64)  # type: ignore[arg-type]
 
 
-def ranking_figures(reference: np.ndarray, got: np.ndarray) -> dict[str, float]:
-    """Rerank: per query (each PER_QUERY consecutive pairs), rank agreement with the reference; score
-    difference as a share of the reference's range over the whole set."""
-    groups = [slice(k, k + PER_QUERY) for k in range(0, len(reference) - PER_QUERY + 1, PER_QUERY)]
-    span = float(reference.max() - reference.min()) or 1.0
-    per_query = [ranking(reference[g], got[g]) for g in groups]
-    return {"spearman_mean": round(float(np.mean([q["spearman"] for q in per_query])), 6),
-            "top3_agreement": round(float(np.mean([q["top3"] for q in per_query])), 4),
-            "score_diff_max": round(float(np.abs(reference - got).max()) / span, 7)}
-
-
-def label_figures(reference: np.ndarray, got: np.ndarray, multi_label: bool) -> dict[str, float]:
-    """Classification: the share of decisions that agree, and the largest probability difference."""
-    agree = float(label_agreement(reference, got, multi_label).mean())
-    return {"label_agreement": round(agree, 6), "score_diff_max": round(float(np.abs(reference - got).max()), 7)}
-
-
 def measure(probe: Probe, reference: Runner, candidate: Runner, texts: Sequence[str],
             seed: int = BUILTIN_SEED) -> Figures:
-    """Compare the candidate's outputs with the reference's at every batch shape."""
-    if probe.task == "embedding" and tuple(probe.outputs) != ("dense",):
+    """Compare the candidate's outputs with the reference's at every batch shape: as vectors (each of an embedding
+    model's outputs, when it gives more than a dense vector) or as the task's scores."""
+    if not task_of(probe.task).gate_vectors:
+        return measure_scores(probe, reference, candidate, texts, seed)
+    if tuple(probe.outputs) != DEFAULT_OUTPUTS:
         return measure_outputs(probe, reference, candidate, texts, seed)
-    if probe.task == "embedding":
-        return measure_embeddings(probe, reference, candidate, texts, seed)
-    return measure_scores(probe, reference, candidate, texts, seed)
+    return measure_embeddings(probe, reference, candidate, texts, seed)
 
 
 def nonfinite_rows(values: np.ndarray) -> int:
@@ -414,20 +384,19 @@ def reference_outputs(probe: Probe, reference: Runner, items: list[Encoded], pla
 
 def measure_scores(probe: Probe, reference: Runner, candidate: Runner, texts: Sequence[str],
                    seed: int = BUILTIN_SEED) -> ScoreFigures:
-    """Rerank (the score column of the task's [score, raw] rows) or classification (the probabilities)."""
+    """A task's scores (the task's ``gate_scores``: a reranker's score column, a classifier's probabilities),
+    compared by the task's ``gate_figures``."""
+    task = task_of(probe.task)
     items = encode_set(probe, texts)
     filler = filler_for(probe, texts)
     batch_plans = plans(seed)
-    rerank = probe.task == "rerank"
     multi_label = probe.multi_label
     tally = Tally()
 
     def task_outputs(runner: Runner, plan: list[list[int]]) -> np.ndarray:
-        out = outputs(probe, runner, items, plan, filler, tally)
-        return out[:, 0] if rerank else out
+        return task.gate_scores(outputs(probe, runner, items, plan, filler, tally))
 
-    ref = reference_outputs(probe, reference, items, batch_plans["32 sorted"](items), filler, tally)
-    ref = ref[:, 0] if rerank else ref
+    ref = task.gate_scores(reference_outputs(probe, reference, items, batch_plans["32 sorted"](items), filler, tally))
     shapes: dict[str, dict[str, float | None]] = {}
     per_shape: dict[str, np.ndarray] = {}
     nonfinite = 0
@@ -436,11 +405,11 @@ def measure_scores(probe: Probe, reference: Runner, candidate: Runner, texts: Se
         per_shape[name] = got
         bad = nonfinite_rows(got)
         nonfinite += bad
-        figures = ranking_figures(ref, got) if rerank else label_figures(ref, got, multi_label)
+        figures = task.gate_figures(ref, got, multi_label)
         # Figures over NaN outputs are meaningless (a rank of NaN is arbitrary): NaN, which fails.
         shapes[name] = {**{k: float("nan") if bad else v for k, v in figures.items()}, "nonfinite": bad}
     alone = per_shape["1"]
-    span = (float(ref.max() - ref.min()) or 1.0) if rerank else 1.0
+    span = task.gate_span(ref)
     invariance = worst([float(np.abs(alone - v).max()) / span for name, v in per_shape.items() if name != "1"],
                        upper=True)
 
@@ -579,11 +548,9 @@ def measure_outputs(probe: Probe, reference: Runner, candidate: Runner, texts: S
 
 def held_to(figures: Figures, kind: str, thresholds: GateSettings) -> list[Bound]:
     """The bounds these figures answer to: the task's, and a sparse or token-vector output's where measured."""
-    out = bounds(figures.task, kind, thresholds)
-    if getattr(figures, "sparse_top10", None) is not None:
-        out += bounds("sparse", kind, thresholds)
-    if getattr(figures, "maxsim_spearman", None) is not None:
-        out += bounds("multivector", kind, thresholds)
+    out = task_of(figures.task).bounds(kind, thresholds)
+    for output in outputs_measured(figures):
+        out += output.bounds(kind, thresholds)
     return out
 
 
@@ -632,5 +599,5 @@ def summary(figures: Figures, kind: str, thresholds: GateSettings) -> str:
         value = getattr(figures, rule.figure)
         if value is not None:
             parts.append(f"{_FIGURE_NAMES[rule.figure]} {value:.6f} ({'≤' if rule.upper else '≥'} {rule.bound})")
-    unit = "pairs" if figures.task == "rerank" else "texts"
+    unit = task_of(figures.task).unit
     return f"{', '.join(parts)} ({figures.texts} {unit}, shapes {', '.join(figures.shapes)})"

@@ -30,6 +30,7 @@ from inferd.core.outputs import token_vectors_refusal
 from inferd.core.preprocess import Encoded, InputError
 from inferd.core.spec import ModelSpec
 from inferd.core.staging import StagedBatch, to_device
+from inferd.core.tasks.kinds import task_of
 
 log = logging.getLogger(__name__)
 
@@ -99,14 +100,12 @@ class Handler(ABC):
 
     def describe(self) -> dict[str, Any]:
         """The task's facts about the loaded model; by default an embedding handler's ``dimension``."""
-        if self.task != "embedding" or self.dimension is None:
-            return {}
-        return {"dimension": int(self.dimension)}
+        return task_of(self.task).facts(self.dimension)
 
     def incompatibility(self, serving: ModelDescription, allow_change: bool) -> str | None:
         """Why this model may not replace the serving one; by default an embedding handler is held to the
-        dimension rule and any other task's model is accepted."""
-        if self.task != "embedding":
+        dimension rule (its vectors are stored: ``Task.stored_vectors``) and any other task's model is accepted."""
+        if not task_of(self.task).stored_vectors:
             return None
         return dimension_refusal(self.dimension, serving, allow_change)
 

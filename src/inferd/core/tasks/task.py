@@ -1,0 +1,88 @@
+"""What a task is, apart from how a model runs it: the ``Task`` every task object derives from, and the ``Output``
+an embedding may give beyond its dense vector. One object per task (``*_task.py``), registered in ``kinds.py`` and
+chosen once by name (``kinds.task_of``); the gate, the drift report, admission and the description call its members
+and never branch on the name (sentence-transformers' SimilarityFunction: one table, no ladder at the call sites;
+vLLM's pooler per task, chosen once).
+
+Numpy only (core/agreement.py's measures): the fleet's CLI holds reports to these bounds without torch.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from inferd.core.agreement import Bound
+from inferd.core.tasks.drift import Drift, Worst
+
+
+class Output(ABC):
+    """One kind of answer an embedding model may give for a text (a dense vector, a sparse vector, token
+    vectors): the gate figure that says it was measured, and the bounds its figures are held to."""
+
+    name: str
+    # The gate's figure present (not None) exactly when the model gives this output.
+    lead_figure: str
+
+    @abstractmethod
+    def bounds(self, kind: str, gate: Any) -> list[Bound]:
+        """The bounds of this output's figures at precision ``kind`` (fp32, half, int8); ``gate``: model.gate."""
+
+
+class Task(ABC):
+    """One task's knowledge. The defaults are those of a task whose answers are scores per input (a plug-in's own
+    task is compared so)."""
+
+    name: str
+    # Clients store its answers (vectors) and compare them with later ones: a new model is held to the serving
+    # one's dimension (``model.allow_dimension_change``), a canary to its space (core/space_check.py), and a
+    # result carries the outputs asked (dense, sparse, multi-vector).
+    stored_vectors: bool = False
+    # The accuracy gate compares its answers as vectors (cosine, neighbours) rather than as scores.
+    gate_vectors: bool = False
+    # The query the gate's padding document is paired with (None: its inputs are texts, not pairs).
+    gate_query: str | None = None
+    # What the gate's set counts, as its summary says.
+    unit: str = "texts"
+
+    @abstractmethod
+    def bounds(self, kind: str, gate: Any) -> list[Bound]:
+        """The bounds a model's figures are held to at precision ``kind`` (fp32, half, int8), ``gate`` being the
+        model.gate settings: agreement bounds are the task's whatever the precision; a difference's bound
+        (``upper``) is the precision's."""
+
+    @abstractmethod
+    def drift(self, worst: Worst, labels: Sequence[str] | None, multi_label: bool, window: int,
+              neighbours: int) -> Drift:
+        """A new comparison of a candidate's answers with the active model's, for a drift report."""
+
+    # -- the accuracy gate --------------------------------------------------------------------------------
+
+    def gate_inputs(self, texts: Sequence[str]) -> list[Any]:
+        """What the gate runs the task on, made from its texts."""
+        return list(texts)
+
+    def gate_scores(self, out: np.ndarray) -> np.ndarray:
+        """The part of a forward pass's rows the gate compares (a reranker's [score, raw] rows: the score)."""
+        return out
+
+    def gate_span(self, reference: np.ndarray) -> float:
+        """The scale a score difference is a share of (1: the scores' own, probabilities)."""
+        return 1.0
+
+    def gate_figures(self, reference: np.ndarray, got: np.ndarray, multi_label: bool) -> dict[str, float]:
+        """One batch shape's figures for scores (``gate_vectors`` tasks are measured as vectors instead)."""
+        return {}
+
+    # -- the description -----------------------------------------------------------------------------------
+
+    def facts(self, dimension: int | None) -> dict[str, Any]:
+        """What a loaded model of this task tells its description by default (a handler may say more)."""
+        return {}
+
+    def outputs(self, facts: Mapping[str, Any]) -> list[str] | None:
+        """The outputs a model of this task gives (its handler's ``outputs`` fact); None: it has no outputs."""
+        return None
