@@ -11,13 +11,12 @@ from typing import Any
 
 import numpy as np
 import pytest
-import torch
+from enginekit import EngineKit, by_folder, until
 from fakes import HashHandler, vector_for
 from settingskit import make_settings
 
 from inferd.core.agreement import overlap_at_k
 from inferd.core.batcher import BatchQueue, Policy, QueueFull
-from inferd.core.engine import InferenceEngine
 from inferd.core.errors import ModelLoadError, NoShadow, ShadowRefused, SpaceChanged
 from inferd.core.shadow import (
     DriftReport,
@@ -27,10 +26,8 @@ from inferd.core.shadow import (
     verdict,
 )
 from inferd.core.shadow_slot import sampled
-from inferd.core.spec import ModelSpec
 from inferd.core.tasks.embedding_task import COSINE_EDGES
 from inferd.settings import CanarySettings, GateSettings, ShadowSettings
-from inferd.utils.metrics import Metrics
 
 GATE = GateSettings()
 
@@ -268,48 +265,19 @@ class ShiftedHandler(HashHandler):
 
 
 def engine_with(tmp_path: Path, shadow: ShadowSettings | None = None, canary: CanarySettings | None = None,
-                **batching: Any) -> tuple[InferenceEngine, dict[str, HashHandler]]:
+                **batching: Any) -> tuple[EngineKit, dict[str, HashHandler]]:
+    """An engine serving folder ``active``; ``same`` (the same space) and ``shifted`` (another) to load beside it."""
     handlers = {"active": HashHandler(), "same": HashHandler(), "shifted": ShiftedHandler()}
     for name in handlers:
         (tmp_path / name).mkdir(exist_ok=True)
-
-    def load(spec: ModelSpec) -> Any:
-        handler = handlers[Path(spec.path).name]
-        handler.load(spec, torch.device("cpu"))
-        return handler
-
     settings = make_settings(tmp_path / "active", batching=batching, shadow=shadow or ShadowSettings(),
                              canary=canary or CanarySettings())
-    engine = InferenceEngine(settings, Metrics(), loader=load)
-    engine.manager.load_initial()
-    return engine, handlers
-
-
-def run(engine: InferenceEngine, scenario: Any) -> None:
-    async def main() -> None:
-        engine.start()
-        try:
-            await asyncio.wait_for(scenario(), 20)
-        finally:
-            for handler in {id(s.handler): s.handler for _, _, s in engine.slots()}.values():
-                for event in handler.gates.values():
-                    event.set()
-            engine.stop()
-
-    asyncio.run(main())
-
-
-def sample(engine: InferenceEngine, name: str, labels: dict[str, str]) -> float:
-    return engine.metrics.registry.get_sample_value(name, labels) or 0.0
-
-
-async def until(condition: Any) -> None:
-    while not condition():
-        await asyncio.sleep(0.002)
+    return EngineKit(settings, by_folder(handlers)), handlers
 
 
 def test_shadow_never_changes_a_live_answer_and_reports_the_drift(tmp_path: Path) -> None:
-    engine, handlers = engine_with(tmp_path)
+    kit, handlers = engine_with(tmp_path)
+    engine = kit.engine
     manager = engine.manager
     manager.set_shadow(str(tmp_path / "shifted"), "v2", 1.0)
     texts = [f"text number {i} about cats" for i in range(12)]
@@ -326,17 +294,17 @@ def test_shadow_never_changes_a_live_answer_and_reports_the_drift(tmp_path: Path
                 for t in texts]
         assert report["cosine"]["mean"] == pytest.approx(np.mean(want), abs=1e-6)
         assert report["requests"] == {"sampled": 4, "computed": 4, "shed": 0, "failed": 0}
-        assert sample(engine, "inferd_shadow_requests_total", {"model": "all-MiniLM-L6-v2",
-                                                               "outcome": "computed"}) == 4
+        assert kit.sample("inferd_shadow_requests_total", model="all-MiniLM-L6-v2", outcome="computed") == 4
         # Shadow batches stay out of the live metrics: no batch series for the candidate's version.
-        assert sample(engine, "inferd_batch_size_count", {"model": "all-MiniLM-L6-v2", "version": "v2"}) == 0
+        assert kit.sample("inferd_batch_size_count", model="all-MiniLM-L6-v2", version="v2") == 0
         assert handlers["shifted"].batches  # it did compute
 
-    run(engine, scenario)
+    kit.run(scenario)
 
 
 def test_the_candidate_computes_a_request_in_batches_no_larger_than_the_shadow_cap(tmp_path: Path) -> None:
-    engine, handlers = engine_with(tmp_path, shadow=ShadowSettings(max_batch_size=4))
+    kit, handlers = engine_with(tmp_path, shadow=ShadowSettings(max_batch_size=4))
+    engine = kit.engine
     engine.manager.set_shadow(str(tmp_path / "same"), "v2", 1.0)
     texts = [f"text {i}" for i in range(10)]
 
@@ -349,11 +317,12 @@ def test_the_candidate_computes_a_request_in_batches_no_larger_than_the_shadow_c
         assert sorted(len(b) for b in handlers["same"].batches) == [2, 4, 4]
         assert shadow.report.as_dict()["cosine"]["count"] == 10
 
-    run(engine, scenario)
+    kit.run(scenario)
 
 
 def test_shadow_work_is_shed_first_when_its_lane_is_full_and_never_refuses_live_work(tmp_path: Path) -> None:
-    engine, handlers = engine_with(tmp_path)
+    kit, handlers = engine_with(tmp_path)
+    engine = kit.engine
     manager = engine.manager
     manager.set_shadow(str(tmp_path / "same"), "v2", 1.0)
 
@@ -375,13 +344,14 @@ def test_shadow_work_is_shed_first_when_its_lane_is_full_and_never_refuses_live_
         # Every shadow batch ran after the live batches it was queued beside.
         order = [t for b in handlers["active"].batches + handlers["same"].batches for t in b]
         assert len(order) == 14
-        assert sample(engine, "inferd_requests_rejected_total", {"reason": "overloaded"}) == 0
+        assert kit.sample("inferd_requests_rejected_total", reason="overloaded") == 0
 
-    run(engine, scenario)
+    kit.run(scenario)
 
 
 def test_shadow_work_that_does_not_fit_its_lane_is_shed_and_counted(tmp_path: Path) -> None:
-    engine, _ = engine_with(tmp_path, max_queue=1024)
+    kit, _ = engine_with(tmp_path, max_queue=1024)
+    engine = kit.engine
     engine.settings = engine.admission.settings = engine.settings.model_copy(
         update={"limits": engine.settings.limits.model_copy(update={"max_items_per_request": 400})})
     manager = engine.manager
@@ -395,14 +365,15 @@ def test_shadow_work_that_does_not_fit_its_lane_is_shed_and_counted(tmp_path: Pa
         assert shadow is not None
         await until(lambda: shadow.report.shed == 1)
         assert shadow.report.computed == 0
-        assert sample(engine, "inferd_shadow_requests_total", {"model": "all-MiniLM-L6-v2", "outcome": "shed"}) == 1
-        assert sample(engine, "inferd_requests_rejected_total", {"reason": "overloaded"}) == 0
+        assert kit.sample("inferd_shadow_requests_total", model="all-MiniLM-L6-v2", outcome="shed") == 1
+        assert kit.sample("inferd_requests_rejected_total", reason="overloaded") == 0
 
-    run(engine, scenario)
+    kit.run(scenario)
 
 
 def test_promotion_follows_the_verdict_unless_forced(tmp_path: Path) -> None:
-    engine, _ = engine_with(tmp_path)
+    kit, _ = engine_with(tmp_path)
+    engine = kit.engine
     manager = engine.manager
     with pytest.raises(NoShadow):
         manager.promote_shadow()
@@ -423,11 +394,12 @@ def test_promotion_follows_the_verdict_unless_forced(tmp_path: Path) -> None:
         slot = manager.promote_shadow(force=True, min_items=10)
         assert manager.active is slot and manager.shadow is None and slot.version == "v2"
 
-    run(engine, scenario)
+    kit.run(scenario)
 
 
 def test_a_canary_of_another_embedding_space_is_refused_unless_forced(tmp_path: Path) -> None:
-    engine, _ = engine_with(tmp_path)
+    kit, _ = engine_with(tmp_path)
+    engine = kit.engine
     manager = engine.manager
 
     async def scenario() -> None:
@@ -440,7 +412,7 @@ def test_a_canary_of_another_embedding_space_is_refused_unless_forced(tmp_path: 
         forced = await asyncio.to_thread(manager.set_canary, str(tmp_path / "shifted"), "v4", 0.5, None, True)
         assert manager.canary is forced
 
-    run(engine, scenario)
+    kit.run(scenario)
 
 
 def test_a_configured_canary_of_another_embedding_space_fails_the_start_unless_forced(tmp_path: Path) -> None:
@@ -448,9 +420,12 @@ def test_a_configured_canary_of_another_embedding_space_fails_the_start_unless_f
     with pytest.raises(ModelLoadError, match=r"canary.path .*shifted: the canary's embedding space differs.*"
                                              r"canary.force: true"):
         engine_with(tmp_path, canary=shifted)
-    engine, _ = engine_with(tmp_path, canary=shifted.model_copy(update={"force": True}))
-    assert [(role, slot.version) for role, slot in engine.manager.slots()] == [("active", "1"), ("canary", "v2")]
-    same, _ = engine_with(tmp_path, canary=CanarySettings(path=str(tmp_path / "same"), version="v3", weight=0.2))
+    forced, _ = engine_with(tmp_path, canary=shifted.model_copy(update={"force": True}))
+    assert [(role, slot.version) for role, slot in forced.engine.manager.slots()] == [("active", "1"),
+                                                                                      ("canary", "v2")]
+    same_kit, _ = engine_with(tmp_path, canary=CanarySettings(path=str(tmp_path / "same"), version="v3",
+                                                              weight=0.2))
+    same = same_kit.engine
     assert same.manager.canary is not None and same.manager.canary.version == "v3"
 
 
