@@ -21,9 +21,7 @@ NAMES = {"embedding", "rerank", "classification", "sparse", "multivector", "dens
 OPS = (ast.Eq, ast.NotEq, ast.In, ast.NotIn, ast.Is, ast.IsNot)
 # path -> how many such comparisons it still holds (each api/ module answers one client family's wire shapes).
 REMAINING = {"api/catalog.py": 2, "api/inferd_encode.py": 3, "api/inferd_routes.py": 2, "api/tei.py": 2,
-             "api/tei_outputs.py": 1, "api/tei_predict.py": 3,
-             # output_figures: which of an embedding model's outputs its cosine figures are taken from.
-             "core/backends/gate.py": 4}
+             "api/tei_outputs.py": 1, "api/tei_predict.py": 3}
 
 
 def _names(node: ast.expr) -> set[str]:

@@ -51,17 +51,13 @@ import torch
 from inferd.core.agreement import (
     Bound,
     cosine_rows,
-    maxsim_ranking,
     overlap_at_k,
-    sparse_cosine,
-    term_agreement,
-    weight_diff,
 )
 from inferd.core.agreement import judge as judge_figures
 from inferd.core.backends.base import BackendError, Runner
 from inferd.core.preprocess import Encoded, InputError
 from inferd.core.tasks.embedding_task import DEFAULT_OUTPUTS
-from inferd.core.tasks.kinds import outputs_measured, task_of
+from inferd.core.tasks.kinds import outputs_given, outputs_measured, task_of
 from inferd.settings import GateSettings
 
 BUILTIN_SEED = 11_2024  # the gate's texts
@@ -480,25 +476,15 @@ def _finite(value: Any) -> bool:
 
 
 def output_figures(ref: dict[str, list[Any]], got: dict[str, list[Any]], ranked: bool) -> dict[str, float | None]:
-    """One batch shape's figures, every output of the model's (see the module's docstring)."""
+    """One batch shape's figures, every output of the model's (see the module's docstring): the cosine figures
+    of its first output (the dense vector's, else the sparse vectors' or the token vectors'), and each output's
+    own (core/tasks/embedding_task.py)."""
+    given = outputs_given(ref)
+    cos = given[0].cosines(ref[given[0].name], got[given[0].name])
     out: dict[str, float | None] = {"overlap_at_10": None}
-    if "dense" in ref:
-        a, b = np.stack(ref["dense"]), np.stack(got["dense"])
-        cos = cosine_rows(a, b)
-        out["overlap_at_10"] = round(overlap_at_k(a, b, OVERLAP_K), 4) if ranked else None
-    elif "sparse" in ref:
-        cos = np.array([sparse_cosine(x, y) for x, y in zip(ref["sparse"], got["sparse"], strict=True)])
-    else:
-        pairs = zip(ref["multivector"], got["multivector"], strict=True)
-        cos = np.concatenate([cosine_rows(x, y) for x, y in pairs if len(x)] or [np.ones(1)])
     out["cosine_min"], out["cosine_mean"] = round(float(cos.min()), 7), round(float(cos.mean()), 7)
-    if "sparse" in ref:
-        pairs = list(zip(ref["sparse"], got["sparse"], strict=True))
-        out["sparse_top10"] = round(min(term_agreement(x, y) for x, y in pairs), 4)
-        out["weight_diff_max"] = round(max(weight_diff(x, y) for x, y in pairs), 7)
-    if "multivector" in ref:
-        agree = maxsim_ranking(ref["multivector"], got["multivector"])
-        out["maxsim_spearman"], out["maxsim_top3"] = round(agree["spearman"], 6), round(agree["top3"], 4)
+    for output in given:
+        out.update(output.figures(ref[output.name], got[output.name], ranked))
     return out
 
 

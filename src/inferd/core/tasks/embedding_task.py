@@ -17,7 +17,17 @@ from typing import Any
 
 import numpy as np
 
-from inferd.core.agreement import Bound, cosine_rows, neighbour_overlap, unit_rows
+from inferd.core.agreement import (
+    Bound,
+    cosine_rows,
+    maxsim_ranking,
+    neighbour_overlap,
+    overlap_at_k,
+    sparse_cosine,
+    term_agreement,
+    unit_rows,
+    weight_diff,
+)
 from inferd.core.outputs import TextOutputs
 from inferd.core.tasks.drift import Drift, Request, Stat, Worst
 from inferd.core.tasks.task import Output, Task
@@ -42,6 +52,13 @@ class Dense(Output):
             return [Bound("cosine_min", "half_cosine_min", gate.half_cosine_min)]
         return [Bound("cosine_min", "fp32_cosine_min", gate.fp32_cosine_min)]
 
+    def cosines(self, reference: list[Any], got: list[Any]) -> np.ndarray:
+        return cosine_rows(np.stack(reference), np.stack(got))
+
+    def figures(self, reference: list[Any], got: list[Any], ranked: bool) -> dict[str, float | None]:
+        """Top-10 neighbour overlap (retrieval agreement)."""
+        return {"overlap_at_10": round(overlap_at_k(np.stack(reference), np.stack(got)), 4) if ranked else None}
+
 
 class Sparse(Output):
     """SPLADE's vocabulary weights, bge-m3's lexical weights."""
@@ -53,6 +70,17 @@ class Sparse(Output):
         return [Bound("sparse_top10", "sparse_top10_min", gate.sparse_top10_min),
                 Bound("weight_diff_max", f"{kind}_score_diff_max", getattr(gate, f"{kind}_score_diff_max"), True)]
 
+    def cosines(self, reference: list[Any], got: list[Any]) -> np.ndarray:
+        """Over the vocabulary."""
+        return np.array([sparse_cosine(x, y) for x, y in zip(reference, got, strict=True)])
+
+    def figures(self, reference: list[Any], got: list[Any], ranked: bool) -> dict[str, float | None]:
+        """The worst text's share of its ten heaviest terms both agree on, and the largest weight difference as a
+        share of the text's largest weight."""
+        pairs = list(zip(reference, got, strict=True))
+        return {"sparse_top10": round(min(term_agreement(x, y) for x, y in pairs), 4),
+                "weight_diff_max": round(max(weight_diff(x, y) for x, y in pairs), 7)}
+
 
 class MultiVector(Output):
     """ColBERT's or bge-m3's token vectors."""
@@ -63,6 +91,16 @@ class MultiVector(Output):
     def bounds(self, kind: str, gate: Any) -> list[Bound]:
         return [Bound("maxsim_spearman", "maxsim_spearman_min", gate.maxsim_spearman_min),
                 Bound("maxsim_top3", "maxsim_top3_min", gate.maxsim_top3_min)]
+
+    def cosines(self, reference: list[Any], got: list[Any]) -> np.ndarray:
+        """Of each kept token's vectors."""
+        pairs = zip(reference, got, strict=True)
+        return np.concatenate([cosine_rows(x, y) for x, y in pairs if len(x)] or [np.ones(1)])
+
+    def figures(self, reference: list[Any], got: list[Any], ranked: bool) -> dict[str, float | None]:
+        """Each text's MaxSim ranking of the other texts (Spearman and top-3, means over texts)."""
+        agree = maxsim_ranking(reference, got)
+        return {"maxsim_spearman": round(agree["spearman"], 6), "maxsim_top3": round(agree["top3"], 4)}
 
 
 DENSE, SPARSE, MULTIVECTOR = Dense(), Sparse(), MultiVector()

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from functools import cache
 from typing import Any
 
@@ -42,6 +42,11 @@ class PluginTask(Task):
 def task_of(name: str) -> Task:
     """The task object of a task's name (a built-in's, or a plug-in's own)."""
     return TASKS.get(name) or PluginTask(name)
+
+
+def outputs_given(values: Mapping[str, Any]) -> list[Output]:
+    """The outputs a model's values (output name -> values) hold, in ``OUTPUTS``' order (the dense vector first)."""
+    return [o for o in OUTPUTS.values() if o.name in values]
 
 
 def outputs_measured(figures: object) -> list[Output]:

@@ -31,6 +31,15 @@ class Output(ABC):
     def bounds(self, kind: str, gate: Any) -> list[Bound]:
         """The bounds of this output's figures at precision ``kind`` (fp32, half, int8); ``gate``: model.gate."""
 
+    @abstractmethod
+    def cosines(self, reference: list[Any], got: list[Any]) -> np.ndarray:
+        """The cosines of two models' values of this output (one per input, in order): the gate's cosine figures
+        when it is the first output the model gives."""
+
+    @abstractmethod
+    def figures(self, reference: list[Any], got: list[Any], ranked: bool) -> dict[str, float | None]:
+        """This output's own gate figures over two models' values (``ranked``: enough inputs for neighbours)."""
+
 
 class Task(ABC):
     """One task's knowledge. The defaults are those of a task whose answers are scores per input (a plug-in's own
