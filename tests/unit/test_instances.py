@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from enginekit import EngineKit, ask, by_folder, until, wait_for
 from fakes import HashHandler, encode, loader_for, vector_for
 from settingskit import make_settings
 from starlette.testclient import TestClient
@@ -26,7 +27,6 @@ from inferd.api.app import create_app
 from inferd.core.backends.base import all_threads, options_for, running_alone
 from inferd.core.batcher import BatchQueue, Policy
 from inferd.core.budgets import instance_counts, thread_budgets, with_budgets
-from inferd.core.engine import InferenceEngine
 from inferd.core.errors import EngineError, Kind
 from inferd.core.instances import Instance, Sharing, live_lane
 from inferd.core.outcomes import Outcome, Ticket, WorkItem
@@ -56,50 +56,21 @@ def entry(tmp_path: Path, name: str, batch: int = 32, **model: Any) -> ModelEntr
                       batching=BatchingSettings(max_wait_ms=0.0, max_batch_size=batch, max_queue=64))
 
 
-def engine_of(tmp_path: Path, handlers: dict[str, HashHandler], entries: list[ModelEntry]) -> InferenceEngine:
-    def load(spec: ModelSpec) -> Any:
-        handler = handlers[Path(spec.path).name]
-        handler.load(spec, torch.device("cpu"))
-        return handler
-
-    engine = InferenceEngine(make_settings(models=tuple(entries)), Metrics(), loader=load)
-    for served in engine.registry:
-        served.manager.load_initial()
-    return engine
-
-
-def run(engine: InferenceEngine, handlers: dict[str, HashHandler], scenario: Any) -> None:
-    async def main() -> None:
-        engine.start()
-        try:
-            await asyncio.wait_for(scenario(), 20)
-        finally:
-            for handler in handlers.values():
-                for event in handler.gates.values():
-                    event.set()
-            engine.stop()
-
-    asyncio.run(main())
-
-
-async def until(condition: Any) -> None:
-    while not condition():
-        await asyncio.sleep(0.002)
-
-
-def ask(engine: InferenceEngine, texts: list[str], model: str | None = None) -> asyncio.Future[Any]:
-    return asyncio.ensure_future(engine.run(engine.request(texts, model=model)))
+def engine_of(tmp_path: Path, handlers: dict[str, HashHandler], entries: list[ModelEntry]) -> EngineKit:
+    """An engine serving these models, each folder's handler the one ``handlers`` names."""
+    return EngineKit(make_settings(models=tuple(entries)), by_folder(handlers))
 
 
 def test_two_models_batches_run_at_the_same_moment(tmp_path: Path) -> None:
     handlers = {"a": HashHandler(), "b": HashHandler()}
-    engine = engine_of(tmp_path, handlers, [entry(tmp_path, "a"), entry(tmp_path, "b")])
+    kit = engine_of(tmp_path, handlers, [entry(tmp_path, "a"), entry(tmp_path, "b")])
+    engine = kit.engine
 
     async def scenario() -> None:
         for name, handler in handlers.items():
             handler.gates[name] = threading.Event()
-        held_a = ask(engine, ["hold:a"], "a")
-        held_b = ask(engine, ["hold:b"], "b")
+        held_a = ask(engine, ["hold:a"], model="a")
+        held_b = ask(engine, ["hold:b"], model="b")
         # Both batches are inside their handlers at once: neither waits for the other to finish.
         await until(lambda: handlers["a"].batches == [["hold:a"]] and handlers["b"].batches == [["hold:b"]])
         handlers["b"].gates["b"].set()
@@ -111,27 +82,29 @@ def test_two_models_batches_run_at_the_same_moment(tmp_path: Path) -> None:
                                                             {"model": m, "instance": "0"}) for m in "ab"}
         assert busy == {"a": 1.0, "b": 1.0}
 
-    run(engine, handlers, scenario)
+    kit.run(scenario)
 
 
 def test_a_model_s_instances_run_its_batches_at_the_same_time(tmp_path: Path) -> None:
     handlers = {"a": HashHandler()}
-    engine = engine_of(tmp_path, handlers, [entry(tmp_path, "a", batch=1, instances=2)])
+    kit = engine_of(tmp_path, handlers, [entry(tmp_path, "a", batch=1, instances=2)])
+    engine = kit.engine
 
     async def scenario() -> None:
         handlers["a"].gates["x"] = threading.Event()
-        held = [ask(engine, ["hold:x one"], "a"), ask(engine, ["hold:x two"], "a")]
+        held = [ask(engine, ["hold:x one"], model="a"), ask(engine, ["hold:x two"], model="a")]
         await until(lambda: len(handlers["a"].batches) == 2)  # two batches of one model held together
         handlers["a"].gates["x"].set()
         assert [r.outputs for r in await asyncio.gather(*held)] == [[vector_for("hold:x one")],
                                                                     [vector_for("hold:x two")]]
 
-    run(engine, handlers, scenario)
+    kit.run(scenario)
 
 
 def test_a_live_request_is_answered_while_a_shadow_batch_is_held(tmp_path: Path) -> None:
     handlers = {"a": HashHandler(), "cand": HashHandler()}
-    engine = engine_of(tmp_path, handlers, [entry(tmp_path, "a")])
+    kit = engine_of(tmp_path, handlers, [entry(tmp_path, "a")])
+    engine = kit.engine
     (tmp_path / "cand").mkdir()
     engine.manager.set_shadow(str(tmp_path / "cand"), "v2", 1.0)
 
@@ -146,22 +119,23 @@ def test_a_live_request_is_answered_while_a_shadow_batch_is_held(tmp_path: Path)
         assert handlers["cand"].batches == [["hold:s"]]
         handlers["cand"].gates["s"].set()
 
-    run(engine, handlers, scenario)
+    kit.run(scenario)
 
 
 def test_each_instance_runs_with_its_own_torch_thread_count(tmp_path: Path) -> None:
     previous = torch.get_num_threads()
     handlers: dict[str, HashHandler] = {"one": ThreadsHandler(), "two": ThreadsHandler()}
-    engine = engine_of(tmp_path, handlers, [entry(tmp_path, "one", threads=1), entry(tmp_path, "two", threads=2)])
+    kit = engine_of(tmp_path, handlers, [entry(tmp_path, "one", threads=1), entry(tmp_path, "two", threads=2)])
+    engine = kit.engine
 
     async def scenario() -> None:
         for _ in range(3):
-            await asyncio.gather(ask(engine, ["x"], "one"), ask(engine, ["y"], "two"))
+            await asyncio.gather(ask(engine, ["x"], model="one"), ask(engine, ["y"], model="two"))
         assert handlers["one"].threads == [1, 1, 1]  # type: ignore[attr-defined]
         assert handlers["two"].threads == [2, 2, 2]  # type: ignore[attr-defined]
 
     try:
-        run(engine, handlers, scenario)
+        kit.run(scenario)
     finally:
         torch.set_num_threads(previous)
 
@@ -259,12 +233,9 @@ def test_on_a_gpu_each_instance_runs_its_batch_and_the_copy_out_on_its_own_strea
                 ticket = Ticket(loop.create_future(), 1)
                 queue.put([WorkItem(ticket, 0, encode(text), len(text), 0, now, now + 60, queue.next_seq(), slot)],
                           "m")
-            give_up = time.monotonic() + 10
-            while len(handler.batches) < 2 and time.monotonic() < give_up:
-                time.sleep(0.002)
+            wait_for(lambda: len(handler.batches) >= 2, 10, every=0.002)
             handler.gates["g"].set()
-            while len(outcomes) < 2 and time.monotonic() < give_up:
-                time.sleep(0.002)
+            wait_for(lambda: len(outcomes) >= 2, 10, every=0.002)
     finally:
         loop.close()
     assert len(outcomes) == 2
@@ -363,20 +334,21 @@ class OomHandler(HashHandler):
 
 def test_an_instance_out_of_memory_splits_its_own_batch_and_leaves_the_other_running(tmp_path: Path) -> None:
     handlers: dict[str, HashHandler] = {"a": OomHandler(), "b": HashHandler()}
-    engine = engine_of(tmp_path, handlers, [entry(tmp_path, "a"), entry(tmp_path, "b")])
+    kit = engine_of(tmp_path, handlers, [entry(tmp_path, "a"), entry(tmp_path, "b")])
+    engine = kit.engine
 
     async def scenario() -> None:
         handlers["b"].gates["b"] = threading.Event()
-        held = ask(engine, ["hold:b"], "b")
+        held = ask(engine, ["hold:b"], model="b")
         await until(lambda: handlers["b"].batches == [["hold:b"]])
         with pytest.raises(EngineError) as info:
-            await ask(engine, ["xyz", "oom"], "a")  # runs while b's batch is held: whole, then halves
+            await ask(engine, ["xyz", "oom"], model="a")  # runs while b's batch is held: whole, then halves
         assert info.value.kind is Kind.OOM and handlers["a"].batches == [["xyz", "oom"], ["xyz"], ["oom"]]
         assert not held.done()  # b's instance never saw a's failure
         handlers["b"].gates["b"].set()
         assert (await held).outputs == [vector_for("hold:b")]
 
-    run(engine, handlers, scenario)
+    kit.run(scenario)
 
 
 def test_the_fleet_layout_shows_each_worker_s_instances(tmp_path: Path) -> None:
@@ -395,7 +367,8 @@ def test_a_reload_moves_every_instance_of_the_model_to_the_new_load(tmp_path: Pa
     handlers: dict[str, HashHandler] = {"a": HashHandler(), "b": HashHandler()}
     (tmp_path / "b").mkdir()
     only = entry(tmp_path, "a", batch=1, instances=2, root=(str(tmp_path),))
-    engine = engine_of(tmp_path, handlers, [only])
+    kit = engine_of(tmp_path, handlers, [only])
+    engine = kit.engine
 
     async def scenario() -> None:
         await asyncio.to_thread(engine.manager.reload, str(tmp_path / "b"), "v2")
@@ -407,7 +380,7 @@ def test_a_reload_moves_every_instance_of_the_model_to_the_new_load(tmp_path: Pa
         assert {r.version for r in await asyncio.gather(*held)} == {"v2"}
         assert handlers["a"].batches == []
 
-    run(engine, handlers, scenario)
+    kit.run(scenario)
 
 
 # -- a GPU instance's overlap: the next batch staged while the current one runs (core/staging.py) ---------------
@@ -481,19 +454,15 @@ def test_on_a_gpu_the_next_batch_is_taken_and_copied_while_the_current_one_runs(
     try:
         with workers_on(queue, [instance]) as outcomes:
             put(queue, loop, slot, "hold:g first")
-            give_up = time.monotonic() + 10
-            while not handler.batches and time.monotonic() < give_up:
-                time.sleep(0.002)
+            wait_for(lambda: handler.batches, 10, every=0.002)
             put(queue, loop, slot, "second")
             put(queue, loop, slot, "third")
             # While "first" is held inside infer, the stager takes "second" and stages it, and no further.
-            while len(handler.staged) < 2 and time.monotonic() < give_up:
-                time.sleep(0.002)
+            wait_for(lambda: len(handler.staged) >= 2, 10, every=0.002)
             time.sleep(0.05)
             staged_while_held = list(handler.staged)
             handler.gates["g"].set()
-            while len(outcomes) < 3 and time.monotonic() < give_up:
-                time.sleep(0.002)
+            wait_for(lambda: len(outcomes) >= 3, 10, every=0.002)
     finally:
         loop.close()
     assert staged_while_held == [(["hold:g first"], None), (["second"], "hold:g first")]
@@ -515,9 +484,7 @@ def test_without_a_copy_stream_nothing_is_staged(tmp_path: Path) -> None:
     try:
         with workers_on(queue, [Instance("m", 0, 1, live_lane("m"), FakeCudaStream())]) as outcomes:
             put(queue, loop, slot, "only")
-            give_up = time.monotonic() + 10
-            while not outcomes and time.monotonic() < give_up:
-                time.sleep(0.002)
+            wait_for(lambda: outcomes, 10, every=0.002)
     finally:
         loop.close()
     assert handler.staged == [] and [type(b) for b in handler.handed] == [list]
@@ -567,15 +534,11 @@ def test_when_a_staging_worker_dies_the_batch_it_had_staged_is_failed_not_lost(t
         with workers_on(queue, [Instance("m", 0, 1, live_lane("m"), FakeCudaStream(),
                                          copy_stream=FakeCudaStream())]) as outcomes:
             first = put(queue, loop, slot, "hold:g then die")
-            give_up = time.monotonic() + 10
-            while not handler.batches and time.monotonic() < give_up:
-                time.sleep(0.002)
+            wait_for(lambda: handler.batches, 10, every=0.002)
             staged = put(queue, loop, slot, "staged")
-            while len(handler.staged) < 2 and time.monotonic() < give_up:
-                time.sleep(0.002)
+            wait_for(lambda: len(handler.staged) >= 2, 10, every=0.002)
             handler.gates["g"].set()
-            while not outcomes and time.monotonic() < give_up:
-                time.sleep(0.002)
+            wait_for(lambda: outcomes, 10, every=0.002)
     finally:
         loop.close()
     failed = [t for o in outcomes if isinstance(o, Failure) for t in o.tickets]
@@ -619,12 +582,6 @@ def two_sharing(model: str = "m") -> list[Instance]:
     return [Instance(model, i, 1, live_lane(model), sharing=sharing) for i in range(2)]
 
 
-def wait_for(condition: Any, seconds: float = 10) -> None:
-    give_up = time.monotonic() + seconds
-    while not condition() and time.monotonic() < give_up:
-        time.sleep(0.002)
-
-
 @contextmanager
 def held_model(tmp_path: Path) -> Iterator[tuple[AloneHandler, ModelSlot, BatchQueue, asyncio.AbstractEventLoop]]:
     """An AloneHandler whose ``hold:g`` texts wait for the test, its slot, a queue of batches of one, a loop."""
@@ -646,12 +603,12 @@ def test_instances_run_side_by_side_on_their_share_while_work_waits_and_alone_on
         put(queue, loop, slot, "hold:g a")
         put(queue, loop, slot, "hold:g b")  # both queued before either instance takes one: work waits
         with workers_on(queue, two_sharing()) as outcomes:
-            wait_for(lambda: len(handler.batches) == 2)
+            wait_for(lambda: len(handler.batches) == 2, 10, every=0.002)
             both_inside = set(handler.inside)
             handler.gates["g"].set()
-            wait_for(lambda: len(outcomes) == 2)
+            wait_for(lambda: len(outcomes) == 2, 10, every=0.002)
             put(queue, loop, slot, "c")  # the model's only work, no sibling running
-            wait_for(lambda: len(outcomes) == 3)
+            wait_for(lambda: len(outcomes) == 3, 10, every=0.002)
     assert both_inside == {"hold:g a", "hold:g b"}  # two instances at once, each on its own share
     assert handler.alone == {"hold:g a": False, "hold:g b": False, "c": True}
     with all_threads():
@@ -662,13 +619,13 @@ def test_instances_run_side_by_side_on_their_share_while_work_waits_and_alone_on
 def test_a_sibling_waits_for_a_batch_running_alone_instead_of_oversubscribing_the_cores(tmp_path: Path) -> None:
     with held_model(tmp_path) as (handler, slot, queue, loop), workers_on(queue, two_sharing()) as outcomes:
         put(queue, loop, slot, "hold:g a")
-        wait_for(lambda: handler.batches == [["hold:g a"]])
+        wait_for(lambda: handler.batches == [["hold:g a"]], 10, every=0.002)
         put(queue, loop, slot, "b")  # taken by the idle sibling, which must not start beside "a"
-        wait_for(lambda: len(queue) == 0)
+        wait_for(lambda: len(queue) == 0, 10, every=0.002)
         time.sleep(0.05)
         started_while_alone = [b for b in handler.batches]
         handler.gates["g"].set()
-        wait_for(lambda: len(outcomes) == 2)
+        wait_for(lambda: len(outcomes) == 2, 10, every=0.002)
     assert handler.alone["hold:g a"] is True
     assert started_while_alone == [["hold:g a"]]
     assert handler.beside == {"hold:g a": set(), "b": set()} and len(outcomes) == 2
