@@ -11,13 +11,13 @@ from prompted import CARD
 from tokenizers import Tokenizer, pre_tokenizers, processors
 from tokenizers.models import WordLevel
 
-from inferd.core.admission import wrong_dimensions
 from inferd.core.description import ModelDescription
 from inferd.core.errors import EngineError, ModelLoadError
 from inferd.core.preprocess import InputError, TextEncoder, TextInput, check_texts
 from inferd.core.prompts import Prompt, prompt_text, prompted
 from inferd.core.tasks.embedding import card_matryoshka, matryoshka
 from inferd.core.tasks.st_folder import read_folder
+from inferd.core.tasks.task import wrong_dimensions
 
 WORDS = ["one", "two", "three", "four", "five", "six", "seven", "eight", "query:", "passage:"]
 VOCAB = {"[PAD]": 0, "[UNK]": 1, "[CLS]": 2, "[SEP]": 3, **{w: i + 4 for i, w in enumerate(WORDS)}}

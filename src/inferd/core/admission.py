@@ -27,7 +27,6 @@ import orjson
 
 from inferd.core import quantize
 from inferd.core.batcher import BatchQueue, QueueClosed, QueueFull
-from inferd.core.description import ModelDescription
 from inferd.core.errors import ClientGone, EngineError, Kind, ModelNotReady, deadline_passed
 from inferd.core.outcomes import Failure, Outcome, TaskResult, Ticket, WorkItem
 from inferd.core.preprocess import InputError, TextInput, asking
@@ -37,6 +36,7 @@ from inferd.core.request import InferenceRequest, input_refusal
 from inferd.core.shadow import SHADOW_PRIORITY, SHADOW_TIMEOUT_S, Shadow, shadow_lane, shadow_policy
 from inferd.core.slots import ModelSlot
 from inferd.core.tasks.embedding_task import DEFAULT_OUTPUTS
+from inferd.core.tasks.kinds import task_of
 from inferd.core.tenants import Tenant, current_tenant
 from inferd.settings import Settings
 from inferd.utils import tracing
@@ -84,36 +84,6 @@ def cache_key(item: Any) -> str:
     if isinstance(item, str):
         return getattr(item, "cache_key", item)
     return orjson.dumps([getattr(part, "cache_key", part) for part in item]).decode()
-
-
-def wrong_dimensions(description: ModelDescription, dimensions: int) -> EngineError | None:
-    """``dimensions`` (OpenAI's, TEI's; Cohere's output_dimension) the model cannot give: its own size, or a
-    smaller one its description allows (``matryoshka_dimensions``: sizes, or ``any``); the routes cut the
-    vectors (core/quantize.py), so the result cache keeps full vectors."""
-    dimension = description.dimension
-    if dimension is None or dimensions == dimension:
-        return None
-    allowed = description.matryoshka_dimensions
-    if (allowed == "any" and 0 < dimensions < dimension) or (isinstance(allowed, tuple) and dimensions in allowed):
-        return None
-    if allowed == "any":
-        also = f", or any size from 1 to {dimension} (Matryoshka)"
-    elif isinstance(allowed, tuple) and [d for d in allowed if d != dimension]:
-        also = f", or one of {[d for d in allowed if d != dimension]} (Matryoshka)"
-    else:
-        also = " (it declares no Matryoshka sizes: model.matryoshka_dimensions)"
-    return EngineError(Kind.INVALID_INPUT, f"this model produces {dimension}-dimensional embeddings{also}; "
-                       f"{dimensions} was asked", field="dimensions")
-
-
-def missing_outputs(description: ModelDescription, outputs: tuple[str, ...]) -> EngineError | None:
-    """Outputs the model load cannot give (its description's ``outputs``), refused before any work."""
-    gives = tuple(description.outputs or DEFAULT_OUTPUTS)
-    missing = [k for k in outputs if k not in gives]
-    if not missing:
-        return None
-    return EngineError(Kind.INVALID_INPUT, f"{', '.join(missing)} is not an output of model {description.name!r}, "
-                       f"which gives {', '.join(gives)}", "unsupported_output", field="outputs")
 
 
 def not_ready(exc: ModelNotReady, model: str | None = None) -> EngineError:
@@ -222,15 +192,11 @@ class Admission:
             if task is not None and slot.task != task:
                 raise EngineError(Kind.MODEL_NOT_FOUND, f"model {served.name!r} is a {slot.task} model, not a "
                                   f"{task} model", field="model")
-            refusal = None if request.dimensions is None else wrong_dimensions(slot.description, request.dimensions)
+            # The request's task options (its vectors' size, its outputs) this load cannot give: known before any
+            # work, so refused now rather than computed in vain.
+            refusal = task_of(slot.task).refusal(slot.description, request.dimensions, request.outputs)
             if refusal is not None:
-                raise refusal  # known before any work: refuse now rather than compute in vain
-            # A dense vector too: every embedding route asks for one, which a SPLADE or ColBERT model does not give.
-            # A task without outputs (description.outputs None) ignores them.
-            outputs = slot.description.outputs
-            missing = None if outputs is None else missing_outputs(slot.description, request.outputs)
-            if missing is not None:
-                raise missing
+                raise refusal
             if request.outputs != DEFAULT_OUTPUTS:
                 # Each text carries them to the handler, and into its cache key (core/outputs.py asked).
                 inputs = asking(inputs, request.outputs)
@@ -247,7 +213,7 @@ class Admission:
             # While the slot is held: its version's series cannot have been removed (slot freed) under us.
             self.metrics.version_requests.labels(served.name, slot.version).inc()
             self.metrics.task_items.labels(served.name, slot.task).inc(len(inputs))
-            if outputs is not None:
+            if slot.description.outputs is not None:
                 for kind in request.outputs:
                     self.metrics.output_items.labels(served.name, kind).inc(len(inputs))
             if served.manager.shadow is not None and slot is served.manager.active:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -28,9 +28,13 @@ from inferd.core.agreement import (
     unit_rows,
     weight_diff,
 )
+from inferd.core.errors import EngineError, Kind
 from inferd.core.outputs import TextOutputs
 from inferd.core.tasks.drift import Drift, Request, Stat, Worst
 from inferd.core.tasks.task import Output, Task
+
+if TYPE_CHECKING:  # the description reads the task objects (its outputs): a type only, never imported at run time
+    from inferd.core.description import ModelDescription
 
 # The cosines the report's percentiles are taken over (a candidate may shadow for days).
 RECENT = 10_000
@@ -125,6 +129,21 @@ class EmbeddingTask(Task):
 
     def outputs(self, facts: Mapping[str, Any]) -> list[str] | None:
         return list(facts.get("outputs") or DEFAULT_OUTPUTS)
+
+    def refusal(self, description: ModelDescription, dimensions: int | None,
+                outputs: tuple[str, ...]) -> EngineError | None:
+        # A dense vector too: every embedding route asks for one, which a SPLADE or ColBERT model does not give.
+        return super().refusal(description, dimensions, outputs) or missing_outputs(description, outputs)
+
+
+def missing_outputs(description: ModelDescription, outputs: tuple[str, ...]) -> EngineError | None:
+    """Outputs the model load cannot give (its description's ``outputs``), refused before any work."""
+    gives = tuple(description.outputs or DEFAULT_OUTPUTS)
+    missing = [k for k in outputs if k not in gives]
+    if not missing:
+        return None
+    return EngineError(Kind.INVALID_INPUT, f"{', '.join(missing)} is not an output of model {description.name!r}, "
+                       f"which gives {', '.join(gives)}", "unsupported_output", field="outputs")
 
 
 def dense_of(output: Any) -> Any:

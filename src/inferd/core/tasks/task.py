@@ -11,12 +11,16 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from inferd.core.agreement import Bound
+from inferd.core.errors import EngineError, Kind
 from inferd.core.tasks.drift import Drift, Worst
+
+if TYPE_CHECKING:  # the description reads the task objects (its outputs): a type only, never imported at run time
+    from inferd.core.description import ModelDescription
 
 
 class Output(ABC):
@@ -68,6 +72,15 @@ class Task(ABC):
               neighbours: int) -> Drift:
         """A new comparison of a candidate's answers with the active model's, for a drift report."""
 
+    # -- a request's task options ---------------------------------------------------------------------------
+
+    def refusal(self, description: ModelDescription, dimensions: int | None,
+                outputs: tuple[str, ...]) -> EngineError | None:
+        """Why the load ``description`` describes cannot answer a request's task options (None: it can):
+        ``dimensions`` its vectors' size (a model that declares no dimension takes any), ``outputs`` the kinds of
+        an embedding asked (a task without outputs ignores them)."""
+        return None if dimensions is None else wrong_dimensions(description, dimensions)
+
     # -- the accuracy gate --------------------------------------------------------------------------------
 
     def gate_inputs(self, texts: Sequence[str]) -> list[Any]:
@@ -95,3 +108,23 @@ class Task(ABC):
     def outputs(self, facts: Mapping[str, Any]) -> list[str] | None:
         """The outputs a model of this task gives (its handler's ``outputs`` fact); None: it has no outputs."""
         return None
+
+
+def wrong_dimensions(description: ModelDescription, dimensions: int) -> EngineError | None:
+    """``dimensions`` (OpenAI's, TEI's; Cohere's output_dimension) the model cannot give: its own size, or a
+    smaller one its description allows (``matryoshka_dimensions``: sizes, or ``any``); the routes cut the
+    vectors (core/quantize.py), so the result cache keeps full vectors."""
+    dimension = description.dimension
+    if dimension is None or dimensions == dimension:
+        return None
+    allowed = description.matryoshka_dimensions
+    if (allowed == "any" and 0 < dimensions < dimension) or (isinstance(allowed, tuple) and dimensions in allowed):
+        return None
+    if allowed == "any":
+        also = f", or any size from 1 to {dimension} (Matryoshka)"
+    elif isinstance(allowed, tuple) and [d for d in allowed if d != dimension]:
+        also = f", or one of {[d for d in allowed if d != dimension]} (Matryoshka)"
+    else:
+        also = " (it declares no Matryoshka sizes: model.matryoshka_dimensions)"
+    return EngineError(Kind.INVALID_INPUT, f"this model produces {dimension}-dimensional embeddings{also}; "
+                       f"{dimensions} was asked", field="dimensions")
