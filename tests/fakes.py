@@ -27,12 +27,9 @@ from typing import Any
 
 import torch
 
-from inferd.core.engine import InferenceEngine
 from inferd.core.preprocess import Encoded
 from inferd.core.spec import ModelSpec
 from inferd.core.tasks.base import Handler
-from inferd.settings import Settings
-from inferd.utils.metrics import Metrics
 
 DIM = 8
 # A held batch gives up after this long, so a broken test cannot hang a server forever.
@@ -154,13 +151,3 @@ def loader_for(handler: Handler) -> Callable[[ModelSpec], Handler]:
         return handler
 
     return load
-
-
-def engine_for(handler: Handler, settings: Settings, guard: Any = None) -> InferenceEngine:
-    """An in-process engine whose active model is ``handler`` (loaded on the CPU), with fresh metrics."""
-    metrics = Metrics(settings.batching.max_batch_size)
-    if guard is not None:
-        guard.bind(metrics)
-    engine = InferenceEngine(settings, metrics, guard, loader=loader_for(handler))
-    engine.manager.load_initial()
-    return engine

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from fakes import engine_for
+from enginekit import EngineKit, until
 from fastapi.testclient import TestClient
 from settingskit import make_settings
 
@@ -253,17 +253,16 @@ def test_build_guard_has_no_process_side_effects(tmp_path: Path, monkeypatch: py
 # -- the engine: empty_cache between batches, out of memory split ---------------------------------------
 
 
-def engine_with(tmp_path: Path, handler: FakeHandler, source: FakeStats, **overrides: Any) -> InferenceEngine:
+def engine_with(tmp_path: Path, handler: FakeHandler, source: FakeStats, **overrides: Any) -> EngineKit:
     settings = make_settings(tmp_path, **SUITE, **overrides)
-    return engine_for(handler, settings, MemoryGuard(settings.memory, source))
+    return EngineKit(settings, handler, guard=MemoryGuard(settings.memory, source))
 
 
 async def _all_in_one_batch(engine: InferenceEngine, texts: list[str]) -> list[Any]:
     """Submit one request per text while the queue is held, so they all meet in one batch."""
     engine.queue.pause(True)
     tasks = [asyncio.create_task(engine.run(engine.request([t]))) for t in texts]
-    while len(engine.queue) < len(texts):
-        await asyncio.sleep(0.001)
+    await until(lambda: len(engine.queue) >= len(texts))
     engine.queue.pause(False)
     return await asyncio.gather(*tasks, return_exceptions=True)
 
@@ -273,18 +272,15 @@ def test_empty_cache_runs_on_the_worker_between_batches(tmp_path: Path) -> None:
     handler = FakeHandler(events=events)
     # Always fragmented and checked after every request: every batch boundary empties the cache.
     source = FakeStats(allocated=100, reserved=1000, shrink=False, events=events, busy=handler)
-    engine = engine_with(tmp_path, handler, source, **{"memory.check_every_n": 1, "batching.max_batch_size": 3})
+    kit = engine_with(tmp_path, handler, source, **{"memory.check_every_n": 1, "batching.max_batch_size": 3})
+    engine = kit.engine
 
     async def scenario() -> None:
-        engine.start()
-        try:
-            for wave in range(3):
-                results = await _all_in_one_batch(engine, [f"text {wave} {i}" for i in range(5)])
-                assert all(not isinstance(r, BaseException) for r in results), results
-        finally:
-            engine.stop()
+        for wave in range(3):
+            results = await _all_in_one_batch(engine, [f"text {wave} {i}" for i in range(5)])
+            assert all(not isinstance(r, BaseException) for r in results), results
 
-    asyncio.run(scenario())
+    kit.run(scenario)
     assert engine.batches_run >= 6  # 5 texts per wave, at most 3 per batch
     assert source.calls and set(source.calls) == {"inferd-worker-all-MiniLM-L6-v2-0"}  # the model's one instance
     assert all(busy is False for kind, busy in events if kind == "empty_cache")
@@ -298,20 +294,17 @@ def test_empty_cache_runs_on_the_worker_between_batches(tmp_path: Path) -> None:
 def test_injected_oom_splits_and_every_other_request_succeeds(tmp_path: Path) -> None:
     handler = FakeHandler(oom_over=2)
     source = FakeStats(allocated=100, reserved=200)
-    engine = engine_with(tmp_path, handler, source)
+    kit = engine_with(tmp_path, handler, source)
+    engine = kit.engine
     texts = ["alpha", "bravo", "charlie", MARKER, "delta", "echo", "foxtrot", "golf"]
 
     async def scenario() -> tuple[list[Any], Any, bool]:
-        engine.start()
-        try:
-            results = await _all_in_one_batch(engine, texts)
-            alive = engine.alive
-            after = await engine.run(engine.request(["still serving"]))
-            return results, after, alive
-        finally:
-            engine.stop()
+        results = await _all_in_one_batch(engine, texts)
+        alive = engine.alive
+        after = await engine.run(engine.request(["still serving"]))
+        return results, after, alive
 
-    results, after, alive = asyncio.run(scenario())
+    results, after, alive = kit.run(scenario)
     for text, result in zip(texts, results, strict=True):
         if text == MARKER:
             assert isinstance(result, EngineError)
@@ -384,17 +377,14 @@ def test_trims_run_on_the_worker_between_batches(tmp_path: Path) -> None:
     handler = FakeHandler(events=events)
     settings = make_settings(tmp_path, **SUITE, **{"memory.malloc_trim_every_n": 1, "batching.max_batch_size": 2})
     heap = FakeHeap(busy=handler, events=events)
-    engine = engine_for(handler, settings, MemoryGuard(settings.memory, FakeStats(100, 100), heap=heap))
+    kit = EngineKit(settings, handler, guard=MemoryGuard(settings.memory, FakeStats(100, 100), heap=heap))
+    engine = kit.engine
 
     async def scenario() -> None:
-        engine.start()
-        try:
-            results = await _all_in_one_batch(engine, [f"text {i}" for i in range(5)])
-            assert all(not isinstance(r, BaseException) for r in results), results
-        finally:
-            engine.stop()
+        results = await _all_in_one_batch(engine, [f"text {i}" for i in range(5)])
+        assert all(not isinstance(r, BaseException) for r in results), results
 
-    asyncio.run(scenario())
+    kit.run(scenario)
     assert heap.threads and set(heap.threads) == {"inferd-worker-all-MiniLM-L6-v2-0"}  # the model's one instance
     assert all(busy is False for kind, busy in events if kind == "trim")  # never during a forward pass
 
