@@ -28,14 +28,17 @@ def metric_value(exposition: str, name: str, **labels: str) -> float:
     return 0.0
 
 
-def wait_for(condition: Callable[[], object], timeout: float = 30.0, what: str = "condition") -> object:
-    """Poll until condition() is truthy and return its value; fail naming `what` after `timeout` seconds."""
+def wait_for(condition: Callable[[], object], timeout: float = 30.0, what: str = "condition", *,
+             every: float = 0.02) -> object:
+    """Poll until condition() is truthy and return its value; fail naming `what` after `timeout` seconds. The
+    sync twin of tests/enginekit.py's ``until``. Every 20 ms by default: most callers read a server over HTTP, and
+    a faster poll takes the CPU it needs; an in-process condition polls faster (``every=0.002``)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = condition()
         if value:
             return value
-        time.sleep(0.02)
+        time.sleep(every)
     raise AssertionError(f"{what} not reached within {timeout}s")
 
 

@@ -1,6 +1,6 @@
 """The in-process engine kit: an InferenceEngine over fake handlers (tests/fakes.py) with no HTTP and no weights, and
-the one wait for a condition every suite polls with (issue 40 item 5: the harness was built by hand in six suites,
-``until`` written six times).
+the one async wait for a condition (issue 40 item 5: the harness was built by hand in six suites, ``until`` written
+six times).
 
 - ``EngineKit(settings, load)``: the engine of these settings (tests/settingskit.make_settings), every served model
   that is not ``load_mode: lazy`` loaded at once, as the app loads them at start. ``load`` is a handler (that very
@@ -14,11 +14,11 @@ the one wait for a condition every suite polls with (issue 40 item 5: the harnes
 - ``ask(engine, texts, **options)``: one request as a task; ``await hold(engine, handler, name)``: the worker held
   on a batch ``hold:NAME`` until ``handler.gates[name]`` is set. Both take any engine, an app's too.
 
-``until`` (async, on the loop a scenario runs on) and ``wait_for`` (sync, in a test's own thread) poll a condition
-until it is truthy and return its value, failing with an AssertionError that names ``what`` after ``timeout``
-seconds. ``until``'s condition may be a coroutine function (a check over HTTP). The async form polls every 2 ms (an
-in-process condition is cheap to read); the sync one every 20 ms by default, as most of its callers read another
-process over HTTP and a faster poll would take the CPU that process needs.
+``until`` polls a condition on the loop a scenario runs on until it is truthy and returns its value, failing with
+an AssertionError that names ``what`` after ``timeout`` seconds; the condition may return an awaitable (a check
+over HTTP), which is awaited. It takes conftest.wait_for's arguments, that wait's async twin (a test's own thread
+polls with wait_for; conftest stays free of this module's torch import). It polls every 2 ms, an in-process
+condition being cheap to read; a caller reading a server over HTTP passes a longer ``every``.
 """
 
 from __future__ import annotations
@@ -26,7 +26,6 @@ from __future__ import annotations
 import asyncio
 import inspect
 import threading
-import time
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
@@ -61,19 +60,6 @@ async def until(condition: Callable[[], Any], timeout: float = 10.0, what: str =
         if loop.time() > give_up:
             raise AssertionError(f"{what} not reached within {timeout}s")
         await asyncio.sleep(every)
-
-
-def wait_for(condition: Callable[[], T], timeout: float = 30.0, what: str = "condition", *,
-             every: float = 0.02) -> T:
-    """Poll ``condition()`` until truthy and return its value; fail naming ``what`` after ``timeout`` seconds."""
-    give_up = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > give_up:
-            raise AssertionError(f"{what} not reached within {timeout}s")
-        time.sleep(every)
 
 
 def ask(engine: InferenceEngine, texts: Any, **options: Any) -> asyncio.Future[TaskResult]:

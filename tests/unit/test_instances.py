@@ -18,7 +18,8 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from enginekit import EngineKit, ask, by_folder, until, wait_for
+from conftest import wait_for
+from enginekit import EngineKit, ask, by_folder, until
 from fakes import HashHandler, encode, loader_for, vector_for
 from settingskit import make_settings
 from starlette.testclient import TestClient
