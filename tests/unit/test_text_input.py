@@ -1,5 +1,5 @@
 """A request's encoding choices (core/preprocess.py TextInput), the model folder's prompts and Matryoshka sizes
-(core/tasks/embedding.py), and the size rule (core/admission.py wrong_dimensions): no weights."""
+(core/tasks/embedding.py), and the size rule (core/tasks/task.py wrong_dimensions): no weights."""
 
 from __future__ import annotations
 

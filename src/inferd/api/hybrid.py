@@ -23,7 +23,7 @@ from inferd.core.outputs import SparseVector, TextOutputs, token_vectors_refusal
 
 def outputs_of(result: TaskResult, wanted: Sequence[str]) -> list[TextOutputs]:
     """Each text's outputs (a bare vector is a dense output). The engine refused, before any work, outputs the
-    model does not give (core/admission.py missing_outputs); a handler that answered less is a fault, not a
+    model does not give (core/tasks/embedding_task.py missing_outputs); a handler that answered less is a fault, not a
     refusal."""
     out = [o if isinstance(o, TextOutputs) else TextOutputs(dense=np.asarray(o)) for o in result.outputs]
     for o in out:

@@ -4,7 +4,7 @@ description of the model load that computed the result (core/outcomes.py TaskRes
 
 - **Prompts** are chosen by the route (core/prompts.py Prompt: a name, Cohere's input type, or the default) and
   resolved by the engine on the slot that runs the request: a canary encodes with its own prompts.
-- **Sizes**: the engine refuses a size the model does not allow (core/admission.py wrong_dimensions); the
+- **Sizes**: the engine refuses a size the model does not allow (core/tasks/task.py wrong_dimensions); the
   vectors come back whole and are cut here (core/quantize.py), so the result cache keeps full vectors and a
   text's entry serves every size.
 - **int8 / uint8** need per-component ranges: the engine measures them once per model load on the calibration
