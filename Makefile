@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip install -q --disable-pip-version-check --no-compile
 COMPILE = $(PY) -m compileall -q -j 0 "$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" >/dev/null || true
 
-.PHONY: run test install install-dev lint bench lock clean
+.PHONY: run test install install-dev lint bench docs lock clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -39,6 +39,11 @@ lint: install-dev
 bench: install-dev
 	$(VENV)/bin/inferd bench
 
+# The documentation site (docs/ + mkdocs.yml) into site/; strict: a broken link or anchor fails the build.
+# NO_MKDOCS_2_WARNING quiets the banner mkdocs-material prints about MkDocs 2.0 on every build.
+docs: install-dev
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --clean --site-dir site
+
 # Re-lock after editing requirements*.in (needs pip-tools in the venv).
 lock: install-dev
 	$(PIP) pip-tools
@@ -46,4 +51,4 @@ lock: install-dev
 	$(VENV)/bin/pip-compile -q --strip-extras --no-emit-index-url --no-emit-find-links -o requirements-dev.txt requirements-dev.in
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache build src/*.egg-info
+	rm -rf $(VENV) .pytest_cache .ruff_cache build site src/*.egg-info
