@@ -98,7 +98,7 @@ def hub_client_online(monkeypatch: pytest.MonkeyPatch) -> None:
     """The clients here talk to our server on 127.0.0.1, never to the Hub. huggingface_hub refuses every request,
     whatever its URL, in offline mode, which it reads once at import from HF_HUB_OFFLINE; an in-process app of an
     earlier test sets that variable in this process (create_app's own guard), so the suite passed alone and failed
-    in the full run. A user's client with HF_HUB_OFFLINE=1 would meet the same refusal (README, Endpoints)."""
+    in the full run. A user's client with HF_HUB_OFFLINE=1 would meet the same refusal (docs/endpoints.md)."""
     import huggingface_hub.constants
 
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)

@@ -136,10 +136,10 @@ def stop_timeouts(text: str) -> list[int]:
     return [int(next(g for g in groups if g)) for groups in found]
 
 
-@pytest.mark.parametrize("where", ["Dockerfile", "README.md"])
+@pytest.mark.parametrize("where", ["Dockerfile", "docs/docker.md"])
 def test_the_stop_timeout_covers_the_drain(where: str) -> None:
     # `docker stop` sends SIGKILL after 10 s by default, while inferd drains for up to drain_timeout_s.
-    text = comments(DOCKERFILE) if where == "Dockerfile" else (ROOT / "README.md").read_text(encoding="utf-8")
+    text = comments(DOCKERFILE) if where == "Dockerfile" else (ROOT / where).read_text(encoding="utf-8")
     timeouts = stop_timeouts(text)
     assert len(timeouts) >= 3, f"{where} should show --stop-timeout, docker stop -t and stop_grace_period"
     drain = make_settings(layered="prod").server.drain_timeout_s

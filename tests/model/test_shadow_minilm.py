@@ -43,7 +43,7 @@ def test_openvino_int8_shadowing_torch_keeps_the_space(minilm_cache: Path) -> No
                                            backend="openvino", quantize="int8", cache_dir=str(minilm_cache),
                                            gate=(*MINILM_GATE, *LOOSE), warmup=False))
     except BackendError as exc:
-        # Refused by its own gate only on a CPU without int8 dot products (README, Backends).
+        # Refused by its own gate only on a CPU without int8 dot products (docs/backends.md).
         assert quantize_warning("int8", cpu_flags()) is not None, str(exc)
         pytest.skip(f"static int8 is refused on this CPU: {exc}")
     a, b = vectors(reference, TEXTS), vectors(candidate, TEXTS)

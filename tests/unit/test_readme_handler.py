@@ -1,4 +1,5 @@
-"""The README's example handler ("Writing a handler") is served as written: copied out of the README."""
+"""The documentation's example handler (docs/handler.md, "Writing a handler") is served as written: copied out of
+the page."""
 
 from __future__ import annotations
 
@@ -12,15 +13,15 @@ from settingskit import make_settings
 
 from inferd.api.app import create_app
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+PAGE = Path(__file__).resolve().parents[2] / "docs" / "handler.md"
 
 
 @pytest.fixture
 def example_package(tmp_path: Path) -> str:
-    text = README.read_text(encoding="utf-8")
-    section = text[text.index("### Writing a handler"):]
+    text = PAGE.read_text(encoding="utf-8")
+    section = text[text.index("# Writing a handler"):]
     code = re.search(r"```python\n(.*?)```", section, re.S)
-    assert code is not None, "the README's handler example is gone"
+    assert code is not None, "docs/handler.md's handler example is gone"
     pkg = tmp_path / "readme_example"
     pkg.mkdir()
     (pkg / "__init__.py").write_text("")
