@@ -1,8 +1,8 @@
 """all-mpnet-base-v2 on OpenVINO bf16 with the half bound loosened to 0.99: the gate's own figures, then retrieval
 agreement with torch fp32 on 512 corpus texts (cosine, overlap of each text's ten nearest, the same nearest).
 
-The figures behind README's "A base-size model on bf16" (bench/RESULTS.md). Needs a CPU with native bf16 (elsewhere
-OpenVINO runs float32 and the figures are 1.0). ``python bench/mpnet_bf16.py`` (minutes: export plus gate).
+The figures behind docs/backends.md, "A base-size model on bf16" (bench/RESULTS.md). Needs a CPU with native bf16
+(elsewhere OpenVINO runs float32 and the figures are 1.0). ``python bench/mpnet_bf16.py`` (minutes: export plus gate).
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ other processes inflate least), ratio to padded torch fp32, median (min-max) of 
 (ii) mixed: varlen with the attention loop 1.72 (1.45-2.27), with padded attention 1.73 (1.55-1.87), nested
 attention 0.57, jagged nested tensors 0.58, ONNX Runtime 0.53, OpenVINO 1.04; (i) similar: varlen 1.02
 (0.87-1.07); (iii) one text: varlen 1.20 (0.96-1.45). All at cosine 1.000000 to padded torch. Hence
-core/backends/varlen.py with the attention loop (model.unpadded: auto); README "Backends" has the summary.
+core/backends/varlen.py with the attention loop (model.unpadded: auto); docs/backends.md has the summary.
 """
 
 from __future__ import annotations
