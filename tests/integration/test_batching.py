@@ -19,6 +19,7 @@ import httpx
 import numpy as np
 import pytest
 from conftest import Server
+from enginekit import until
 from fakes import read_record, vector_for
 from prometheus_client.parser import text_string_to_metric_families
 from tinymodel import WORDS
@@ -71,15 +72,6 @@ async def metric(c: httpx.AsyncClient, name: str, **labels: str) -> float:
     return sum(v for (n, got), v in samples(r.text).items() if n == name and wanted <= set(got))
 
 
-async def until(check: Callable[[], Awaitable[bool]], what: str, timeout: float = 20.0) -> None:
-    loop = asyncio.get_running_loop()
-    give_up = loop.time() + timeout
-    while not await check():
-        if loop.time() > give_up:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.01)
-
-
 def client(fake: Fake, timeout: float = 30.0) -> httpx.AsyncClient:
     limits = httpx.Limits(max_connections=400, max_keepalive_connections=400)
     return httpx.AsyncClient(base_url=fake.server.url, timeout=timeout, limits=limits)
@@ -97,7 +89,7 @@ class Hold:
         async def running() -> bool:
             return self.text in self.fake.computed()
 
-        await until(running, "the held batch to start")
+        await until(running, 20, "the held batch to start", every=0.01)
 
     async def release(self) -> None:
         (self.fake.gates / self.name).touch()
@@ -109,7 +101,7 @@ async def queue_depth_is(c: httpx.AsyncClient, n: int) -> None:
     async def check() -> bool:
         return await metric(c, "inferd_queue_depth") == n
 
-    await until(check, f"{n} queued texts")
+    await until(check, 20, f"{n} queued texts", every=0.01)
 
 
 def run(scenario: Callable[[], Awaitable[Any]]) -> Any:
@@ -244,13 +236,13 @@ def test_a_client_that_disconnects_while_queued_is_never_computed(fake: Fake):
             async def noticed() -> bool:  # the server saw the client leave (it answers 499 into the void)
                 return await metric(c, "inferd_requests_total", endpoint="/predict", status="499") > left_before
 
-            await until(noticed, "the server to notice the disconnect")
+            await until(noticed, 20, "the server to notice the disconnect", every=0.01)
             await hold.release()
 
             async def dropped() -> bool:
                 return await metric(c, "inferd_requests_rejected_total", reason="disconnected") > gone_before
 
-            await until(dropped, "the dropped item to be counted")
+            await until(dropped, 20, "the dropped item to be counted", every=0.01)
             return await metric(c, "inferd_requests_rejected_total", reason="disconnected") - gone_before
 
     assert run(scenario) == 1
