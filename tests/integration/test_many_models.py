@@ -26,6 +26,7 @@ import openai
 import pytest
 import yaml
 from conftest import ROOT, Server, metric_value, wait_for
+from enginekit import until
 from fakes import read_record
 from tinymodel import write_tiny_bert
 
@@ -289,10 +290,14 @@ def test_a_flooded_model_cannot_hold_another_models_request_behind_its_backlog(
         limits = httpx.Limits(max_connections=100)
         async with httpx.AsyncClient(base_url=server.url, timeout=60, limits=limits) as c:
             hold = asyncio.ensure_future(c.post("/predict", json={"texts": ["hold:gate"], "model": "a"}))
-            await until(lambda: any("hold:gate" in b for b in read_record(record)), "the held batch")
+            await until(lambda: any("hold:gate" in b for b in read_record(record)), 30, "the held batch", every=0.02)
             flood = [asyncio.ensure_future(c.post("/predict", json={
                 "texts": [f"a-{i}-{j}" for j in range(8)], "model": "a"})) for i in range(20)]
-            await until_metric(c, "a", 160)
+
+            async def a_queued() -> bool:
+                return metric_value((await c.get("/metrics")).text, "inferd_queue_depth", model="a") == 160
+
+            await until(a_queued, 30, "160 queued texts of a", every=0.02)
             other = await c.post("/predict", json={"texts": ["b-0"], "model": "b"})
             assert other.status_code == 200 and not hold.done()
             (tmp / "gates" / "gate").touch()
@@ -305,24 +310,6 @@ def test_a_flooded_model_cannot_hold_another_models_request_behind_its_backlog(
     assert sum(len(b) for b in batches[held + 1:]) == 161  # nothing lost
     first_of_a = next(i for i, b in enumerate(batches) if any(t.startswith("a-") for t in b))
     assert next(i for i, b in enumerate(batches) if "b-0" in b) < first_of_a
-
-
-async def until(check: Any, what: str, timeout: float = 30.0) -> None:
-    loop = asyncio.get_running_loop()
-    give_up = loop.time() + timeout
-    while not check():
-        if loop.time() > give_up:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.02)
-
-
-async def until_metric(c: httpx.AsyncClient, model: str, depth: int, timeout: float = 30.0) -> None:
-    loop = asyncio.get_running_loop()
-    give_up = loop.time() + timeout
-    while metric_value((await c.get("/metrics")).text, "inferd_queue_depth", model=model) != depth:
-        if loop.time() > give_up:
-            raise AssertionError(f"timed out waiting for {depth} queued texts of {model}")
-        await asyncio.sleep(0.02)
 
 
 def test_the_openai_and_cohere_sdks_reach_models_by_name_in_one_process(pipeline: Server,
