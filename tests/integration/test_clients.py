@@ -2,12 +2,14 @@
 huggingface_hub's InferenceClient, llama-index's and LangChain's text-embeddings-inference embeddings,
 tei-client, the cohere SDK's embed (v1 and v2, every embedding type) and the openai SDK with ``dimensions`` on
 a Matryoshka-declared model. Vectors equal sentence-transformers' (prompts, truncate_dim), binary and int8
-outputs equal ``quantize_embeddings`` given the calibration texts' ranges.
+outputs equal ``quantize_embeddings`` given the calibration texts' ranges. The README's first requests (each
+``curl`` and each client snippet) run as written on the embedding server.
 """
 
 from __future__ import annotations
 
 import base64
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -244,3 +246,50 @@ def test_openai_dimensions_on_a_matryoshka_model(embedder: Server, st: Any) -> N
     np.testing.assert_allclose(decoded, st.encode(TEXTS[0], truncate_dim=8, normalize_embeddings=True), atol=TOL)
     with pytest.raises(openai.UnprocessableEntityError):
         client.embeddings.create(model="tiny-mrl", input=TEXTS[:1], dimensions=12)
+
+
+# -- the README's first requests ------------------------------------------------------------------------------
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+# The README's requests are written for `make run`'s server: its address, its model's name, no key (a client that
+# needs one is given "unused"; huggingface_hub's needs none). Here: this server's address, model and key.
+AS_WRITTEN = {
+    'base_url="http://127.0.0.1:8000")': f'base_url="URL", api_key="{KEY}")',
+    "http://127.0.0.1:8000": "URL",
+    '"all-MiniLM-L6-v2"': '"tiny-mrl"',
+    'api_key="unused"': f'api_key="{KEY}"',
+}
+CURL = re.compile(r"^curl -s localhost:8000(/\S*)(?: -d '([^']*)')?", re.M)
+
+
+def _readme_blocks(language: str) -> list[str]:
+    return re.findall(rf"```{language}\n(.*?)```", README.read_text(encoding="utf-8"), re.S)
+
+
+def _as_served(text: str, server: Server) -> str:
+    for written, served in AS_WRITTEN.items():
+        text = text.replace(written, served.replace("URL", server.url))
+    return text
+
+
+def test_the_readme_curl_requests_are_answered(embedder: Server) -> None:
+    calls = [m.groups() for block in _readme_blocks("bash") for m in CURL.finditer(block)]
+    # A first request in each API family the README introduces: inferd's own, OpenAI's, Cohere's and TEI's.
+    assert {"/health", "/predict", "/v1/encode", "/v1/embeddings", "/v2/embed", "/embed", "/similarity"} <= {
+        path for path, _ in calls}, calls
+    with embedder.client(headers={"Authorization": f"Bearer {KEY}"}) as client:
+        for path, body in calls:
+            r = client.get(path) if body is None else client.post(path, content=_as_served(body, embedder))
+            assert r.status_code == 200, (path, body, r.text)
+            assert r.json(), (path, r.text)
+
+
+def test_the_readme_client_snippets_run(embedder: Server) -> None:
+    snippets = _readme_blocks("python")
+    assert [s for s in snippets if "from openai import" in s] and [s for s in snippets if "import cohere" in s]
+    assert [s for s in snippets if "InferenceClient" in s]
+    for snippet in snippets:
+        names: dict[str, Any] = {}
+        exec(compile(_as_served(snippet, embedder), "README.md", "exec"), names)  # noqa: S102
+        got = names.get("vectors", names.get("vector"))
+        assert got is not None, snippet
