@@ -239,7 +239,7 @@ class ClosedLoop:
                     with self._lock:
                         self.result.errors[type(exc).__name__] += 1
                         self.result.answers.append({"status": None, "error": type(exc).__name__, "sent": sent,
-                                                    "done": time.monotonic()})
+                                                    "done": time.monotonic(), "message": str(exc)})
                     if self.stop_on_connect_error:
                         return
                     continue
