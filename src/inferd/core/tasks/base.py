@@ -30,15 +30,16 @@ from inferd.core.outputs import token_vectors_refusal
 from inferd.core.preprocess import Encoded, InputError
 from inferd.core.spec import ModelSpec
 from inferd.core.staging import StagedBatch, to_device
-from inferd.core.tasks.kinds import task_of
+from inferd.core.tasks.kinds import TASKS, task_of
 
 log = logging.getLogger(__name__)
 
 # Any one of these lets a fast tokenizer be built; a folder with none has no tokenizer at all.
 TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "vocab.json", "tokenizer.model", "spiece.model",
                    "sentencepiece.bpe.model")
-# The tasks served by the built-in handlers; a plug-in (``module:Class``) names its own.
-BUILTIN_TASKS = ("embedding", "rerank", "classification")
+# The tasks served by the built-in handlers (each one's task object, core/tasks/kinds.py); a plug-in
+# (``module:Class``) names its own.
+BUILTIN_TASKS = tuple(TASKS)
 
 
 class Handler(ABC):
