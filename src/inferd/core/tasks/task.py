@@ -4,7 +4,8 @@ chosen once by name (``kinds.task_of``); the gate, the drift report, admission a
 and never branch on the name (sentence-transformers' SimilarityFunction: one table, no ladder at the call sites;
 vLLM's pooler per task, chosen once).
 
-Numpy only (core/agreement.py's measures): the fleet's CLI holds reports to these bounds without torch.
+Numpy only (core/agreement.py's measures, core/errors.py's refusals): the fleet's CLI holds reports to these bounds
+without torch.
 """
 
 from __future__ import annotations
@@ -51,8 +52,7 @@ class Task(ABC):
 
     name: str
     # Clients store its answers (vectors) and compare them with later ones: a new model is held to the serving
-    # one's dimension (``model.allow_dimension_change``), a canary to its space (core/space_check.py), and a
-    # result carries the outputs asked (dense, sparse, multi-vector).
+    # one's dimension (``model.allow_dimension_change``) and a canary to its space (core/space_check.py).
     stored_vectors: bool = False
     # The accuracy gate compares its answers as vectors (cosine, neighbours) rather than as scores.
     gate_vectors: bool = False
