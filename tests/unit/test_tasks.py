@@ -12,7 +12,8 @@ from tokenizers import Tokenizer
 
 from inferd.core.preprocess import InputError, PairEncoder
 from inferd.core.tasks.base import ModelLoadError
-from inferd.core.tasks.handlers import detect_task, handler_for
+from inferd.core.tasks.handlers import HANDLERS, detect_task, handler_for
+from inferd.core.tasks.kinds import TASKS
 
 
 @pytest.fixture(scope="module")
@@ -46,6 +47,20 @@ def test_detect_task_from_the_folder(folders: dict[str, Path], name: str, task: 
 def test_ambiguous_folders_need_an_explicit_task(folders: dict[str, Path], name: str, why: str) -> None:
     with pytest.raises(ModelLoadError, match=f"cannot tell which task.*{why}.*set model.task"):
         detect_task(folders[name])
+
+
+def test_every_task_object_has_its_handlers_and_no_handler_lacks_one() -> None:
+    """A new task is its task object (kinds.py TASKS) and its handlers (handlers.py HANDLERS): one line each."""
+    assert list(HANDLERS) == list(TASKS)
+
+
+@pytest.mark.parametrize(("task", "name", "handler"), [
+    ("embedding", "st", "EmbeddingHandler"), ("embedding", None, "EmbeddingHandler"),
+    ("rerank", "ce", "RerankHandler"), ("rerank", None, "RerankHandler"),
+    ("classification", "cls", "ClassificationHandler"), ("classification", None, "ClassificationHandler")])
+def test_each_built_in_task_gets_its_handler(folders: dict[str, Path], task: str, name: str | None,
+                                             handler: str) -> None:
+    assert type(handler_for(task, folders[name] if name else None)).__name__ == handler
 
 
 def test_unknown_task_names_the_choices() -> None:

@@ -33,6 +33,9 @@ class ClassificationTask(Task):
         return label_figures(reference, got, multi_label)
 
 
+CLASSIFICATION = ClassificationTask()
+
+
 def label_figures(reference: np.ndarray, got: np.ndarray, multi_label: bool) -> dict[str, float]:
     """The share of decisions that agree, and the largest probability difference."""
     agree = float(label_agreement(reference, got, multi_label).mean())

@@ -136,6 +136,9 @@ class EmbeddingTask(Task):
         return super().refusal(description, dimensions, outputs) or missing_outputs(description, outputs)
 
 
+EMBEDDING = EmbeddingTask()
+
+
 def missing_outputs(description: ModelDescription, outputs: tuple[str, ...]) -> EngineError | None:
     """Outputs the model load cannot give (its description's ``outputs``), refused before any work."""
     gives = tuple(description.outputs or DEFAULT_OUTPUTS)

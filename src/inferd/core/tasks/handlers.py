@@ -4,9 +4,18 @@ from __future__ import annotations
 
 import importlib
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 from inferd.core.tasks.base import BUILTIN_TASKS, Handler, ModelLoadError
+from inferd.core.tasks.classification import ClassificationHandler
+from inferd.core.tasks.embedding import EmbeddingHandler
+from inferd.core.tasks.late_rerank import LateInteractionRerankHandler
+from inferd.core.tasks.llm_rerank import LLMRerankHandler, is_causal_lm
+from inferd.core.tasks.m3 import M3Handler, has_heads
+from inferd.core.tasks.multivector import ColbertHandler, is_colbert
+from inferd.core.tasks.rerank import RerankHandler
+from inferd.core.tasks.sparse import SparseHandler, is_splade
 from inferd.core.tasks.st_folder import has_pooling
 
 
@@ -46,42 +55,48 @@ def detect_task(path: Path) -> str:
                          f"{', '.join(BUILTIN_TASKS)} (or package.module:Class)")
 
 
-def handler_for(task: str, path: Path | None = None, pooling: str | None = None) -> Handler:
-    """A new, unloaded handler for ``task`` (a built-in name or ``package.module:Class``); ``path``, the model
-    folder, tells a causal LM reranker from a cross-encoder, and an embedding model of other outputs (SPLADE: its
-    folder's SpladePooling or ``pooling`` splade; ColBERT: a PyLate folder; bge-m3: its heads) from a dense one. A
-    plug-in class must derive from ``Handler``: what it does not declare then has the contract's default, and the
-    rest of the service reads its members without probing for them."""
-    if task == "embedding" and path is not None:
-        from inferd.core.tasks.m3 import M3Handler, has_heads
-        from inferd.core.tasks.multivector import ColbertHandler, is_colbert
-        from inferd.core.tasks.sparse import SparseHandler, is_splade
+def _embedding(path: Path | None, pooling: str | None) -> Handler:
+    """An embedding model of other outputs than a dense vector by its folder (SPLADE: its SpladePooling or
+    ``pooling`` splade; ColBERT: a PyLate folder; bge-m3: its heads), else a dense one."""
+    if path is not None:
         if pooling == "splade" or is_splade(path):
             return SparseHandler()
         if is_colbert(path):
             return ColbertHandler()
         if has_heads(path):
             return M3Handler()
-    if task == "embedding":
-        from inferd.core.tasks.embedding import EmbeddingHandler
-        return EmbeddingHandler()
-    if task == "rerank" and path is not None:
-        from inferd.core.tasks.m3 import M3Handler, has_heads
-        from inferd.core.tasks.multivector import ColbertHandler, is_colbert
-        # Token vectors: a late-interaction reranker (MaxSim) over the embedding handler (a PyLate folder first, as
-        # the embedding task picks it).
+    return EmbeddingHandler()
+
+
+def _rerank(path: Path | None, pooling: str | None) -> Handler:
+    """Token vectors (a PyLate folder first, as the embedding task picks it; bge-m3's heads): a late-interaction
+    reranker (MaxSim) over the embedding handler; a causal LM: a yes/no reranker; else a cross-encoder."""
+    if path is not None:
         if has_heads(path) or is_colbert(path):
-            from inferd.core.tasks.late_rerank import LateInteractionRerankHandler
             return LateInteractionRerankHandler(ColbertHandler() if is_colbert(path) else M3Handler())
-        from inferd.core.tasks.llm_rerank import LLMRerankHandler, is_causal_lm
         if is_causal_lm(path):
             return LLMRerankHandler()
-    if task == "rerank":
-        from inferd.core.tasks.rerank import RerankHandler
-        return RerankHandler()
-    if task == "classification":
-        from inferd.core.tasks.classification import ClassificationHandler
-        return ClassificationHandler()
+    return RerankHandler()
+
+
+def _classification(path: Path | None, pooling: str | None) -> Handler:
+    return ClassificationHandler()
+
+
+# The built-in tasks' handlers by task name (the names of kinds.py TASKS, which tests/unit/test_tasks.py holds this
+# to): a new task is its handler module and a line here, beside its task object's line in TASKS.
+HANDLERS: dict[str, Callable[[Path | None, str | None], Handler]] = {
+    "embedding": _embedding, "rerank": _rerank, "classification": _classification}
+
+
+def handler_for(task: str, path: Path | None = None, pooling: str | None = None) -> Handler:
+    """A new, unloaded handler for ``task`` (a built-in name or ``package.module:Class``); ``path``, the model
+    folder, and ``pooling`` choose among a built-in task's handlers (``HANDLERS``). A plug-in class must derive
+    from ``Handler``: what it does not declare then has the contract's default, and the rest of the service reads
+    its members without probing for them."""
+    builtin = HANDLERS.get(task)
+    if builtin is not None:
+        return builtin(path, pooling)
     if ":" in task:
         module, _, name = task.partition(":")
         try:

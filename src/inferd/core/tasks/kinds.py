@@ -1,5 +1,6 @@
 """The task objects by name: the one place a task's or an output's name is looked up. A new task is its
-``*_task.py`` and a line in ``TASKS``; a new embedding output its ``Output`` and a line in ``OUTPUTS``."""
+``*_task.py`` and a line in ``TASKS`` (and its handler a line in handlers.py ``HANDLERS``); a new embedding output
+its ``Output`` and a line in ``OUTPUTS``."""
 
 from __future__ import annotations
 
@@ -8,13 +9,14 @@ from functools import cache
 from typing import Any
 
 from inferd.core.agreement import Bound
-from inferd.core.tasks.classification_task import ClassificationTask, LabelDrift, label_figures
+from inferd.core.tasks.classification_task import CLASSIFICATION, LabelDrift, label_figures
 from inferd.core.tasks.drift import Drift, Worst
-from inferd.core.tasks.embedding_task import DENSE, MULTIVECTOR, SPARSE, EmbeddingTask
-from inferd.core.tasks.rerank_task import RerankTask
+from inferd.core.tasks.embedding_task import DENSE, EMBEDDING, MULTIVECTOR, SPARSE
+from inferd.core.tasks.rerank_task import RERANK
 from inferd.core.tasks.task import Output, Task
 
-TASKS: dict[str, Task] = {t.name: t for t in (EmbeddingTask(), RerankTask(), ClassificationTask())}
+# One object per task (a route family's table of what it does per task is keyed by these, never by the name).
+TASKS: dict[str, Task] = {t.name: t for t in (EMBEDDING, RERANK, CLASSIFICATION)}
 OUTPUTS: dict[str, Output] = {o.name: o for o in (DENSE, SPARSE, MULTIVECTOR)}
 
 

@@ -25,6 +25,7 @@ class RerankTask(Task):
     name = "rerank"
     gate_query = "what is this about"
     unit = "pairs"
+    takes_pairs = True
 
     def bounds(self, kind: str, gate: Any) -> list[Bound]:
         return [Bound("spearman_mean", "rerank_spearman_min", gate.rerank_spearman_min),
@@ -60,6 +61,9 @@ class RerankTask(Task):
         return {"spearman_mean": round(float(np.mean([q["spearman"] for q in per_query])), 6),
                 "top3_agreement": round(float(np.mean([q["top3"] for q in per_query])), 4),
                 "score_diff_max": round(float(np.abs(reference - got).max()) / self.gate_span(reference), 7)}
+
+
+RERANK = RerankTask()
 
 
 class RankingDrift(Drift):

@@ -60,6 +60,9 @@ class Task(ABC):
     gate_query: str | None = None
     # What the gate's set counts, as its summary says.
     unit: str = "texts"
+    # Its inputs are (query, document) pairs rather than texts (a route that takes either by the model's task
+    # asks this: inferd's /predict, TEI's /predict).
+    takes_pairs: bool = False
 
     @abstractmethod
     def bounds(self, kind: str, gate: Any) -> list[Bound]:
