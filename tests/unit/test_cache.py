@@ -10,8 +10,9 @@ from enginekit import EngineKit
 from fakes import HashHandler, vector_for
 from settingskit import make_settings
 
-from inferd.core.cache import ResultCache
+from inferd.core.cache import ResultCache, cache_key
 from inferd.core.errors import EngineError, Kind
+from inferd.core.preprocess import TextInput
 from inferd.utils.metrics import Metrics
 
 
@@ -107,9 +108,6 @@ def test_engine_answers_repeated_texts_from_the_cache_without_computing_them(tmp
 
 
 def test_a_pairs_key_carries_each_documents_truncation_choices() -> None:
-    from inferd.core.admission import cache_key
-    from inferd.core.preprocess import TextInput
-
     plain = cache_key(("query", "a long document"))
     keys = {plain, cache_key(("query", TextInput("a long document", direction="left"))),
             cache_key(("query", TextInput("a long document", truncate=False)))}

@@ -4,7 +4,10 @@ It takes a request validated when it was built (core/request.py), checks what de
 it to a model slot (loading it first in lazy mode), answers what
 the result cache holds, tokenises the rest (cheap, and overlapping the running batch: the pipelining),
 queues one item per input and waits on one future per request, refusing at the deadline, dropping
-the queued work of a client that left, and refusing new work while draining. The worker thread reports
+the queued work of a client that left, and refusing new work while draining. It composes the units of a
+request's other parts: the result cache (core/cache.py ResultCache.answer), the int8 calibration
+(core/calibration.py), the shadow mirror (core/shadow_mirror.py) and where inputs are tokenised
+(core/tokenizing.py). The worker thread reports
 outcomes (core/outcomes.py) through ``deliver``; they are applied here, on the loop, the only writer of a
 request's outcome.
 
@@ -16,46 +19,33 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
-import random
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
-import numpy as np
-import orjson
-
-from inferd.core import quantize
 from inferd.core.batcher import BatchQueue, QueueClosed, QueueFull
+from inferd.core.calibration import calibration
 from inferd.core.errors import ClientGone, EngineError, Kind, ModelNotReady, deadline_passed
 from inferd.core.outcomes import Failure, Outcome, TaskResult, Ticket, WorkItem
 from inferd.core.preprocess import InputError, TextInput, asking
 from inferd.core.prompts import prompt_text, prompted
 from inferd.core.registry import ModelRegistry, ServedModel
 from inferd.core.request import InferenceRequest, input_refusal
-from inferd.core.shadow import SHADOW_PRIORITY, SHADOW_TIMEOUT_S, Shadow, shadow_lane, shadow_policy
+from inferd.core.shadow_mirror import ShadowMirror
 from inferd.core.slots import ModelSlot
 from inferd.core.tasks.embedding_task import DEFAULT_OUTPUTS
 from inferd.core.tasks.kinds import task_of
 from inferd.core.tenants import Tenant, current_tenant
+from inferd.core.tokenizing import Tokenizing, chars
 from inferd.settings import Settings
 from inferd.utils import tracing
-from inferd.utils.logger import request_id_var
 from inferd.utils.metrics import Metrics
 
-log = logging.getLogger(__name__)
-
-# Below this many characters a request is tokenised on the event loop; above, in a thread.
-_INLINE_TOKENIZE_CHARS = 4096
 Disconnected = Callable[[], Awaitable[Any]]
 
 
 # Special tokens one input may add beyond its characters' tokens (a pair's [CLS] query [SEP] document [SEP]).
 _SPECIAL_TOKENS = 3
-
-
-def _chars(item: Any) -> int:
-    return len(item) if isinstance(item, str) else sum(map(len, item))
 
 
 def token_estimate(inputs: list[Any], window: int | None) -> int:
@@ -65,25 +55,16 @@ def token_estimate(inputs: list[Any], window: int | None) -> int:
     but the specials spans a character or more), so such a request is never refused once tokenised; a byte-level
     tokenizer can exceed it, and the settling makes the budget hold all the same. It runs up to about four times a
     short English text's count, which only requests tokenising at once pay (a reservation is settled as the
-    request is queued, and a request under _INLINE_TOKENIZE_CHARS is tokenised and queued in one step)."""
+    request is queued, and a request under INLINE_TOKENIZE_CHARS, core/tokenizing.py, is tokenised and queued in
+    one step)."""
     total = 0
     for item in inputs:
         cap = window
         if isinstance(item, TextInput) and item.max_tokens is not None:
             cap = item.max_tokens if cap is None else min(cap, item.max_tokens)
-        estimate = _chars(item) + _SPECIAL_TOKENS
+        estimate = chars(item) + _SPECIAL_TOKENS
         total += estimate if cap is None else min(estimate, cap)
     return total
-
-
-def cache_key(item: Any) -> str:
-    """What the result cache keys one input by. A text carrying per-request choices (core/preprocess.py
-    TextInput: its prompt, cut side, truncate, max_tokens) is keyed by them too: the same words cut another way
-    are another vector. A pair is keyed by both its texts, each with its choices (a rerank document's cut side
-    and truncate change its score); one slot serves one task, so a pair's key never meets a text's."""
-    if isinstance(item, str):
-        return getattr(item, "cache_key", item)
-    return orjson.dumps([getattr(part, "cache_key", part) for part in item]).decode()
 
 
 def not_ready(exc: ModelNotReady, model: str | None = None) -> EngineError:
@@ -107,13 +88,10 @@ class Admission:
         self.abandoned = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._idle = asyncio.Event()
-        # Long texts are tokenised in the thread pool; this many requests at a time, the rest wait their turn
-        # (so a few senders of huge texts cannot keep every request in preprocessing at once).
-        self._preprocessing = asyncio.Semaphore(settings.limits.preprocess_concurrency)
+        self.tokenizing = Tokenizing(settings.limits.preprocess_concurrency)
         # Accepted requests not yet answered (queued or running): a drain that times out answers them all.
         self._open: set[Ticket] = set()
-        # Mirrored requests in flight to a shadow candidate (core/shadow.py): cancelled by a drain.
-        self._shadows: set[asyncio.Task] = set()
+        self.shadow_mirror = ShadowMirror(queue, metrics, self.tokenizing)
 
     def bind(self) -> None:
         """On the event loop that will run the requests (at start)."""
@@ -133,8 +111,7 @@ class Admission:
     async def drain(self, timeout: float) -> bool:
         """Refuse new work, wait for what was accepted; past the timeout answer the rest (draining)."""
         self.draining = True
-        for task in list(self._shadows):
-            task.cancel()  # shadow work is shed first: its queued items leave as each task ends
+        self.shadow_mirror.cancel()  # shadow work is shed first
         try:
             await asyncio.wait_for(self._idle.wait(), timeout)
             return True
@@ -204,20 +181,28 @@ class Admission:
                 # The prompt of the slot that runs (a canary's own), prepended before tokenisation.
                 inputs = prompted(inputs, prompt_text(slot.description, request.prompt,
                                                       served.settings.model.input_type_prompts))
+            def compute(texts: list[Any]) -> Awaitable[TaskResult]:
+                return self._run_on(served, slot, texts, priority, timeout_ms, disconnected)
+
             if served.cache is None:
-                result = await self._run_on(served, slot, inputs, priority, timeout_ms, disconnected)
+                result = await compute(inputs)
             else:
-                result = await self._run_cached(served, slot, inputs, priority, timeout_ms, disconnected)
+                # This very slot's entries, and this tenant's (core/cache.py).
+                scope = None if tenant is None else tenant.name
+                result = await served.cache.answer(slot.load_id, slot.description, inputs, scope, compute)
             if request.calibrate:
-                result.calibration = await self._calibration(served, slot, priority, timeout_ms)
+                result.calibration = await calibration(
+                    served, slot, self.queue,
+                    lambda on, texts: self._run_on(served, on, texts, priority, timeout_ms, None))
             # While the slot is held: its version's series cannot have been removed (slot freed) under us.
             self.metrics.version_requests.labels(served.name, slot.version).inc()
             self.metrics.task_items.labels(served.name, slot.task).inc(len(inputs))
             if slot.description.outputs is not None:
                 for kind in request.outputs:
                     self.metrics.output_items.labels(served.name, kind).inc(len(inputs))
-            if served.manager.shadow is not None and slot is served.manager.active:
-                self._mirror(served, request.routing_key, inputs, result)
+            if (served.manager.shadow is not None and slot is served.manager.active and not self.draining
+                    and self._loop is not None):
+                self.shadow_mirror.mirror(served, request.routing_key, inputs, result)
             return result
         finally:
             if admitted is not None:
@@ -237,83 +222,6 @@ class Admission:
         finally:
             slot.release()
 
-    # -- shadow traffic (core/shadow.py) -----------------------------------------------------------------
-
-    def _mirror(self, served: ServedModel, routing_key: str | None, inputs: list[Any], live: TaskResult) -> None:
-        """A sampled request's inputs, answered already, go to the shadow candidate in a task of their own:
-        nothing of it runs before the live answer is sent, and nothing it does can reach the client."""
-        if self.draining or self._loop is None:
-            return
-        try:
-            shadow = served.manager.pick_shadow(routing_key, random.random())
-            if shadow is None:
-                return
-            shadow.report.count("sampled")
-            self.metrics.shadow_requests.labels(served.name, "sampled").inc()
-            task = self._loop.create_task(self._shadow_run(served, shadow, inputs, live, request_id_var.get()))
-        except Exception:  # whatever goes wrong here, the live answer is given
-            log.exception("mirroring a request to the shadow candidate failed", extra={"model": served.name})
-            return
-        self._shadows.add(task)
-        task.add_done_callback(self._shadows.discard)
-
-    async def _shadow_run(self, served: ServedModel, shadow: Shadow, inputs: list[Any], live: TaskResult,
-                          request_id: str | None) -> None:
-        """Tokenise for the candidate, queue in the model's shadow lane (bounded, lowest priority: shed first,
-        never counted as a refusal), and fold both answers into the report. Holds the candidate's slot."""
-        slot, name, lane = shadow.slot, served.name, shadow_lane(served.name)
-        outcome, ticket, items = "shed", None, []
-        try:
-            await asyncio.sleep(0)  # the live response goes out first
-            if sum(map(_chars, inputs)) > _INLINE_TOKENIZE_CHARS and self._preprocessing.locked():
-                return  # shed: live requests are waiting for the tokenizer's thread
-            encoded = await self._preprocess(slot, inputs)
-            policy, bound = shadow_policy(served.policy, served.settings.shadow), served.settings.shadow.max_queue
-            if self.queue.lane_rules(lane) != (policy, bound):  # absent, or the settings changed (SIGHUP)
-                self.queue.add_lane(lane, policy, bound, shadow=True)
-            assert self._loop is not None
-            ticket = Ticket(self._loop.create_future(), len(encoded))
-            now = time.monotonic()
-            items = [WorkItem(ticket, i, enc, enc.tokens, SHADOW_PRIORITY, now, now + SHADOW_TIMEOUT_S,
-                              self.queue.next_seq(), slot) for i, enc in enumerate(encoded)]
-            try:
-                self.queue.put(items, lane)
-            except (QueueFull, QueueClosed):
-                return  # shed: the lane is full (or the server stops)
-            self.metrics.shadow_queue_depth.labels(name).set(self.queue.depth(lane))
-            await ticket.future
-            error = ticket.error
-            if error is not None:
-                outcome = "shed" if error.kind in (Kind.DEADLINE, Kind.DRAINING) else "failed"
-                return
-            figures = shadow.report.add(live.outputs, ticket.results, request_id, live.tokens, inputs)
-            outcome = "computed"
-            self._publish(name, shadow, figures)
-        except InputError:
-            outcome = "failed"  # the candidate's tokenizer refused what the active model took
-        except asyncio.CancelledError:
-            outcome = "shed"
-        except Exception:
-            outcome = "failed"
-            log.exception("shadow work failed; live traffic is not affected", extra={"model": name})
-        finally:
-            if ticket is not None and not ticket.closed:
-                ticket.close()
-            if items and self.queue.remove(items):
-                self.metrics.shadow_queue_depth.labels(name).set(self.queue.depth(lane))
-            slot.release()
-            if outcome != "computed":
-                shadow.report.count(outcome)
-            self.metrics.shadow_requests.labels(name, outcome).inc()
-
-    def _publish(self, name: str, shadow: Shadow, figures: dict[str, Any]) -> None:
-        m = self.metrics
-        for cosine in figures.get("cosine", ()):
-            m.shadow_cosine.labels(name).observe(cosine)
-        for figure, value in shadow.report.figures().items():
-            if value is not None:
-                m.shadow_figures.labels(name, figure).set(value)
-
     async def _route(self, served: ServedModel, routing_key: str | None, pin: str | None) -> ModelSlot:
         """The slot this request runs on, with a reference taken; lazy mode loads the model first."""
         try:
@@ -322,12 +230,6 @@ class Admission:
             return served.manager.pick(routing_key, pin)
         except ModelNotReady as exc:
             raise not_ready(exc, served.name) from None
-
-    async def _preprocess(self, slot: ModelSlot, inputs: list[Any]) -> list[Any]:
-        if sum(map(_chars, inputs)) <= _INLINE_TOKENIZE_CHARS:
-            return slot.handler.preprocess(inputs)
-        async with self._preprocessing:
-            return await asyncio.to_thread(slot.handler.preprocess, inputs)
 
     async def _run_on(self, served: ServedModel, slot: ModelSlot, inputs: list[Any], priority: int,
                       timeout_ms: float | None, disconnected: Disconnected | None) -> TaskResult:
@@ -340,7 +242,7 @@ class Admission:
         try:
             try:
                 with tracing.span("tokenize"):
-                    encoded = await self._preprocess(slot, inputs)
+                    encoded = await self.tokenizing.encode(slot, inputs)
             except InputError as exc:
                 raise input_refusal(exc) from None
             pre_s = time.perf_counter() - t0
@@ -401,71 +303,6 @@ class Admission:
             timings={"preprocess_ms": pre_s * 1e3, "queue_ms": ticket.queue_s * 1e3,
                      "inference_ms": ticket.infer_s * 1e3, "postprocess_ms": ticket.post_s * 1e3,
                      "batch_size": ticket.batch_size, "items": len(encoded)})
-
-    async def _run_cached(self, served: ServedModel, slot: ModelSlot, inputs: list[Any], priority: int,
-                          timeout_ms: float | None, disconnected: Disconnected | None) -> TaskResult:
-        """Answer what the model's cache holds for this very slot and this tenant (core/cache.py: one tenant's hits
-        never tell what another sent); queue only the rest, then remember it."""
-        cache = served.cache
-        assert cache is not None
-        keys = [cache_key(t) for t in inputs]
-        tenant = current_tenant.get()
-        scope = None if tenant is None else tenant.name
-        hits = cache.lookup(slot.load_id, keys, scope)
-        todo = [i for i in range(len(inputs)) if i not in hits]
-        fresh = TaskResult([], [], slot.description, {"batch_size": 0, "items": 0})
-        if todo:
-            try:
-                fresh = await self._run_on(served, slot, [inputs[i] for i in todo], priority, timeout_ms,
-                                           disconnected)
-            except EngineError as exc:
-                if exc.index is not None:  # an index into the inputs sent on: map it back to the request's
-                    exc.index = todo[exc.index]
-                raise
-            cache.store(slot.load_id, [keys[i] for i in todo], fresh.outputs, fresh.tokens, scope)
-        outputs: list[Any] = [None] * len(inputs)
-        tokens = [0] * len(inputs)
-        for i, (output, count) in hits.items():
-            outputs[i], tokens[i] = output, count
-        for j, i in enumerate(todo):
-            outputs[i], tokens[i] = fresh.outputs[j], fresh.tokens[j]
-        timings = {**fresh.timings, "items": len(inputs), "cache_hits": len(hits)}
-        return TaskResult(outputs, tokens, slot.description, timings)
-
-    # -- int8 / uint8 calibration ------------------------------------------------------------------------
-
-    async def _calibration(self, served: ServedModel, slot: ModelSlot, priority: int,
-                           timeout_ms: float | None) -> np.ndarray:
-        """The int8/uint8 calibration vectors of this very load, measured the first time a request asks and
-        kept on the slot. Measured while the asking request holds the slot, so a request computed just before a
-        switch still gets the ranges of the model that computed it (not a 404 or a 503 for a version gone)."""
-        future = slot.calibration
-        if future is None or (future.done() and (future.cancelled() or future.exception() is not None)):
-            # A failed measure is tried again by the next request; its own error reaches the waiters.
-            future = slot.calibration = asyncio.ensure_future(
-                self._calibrate(served, slot.acquire(), priority, timeout_ms))
-            future.add_done_callback(lambda f: f.cancelled() or f.exception())
-        return await asyncio.shield(future)
-
-    async def _calibrate(self, served: ServedModel, slot: ModelSlot, priority: int,
-                         timeout_ms: float | None) -> np.ndarray:
-        """The calibration texts (``model.calibration_file``, else a built-in multilingual set) as they are (no
-        prompt), through the queue on ``slot``, whose reference this task holds until it is done."""
-        # The calibration is the load's, measured once for every caller: no tenant's budget or share (this task
-        # runs in a copy of the asking request's context, so this reaches nothing else).
-        current_tenant.set(None)
-        try:
-            settings = served.settings
-            limit = settings.limits.max_chars_per_text
-            texts = [t[:limit] for t in quantize.calibration_texts(settings.model.calibration_file) if t.strip()]
-            step = min(settings.limits.max_items_per_request, self.queue.max_queue(served.name))
-            out: list[Any] = []
-            for start in range(0, len(texts), step):
-                got = await self._run_on(served, slot, texts[start: start + step], priority, timeout_ms, None)
-                out.extend(got.outputs)
-            return np.vstack([np.asarray(v, dtype=np.float32) for v in out])
-        finally:
-            slot.release()
 
     async def _wait(self, ticket: Ticket, items: list[WorkItem], deadline: float,
                     disconnected: Disconnected | None, lane: str) -> None:

@@ -11,21 +11,40 @@ only ever answer with results of the model that would compute the answer.
 Each tenant has its own entries (the ``scope``, its name): a hit answers faster, without queue and inference
 times, and charges no tokens, so an entry shared across tenants would tell one tenant which exact texts another
 sent. A tenant's hits are of texts it sent itself; callers without tenants share one scope.
+
+``answer`` is the cache's part of a request (the admission step composes it): the hits answered from here, only
+the rest computed, then remembered, the two merged back in the request's order.
 """
 
 from __future__ import annotations
 
 import hashlib
 from collections import OrderedDict
-from collections.abc import Hashable, Sequence
+from collections.abc import Awaitable, Callable, Hashable, Sequence
 from dataclasses import replace
 from typing import Any
 
 import numpy as np
+import orjson
 
+from inferd.core.description import ModelDescription
+from inferd.core.errors import EngineError
+from inferd.core.outcomes import TaskResult
 from inferd.core.outputs import TextOutputs
 
 CacheKey = tuple[Hashable, str | None, bytes]
+# The inputs a request's cache did not hold, computed (admission's tokenise, enqueue and wait).
+Compute = Callable[[list[Any]], Awaitable[TaskResult]]
+
+
+def cache_key(item: Any) -> str:
+    """What the result cache keys one input by. A text carrying per-request choices (core/preprocess.py
+    TextInput: its prompt, cut side, truncate, max_tokens) is keyed by them too: the same words cut another way
+    are another vector. A pair is keyed by both its texts, each with its choices (a rerank document's cut side
+    and truncate change its score); one slot serves one task, so a pair's key never meets a text's."""
+    if isinstance(item, str):
+        return getattr(item, "cache_key", item)
+    return orjson.dumps([getattr(part, "cache_key", part) for part in item]).decode()
 
 
 def _key(owner: Hashable, scope: str | None, text: str) -> CacheKey:
@@ -87,3 +106,28 @@ class ResultCache:
         if stale and self.metrics is not None:
             self.metrics.cache_entries.labels(self.name).set(len(self._entries))
         return len(stale)
+
+    async def answer(self, owner: Hashable, description: ModelDescription, inputs: list[Any], scope: str | None,
+                     compute: Compute) -> TaskResult:
+        """Answer what this cache holds for ``owner`` (a slot's load) and ``scope`` (a tenant: one tenant's hits
+        never tell what another sent); compute only the rest, then remember it."""
+        keys = [cache_key(t) for t in inputs]
+        hits = self.lookup(owner, keys, scope)
+        todo = [i for i in range(len(inputs)) if i not in hits]
+        fresh = TaskResult([], [], description, {"batch_size": 0, "items": 0})
+        if todo:
+            try:
+                fresh = await compute([inputs[i] for i in todo])
+            except EngineError as exc:
+                if exc.index is not None:  # an index into the inputs sent on: map it back to the request's
+                    exc.index = todo[exc.index]
+                raise
+            self.store(owner, [keys[i] for i in todo], fresh.outputs, fresh.tokens, scope)
+        outputs: list[Any] = [None] * len(inputs)
+        tokens = [0] * len(inputs)
+        for i, (output, count) in hits.items():
+            outputs[i], tokens[i] = output, count
+        for j, i in enumerate(todo):
+            outputs[i], tokens[i] = fresh.outputs[j], fresh.tokens[j]
+        timings = {**fresh.timings, "items": len(inputs), "cache_hits": len(hits)}
+        return TaskResult(outputs, tokens, description, timings)
