@@ -147,8 +147,7 @@ def test_requests_tokenising_at_once_cannot_take_a_token_budget_past_one_request
     text = "long " * 1000  # 5,000 characters: past the size tokenised on the event loop
 
     async def main() -> list[Any]:
-        current_tenant.set(tenant)  # each task below starts with a copy of this context
-        sent = [asyncio.ensure_future(engine.run(engine.request([text]))) for _ in range(40)]
+        sent = [asyncio.ensure_future(engine.run(engine.request([text], tenant=tenant))) for _ in range(40)]
         await asyncio.to_thread(handler.entered.wait, 20)
         for _ in range(10):  # every request admitted or refused before any is tokenised
             await asyncio.sleep(0)
@@ -163,6 +162,29 @@ def test_requests_tokenising_at_once_cannot_take_a_token_budget_past_one_request
     assert tenant.report()["models"][engine.registry.names()[0]]["tokens"] == len(text)
     # One request's debt, nothing left reserved (a few seconds' refill at most).
     assert tenant.in_flight == 0 and tenant.tokens.refill(time.monotonic()) == pytest.approx(1000 - 5000, abs=100)
+
+
+def test_a_request_is_charged_to_the_tenant_it_carries(tmp_path: Path) -> None:
+    """Issue 40: the tenant travels in the request (InferenceRequest.tenant, set by the route as it builds it), not
+    beside it in a context variable: a request built for tenant a is a's, whatever tenant the caller's context
+    names (before, the field was refused unless a string and never read; the context's tenant was charged)."""
+    settings = make_settings(tmp_path, server={"tenants": [{"name": "a", "keys": ["ka"]},
+                                                           {"name": "b", "keys": ["kb"]}]})
+    kit = EngineKit(settings, HashHandler())
+    engine = kit.engine
+    tenancy = Tenancy(settings)
+    a, b = tenancy.resolve("ka"), tenancy.resolve("kb")
+    assert a is not None and b is not None
+
+    async def main() -> TaskResult:
+        current_tenant.set(b)
+        return await engine.run(engine.request(["hello world"], tenant=a))
+
+    kit.run(main)
+    name = engine.registry.names()[0]
+    used = a.report()["models"][name]
+    assert used["requests"] == 1 and used["tokens"] > 0
+    assert b.report()["models"] == {} and a.in_flight == b.in_flight == 0
 
 
 def test_a_reservation_is_estimated_from_characters_capped_at_the_window() -> None:

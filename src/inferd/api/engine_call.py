@@ -22,6 +22,9 @@ from inferd.api.services import services
 from inferd.core.errors import EngineError
 from inferd.core.outcomes import TaskResult
 from inferd.core.request import InferenceRequest
+from inferd.core.tasks.kinds import EMBEDDING, task_of
+from inferd.core.tasks.task import Task
+from inferd.core.tenants import current_tenant
 
 B = TypeVar("B", bound=BaseModel)
 
@@ -32,10 +35,12 @@ INFERENCE_ERRORS = (400, 401, 404, 413, 422, 503, 504, 507)
 def build(request: Request, inputs: Any, names: Names, **options: Any) -> InferenceRequest:
     """The engine's request, every rule that needs no model checked (core/request.py), its refusals named by
     ``names``; run while the body is parsed (read_body's check), so a refused body never outlives parsing.
-    ``options`` are InferenceRequest.build's; the routing key is the ``X-Routing-Key`` header's."""
+    ``options`` are InferenceRequest.build's; the routing key is the ``X-Routing-Key`` header's, the tenant the
+    one the key check found (api/security.py require_tenant)."""
     s = services(request)
     try:
-        return s.engine.request(inputs, routing_key=request.headers.get("x-routing-key"), **options)
+        return s.engine.request(inputs, routing_key=request.headers.get("x-routing-key"),
+                                tenant=current_tenant.get(), **options)
     except EngineError as exc:
         raise engine_refusal(exc, names, s.metrics) from None
 
@@ -63,12 +68,14 @@ def require_task(request: Request, task: str) -> None:
         raise engine_refusal(exc, Names("model")) from None
 
 
-def task_of(request: Request, model: str | None) -> str:
-    """The task of the model a request names (or of the server's default model): /predict's shape follows it."""
+def model_task(request: Request, model: str | None) -> Task:
+    """The task of the model a request names (or of the server's default model; an embedding's while it is not
+    known until the model loads): /predict's shape follows it."""
     try:
-        return services(request).registry.task_of(model) or "embedding"
+        name = services(request).registry.task_of(model)
     except EngineError as exc:
         raise engine_refusal(exc, Names("model")) from None
+    return task_of(name) if name else EMBEDDING
 
 
 async def run(request: Request, engine_request: InferenceRequest, names: Names) -> TaskResult:

@@ -35,7 +35,7 @@ from inferd.core.shadow_mirror import ShadowMirror
 from inferd.core.slots import ModelSlot
 from inferd.core.tasks.embedding_task import DEFAULT_OUTPUTS
 from inferd.core.tasks.kinds import task_of
-from inferd.core.tenants import Tenant, current_tenant
+from inferd.core.tenants import Tenant
 from inferd.core.tokenizing import Tokenizing, chars
 from inferd.settings import Settings
 from inferd.utils import tracing
@@ -159,7 +159,7 @@ class Admission:
             raise EngineError(Kind.INVALID_INPUT, f"{len(inputs)} texts given; at most {max_queue} "
                               "(batching.max_queue) per request", "too_many_items")
         slot = await self._route(served, request.routing_key, pin)
-        tenant, admitted = current_tenant.get(), None
+        tenant, admitted = request.tenant, None
         self._enter()
         try:
             if tenant is not None:
@@ -182,7 +182,7 @@ class Admission:
                 inputs = prompted(inputs, prompt_text(slot.description, request.prompt,
                                                       served.settings.model.input_type_prompts))
             def compute(texts: list[Any]) -> Awaitable[TaskResult]:
-                return self._run_on(served, slot, texts, priority, timeout_ms, disconnected)
+                return self._run_on(served, slot, texts, tenant, priority, timeout_ms, disconnected)
 
             if served.cache is None:
                 result = await compute(inputs)
@@ -193,7 +193,8 @@ class Admission:
             if request.calibrate:
                 result.calibration = await calibration(
                     served, slot, self.queue,
-                    lambda on, texts: self._run_on(served, on, texts, priority, timeout_ms, None))
+                    # The load's, measured once for every caller: no tenant's budget or share.
+                    lambda on, texts: self._run_on(served, on, texts, None, priority, timeout_ms, None))
             # While the slot is held: its version's series cannot have been removed (slot freed) under us.
             self.metrics.version_requests.labels(served.name, slot.version).inc()
             self.metrics.task_items.labels(served.name, slot.task).inc(len(inputs))
@@ -231,9 +232,8 @@ class Admission:
         except ModelNotReady as exc:
             raise not_ready(exc, served.name) from None
 
-    async def _run_on(self, served: ServedModel, slot: ModelSlot, inputs: list[Any], priority: int,
-                      timeout_ms: float | None, disconnected: Disconnected | None) -> TaskResult:
-        tenant: Tenant | None = current_tenant.get()
+    async def _run_on(self, served: ServedModel, slot: ModelSlot, inputs: list[Any], tenant: Tenant | None,
+                      priority: int, timeout_ms: float | None, disconnected: Disconnected | None) -> TaskResult:
         # Reserved from the tenant's budget before tokenising, so requests tokenising at once see each other's
         # (core/tenants.py); settled against the real count as it is queued, given back if it never is.
         reserved = 0 if tenant is None else tenant.reserve(token_estimate(inputs, slot.description.max_seq_length))

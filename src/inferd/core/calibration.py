@@ -3,7 +3,8 @@
 
 Measured while the asking request holds the slot, so a request computed just before a switch still gets the
 ranges of the model that computed it (not a 404 or a 503 for a version gone). The texts go through the queue
-like any request's, by the admission step's own call (``RunTexts``), under no tenant.
+like any request's, by the admission step's own call (``RunTexts``), which charges no tenant: the calibration is
+the load's, measured once for every caller.
 """
 
 from __future__ import annotations
@@ -19,9 +20,8 @@ from inferd.core.batcher import BatchQueue
 from inferd.core.outcomes import TaskResult
 from inferd.core.registry import ServedModel
 from inferd.core.slots import ModelSlot
-from inferd.core.tenants import current_tenant
 
-# Texts through the queue on a slot, as one request of them (admission's tokenise, enqueue and wait).
+# Texts through the queue on a slot, as one request of them, nobody's (admission's tokenise, enqueue and wait).
 RunTexts = Callable[[ModelSlot, list[Any]], Awaitable[TaskResult]]
 
 
@@ -39,9 +39,6 @@ async def calibration(served: ServedModel, slot: ModelSlot, queue: BatchQueue, r
 async def _measure(served: ServedModel, slot: ModelSlot, queue: BatchQueue, run: RunTexts) -> np.ndarray:
     """The calibration texts (``model.calibration_file``, else a built-in multilingual set) as they are (no
     prompt), through the queue on ``slot``, whose reference this task holds until it is done."""
-    # The calibration is the load's, measured once for every caller: no tenant's budget or share (this task
-    # runs in a copy of the asking request's context, so this reaches nothing else).
-    current_tenant.set(None)
     try:
         settings = served.settings
         limit = settings.limits.max_chars_per_text

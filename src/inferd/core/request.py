@@ -22,6 +22,7 @@ from inferd.core.errors import EngineError, Kind
 from inferd.core.outputs import OUTPUTS
 from inferd.core.preprocess import InputError, check_texts
 from inferd.core.prompts import INPUT_TYPE_PROMPTS, Prompt
+from inferd.core.tenants import Tenant
 
 # A text (a core/preprocess.py TextInput carries its own cut side, truncate and max_tokens), or a
 # (query, document) pair for a reranker.
@@ -64,8 +65,8 @@ class InferenceRequest:
 
     ``outputs`` are the kinds an embedding request wants (core/outputs.py OUTPUTS: dense, sparse, multivector;
     issue 32's sparse and multi-vector routes ask for more than the dense default) and ``tenant`` whose request
-    it is (issue 33's tenants: quotas and fair shares by it; None: nobody's in particular). Both are here from
-    the start so that neither changes the boundary when it is used.
+    it is (core/tenants.py: its allow-list, limits, budget and fair share apply; None: nobody's in particular),
+    the one the route's key check found (api/security.py), set by the route as it builds the request.
     """
 
     inputs: tuple[Input, ...]
@@ -79,7 +80,7 @@ class InferenceRequest:
     dimensions: int | None = None
     calibrate: bool = False
     outputs: tuple[str, ...] = ("dense",)
-    tenant: str | None = None
+    tenant: Tenant | None = None
     _built: object = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -94,7 +95,7 @@ class InferenceRequest:
     def build(cls, limits: Limits, inputs: Any, *, task: str | None = None, model: str | None = None,
               priority: int = 0, timeout_ms: float | None = None, routing_key: str | None = None,
               prompt: Prompt | None = None, dimensions: int | None = None, calibrate: bool = False,
-              outputs: Sequence[str] = ("dense",), tenant: str | None = None) -> InferenceRequest:
+              outputs: Sequence[str] = ("dense",), tenant: Tenant | None = None) -> InferenceRequest:
         """The request, every model-free rule checked (raises EngineError); ``model`` may pin a version as
         ``name@version``."""
         checked = _inputs(inputs, limits)
@@ -111,8 +112,6 @@ class InferenceRequest:
         if not kinds or wrong is not None or len(set(kinds)) != len(kinds):
             raise EngineError(Kind.INVALID_INPUT, f"must be distinct output kinds of {list(OUTPUTS)}, not "
                               f"{list(kinds)}", "invalid_value", field="outputs")
-        if tenant is not None and (not isinstance(tenant, str) or not tenant):
-            raise EngineError(Kind.INVALID_INPUT, "must be a non-empty string", "invalid_value", field="tenant")
         return cls(checked, task, name, version, priority, timeout_ms, routing_key, prompt, dimensions,
                    bool(calibrate), kinds, tenant, _BUILT)
 
