@@ -7,6 +7,7 @@ business, and naming it would tell one tenant what another is served.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from fastapi import APIRouter, Depends, Request
@@ -22,7 +23,10 @@ from inferd.api.schemas import (
 from inferd.api.services import inference_auth, services
 from inferd.core.description import ModelDescription
 from inferd.core.registry import ServedModel
+from inferd.core.tasks.kinds import CLASSIFICATION, EMBEDDING, RERANK, task_of
+from inferd.core.tasks.task import Task
 from inferd.core.tenants import current_tenant
+from inferd.settings import Settings
 
 # What is served: the inference keys' business, as the inference routes.
 catalog_router = APIRouter(dependencies=[Depends(inference_auth)])
@@ -107,15 +111,10 @@ def tei_info(request: Request, served: ServedModel | None) -> dict[str, Any]:
     settings = served.settings if served is not None else s.settings
     slots = served.manager.slots() if served is not None else []
     d = slots[0][1].description if slots else None
-    task = (served.task if served is not None else None) or (d.task if d else None) or "embedding"
-    if task == "embedding":
-        pooling = (d.pooling if d else None) or settings.model.pooling or "mean"
-        model_type: dict[str, Any] = {"embedding": {"pooling": pooling}}
-    else:
-        labels = (d.labels if d else None) or ("LABEL_0",)
-        model_type = {"classifier" if task == "classification" else "reranker": {
-            "id2label": {str(i): label for i, label in enumerate(labels)},
-            "label2id": {label: i for i, label in enumerate(labels)}}}
+    name = (served.task if served is not None else None) or (d.task if d else None)
+    task = task_of(name) if name else EMBEDDING
+    # A task TEI has no name for (a plug-in's) shows its labels as a reranker's.
+    model_type = _TEI_MODEL_TYPES.get(task, _TEI_MODEL_TYPES[RERANK])(d, settings)
     return {
         "model_id": d.name if d else settings.model.name, "model_sha": None,
         "model_dtype": (d.dtype if d else None) or settings.model.dtype,
@@ -125,3 +124,20 @@ def tei_info(request: Request, served: ServedModel | None) -> dict[str, Any]:
         "max_batch_requests": settings.batching.max_batch_size,
         "max_client_batch_size": settings.limits.max_items_per_request, "auto_truncate": settings.model.truncate,
         "tokenization_workers": settings.limits.preprocess_concurrency, "sha": None, "docker_label": None}
+
+
+def _pooled(d: ModelDescription | None, settings: Settings) -> dict[str, Any]:
+    return {"embedding": {"pooling": (d.pooling if d else None) or settings.model.pooling or "mean"}}
+
+
+def _labelled(key: str) -> Callable[[ModelDescription | None, Settings], dict[str, Any]]:
+    def model_type(d: ModelDescription | None, settings: Settings) -> dict[str, Any]:
+        labels = (d.labels if d else None) or ("LABEL_0",)
+        return {key: {"id2label": {str(i): label for i, label in enumerate(labels)},
+                      "label2id": {label: i for i, label in enumerate(labels)}}}
+    return model_type
+
+
+# TEI's model_type of each task's model (keyed by the task object), built from its description (None: no load yet).
+_TEI_MODEL_TYPES: dict[Task, Callable[[ModelDescription | None, Settings], dict[str, Any]]] = {
+    EMBEDDING: _pooled, CLASSIFICATION: _labelled("classifier"), RERANK: _labelled("reranker")}

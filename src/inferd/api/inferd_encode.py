@@ -9,6 +9,7 @@ take ``encoding_format`` (float, base64 of float32, binary/ubinary sign bits); s
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from fastapi import APIRouter, Depends, Request
@@ -24,6 +25,8 @@ from inferd.core.outputs import TextOutputs
 from inferd.core.preprocess import TextInput
 from inferd.core.prompts import Prompt
 from inferd.core.request import InferenceRequest
+from inferd.core.tasks.kinds import DENSE, MULTIVECTOR, SPARSE
+from inferd.core.tasks.task import Output
 
 encode_router = APIRouter(dependencies=[Depends(inference_auth)])  # the inference keys
 
@@ -44,14 +47,25 @@ def _request(request: Request, body: EncodeRequest) -> InferenceRequest:
                  prompt=Prompt(body.prompt_name), outputs=tuple(body.outputs))
 
 
+def _rows(value: Any, body: EncodeRequest) -> Any:
+    return hybrid.encoded(value, body.encoding_format)
+
+
+def _weights(value: Any, body: EncodeRequest) -> Any:
+    return hybrid.sparse_object(value, body.return_tokens)
+
+
+# How each output (keyed by its object) is written in an item, in the order an item lists them; an item's field is
+# the output's name, as TextOutputs' is.
+_WRITTEN: dict[Output, Callable[[Any, EncodeRequest], Any]] = {DENSE: _rows, SPARSE: _weights, MULTIVECTOR: _rows}
+
+
 def _item(i: int, out: TextOutputs, body: EncodeRequest) -> dict[str, Any]:
     item: dict[str, Any] = {"object": "encoding", "index": i}
-    if out.dense is not None and "dense" in body.outputs:
-        item["dense"] = hybrid.encoded(out.dense, body.encoding_format)
-    if out.sparse is not None and "sparse" in body.outputs:
-        item["sparse"] = hybrid.sparse_object(out.sparse, body.return_tokens)
-    if out.multivector is not None and "multivector" in body.outputs:
-        item["multivector"] = hybrid.encoded(out.multivector, body.encoding_format)
+    for output, write in _WRITTEN.items():
+        value = getattr(out, output.name)
+        if value is not None and output.name in body.outputs:
+            item[output.name] = write(value, body)
     return item
 
 

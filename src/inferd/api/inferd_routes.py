@@ -3,13 +3,22 @@ TEI's /predict, api/tei_predict.py) and ``/v1/classify`` (vLLM's shape: a label 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from fastapi import APIRouter, Depends, Request
 from starlette.responses import Response
 
 from inferd.api.bodies import json_response
-from inferd.api.engine_call import INFERENCE_ERRORS, build, read_request, require_task, run, served_name, task_of
+from inferd.api.engine_call import (
+    INFERENCE_ERRORS,
+    build,
+    model_task,
+    read_request,
+    require_task,
+    run,
+    served_name,
+)
 from inferd.api.errors import APIError, Names
 from inferd.api.middleware import context
 from inferd.api.schemas import (
@@ -24,6 +33,8 @@ from inferd.api.services import inference_auth
 from inferd.api.tei_predict import is_tei_predict, tei_predict
 from inferd.core.outcomes import TaskResult
 from inferd.core.request import InferenceRequest
+from inferd.core.tasks.kinds import CLASSIFICATION, task_of
+from inferd.core.tasks.task import Task
 
 router = APIRouter(dependencies=[Depends(inference_auth)])  # the inference keys
 
@@ -41,12 +52,11 @@ async def predict(request: Request) -> Response:
         return await tei_predict(request)
     body, engine_request = await read_request(request, PredictRequest, lambda b: _predict_request(request, b))
     result = await run(request, engine_request, _PREDICT)
-    outputs: list[Any] = result.outputs
     if engine_request.pairs:
-        outputs = [float(o[0]) for o in outputs]
-    elif result.description.task == "classification":
-        labels = list(result.description.labels or ())
-        outputs = [{"label": labels[int(p.argmax())], "probs": p} for p in outputs]
+        outputs = [float(o[0]) for o in result.outputs]  # each pair's score ([score, raw] rows)
+    else:
+        # By the task of the load that answered (a model's task may be known only once it has loaded).
+        outputs = _TEXT_RESULTS.get(task_of(result.description.task), _as_computed)(result)
     return json_response({"results": outputs, "model": served_name(result),
                           "usage": {"prompt_tokens": result.prompt_tokens}})
 
@@ -55,17 +65,31 @@ async def predict(request: Request) -> Response:
 _PREDICT = Names("texts", query="texts[{i}][0]")
 
 
+def _labelled(result: TaskResult) -> list[Any]:
+    labels = list(result.description.labels or ())
+    return [{"label": labels[int(p.argmax())], "probs": p} for p in result.outputs]
+
+
+def _as_computed(result: TaskResult) -> list[Any]:
+    return result.outputs
+
+
+# /predict's result for texts of a model of each task (keyed by the task object): a classifier's label and
+# probabilities; any other task's (an embedding's vectors, a plug-in's own) as the model computed it.
+_TEXT_RESULTS: dict[Task, Callable[[TaskResult], list[Any]]] = {CLASSIFICATION: _labelled}
+
+
 def _predict_request(request: Request, body: PredictRequest) -> InferenceRequest:
     """The named model's (or the default model's) task sets the shape: a reranker's texts are pairs."""
-    task = task_of(request, body.model)
+    task = model_task(request, body.model)
     texts: list[Any] = body.texts
-    if task == "rerank":
+    if task.takes_pairs:
         for i, pair in enumerate(texts):
             if not (isinstance(pair, list) and len(pair) == 2):
                 raise APIError(422, f"texts[{i}]: must be a [query, document] pair on a rerank model",
                                "invalid_type", f"texts[{i}]")
         texts = [(q, d) for q, d in texts]
-    return build(request, texts, _PREDICT, task=task, model=body.model, priority=body.priority,
+    return build(request, texts, _PREDICT, task=task.name, model=body.model, priority=body.priority,
                  timeout_ms=body.timeout_ms)
 
 

@@ -17,6 +17,7 @@ default for ``[query, document]`` pairs.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import numpy as np
@@ -44,6 +45,8 @@ from inferd.api.tei_shape import ANY, RANKED, SCORES, VECTORS, tei_errors, tei_i
 from inferd.core.errors import Kind
 from inferd.core.prompts import Prompt
 from inferd.core.request import InferenceRequest
+from inferd.core.tasks.kinds import CLASSIFICATION, RERANK, task_of
+from inferd.core.tasks.task import Task
 
 tei_router = APIRouter(dependencies=[Depends(inference_auth)])  # the inference keys
 
@@ -168,6 +171,11 @@ async def rerank(request: Request) -> Response:
 # -- POST / ------------------------------------------------------------------------------------------------
 
 
+# The route POST / is for a model of each task (keyed by the task object); any other (an embedding model, a
+# plug-in's task, a task not known until the model loads) is answered as /embed or /similarity.
+_ROOT: dict[Task, Callable[[Request], Awaitable[Response]]] = {CLASSIFICATION: tei_predict, RERANK: rerank}
+
+
 @tei_router.post("/", openapi_extra={"requestBody": {"required": True, "content": {"application/json": {"schema": {
     "anyOf": [TEIEmbedRequest.model_json_schema(), TEISimilarityRequest.model_json_schema(),
               TEIPredictRequest.model_json_schema(), TEIRerankRequest.model_json_schema()]}}}}},
@@ -177,13 +185,10 @@ async def root(request: Request) -> Response:
     """TEI's POST /, by the served (default) model's task: embedding → /embed (or /similarity for a body whose
     ``inputs`` is ``{"source_sentence", "sentences"}``: huggingface_hub's sentence_similarity posts it here),
     classification → /predict, rerank → /rerank."""
-    s = services(request)
-    served = s.registry.first()
-    task = (served.task if served is not None else None) or "embedding"
-    if task == "classification":
-        return await tei_predict(request)
-    if task == "rerank":
-        return await rerank(request)
+    served = services(request).registry.first()
+    route = _ROOT.get(task_of(served.task)) if served is not None and served.task else None
+    if route is not None:
+        return await route(request)
     raw = await request.body()
     try:
         data = orjson.loads(raw) if raw.strip() else None

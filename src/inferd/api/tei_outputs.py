@@ -10,6 +10,8 @@ weights) is refused with 422 naming what it gives.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from fastapi import APIRouter, Depends, Request
 from starlette.responses import Response
 
@@ -21,8 +23,12 @@ from inferd.api.errors import Names
 from inferd.api.schemas import request_body
 from inferd.api.services import inference_auth, services
 from inferd.api.tei_shape import tei_errors, tei_inputs, tei_responses
+from inferd.core.outputs import TextOutputs
 from inferd.core.prompts import Prompt
 from inferd.core.request import InferenceRequest
+from inferd.core.tasks.kinds import MULTIVECTOR, SPARSE
+from inferd.core.tasks.task import Output
+from inferd.settings import LimitSettings
 
 tei_outputs_router = APIRouter(dependencies=[Depends(inference_auth)])  # the inference keys
 
@@ -39,21 +45,31 @@ def _names(body: TEIEmbedSparseRequest) -> Names:
     return Names("inputs", isinstance(body.inputs, list), fields={"outputs": "model"})
 
 
-def _request(request: Request, body: TEIEmbedSparseRequest, kind: str) -> InferenceRequest:
+def _request(request: Request, body: TEIEmbedSparseRequest, output: Output) -> InferenceRequest:
     texts = vectors.inputs_of(tei_inputs(body.inputs, "inputs"), direction(body.truncation_direction), body.truncate)
     return build(request, texts, _names(body), task="embedding", model=body.model, priority=body.priority,
-                 timeout_ms=body.timeout_ms, prompt=Prompt(body.prompt_name), outputs=(kind,))
+                 timeout_ms=body.timeout_ms, prompt=Prompt(body.prompt_name), outputs=(output.name,))
 
 
-async def _outputs(request: Request, schema: type[TEIEmbedSparseRequest], kind: str) -> Response:
-    body, engine_request = await read_request(request, schema, lambda b: _request(request, b, kind))
-    outputs = hybrid.outputs_of(await run(request, engine_request, _names(body)), (kind,))
-    limits = services(request).settings.limits
-    if kind == "sparse":
-        hybrid.check_sparse_weights(outputs, limits.max_sparse_weights)
-        return json_response([hybrid.sparse_pairs(o.sparse) for o in outputs if o.sparse is not None])
+def _sparse_weights(outputs: list[TextOutputs], limits: LimitSettings) -> Response:
+    hybrid.check_sparse_weights(outputs, limits.max_sparse_weights)
+    return json_response([hybrid.sparse_pairs(o.sparse) for o in outputs if o.sparse is not None])
+
+
+def _token_vectors(outputs: list[TextOutputs], limits: LimitSettings) -> Response:
     hybrid.check_token_vectors(outputs, limits.max_multivector_tokens)
     return json_response([o.multivector for o in outputs])
+
+
+# TEI's answer of each output its routes give (keyed by the output object), within its limit.
+_ANSWERS: dict[Output, Callable[[list[TextOutputs], LimitSettings], Response]] = {
+    SPARSE: _sparse_weights, MULTIVECTOR: _token_vectors}
+
+
+async def _outputs(request: Request, schema: type[TEIEmbedSparseRequest], output: Output) -> Response:
+    body, engine_request = await read_request(request, schema, lambda b: _request(request, b, output))
+    outputs = hybrid.outputs_of(await run(request, engine_request, _names(body)), (output.name,))
+    return _ANSWERS[output](outputs, services(request).settings.limits)
 
 
 @tei_outputs_router.post("/embed_sparse", openapi_extra=request_body(TEIEmbedSparseRequest),
@@ -63,7 +79,7 @@ async def embed_sparse(request: Request) -> Response:
     """TEI's embed_sparse: ``{"inputs": str | [str], "truncate"?, "truncation_direction"?, "prompt_name"?}`` →
     each input's ``[{"index", "value"}]``, ids ascending (a SPLADE model's, or bge-m3's lexical weights), at most
     ``limits.max_sparse_weights`` in one answer (422 naming it)."""
-    return await _outputs(request, TEIEmbedSparseRequest, "sparse")
+    return await _outputs(request, TEIEmbedSparseRequest, SPARSE)
 
 
 @tei_outputs_router.post("/embed_all", openapi_extra=request_body(TEIEmbedAllRequest),
@@ -72,4 +88,4 @@ async def embed_sparse(request: Request) -> Response:
 async def embed_all(request: Request) -> Response:
     """TEI's embed_all: the same body → each input's token vectors (a multi-vector model's: ColBERT's, bge-m3's),
     at most ``limits.max_multivector_tokens`` in one answer (422 naming it)."""
-    return await _outputs(request, TEIEmbedAllRequest, "multivector")
+    return await _outputs(request, TEIEmbedAllRequest, MULTIVECTOR)

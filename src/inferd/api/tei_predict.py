@@ -24,6 +24,8 @@ from inferd.api.tei_shape import tei_errors, tei_pairs
 from inferd.core.errors import Kind
 from inferd.core.outcomes import TaskResult
 from inferd.core.request import InferenceRequest
+from inferd.core.tasks.kinds import CLASSIFICATION, RERANK
+from inferd.core.tasks.task import Task
 
 # -- /predict in TEI's shape -------------------------------------------------------------------------------
 
@@ -58,23 +60,27 @@ def _sequences(inputs: Any) -> tuple[list[str | tuple[str, str]], bool]:
     return [one(v, f"inputs[{i}]") for i, v in enumerate(inputs)], True
 
 
-def _predict_task(request: Request, sequences: list[Any]) -> str:
+# The tasks TEI's /predict serves (a classifier's texts, a reranker's pairs: each task object says which it takes),
+# each with why a body of the other kind does not fit a server that serves only it.
+_PREDICTED: dict[Task, str] = {
+    CLASSIFICATION: "inputs: this server's classifier takes single texts, not pairs",
+    RERANK: "inputs: a rerank model scores [query, document] pairs, not single texts"}
+
+
+def _predict_task(request: Request, sequences: list[Any]) -> Task:
     """The task TEI's /predict runs for what was sent: texts are a classifier's, ``[query, document]`` pairs a
     reranker's (TEI serves one model and hands it either; here each goes to its task's default model)."""
     pairs = [not isinstance(s, str) for s in sequences]
     if any(pairs) and not all(pairs):
         raise refusal(Kind.INVALID_INPUT, "inputs: a batch is texts (for a classifier) or [query, document] pairs "
                       "(for a reranker), not both", "invalid_type", "inputs")
-    task = "rerank" if pairs[0] else "classification"
+    task = next(t for t in _PREDICTED if t.takes_pairs == pairs[0])
     tasks = set(services(request).registry.tasks())
-    if task in tasks or None in tasks:
+    if task.name in tasks or None in tasks:
         return task
-    if "classification" in tasks:
-        raise refusal(Kind.INVALID_INPUT, "inputs: this server's classifier takes single texts, not pairs",
-                      "invalid_type", "inputs")
-    if "rerank" in tasks:
-        raise refusal(Kind.INVALID_INPUT, "inputs: a rerank model scores [query, document] pairs, not single texts",
-                      "invalid_type", "inputs")
+    for other, why in _PREDICTED.items():
+        if other.name in tasks:
+            raise refusal(Kind.INVALID_INPUT, why, "invalid_type", "inputs")
     served = ", ".join(sorted(t for t in tasks if t)) or "no"
     raise refusal(Kind.WRONG_TASK, f"/predict with inputs serves classification and rerank models; this server "
                   f"serves {served} models (their routes: /embed, /v1/embeddings)")
@@ -114,13 +120,12 @@ def _names(body: TEIPredictRequest) -> Names:
 def _request(request: Request, body: TEIPredictRequest) -> InferenceRequest:
     sequences, _ = _sequences(body.inputs)
     task = _predict_task(request, sequences)
-    side = direction(body.truncation_direction)
-    if task == "classification":
-        inputs: list[Any] = vectors.inputs_of(sequences, side, body.truncate)
+    if task.takes_pairs:
+        inputs: list[Any] = [pair for query, document in sequences
+                             for pair in tei_pairs(query, [document], body.truncate, body.truncation_direction)]
     else:
-        inputs = [pair for query, document in sequences
-                  for pair in tei_pairs(query, [document], body.truncate, body.truncation_direction)]
-    return build(request, inputs, _names(body), task=task, priority=body.priority, timeout_ms=body.timeout_ms)
+        inputs = vectors.inputs_of(sequences, direction(body.truncation_direction), body.truncate)
+    return build(request, inputs, _names(body), task=task.name, priority=body.priority, timeout_ms=body.timeout_ms)
 
 
 def _classified(body: TEIPredictRequest, result: TaskResult) -> list[list[dict[str, Any]]]:
