@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import json
 import math
 import threading
 import weakref
@@ -13,6 +14,7 @@ from typing import Any
 import pytest
 from settingskit import make_settings
 
+from inferd.core import loading
 from inferd.core.errors import ManagerClosed, ModelLoadError, ModelNotReady, NoCanary, ReloadInProgress, VersionInUse
 from inferd.core.loading import check_model_path
 from inferd.core.manager import ModelManager
@@ -526,3 +528,19 @@ def test_the_models_memory_fractions_must_fit_the_process(tmp_path: Path) -> Non
     assert len(make_settings(layered="dev", models=models).served()) == 2
     with pytest.raises(ConfigError, match="add up to 0.9, more than the process may use"):
         make_settings(layered="dev", models=models, **{"memory.per_process_fraction": 0.8})
+
+
+def test_an_auto_task_not_loaded_yet_is_read_from_its_folder_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                 loader: Loader) -> None:
+    """Issue 40: routing asks a lazy model's task before its load, for every request, on the event loop; with
+    ``task: auto`` each ask re-read config.json and modules.json. Read once, then kept."""
+    folder = tmp_path / "cross-encoder"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"architectures": ["BertForSequenceClassification"],
+                                                    "id2label": {"0": "LABEL_0"}}))
+    reads: list[Path] = []
+    detect = loading.detect_task
+    monkeypatch.setattr(loading, "detect_task", lambda path: reads.append(path) or detect(path))
+    manager = ModelManager(make_settings(folder, model={"task": "auto", "load_mode": "lazy"}), loader)
+    assert [manager.task for _ in range(3)] == ["rerank"] * 3
+    assert reads == [folder]

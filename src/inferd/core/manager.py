@@ -87,6 +87,9 @@ class ModelManager:
         self._loading: LoadGuard | None = None
         self._lazy_lock = asyncio.Lock()
         self._initial = spec_from_settings(settings)
+        # The configured model's task as its folder says (``task: auto``), read once: routing asks before a lazy
+        # model's load, for every request, on the event loop (config.json and modules.json are files to read).
+        self._initial_task: str | None = None
         roots = [Path(r).expanduser().resolve() for r in settings.model.root]
         self.roots = roots or [self._initial.path.expanduser().resolve().parent]
 
@@ -290,10 +293,12 @@ class ModelManager:
         active = self.active
         if active is not None:
             return active.task
-        try:
-            return spec_task(self._initial)
-        except ModelLoadError:
-            return None
+        if self._initial_task is None:
+            try:
+                self._initial_task = spec_task(self._initial)
+            except ModelLoadError:
+                return None  # not cached: the folder may yet be put right before the load
+        return self._initial_task
 
     def _exclusive(self) -> None:
         if not self._reload_lock.acquire(blocking=False):
