@@ -187,6 +187,24 @@ def test_a_request_is_charged_to_the_tenant_it_carries(tmp_path: Path) -> None:
     assert b.report()["models"] == {} and a.in_flight == b.in_flight == 0
 
 
+def test_a_request_reads_its_model_s_bound_from_the_model_resolved(tmp_path: Path) -> None:
+    """Issue 40: the model is resolved once per request; admission looked it up again in the queue, under the
+    queue's lock, for the bound on a request's texts (batching.max_queue), and the calibration for its step."""
+    kit = EngineKit(make_settings(tmp_path), HashHandler())
+    engine = kit.engine
+
+    def looked_up(lane: str) -> int:
+        raise AssertionError(f"the queue was asked for {lane!r}'s bound")
+
+    async def main() -> TaskResult:
+        request = engine.request(["a", "b", "c"], calibrate=True)  # the server's limits are the engine's own
+        engine.queue.max_queue = looked_up  # type: ignore[method-assign]
+        return await engine.run(request)
+
+    result = kit.run(main)
+    assert len(result.outputs) == 3 and result.calibration is not None
+
+
 def test_a_reservation_is_estimated_from_characters_capped_at_the_window() -> None:
     # A token per character and the special tokens, a pair counting both texts, each input at most the window or
     # its own max_tokens.

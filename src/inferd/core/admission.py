@@ -153,7 +153,9 @@ class Admission:
                               f"{batching.max_priority} (batching.max_priority)", "priority_not_allowed",
                               field="priority")
         inputs: list[Any] = list(request.inputs)
-        max_queue = self.queue.max_queue(served.name)
+        # The model's own bound, read from the model resolved (its lane holds the same: both are set together, at
+        # start and by a SIGHUP, on the loop), not looked up again under the queue's lock.
+        max_queue = batching.max_queue
         if len(inputs) > max_queue:
             # "Overloaded, retry" would promise a retry that can never fit in the queue.
             raise EngineError(Kind.INVALID_INPUT, f"{len(inputs)} texts given; at most {max_queue} "
@@ -192,7 +194,7 @@ class Admission:
                 result = await served.cache.answer(slot.load_id, slot.description, inputs, scope, compute)
             if request.calibrate:
                 result.calibration = await calibration(
-                    served, slot, self.queue,
+                    served, slot,
                     # The load's, measured once for every caller: no tenant's budget or share.
                     lambda on, texts: self._run_on(served, on, texts, None, priority, timeout_ms, None))
             # While the slot is held: its version's series cannot have been removed (slot freed) under us.

@@ -16,7 +16,6 @@ from typing import Any
 import numpy as np
 
 from inferd.core import quantize
-from inferd.core.batcher import BatchQueue
 from inferd.core.outcomes import TaskResult
 from inferd.core.registry import ServedModel
 from inferd.core.slots import ModelSlot
@@ -25,25 +24,25 @@ from inferd.core.slots import ModelSlot
 RunTexts = Callable[[ModelSlot, list[Any]], Awaitable[TaskResult]]
 
 
-async def calibration(served: ServedModel, slot: ModelSlot, queue: BatchQueue, run: RunTexts) -> np.ndarray:
+async def calibration(served: ServedModel, slot: ModelSlot, run: RunTexts) -> np.ndarray:
     """The calibration vectors of the load on ``slot``: measured once, by the first request that asks, and
     shared by every request that asks while it runs."""
     future = slot.calibration
     if future is None or (future.done() and (future.cancelled() or future.exception() is not None)):
         # A failed measure is tried again by the next request; its own error reaches the waiters.
-        future = slot.calibration = asyncio.ensure_future(_measure(served, slot.acquire(), queue, run))
+        future = slot.calibration = asyncio.ensure_future(_measure(served, slot.acquire(), run))
         future.add_done_callback(lambda f: f.cancelled() or f.exception())
     return await asyncio.shield(future)
 
 
-async def _measure(served: ServedModel, slot: ModelSlot, queue: BatchQueue, run: RunTexts) -> np.ndarray:
+async def _measure(served: ServedModel, slot: ModelSlot, run: RunTexts) -> np.ndarray:
     """The calibration texts (``model.calibration_file``, else a built-in multilingual set) as they are (no
     prompt), through the queue on ``slot``, whose reference this task holds until it is done."""
     try:
         settings = served.settings
         limit = settings.limits.max_chars_per_text
         texts = [t[:limit] for t in quantize.calibration_texts(settings.model.calibration_file) if t.strip()]
-        step = min(settings.limits.max_items_per_request, queue.max_queue(served.name))
+        step = min(settings.limits.max_items_per_request, settings.batching.max_queue)
         out: list[Any] = []
         for start in range(0, len(texts), step):
             got = await run(slot, texts[start: start + step])
