@@ -13,8 +13,8 @@ from tokenizers.models import WordLevel
 
 from inferd.core.description import ModelDescription
 from inferd.core.errors import EngineError, ModelLoadError
-from inferd.core.preprocess import InputError, TextEncoder, TextInput, check_texts
-from inferd.core.prompts import Prompt, prompt_text, prompted
+from inferd.core.preprocess import InputError, TextEncoder, TextInput, check_texts, with_choices
+from inferd.core.prompts import Prompt, prompt_text
 from inferd.core.tasks.embedding import card_matryoshka, matryoshka
 from inferd.core.tasks.st_folder import read_folder
 from inferd.core.tasks.task import wrong_dimensions
@@ -58,10 +58,32 @@ def test_the_cache_key_tells_apart_what_can_change_a_vector() -> None:
             TextInput("one two", role="query").cache_key}
     assert len(keys) == 9
     # A prompt added on the slot that runs the text keeps the outputs it asked (issue 32).
-    (asked,) = prompted([TextInput("one two", outputs=("sparse",))], "query: ")
-    (query,) = prompted([TextInput("one two", role="query")], "query: ")
+    (asked,) = with_choices([TextInput("one two", outputs=("sparse",))], None, "query: ")
+    (query,) = with_choices([TextInput("one two", role="query")], None, "query: ")
     assert query.role == "query"
-    assert asked.outputs == ("sparse",) and asked.cache_key != prompted([TextInput("one two")], "query: ")[0].cache_key
+    assert asked.outputs == ("sparse",)
+    assert asked.cache_key != with_choices([TextInput("one two")], None, "query: ")[0].cache_key
+
+
+def test_a_request_s_outputs_and_prompt_are_put_on_each_text_in_one_rebuild(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 40: admission rebuilt every text twice, once for the outputs asked and once for the prompt; now once,
+    a route's own choices (its cut side, truncate, max_tokens, role) kept."""
+    made: list[str] = []
+    new = TextInput.__new__
+
+    def counted(cls: type[TextInput], text: str, *args: object, **kwargs: object) -> TextInput:
+        made.append(text)
+        return new(cls, text, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(TextInput, "__new__", counted)
+    cut = TextInput("b", direction="left", max_tokens=4, role="query")
+    made.clear()
+    plain, chosen = with_choices(["a", cut], ("dense", "sparse"), "q: ")
+    assert made == ["a", "b"]
+    assert (plain, plain.prompt, plain.outputs) == ("q: a", "q: ", ("dense", "sparse"))
+    assert (chosen, chosen.prompt, chosen.outputs) == ("q: b", "q: ", ("dense", "sparse"))
+    assert (chosen.direction, chosen.max_tokens, chosen.role) == ("left", 4, "query")
+    assert with_choices(["a"], ("sparse",))[0].outputs == ("sparse",) and with_choices(["a"], None) == ["a"]
 
 
 def test_the_left_cut_is_the_tokenizers_own_and_keeps_the_prompt() -> None:
@@ -173,5 +195,5 @@ def test_the_prompt_is_the_described_model_s_own() -> None:
         prompt_text(d, Prompt(input_type="classification", field="input_type"), {"classification": "nope"})
     assert caught.value.field == "input_type" and 'Available prompts: ["passage","query"]' in caught.value.message
     assert prompt_text(ModelDescription("m", "v1", 1, "/m", "embedding"), Prompt(), {}) == ""
-    assert prompted(["a", TextInput("b", direction="left")], "q: ") == ["q: a", "q: b"]
-    assert prompted(["a", TextInput("b", direction="left")], "q: ")[1].direction == "left"
+    assert with_choices(["a", TextInput("b", direction="left")], None, "q: ") == ["q: a", "q: b"]
+    assert with_choices(["a", TextInput("b", direction="left")], None, "q: ")[1].direction == "left"

@@ -27,8 +27,8 @@ from inferd.core.batcher import BatchQueue, QueueClosed, QueueFull
 from inferd.core.calibration import calibration
 from inferd.core.errors import ClientGone, EngineError, Kind, ModelNotReady, deadline_passed
 from inferd.core.outcomes import Failure, Outcome, TaskResult, Ticket, WorkItem
-from inferd.core.preprocess import InputError, TextInput, asking
-from inferd.core.prompts import prompt_text, prompted
+from inferd.core.preprocess import InputError, TextInput, with_choices
+from inferd.core.prompts import prompt_text
 from inferd.core.registry import ModelRegistry, ServedModel
 from inferd.core.request import InferenceRequest, input_refusal
 from inferd.core.shadow_mirror import ShadowMirror
@@ -176,13 +176,11 @@ class Admission:
             refusal = task_of(slot.task).refusal(slot.description, request.dimensions, request.outputs)
             if refusal is not None:
                 raise refusal
-            if request.outputs != DEFAULT_OUTPUTS:
-                # Each text carries them to the handler, and into its cache key (core/outputs.py asked).
-                inputs = asking(inputs, request.outputs)
-            if request.prompt is not None:
-                # The prompt of the slot that runs (a canary's own), prepended before tokenisation.
-                inputs = prompted(inputs, prompt_text(slot.description, request.prompt,
-                                                      served.settings.model.input_type_prompts))
+            # The outputs asked, which each text carries to the handler and into its cache key (core/outputs.py
+            # asked), and the prompt of the slot that runs (a canary's own), prepended before tokenisation.
+            prompt = "" if request.prompt is None else prompt_text(slot.description, request.prompt,
+                                                                   served.settings.model.input_type_prompts)
+            inputs = with_choices(inputs, None if request.outputs == DEFAULT_OUTPUTS else request.outputs, prompt)
             def compute(texts: list[Any]) -> Awaitable[TaskResult]:
                 return self._run_on(served, slot, texts, tenant, priority, timeout_ms, disconnected)
 

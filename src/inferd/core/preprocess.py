@@ -107,10 +107,21 @@ class TextInput(str):
         return self.direction == "left" or self.max_tokens is not None
 
 
-def asking(texts: Sequence[str], outputs: tuple[str, ...]) -> list[str]:
-    """The texts asking a model for ``outputs`` (a TextInput keeps its other choices)."""
-    return [TextInput(t[len(t.prompt):], t.prompt, t.direction, t.truncate, t.max_tokens, outputs, t.role)
-            if isinstance(t, TextInput) else TextInput(t, outputs=outputs) for t in texts]
+def with_choices(texts: Sequence[str], outputs: tuple[str, ...] | None, prompt: str = "") -> list[str]:
+    """The texts carrying the choices a request makes on the slot that runs it, each text rebuilt once: the
+    ``outputs`` asked of the model (None: its default ones) and ``prompt`` prepended (a TextInput keeps its other
+    choices); neither: the texts as they are."""
+    if outputs is None and not prompt:
+        return list(texts)
+    out: list[str] = []
+    for t in texts:
+        if not isinstance(t, TextInput):
+            out.append(TextInput(t, prompt, outputs=outputs))
+            continue
+        wanted = t.outputs if outputs is None else outputs
+        text, before = (str(t), prompt) if prompt else (t[len(t.prompt):], t.prompt)
+        out.append(TextInput(text, before, t.direction, t.truncate, t.max_tokens, wanted, t.role))
+    return out
 
 
 def _choices(text: str, truncate: bool) -> tuple[bool, str]:

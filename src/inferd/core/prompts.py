@@ -10,13 +10,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 import orjson
 
 from inferd.core.description import ModelDescription
 from inferd.core.errors import EngineError, Kind
-from inferd.core.preprocess import TextInput
 
 # Cohere's input types, and the prompt names each is looked up by (the first the model has), unless the
 # operator's model.input_type_prompts names one.
@@ -71,10 +69,3 @@ def _unknown(field: str, message: str) -> EngineError:
     return EngineError(Kind.INVALID_INPUT, message, "unknown_prompt", field=field)
 
 
-def prompted(inputs: list[Any], prompt: str) -> list[Any]:
-    """The texts with ``prompt`` prepended (a TextInput keeps its other choices); none: the texts as they are."""
-    if not prompt:
-        return inputs
-    return [TextInput(str(t), prompt, t.direction, t.truncate, t.max_tokens, t.outputs, t.role)
-            if isinstance(t, TextInput)
-            else TextInput(t, prompt) for t in inputs]
