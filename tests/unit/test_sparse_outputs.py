@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from inferd.core.outputs import SparseVector, TextOutputs, asked, maxsim, maxsim_scores, sparse_from_weights
+from inferd.core.preprocess import TextInput
 
 
 def test_the_largest_weight_per_id_in_id_order_zeros_dropped() -> None:
@@ -23,11 +24,8 @@ def test_pruning_keeps_the_largest_above_the_threshold_in_id_order() -> None:
     np.testing.assert_array_equal(v.dense(10)[[1, 3, 5, 8]], v.values)
 
 
-def test_a_text_asks_by_its_outputs_attribute_in_a_fixed_order() -> None:
-    class Text(str):
-        outputs = ("multivector", "dense")
-
-    assert asked(Text("x"), ("sparse",)) == ("dense", "multivector")
+def test_a_text_asks_by_its_outputs_in_a_fixed_order() -> None:
+    assert asked(TextInput("x", outputs=("multivector", "dense")), ("sparse",)) == ("dense", "multivector")
     assert asked("plain", ("sparse",)) == ("sparse",)
     assert TextOutputs(sparse=sparse_from_weights([1], [1.0])).kinds == ("sparse",)
 

@@ -13,6 +13,7 @@ from tokenizers.models import WordLevel
 
 from inferd.core.description import ModelDescription
 from inferd.core.errors import EngineError, ModelLoadError
+from inferd.core.outputs import asked, is_query
 from inferd.core.preprocess import InputError, TextEncoder, TextInput, check_texts, with_choices
 from inferd.core.prompts import Prompt, prompt_text
 from inferd.core.tasks.embedding import card_matryoshka, matryoshka
@@ -84,6 +85,20 @@ def test_a_request_s_outputs_and_prompt_are_put_on_each_text_in_one_rebuild(monk
     assert (chosen, chosen.prompt, chosen.outputs) == ("q: b", "q: ", ("dense", "sparse"))
     assert (chosen.direction, chosen.max_tokens, chosen.role) == ("left", 4, "query")
     assert with_choices(["a"], ("sparse",))[0].outputs == ("sparse",) and with_choices(["a"], None) == ["a"]
+
+
+def test_a_text_s_choices_are_read_from_its_type_not_probed_by_attribute_name() -> None:
+    """Issue 40: the handlers read the outputs and role a text asks for from a TextInput, not with getattr on
+    whatever the input is (before, any input with an ``outputs`` or ``role`` attribute was taken at its word)."""
+
+    class Lookalike(str):
+        outputs = ("sparse",)
+        role = "query"
+
+    assert asked(TextInput("t", outputs=("sparse", "dense")), ("dense",)) == ("dense", "sparse")
+    assert asked("t", ("dense",)) == ("dense",) and not is_query("t")
+    assert is_query(TextInput("t", role="query")) and not is_query(TextInput("t", role="document"))
+    assert asked(Lookalike("t"), ("dense",)) == ("dense",) and not is_query(Lookalike("t"))
 
 
 def test_the_left_cut_is_the_tokenizers_own_and_keeps_the_prompt() -> None:

@@ -3,9 +3,9 @@ bge-m3's lexical weights) and a multi-vector (ColBERT's or bge-m3's token vector
 pass (core/tasks/sparse.py, core/tasks/multivector.py).
 
 A handler of a model with more than a dense head answers each text with ``TextOutputs``, holding exactly the kinds
-the text asked for; a dense-only model answers a bare vector (``np.ndarray``) as it always has. A text asks by the
-``outputs`` attribute of its input (a tuple of ``OUTPUTS`` names; ``asked`` reads it), absent: the model's default
-outputs. Numpy only, so the HTTP layer can read these without importing torch.
+the text asked for; a dense-only model answers a bare vector (``np.ndarray``) as it always has. A text asks by its
+``outputs`` (core/preprocess.py TextInput: a tuple of ``OUTPUTS`` names; ``asked`` reads it), none: the model's
+default outputs. No torch (numpy, and the text type), so the HTTP layer can read these without importing it.
 """
 
 from __future__ import annotations
@@ -14,6 +14,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
+
+from inferd.core.preprocess import TextInput
 
 OUTPUTS = ("dense", "sparse", "multivector")
 
@@ -86,15 +88,15 @@ def token_vectors_refusal(count: int, limit: int) -> str:
 
 
 def asked(text: object, default: tuple[str, ...]) -> tuple[str, ...]:
-    """The outputs an input asks for (its ``outputs`` attribute), else ``default``; always in OUTPUTS' order."""
-    wanted = getattr(text, "outputs", None) or default
+    """The outputs an input asks for (a TextInput's ``outputs``), else ``default``; always in OUTPUTS' order."""
+    wanted = (text.outputs if isinstance(text, TextInput) else None) or default
     return tuple(k for k in OUTPUTS if k in wanted)
 
 
 def is_query(text: object) -> bool:
-    """Whether an input is a query (its ``role`` attribute says "query"), which a late-interaction model encodes
-    with its query marker and expansion; anything else is a document."""
-    return getattr(text, "role", None) == "query"
+    """Whether an input is a query (a TextInput whose ``role`` says "query"), which a late-interaction model
+    encodes with its query marker and expansion; anything else is a document."""
+    return isinstance(text, TextInput) and text.role == "query"
 
 
 def maxsim(query: np.ndarray, document: np.ndarray) -> float:
