@@ -181,6 +181,7 @@ class Admission:
             prompt = "" if request.prompt is None else prompt_text(slot.description, request.prompt,
                                                                    served.settings.model.input_type_prompts)
             inputs = with_choices(inputs, None if request.outputs == DEFAULT_OUTPUTS else request.outputs, prompt)
+
             def compute(texts: list[Any]) -> Awaitable[TaskResult]:
                 return self._run_on(served, slot, texts, tenant, priority, timeout_ms, disconnected)
 
