@@ -33,7 +33,7 @@ from typing import Any, TypeVar
 import torch
 from fakes import HashHandler, loader_for
 
-from inferd.core.engine import InferenceEngine
+from inferd.core.engine import InferenceEngine, OnModelsChange
 from inferd.core.memory import MemoryGuard
 from inferd.core.outcomes import TaskResult
 from inferd.core.spec import ModelSpec
@@ -101,14 +101,16 @@ class EngineKit:
     """One in-process engine, the handlers it loaded, and a way to drive it; see the module's docstring."""
 
     def __init__(self, settings: Settings, load: Handler | Loader, *, guard: Any = None,
-                 **callbacks: Any) -> None:
-        """``callbacks`` are InferenceEngine's own (``on_change``, ``on_lazy_failure``)."""
+                 on_change: OnModelsChange | None = None,
+                 on_lazy_failure: Callable[[str], None] | None = None) -> None:
+        """``on_change`` and ``on_lazy_failure`` are handed to the engine as they are."""
         self.loaded: list[Handler] = []
         self._load = loader_for(load) if isinstance(load, Handler) else load
         self.metrics = Metrics(settings.batching.max_batch_size)
-        if isinstance(guard, MemoryGuard):
+        if isinstance(guard, MemoryGuard):  # a suite's own fake guard has nothing to bind
             guard.bind(self.metrics)
-        self.engine = InferenceEngine(settings, self.metrics, guard, loader=self._loading, **callbacks)
+        self.engine = InferenceEngine(settings, self.metrics, guard, loader=self._loading, on_change=on_change,
+                                      on_lazy_failure=on_lazy_failure)
         for served in self.engine.registry:
             if served.settings.model.load_mode != "lazy":
                 served.manager.load_initial()
