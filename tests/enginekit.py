@@ -9,7 +9,8 @@ six times).
   any other ``spec -> Handler`` is taken as it is. ``guard`` is the memory guard, bound to the kit's metrics.
 - ``kit.run(scenario)``: the engine started on a new event loop, ``scenario()`` awaited (``timeout`` seconds at
   most) and its value returned; then every gate (``hold:NAME``) of every handler the kit loaded is opened and the
-  engine stopped, so a failing scenario never leaves a worker held for the fake's minute.
+  engine stopped, so a failing scenario never leaves a worker held for the fake's minute. Once a kit: a stopped
+  engine does not start again, so tests do not share one (building one costs about 3 ms).
 - ``kit.sample(metric, **labels)``: a metric's value (0.0 while unset).
 - ``ask(engine, texts, **options)``: one request as a task; ``await hold(engine, handler, name)``: the worker held
   on a batch ``hold:NAME`` until ``handler.gates[name]`` is set. Both take any engine, an app's too.
@@ -105,6 +106,7 @@ class EngineKit:
                  on_lazy_failure: Callable[[str], None] | None = None) -> None:
         """``on_change`` and ``on_lazy_failure`` are handed to the engine as they are."""
         self.loaded: list[Handler] = []
+        self._ran = False
         self._load = loader_for(load) if isinstance(load, Handler) else load
         self.metrics = Metrics(settings.batching.max_batch_size)
         if isinstance(guard, MemoryGuard):  # a suite's own fake guard has nothing to bind
@@ -122,6 +124,10 @@ class EngineKit:
 
     def run(self, scenario: Callable[[], Awaitable[T]], timeout: float = 20.0) -> T:
         """Start the engine on a new loop, await ``scenario()`` and return its value; open every gate, stop."""
+        # A stopped engine's workers do not start again (its requests would answer worker_dead): one run a kit.
+        if self._ran:
+            raise RuntimeError("this kit's engine has run and stopped: build another EngineKit")
+        self._ran = True
 
         async def main() -> T:
             self.engine.start()
