@@ -2,7 +2,7 @@
 report says what it would change for users before anyone sees its answers.
 
 The candidate's answers are never returned: admission mirrors a sampled request after its live answer is
-computed (core/admission.py), into a bounded lane of its own that runs only while no live lane has work
+computed (core/shadow_mirror.py), into a bounded lane of its own that runs only while no live lane has work
 (core/batcher.py), and each pair of answers is folded into the report here. Everything in this module is a
 pure function of the two models' outputs, or a bounded accumulator of them, so it is tested against an
 offline computation on the same outputs (tests/unit/test_shadow.py).
