@@ -4,6 +4,7 @@ prompt), and how a route shapes the result (api/vectors.py) from the description
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import dataclasses
 import threading
@@ -20,6 +21,7 @@ from fakes import DIM, HashHandler, vector_for
 from settingskit import make_settings
 
 from inferd.api import vectors
+from inferd.core import admission
 from inferd.core.admission import token_estimate
 from inferd.core.engine import InferenceEngine
 from inferd.core.errors import EngineError, Kind
@@ -213,3 +215,14 @@ def test_a_reservation_is_estimated_from_characters_capped_at_the_window() -> No
     assert token_estimate(["x" * 5000, "short"], 512) == 512 + 5 + 3
     assert token_estimate([TextInput("x" * 5000, max_tokens=64)], 512) == 64
     assert token_estimate([TextInput("x" * 5000, max_tokens=64)], None) == 64
+
+
+def test_admission_admits_and_composes_the_cache_the_calibration_and_the_shadow_mirror() -> None:
+    """Issue 40: admission held four ideas in 507 lines (admitting and waiting, the cache merge, the int8
+    calibration, shadow mirroring); it admits, queues and waits, and composes the others, each a unit of its own:
+    the cache's part of a request (core/cache.py ResultCache.answer), core/calibration.py, core/shadow_mirror.py."""
+    source = Path(admission.__file__).read_text(encoding="utf-8")
+    imported = {n.module for n in ast.walk(ast.parse(source)) if isinstance(n, ast.ImportFrom)}
+    assert {"inferd.core.calibration", "inferd.core.shadow_mirror", "inferd.core.tokenizing"} <= imported
+    assert not imported & {"inferd.core.quantize", "inferd.core.shadow"}  # what the two units hold
+    assert len(source.splitlines()) <= 400
