@@ -17,7 +17,7 @@ import torch
 from inferd.core.errors import ModelLoadError
 from inferd.core.loading import load_handler
 from inferd.core.outputs import maxsim, maxsim_scores
-from inferd.core.preprocess import InputError
+from inferd.core.preprocess import InputError, TextInput
 from inferd.core.spec import ModelSpec
 from inferd.core.tasks.multivector import ColbertHandler
 from tests.tinymodel import write_tiny_colbert
@@ -28,15 +28,9 @@ DOCUMENTS = ["the cat and the dog run.", "a river runs in the city, by the mount
              " ".join(["model"] * 40)]
 
 
-class Role(str):
-    """A text that says whether it is a query (as a late-interaction request marks its query)."""
-
-    role: str
-
-    def __new__(cls, text: str, role: str) -> Role:
-        obj = super().__new__(cls, text)
-        obj.role = role
-        return obj
+def as_query(text: str) -> TextInput:
+    """A text marked a query, as a late-interaction request marks it (api/inferd_encode.py, tasks/late_rerank.py)."""
+    return TextInput(text, role="query")
 
 
 @pytest.fixture(scope="module")
@@ -86,10 +80,10 @@ def _vectors(handler: Any, texts: list[Any]) -> list[np.ndarray]:
 
 
 def test_queries_and_documents_equal_the_direct_computation(reference: Any, handler: Any) -> None:
-    texts = [Role(q, "query") for q in QUERIES] + list(DOCUMENTS)
+    texts = [as_query(q) for q in QUERIES] + list(DOCUMENTS)
     got = _vectors(handler, texts)  # queries and documents of every length in one batch
     for text, vectors in zip(texts, got, strict=True):
-        want = _direct(reference, str(text), isinstance(text, Role))
+        want = _direct(reference, str(text), isinstance(text, TextInput))
         assert vectors.shape == want.shape
         np.testing.assert_allclose(vectors, want, atol=1e-5, rtol=0)
     assert got[0].shape == (QUERY_LENGTH, DIM)  # expanded to the query length
@@ -98,7 +92,7 @@ def test_queries_and_documents_equal_the_direct_computation(reference: Any, hand
 
 
 def test_maxsim_rerank_equals_the_direct_computation(reference: Any, handler: Any) -> None:
-    query = _vectors(handler, [Role(QUERIES[1], "query")])[0]
+    query = _vectors(handler, [as_query(QUERIES[1])])[0]
     documents = _vectors(handler, DOCUMENTS)
     want_q = _direct(reference, QUERIES[1], True)
     want = [float((want_q @ _direct(reference, doc, False).T).max(axis=1).sum()) for doc in DOCUMENTS]
@@ -109,8 +103,6 @@ def test_maxsim_rerank_equals_the_direct_computation(reference: Any, handler: An
 
 def test_a_dense_output_is_refused_and_a_marker_missing_from_the_tokenizer_is_named(folder: Path, handler: Any,
                                                                                       tmp_path: Path) -> None:
-    from inferd.core.preprocess import TextInput
-
     with pytest.raises(InputError, match="asks for dense; this model gives multivector only"):
         handler.preprocess([TextInput("hello", outputs=("dense",))])
     other = tmp_path / "other"
@@ -130,6 +122,6 @@ def test_the_projection_runs_inside_the_exported_graph_behind_the_gate(folder: P
                                        cache_dir=str(tmp_path), gate={"texts": 32}))
     figures = converted.backend_info["gate"]["figures"]
     assert figures["maxsim_spearman"] == 1.0 and figures["maxsim_top3"] == 1.0 and figures["sparse_top10"] is None
-    texts = [Role(QUERIES[0], "query"), *DOCUMENTS]
+    texts = [as_query(QUERIES[0]), *DOCUMENTS]
     for want, got in zip(_vectors(handler, texts), _vectors(converted, texts), strict=True):
         np.testing.assert_allclose(got, want, atol=1e-4, rtol=0)
