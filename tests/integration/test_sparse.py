@@ -18,7 +18,7 @@ import torch
 from inferd.core.errors import ModelLoadError
 from inferd.core.loading import load_handler
 from inferd.core.outputs import TextOutputs
-from inferd.core.preprocess import InputError
+from inferd.core.preprocess import InputError, TextInput
 from inferd.core.spec import ModelSpec
 from inferd.core.tasks.m3 import M3Handler
 from inferd.core.tasks.sparse import SparseHandler
@@ -28,15 +28,10 @@ TEXTS = ["hello world", "the cat and the dog run to the river in the city", "a",
          "我你他 model service"]
 
 
-class Asking(str):
-    """A text that asks for some outputs (as a request's ``outputs`` reaches the handler)."""
-
-    outputs: tuple[str, ...]
-
-    def __new__(cls, text: str, outputs: tuple[str, ...]) -> Asking:
-        obj = super().__new__(cls, text)
-        obj.outputs = outputs
-        return obj
+def asking(text: str, outputs: tuple[str, ...]) -> TextInput:
+    """A text that asks for some outputs, as a request's ``outputs`` reaches the handler (core/preprocess.py
+    with_choices)."""
+    return TextInput(text, outputs=outputs)
 
 
 def _splade(root: Path) -> dict[str, Path]:
@@ -167,7 +162,7 @@ def test_m3_gives_any_subset_of_its_outputs_as_baai_computes_them(root: Path) ->
     handler = _load(M3Handler, folder)
     assert handler.describe()["outputs"] == ["dense", "sparse", "multivector"]
     subsets = [("dense", "sparse", "multivector"), ("sparse",), ("multivector", "dense"), ("sparse", "multivector")]
-    asks = [Asking(t, subsets[i % len(subsets)]) for i, t in enumerate(TEXTS)]
+    asks = [asking(t, subsets[i % len(subsets)]) for i, t in enumerate(TEXTS)]
     got = _run(handler, asks)  # one batch, one pass, every text its own subset
     for text, ask, out in zip(TEXTS, asks, got, strict=True):
         want = _m3_reference(folder, text)
@@ -218,7 +213,7 @@ def test_an_output_the_model_lacks_is_refused_by_name(root: Path, tmp_path: Path
     handler = _load(M3Handler, folder)
     assert handler.describe()["outputs"] == ["dense", "sparse"]
     with pytest.raises(InputError, match="asks for multivector; this model gives dense, sparse"):
-        handler.preprocess([Asking("hello", ("dense",)), Asking("world", ("multivector",))])
+        handler.preprocess([asking("hello", ("dense",)), asking("world", ("multivector",))])
     cfg = json.loads((folder / "config.json").read_text())
     assert cfg["model_type"] == "xlm-roberta"
 
@@ -239,7 +234,7 @@ def test_the_heads_run_inside_the_exported_graph_behind_the_gate(root: Path, tmp
     assert gate["passed"] and gate["figures"]["sparse_top10"] == 1.0
     assert gate["figures"]["weight_diff_max"] < 1e-4
     assert (gate["figures"]["maxsim_spearman"] is None) == (kind is SparseHandler)
-    texts = [Asking(t, asks) for t in TEXTS]
+    texts = [asking(t, asks) for t in TEXTS]
     for want, got in zip(_run(torch_handler, texts), _run(converted, texts), strict=True):
         np.testing.assert_array_equal(got.sparse.indices, want.sparse.indices)
         np.testing.assert_allclose(got.sparse.values, want.sparse.values, atol=1e-4, rtol=0)
