@@ -126,7 +126,7 @@ def test_rerank_on_every_backend_equals_the_cross_encoder_or_is_refused_by_its_g
         dtype = "float32"  # OpenVINO would compile float32 here anyway: it is said, and served, as float32
     assert (h.backend, h.dtype, h.quantize, h.runner.head) == (backend, dtype, quantize, "logits")
     if backend == "torch":
-        assert h.runner.pads is (unpadded == "false")
+        assert h.runner.capabilities.pads is (unpadded == "false")
     batched, alone = scores_of(h, rerank_pairs())
     np.testing.assert_allclose(alone, batched[:8], atol=TOL if dtype == "float32" and quantize == "none" else 0.02)
     if (dtype, quantize) == ("float32", "none"):

@@ -59,7 +59,7 @@ def test_the_texts_cover_the_shapes(handler: EmbeddingHandler) -> None:
 
 
 def test_the_torch_backend_runs_minilm_unpadded_by_default(handler: EmbeddingHandler) -> None:
-    assert isinstance(handler.runner, VarlenRunner) and handler.runner.pads is False
+    assert isinstance(handler.runner, VarlenRunner) and handler.runner.capabilities.pads is False
     assert handler.backend_info["unpadded"] is True and handler.backend_info["unpadded_reason"].startswith("auto")
 
 

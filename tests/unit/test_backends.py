@@ -150,16 +150,17 @@ def test_a_bad_unpadded_setting_names_the_key() -> None:
 
 
 def test_every_runner_says_whether_padding_costs_compute() -> None:
-    """The scheduler's padding floor follows ``pads``: eager torch and both graph runtimes run every row to
-    the batch's longest text; the unpadded torch runner computes real tokens only (test_varlen.py shows it)."""
+    """The scheduler's padding floor follows the runner's ``capabilities.pads``: eager torch and both graph runtimes
+    run every row to the batch's longest text; the unpadded torch runner computes real tokens only (test_varlen.py
+    shows it)."""
     from inferd.core.backends.base import Runner
     from inferd.core.backends.onnx import OnnxRunner
     from inferd.core.backends.openvino import OpenVINORunner
     from inferd.core.backends.torch import TorchRunner
     from inferd.core.backends.varlen import VarlenRunner
 
-    assert "pads" in Runner.__annotations__
-    assert {c.__name__: c.pads for c in (TorchRunner, OnnxRunner, OpenVINORunner, VarlenRunner)} == {
+    assert "capabilities" in Runner.__annotations__
+    assert {c.__name__: c.capabilities.pads for c in (TorchRunner, OnnxRunner, OpenVINORunner, VarlenRunner)} == {
         "TorchRunner": True, "OnnxRunner": True, "OpenVINORunner": True, "VarlenRunner": False}
 
 

@@ -188,3 +188,43 @@ def test_a_plugin_class_that_leaves_a_stage_unimplemented_is_refused_naming_it(t
     monkeypatch.syspath_prepend(str(tmp_path))
     with pytest.raises(ModelLoadError, match=r"'half_plugin:Half' cannot be built: .*infer"):
         handler_for("half_plugin:Half")
+
+
+# -- the batch path's own contracts: a batch's group and a runner's capabilities are typed, never probed ----------
+
+BATCH_PATH = ("core/batcher.py", "core/engine.py", "core/worker.py", "core/slots.py", "core/outcomes.py")
+# What a runner can do was copied attribute by attribute (runner -> handler -> description -> slot); it is one value
+# now (core/capabilities.py), and these names read apart from it would be copies again.
+CAPABILITY_FIELDS = ("pads", "widens", "stages")
+
+
+def batch_path_breaches(sources: dict[str, str]) -> Iterator[str]:
+    """A probe of an item's group (``getattr``/``hasattr``), a ``type: ignore`` on a line reading an item's group
+    (a cast back to the slot it always is), or a capability read or set apart from its ``capabilities`` value."""
+    for name, text in sources.items():
+        tree = ast.parse(text)
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in PROBES
+                    and node.args and "group" in ast.unparse(node.args[0])):
+                yield f"{name}:{node.lineno}: {ast.unparse(node)}"
+            if (isinstance(node, ast.Attribute) and node.attr in CAPABILITY_FIELDS
+                    and not ast.unparse(node.value).endswith("capabilities")):
+                yield f"{name}:{node.lineno}: {ast.unparse(node)}"
+        for number, line in enumerate(text.splitlines(), 1):
+            if ".group" in line and "type: ignore" in line:
+                yield f"{name}:{number}: {line.strip()}"
+
+
+def test_the_batch_path_reads_its_group_and_capabilities_typed() -> None:
+    found = list(batch_path_breaches({p: (SRC / p).read_text(encoding="utf-8") for p in BATCH_PATH}))
+    assert not found, "probed or cast on the batch path:\n" + "\n".join(found)
+
+
+def test_the_batch_path_scan_finds_a_probe_a_cast_and_a_copy() -> None:
+    found = list(batch_path_breaches({"x.py": (
+        "floor = 0.5 if getattr(head.group, 'pads', True) else 0.0\n"     # a probe of the group
+        "slot: Slot = batch[0].group  # type: ignore[assignment]\n"        # a cast back
+        "self.pads = handler.pads\n"                                       # a copy, twice on one line
+        "ok = head.group.capabilities.pads and slot.capabilities.widens\n"  # read where needed: fine
+    )}))
+    assert sorted(f.split(": ", 1)[0] for f in found) == ["x.py:1", "x.py:2", "x.py:3", "x.py:3"]

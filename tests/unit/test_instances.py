@@ -13,6 +13,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -25,9 +26,11 @@ from settingskit import make_settings
 from starlette.testclient import TestClient
 
 from inferd.api.app import create_app
-from inferd.core.backends.base import all_threads, options_for, running_alone
+from inferd.core.backends.base import GraphRunner, all_threads, options_for, running_alone
+from inferd.core.backends.torch import TorchRunner
 from inferd.core.batcher import BatchQueue, Policy
 from inferd.core.budgets import instance_counts, thread_budgets, with_budgets
+from inferd.core.capabilities import Capabilities
 from inferd.core.errors import EngineError, Kind
 from inferd.core.instances import Instance, Sharing, live_lane
 from inferd.core.outcomes import Outcome, Ticket, WorkItem
@@ -499,12 +502,11 @@ def test_a_torch_task_takes_its_staged_inputs_after_the_copy_and_only_on_a_gpu()
     task.pad_id, task.segments = 0, False
     batch = [encode("ab"), encode("abcd")]
     compute, copy = FakeCudaStream(), FakeCudaStream()
-    task.device, task.backend = torch.device("cpu"), "torch"
-    assert task.stage(batch, copy, compute) is batch  # a CPU: nothing to stage
-    task.device = torch.device("cuda")
-    task.backend = "openvino"
-    assert task.stage(batch, copy, compute) is batch  # OpenVINO takes host memory
-    task.backend = "torch"
+    # Its runner's capabilities say whether it stages (torch's on a CUDA device only): a CPU's, or OpenVINO's and
+    # ONNX Runtime's (host memory), do not, and the batch goes as it is.
+    task.runner = SimpleNamespace(capabilities=Capabilities(stages=False))  # type: ignore[assignment]
+    assert task.stage(batch, copy, compute) is batch
+    assert not GraphRunner.capabilities.stages and not TorchRunner.capabilities.stages  # staged per device: __init__
     ids, mask, _ = task.collate(batch)
     event = object()
     staged = StagedBatch(batch, (ids + 100, mask, None), event, compute)
@@ -555,9 +557,11 @@ def test_when_a_staging_worker_dies_the_batch_it_had_staged_is_failed_not_lost(t
 class AloneHandler(HashHandler):
     """Records each batch's text, whether it ran alone (on every thread), and what else was inside at the time."""
 
+    # As a model on an OpenVINO runner compiled for several instances.
+    capabilities = Capabilities(widens=True)
+
     def __init__(self) -> None:
         super().__init__()
-        self.widens = True  # as a model on an OpenVINO runner compiled for several instances
         self.alone: dict[str, bool] = {}
         self.beside: dict[str, set[str]] = {}
         self.inside: set[str] = set()
@@ -667,9 +671,9 @@ def test_an_openvino_model_of_several_instances_compiles_a_one_stream_twin_for_a
     ov.save_model(ov.Model([ops.convert(ops.multiply(ids, mask), ov.Type.f32)], [ids, mask]), tmp_path / "g.xml")
     feed = {"input_ids": np.full((2, 3), 5, np.int64), "attention_mask": np.ones((2, 3), np.int64)}
     one = OpenVINORunner(tmp_path / "g.xml", "hidden", "float32", "none", threads=2, streams=1)
-    assert not one.widens and one.info["threads_alone"] is None
+    assert not one.capabilities.widens and one.info["threads_alone"] is None
     runner = OpenVINORunner(tmp_path / "g.xml", "hidden", "float32", "none", threads=2, streams=2)
-    assert runner.widens and runner.info["threads_alone"] == 2
+    assert runner.capabilities.widens and runner.info["threads_alone"] == 2
     wide = runner._wide  # noqa: SLF001
     assert int(wide.get_property("NUM_STREAMS")) == 1 and int(wide.get_property("INFERENCE_NUM_THREADS")) == 2
     shared = runner._run(feed)  # noqa: SLF001

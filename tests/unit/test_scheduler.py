@@ -23,9 +23,25 @@ from inferd.core.batcher import (
     choose_lane,
     next_batch,
 )
+from inferd.core.capabilities import Capabilities
 
-MAIN, OTHER = object(), object()
 _seq = itertools.count()
+
+
+@dataclass(eq=False)
+class Slot:
+    """A group as the scheduler sees a model slot (core/batcher.py Group): its identity and its capabilities."""
+
+    capabilities: Capabilities = field(default_factory=Capabilities)
+
+
+MAIN, OTHER = Slot(), Slot()
+_named: dict[str, Slot] = {}
+
+
+def slot(name: str) -> Slot:
+    """One group per name, as each lane's model has one slot."""
+    return _named.setdefault(name, Slot())
 
 
 @dataclass(eq=False)
@@ -34,7 +50,7 @@ class Item:
     priority: int = 0
     enqueued: float = 0.0
     deadline: float = math.inf
-    group: object = MAIN
+    group: Slot = MAIN
     gone: bool = False
     seq: int = field(default_factory=lambda: next(_seq))
 
@@ -375,14 +391,9 @@ def test_a_posted_chore_reaches_the_taker_even_with_nothing_queued():
     assert ran == ["freed"] and queue.take_chores() == []
 
 
-@dataclass(eq=False)
-class Unpadded:
-    pads: bool = False
-
-
 def test_the_padding_floor_follows_the_group_a_backend_without_padding_cost_has_none():
     # The same 0.46 mix: a group that says padding costs it nothing (varlen) batches it; one that pads does not.
-    free, paying = Unpadded(), Unpadded(pads=True)
+    free, paying = Slot(Capabilities(pads=False)), Slot(Capabilities(pads=True))
     items = [Item(40, group=free), Item(36, group=free), Item(200, group=free)]
     assert len(next_batch(items, 1.0, policy(min_padding_efficiency=0.8)).batch) == 3
     items = [Item(40, group=paying), Item(36, group=paying), Item(200, group=paying)]
@@ -413,11 +424,11 @@ def test_a_flooded_lane_cannot_starve_another_and_shares_follow_device_time():
     credit for its idle time), then, charged equal device time per batch, a and b alternate while both have
     work; a lane of share 2 gets two batches for each of the other's."""
     queue = lanes_queue(a=(policy(max_batch_size=4), 512, 1.0), b=(policy(max_batch_size=4), 512, 1.0))
-    queue.put([Item(5, group="a", seq=queue.next_seq()) for _ in range(200)], "a")
+    queue.put([Item(5, group=slot("a"), seq=queue.next_seq()) for _ in range(200)], "a")
     first = queue.take(timeout=0)
     assert first is not None and first.lane == "a"
     queue.charge("a", 0.010)
-    queue.put([Item(5, group="b", seq=queue.next_seq()) for _ in range(8)], "b")  # levelled: no idle credit
+    queue.put([Item(5, group=slot("b"), seq=queue.next_seq()) for _ in range(8)], "b")  # levelled: no idle credit
     order = []
     for _ in range(6):
         d = queue.take(timeout=0)
@@ -428,8 +439,8 @@ def test_a_flooded_lane_cannot_starve_another_and_shares_follow_device_time():
     assert queue.depth("a") == 200 - 4 * 5 and queue.depth("b") == 0
 
     weighted = lanes_queue(big=(policy(max_batch_size=1), 64, 2.0), small=(policy(max_batch_size=1), 64, 1.0))
-    weighted.put([Item(5, group="big", seq=weighted.next_seq()) for _ in range(30)], "big")
-    weighted.put([Item(5, group="small", seq=weighted.next_seq()) for _ in range(30)], "small")
+    weighted.put([Item(5, group=slot("big"), seq=weighted.next_seq()) for _ in range(30)], "big")
+    weighted.put([Item(5, group=slot("small"), seq=weighted.next_seq()) for _ in range(30)], "small")
     runs = []
     for _ in range(30):
         d = weighted.take(timeout=0)
@@ -442,8 +453,8 @@ def test_a_flooded_lane_cannot_starve_another_and_shares_follow_device_time():
 def test_priority_between_lanes_comes_before_fairness():
     queue = lanes_queue(a=(policy(max_batch_size=2), 64, 1.0), b=(policy(max_batch_size=2), 64, 1.0))
     queue.charge("b", 100.0)  # b has had far more of the device ...
-    queue.put([Item(5, group="a", seq=queue.next_seq()) for _ in range(2)], "a")
-    queue.put([Item(5, priority=5, group="b", seq=queue.next_seq())], "b")
+    queue.put([Item(5, group=slot("a"), seq=queue.next_seq()) for _ in range(2)], "a")
+    queue.put([Item(5, priority=5, group=slot("b"), seq=queue.next_seq())], "b")
     d = queue.take(timeout=0)
     assert d is not None and d.lane == "b"  # ... but its request asked for a higher priority
 
@@ -451,11 +462,11 @@ def test_priority_between_lanes_comes_before_fairness():
 def test_each_lane_keeps_its_own_rules_and_bound():
     queue = lanes_queue(small=(policy(max_batch_size=2), 4, 1.0), big=(policy(max_batch_size=8), 64, 1.0))
     with pytest.raises(QueueFull):
-        queue.put([Item(5, group="small") for _ in range(5)], "small")
-    queue.put([Item(5, group="big", seq=queue.next_seq()) for _ in range(8)], "big")  # the other's bound holds
+        queue.put([Item(5, group=slot("small")) for _ in range(5)], "small")
+    queue.put([Item(5, group=slot("big"), seq=queue.next_seq()) for _ in range(8)], "big")  # the other's bound holds
     d = queue.take(timeout=0)
     assert d is not None and (d.lane, len(d.batch)) == ("big", 8)
-    queue.put([Item(5, group="small", seq=queue.next_seq()) for _ in range(4)], "small")
+    queue.put([Item(5, group=slot("small"), seq=queue.next_seq()) for _ in range(4)], "small")
     d = queue.take(timeout=0)
     assert d is not None and (d.lane, len(d.batch)) == ("small", 2)
     assert queue.max_queue("small") == 4 and queue.max_queue("big") == 64 and len(queue) == 2
@@ -463,15 +474,15 @@ def test_each_lane_keeps_its_own_rules_and_bound():
 
 def test_a_retired_lane_takes_nothing_new_runs_what_it_holds_then_goes():
     queue = lanes_queue(a=(policy(max_batch_size=2), 64, 1.0), b=(policy(), 64, 1.0))
-    queue.put([Item(5, group="a", seq=queue.next_seq()) for _ in range(3)], "a")
+    queue.put([Item(5, group=slot("a"), seq=queue.next_seq()) for _ in range(3)], "a")
     queue.retire_lane("a")
     with pytest.raises(QueueClosed):
-        queue.put([Item(5, group="a")], "a")
+        queue.put([Item(5, group=slot("a"))], "a")
     taken = [queue.take(timeout=0), queue.take(timeout=0)]
     assert [len(d.batch) for d in taken if d is not None] == [2, 1]  # nothing accepted is dropped
     assert queue.lane_names() == ["b"]
     queue.add_lane("a", policy(), 8)  # the model is back (SIGHUP): its lane serves again
-    queue.put([Item(5, group="a", seq=queue.next_seq())], "a")
+    queue.put([Item(5, group=slot("a"), seq=queue.next_seq())], "a")
     assert queue.depth("a") == 1
 
 

@@ -1,5 +1,5 @@
-"""A slot says whether padding costs its model compute, from the backend the model runs on: the scheduler's
-padding floor (core/batcher.py) follows it, and /info shows it."""
+"""A slot says whether padding costs its model compute with its runner's one capabilities value (held, not copied
+apart): the scheduler's padding floor (core/batcher.py) follows it."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from fakes import HashHandler
 
+from inferd.core.capabilities import Capabilities
 from inferd.core.loading import load_handler
 from inferd.core.slots import ModelSlot
 from inferd.core.spec import ModelSpec
@@ -19,8 +20,8 @@ def test_a_slot_pads_as_its_runner_does(tiny_model: Path, unpadded: bool, pads: 
     handler = load_handler(spec)
     try:
         slot = ModelSlot(handler, spec, 0.0)
-        assert slot.pads is pads and slot.description.pads is pads
-        assert handler.runner.pads is pads  # type: ignore[attr-defined]
+        assert slot.capabilities is handler.runner.capabilities  # type: ignore[attr-defined]
+        assert slot.capabilities.pads is pads
     finally:
         handler.close()
 
@@ -28,4 +29,5 @@ def test_a_slot_pads_as_its_runner_does(tiny_model: Path, unpadded: bool, pads: 
 def test_a_handler_without_a_runner_is_taken_to_pad(tmp_path: Path) -> None:
     handler = HashHandler()
     handler.load(ModelSpec(tmp_path, "1"), None)  # type: ignore[arg-type]
-    assert ModelSlot(handler, ModelSpec(tmp_path, "1"), 0.0).pads is True
+    assert ModelSlot(handler, ModelSpec(tmp_path, "1"), 0.0).capabilities == Capabilities()
+    assert Capabilities().pads is True and not Capabilities().widens and not Capabilities().stages

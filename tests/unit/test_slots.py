@@ -44,7 +44,7 @@ def test_a_plugin_handler_gets_the_defaults_in_its_description(tmp_path: Path) -
     assert (d.name, d.version, d.path, d.task) == (spec.name, "v1", str(spec.path), "embedding")
     assert (d.backend, d.quantize, d.backend_info) == ("torch", "none", None)
     assert (d.dtype, d.device, d.max_seq_length, d.dimension) == (None, "", None, None)
-    assert d.load_seconds == 1.235 and d.pads is True
+    assert d.load_seconds == 1.235
 
 
 def test_the_task_s_facts_sit_beside_the_common_ones_and_cannot_replace_them(tmp_path: Path) -> None:

@@ -120,7 +120,7 @@ def test_padded_positions_are_never_computed(handler: EmbeddingHandler, padded: 
                                              unpadded: VarlenRunner) -> None:
     """What ``pads`` says: an id no embedding table holds, at every padded position, breaks the padded
     forward pass (it looks padding up) and changes nothing in the unpadded one (it never reads it)."""
-    assert padded.pads is True and unpadded.pads is False
+    assert padded.capabilities.pads is True and unpadded.capabilities.pads is False
     ids, mask, _ = handler.collate(handler.preprocess(MIXED[:8]))
     poisoned = ids.masked_fill(~mask.bool(), 10**9)
     with pytest.raises(IndexError):
@@ -202,7 +202,7 @@ def test_the_torch_backend_opens_the_runner_the_setting_chooses(tiny_model: Path
                                                                 pads: bool) -> None:
     opened = open_backend(tiny_model, BackendOptions(unpadded=setting), CPU, probe=None)  # type: ignore[arg-type]
     try:
-        assert type(opened) is runner and opened.pads is pads
+        assert type(opened) is runner and opened.capabilities.pads is pads
         assert opened.info["unpadded"] is not pads and opened.info["unpadded_reason"]
     finally:
         opened.close()

@@ -3,8 +3,9 @@
 ``next_batch`` is a pure function of the pending items, the time and the policy: it decides which items
 run together, which have passed their deadline and which belong to requests that are gone. The queue
 only holds items and wakes the worker. Neither knows about HTTP or torch: an item is opaque work with a
-token cost, a priority, a deadline and a group (the model slot it must run on). A group whose ``pads`` is
-False (a backend that computes real tokens only) gets no padding floor: padding costs it nothing.
+token cost, a priority, a deadline and a group (the model slot it must run on: ``Group``, what the scheduler needs
+of it). A group whose capabilities say it does not pad (a backend that computes real tokens only) gets no padding
+floor: padding costs it nothing.
 """
 
 from __future__ import annotations
@@ -14,7 +15,9 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Generic, Protocol, TypeVar
+
+from inferd.core.capabilities import Capabilities
 
 
 @dataclass(frozen=True)
@@ -37,23 +40,38 @@ class Policy:
                    s.min_padding_efficiency, s.adaptive_wait)
 
 
+class Group(Protocol):
+    """What the scheduler needs of the model slot an item must run on (core/slots.py ModelSlot): items batch only
+    with their own group's (by identity), and its forward pass's capabilities decide the padding floor."""
+
+    @property
+    def capabilities(self) -> Capabilities: ...
+
+
 class Schedulable(Protocol):
     tokens: int
     priority: int
     enqueued: float
     deadline: float
     seq: int
-    group: object
+
+    @property
+    def group(self) -> Group: ...
 
     @property
     def gone(self) -> bool: ...
 
 
+# The items a decision is of (the engine's WorkItem): the scheduler reads only what Schedulable says; the worker gets
+# its own items back, typed, their group the slot it must run on.
+Item = TypeVar("Item", bound=Schedulable)
+
+
 @dataclass
-class Decision:
-    batch: list[Any] = field(default_factory=list)
-    expired: list[Any] = field(default_factory=list)
-    dropped: list[Any] = field(default_factory=list)
+class Decision(Generic[Item]):
+    batch: list[Item] = field(default_factory=list)
+    expired: list[Item] = field(default_factory=list)
+    dropped: list[Item] = field(default_factory=list)
     # Seconds until the decision could change without new input; None = only new input changes it.
     wait: float | None = None
     # Not the scheduler's: callables the queue hands to the worker with the decision (BatchQueue.post).
@@ -72,11 +90,11 @@ def _rank(item: Schedulable, now: float, policy: Policy) -> tuple[float, int]:
     return (-aged, item.seq)
 
 
-def next_batch(pending: Sequence[Schedulable], now: float, policy: Policy,
-               arrival_gap: float | None = None) -> Decision:
+def next_batch(pending: Sequence[Item], now: float, policy: Policy,
+               arrival_gap: float | None = None) -> Decision[Item]:
     """``arrival_gap``: the recent mean seconds between requests (None: not known), for the adaptive wait."""
-    decision = Decision()
-    live = []
+    decision: Decision[Item] = Decision()
+    live: list[Item] = []
     for item in pending:
         if item.gone:
             decision.dropped.append(item)
@@ -99,7 +117,7 @@ def next_batch(pending: Sequence[Schedulable], now: float, policy: Policy,
     window.sort(key=lambda it: abs(it.tokens - head.tokens))
     batch = [head]
     longest = real = head.tokens
-    floor = policy.min_padding_efficiency if getattr(head.group, "pads", True) else 0.0
+    floor = policy.min_padding_efficiency if head.group.capabilities.pads else 0.0
     for item in window:
         if len(batch) >= policy.max_batch_size:
             break
@@ -341,10 +359,10 @@ class BatchQueue:
         for name in [n for n, lane in self._lanes.items() if lane.retiring and not lane.pending]:
             del self._lanes[name]
 
-    def _decide(self, now: float, lanes: Callable[[Lane], bool] | None = None) -> Decision:
+    def _decide(self, now: float, lanes: Callable[[Lane], bool] | None = None) -> Decision[Any]:
         """One decision across the lanes ``lanes`` accepts (None: all): their expired and dropped items, and one
         lane's batch."""
-        decision = Decision()
+        decision: Decision[Any] = Decision()
         ready: list[tuple[Lane, list[Any]]] = []
         waits = []
         # Shadow work waits while any live lane holds work, even work waiting for companions: it never delays it.
@@ -373,7 +391,7 @@ class BatchQueue:
         return decision
 
     def take(self, timeout: float | None = None, *, lanes: Callable[[Lane], bool] | None = None,
-             chores: bool = True, stop: Callable[[], bool] | None = None) -> Decision | None:
+             chores: bool = True, stop: Callable[[], bool] | None = None) -> Decision[Any] | None:
         """The next decision with something in it; None once closed and empty (or on timeout).
 
         ``lanes``: only the lanes it accepts (a model instance's own; None: all); ``chores``: whether this taker

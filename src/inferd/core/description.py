@@ -42,7 +42,6 @@ class ModelDescription:
     quantize: str = "none"
     backend_info: Mapping[str, Any] | None = None
     load_seconds: float = 0.0
-    pads: bool = True
     facts: Mapping[str, Any] = field(default_factory=dict)
 
     def wire(self) -> dict[str, Any]:

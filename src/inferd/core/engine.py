@@ -43,8 +43,7 @@ OnModelsChange: TypeAlias = Callable[[list[tuple[str, str, ModelSlot]]], None]
 
 def _claim(batch: list[WorkItem]) -> None:
     # Under the queue's lock, as the batch is chosen: its slot cannot be freed between take and run.
-    slot: ModelSlot = batch[0].group  # type: ignore[assignment]
-    slot.acquire()
+    batch[0].group.acquire()
 
 
 class InferenceEngine:

@@ -19,6 +19,7 @@ import numpy as np
 from inferd.core.description import ModelDescription
 from inferd.core.errors import EngineError
 from inferd.core.preprocess import Encoded
+from inferd.core.slots import ModelSlot
 from inferd.utils.tracing import BatchSpan, QueueTrace
 
 
@@ -62,7 +63,7 @@ class WorkItem:
     enqueued: float
     deadline: float
     seq: int
-    group: object
+    group: ModelSlot  # the load it must run on: the scheduler batches by it (core/batcher.py Group)
 
     @property
     def gone(self) -> bool:

@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from inferd.core.capabilities import Capabilities
 from inferd.core.description import ModelDescription
 from inferd.core.spec import ModelSpec
 from inferd.core.tasks.base import Handler
@@ -30,7 +31,7 @@ _load_ids = itertools.count(1)
 
 # What the load itself says, whatever a handler's ``describe()`` claims.
 _COMMON = ("name", "version", "load_id", "path", "task", "max_seq_length", "device", "dtype", "backend", "quantize",
-           "backend_info", "load_seconds", "pads")
+           "backend_info", "load_seconds")
 
 
 def describe_load(handler: Handler, spec: ModelSpec, load_id: int, load_seconds: float) -> ModelDescription:
@@ -54,7 +55,7 @@ def describe_load(handler: Handler, spec: ModelSpec, load_id: int, load_seconds:
         device="" if handler.device is None else str(handler.device),
         backend=handler.backend, quantize=handler.quantize,
         backend_info=None if handler.backend_info is None else dict(handler.backend_info),
-        load_seconds=round(load_seconds, 3), pads=handler.pads, facts=MappingProxyType(told))
+        load_seconds=round(load_seconds, 3), facts=MappingProxyType(told))
 
 
 class ModelSlot:
@@ -72,8 +73,10 @@ class ModelSlot:
         # Read once: describing a slot must not touch a handler that a concurrent swap may be freeing.
         self.description = describe_load(handler, spec, self.load_id, load_seconds)
         self.task = self.description.task
-        # Whether padded positions cost this model compute (the scheduler's padding floor follows it).
-        self.pads = self.description.pads
+        # What its forward pass can do: the runner's one value, held (not copied apart) for the scheduler's padding
+        # floor (core/batcher.py ``Group``) and the worker's batch alone on every thread, read once like the
+        # description.
+        self.capabilities: Capabilities = handler.capabilities
         # This load's int8/uint8 calibration vectors, measured on it the first time a request asks (a future,
         # on the event loop: core/admission.py); they go with the slot.
         self.calibration: Any = None

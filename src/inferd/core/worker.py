@@ -121,7 +121,7 @@ class BatchWorker:
     # -- the thread ------------------------------------------------------------------------------------
 
     def _run(self) -> None:
-        decision: Decision | None = None
+        decision: Decision[WorkItem] | None = None
         try:
             if self.instance is not None:
                 self.instance.enter_thread()
@@ -145,7 +145,7 @@ class BatchWorker:
             run_chores(self.queue.take_chores())
             raise
 
-    def _take(self) -> Decision | None:
+    def _take(self) -> Decision[WorkItem] | None:
         return self.queue.take(lanes=self._serves, chores=self._takes_chores,
                                stop=lambda: self._retired or self._dead)
 
@@ -154,7 +154,7 @@ class BatchWorker:
         """Whether the next batch is taken and put on the device while this one runs (a GPU's live instance)."""
         return self.instance is not None and self.instance.copy_stream is not None and not self.instance.shadow
 
-    def _decisions(self) -> Iterator[tuple[Decision, Any]]:
+    def _decisions(self) -> Iterator[tuple[Decision[WorkItem], Any]]:
         """The decisions to run, each with its staged inputs (None: none staged). Without staging, taken one at
         a time as the worker is free; with it, the stager thread takes the next one as this one starts."""
         if not self._stages:
@@ -193,11 +193,11 @@ class BatchWorker:
         except BaseException as exc:
             self._handoff.put(exc)
 
-    def _stage(self, decision: Decision) -> Any:
+    def _stage(self, decision: Decision[WorkItem]) -> Any:
         instance = self.instance
         if not decision.batch or instance is None:
             return None
-        slot: ModelSlot = decision.batch[0].group  # type: ignore[assignment]
+        slot = decision.batch[0].group
         try:
             return slot.handler.stage([it.encoded for it in decision.batch], instance.copy_stream, instance.stream)
         except Exception:  # out of memory, say: the batch runs as it would have, unstaged
@@ -223,7 +223,7 @@ class BatchWorker:
         return items
 
     @staticmethod
-    def _unclaim(decision: Decision) -> None:
+    def _unclaim(decision: Decision[WorkItem]) -> None:
         if decision.batch:
             decision.batch[0].group.release()  # the claim the queue took for the batch (core/batcher.py)
 
@@ -232,12 +232,12 @@ class BatchWorker:
         # Not the shadow instance: a model's free or a space check must not wait behind shadow batches.
         return self.instance is None or not self.instance.shadow
 
-    def _handle(self, decision: Decision, staged: Any = None) -> None:
+    def _handle(self, decision: Decision[WorkItem], staged: Any = None) -> None:
         expired = tickets_of(decision.expired)
         if expired:
             self.deliver(Failure(expired, deadline_passed()))
         if decision.batch:
-            slot: ModelSlot = decision.batch[0].group  # type: ignore[assignment]
+            slot = decision.batch[0].group
             live = not decision.lane.endswith(SHADOW_SUFFIX)  # shadow work stays out of the live metrics
             if self.instance is not None:
                 self.instance.apply_threads()
@@ -268,7 +268,7 @@ class BatchWorker:
     def _sharing(self, slot: ModelSlot) -> Sharing | None:
         """The model's instances together, where its runner can run a batch on all of their threads."""
         sharing = self.instance.sharing if self.instance is not None else None
-        return sharing if sharing is not None and slot.handler.widens else None
+        return sharing if sharing is not None and slot.capabilities.widens else None
 
     def _count(self, model: str, batch: list[WorkItem], started: float, took: float) -> None:
         instance = self.instance

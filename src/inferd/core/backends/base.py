@@ -31,6 +31,7 @@ from typing import Any, Protocol
 
 import torch
 
+from inferd.core.capabilities import Capabilities
 from inferd.core.errors import ModelLoadError
 from inferd.core.spec import ModelSpec
 from inferd.settings import BACKENDS, DTYPES, QUANTIZE, UNPADDED, GateSettings
@@ -85,13 +86,8 @@ class Runner(Protocol):
     dtype: str
     quantize: str
     device: torch.device
-    # Whether memory lives in torch's (CUDA) caching allocator: only then may the memory guard empty it.
-    uses_torch_allocator: bool
-    # Whether padded positions cost compute (a batch costs its size times its longest text): a padding floor
-    # is for runners that pad; a batch on one that does not costs its real tokens, whatever their lengths.
-    pads: bool
-    # Whether a call inside ``all_threads`` runs on every thread of the model rather than one instance's share.
-    widens: bool
+    # What the layers above plan around (padding cost, every thread, staging): read there, not copied.
+    capabilities: Capabilities
     # What /info shows about how this forward pass runs (cache, export, gate figures).
     info: dict[str, Any]
 
@@ -258,7 +254,8 @@ _alone = threading.local()
 @contextlib.contextmanager
 def all_threads(on: bool = True) -> Iterator[None]:
     """On an instance's worker thread: the runner calls inside may run on every thread of the model, not the
-    instance's share (a runner that ``widens``; core/instances.py ``Sharing`` says when an instance is alone)."""
+    instance's share (a runner whose capabilities say it ``widens``; core/instances.py ``Sharing`` says when an
+    instance is alone)."""
     before = getattr(_alone, "on", False)
     _alone.on = on
     try:
@@ -281,9 +278,9 @@ class GraphRunner:
     """
 
     backend = "graph"
-    uses_torch_allocator = False
-    pads = True  # dynamic shapes, but every row runs to the batch's longest
-    widens = False  # OpenVINO's, compiled for several instances, sets it (openvino.py)
+    # Dynamic shapes, but every row runs to the batch's longest; host memory, so nothing is staged. OpenVINO's,
+    # compiled for several instances, widens (openvino.py).
+    capabilities = Capabilities(pads=True)
 
     def __init__(self, graph_path: Path, head: str, dtype: str, quantize: str, threads: int = 0,
                  info: dict[str, Any] | None = None, compile_cache: Path | None = None, streams: int = 1) -> None:

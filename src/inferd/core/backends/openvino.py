@@ -20,6 +20,7 @@ import torch
 
 from inferd.core.backends.base import BackendError, GraphRunner, eager_attention, running_alone
 from inferd.core.backends.torch import ExportWrapper
+from inferd.core.capabilities import Capabilities
 
 log = logging.getLogger(__name__)
 
@@ -135,7 +136,7 @@ class OpenVINORunner(GraphRunner):
                 str(graph_path), "CPU", {**config, "NUM_STREAMS": "1"})
         except RuntimeError as exc:
             raise BackendError(f"OpenVINO cannot compile {graph_path}: {exc}") from exc
-        self.widens = self._wide is not None
+        self.capabilities = Capabilities(widens=self._wide is not None)
         self._threads = threads
         # One request per calling thread (an instance's worker, or the gate's); results are copied out of it.
         self._requests = threading.local()
@@ -149,7 +150,7 @@ class OpenVINORunner(GraphRunner):
 
     def _opened(self) -> dict[str, Any]:
         return {"inference_precision": self._precision, "streams": self.streams,
-                "threads_alone": self._threads if self.widens else None}
+                "threads_alone": self._threads if self.capabilities.widens else None}
 
     def _run(self, feed: dict[str, Any]) -> Any:
         if self._wide is not None and running_alone():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -10,6 +11,7 @@ import torch
 
 from inferd.core import checkpoint, load_guard
 from inferd.core.backends.base import BackendError
+from inferd.core.capabilities import Capabilities
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 # The exported graph's output, by head.
@@ -98,17 +100,18 @@ class TorchRunner:
 
     backend = "torch"
     quantize = "none"
-    pads = True  # eager transformers computes every padded position
-    # Cannot run a batch on more threads than its instance's: torch's count belongs to the calling thread, and one
-    # changed per batch left OpenMP teams spinning on each other's cores (bench/RESULTS.md, "Alone on every thread").
-    widens = False
+    # Eager transformers computes every padded position. It does not widen: it cannot run a batch on more threads
+    # than its instance's, as torch's count belongs to the calling thread, and one changed per batch left OpenMP
+    # teams spinning on each other's cores (bench/RESULTS.md, "Alone on every thread"). On a CUDA device its
+    # inputs are staged (``__init__``).
+    capabilities = Capabilities(pads=True, widens=False)
 
     def __init__(self, model: torch.nn.Module, device: torch.device, dtype: str = "float32",
                  info: dict[str, Any] | None = None, head: str = "hidden") -> None:
         self.head = head
         self.device = device
         self.dtype = dtype
-        self.uses_torch_allocator = device.type == "cuda"
+        self.capabilities = replace(type(self).capabilities, stages=device.type == "cuda")
         self._autocast = device.type == "cpu" and dtype == "bfloat16"
         weights = torch.float32 if self._autocast else _DTYPES[dtype]
         self.model: torch.nn.Module | None = model.to(device=device, dtype=weights).eval()

@@ -35,6 +35,7 @@ import torch.nn.functional as F  # noqa: N812 (torch's own convention)
 
 from inferd.core.backends.base import BackendError
 from inferd.core.backends.torch import TorchRunner
+from inferd.core.capabilities import Capabilities
 
 # Architectures whose embeddings and layers are BERT's, position ids included (RoBERTa has BERT's modules
 # but counts positions from the padding id, which packing would change): checked, not guessed.
@@ -287,7 +288,7 @@ class VarlenRunner(TorchRunner):
     """The torch backend without padding cost (``model.unpadded``): same weights, dtype and autocast rules
     as TorchRunner, a forward pass over real tokens only."""
 
-    pads = False
+    capabilities = Capabilities(pads=False)  # on a CUDA device, staged as TorchRunner's are
 
     def __init__(self, model: torch.nn.Module, device: torch.device, dtype: str = "float32",
                  info: dict[str, Any] | None = None, head: str = "hidden") -> None:

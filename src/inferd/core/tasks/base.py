@@ -23,6 +23,7 @@ from tokenizers import Tokenizer
 
 from inferd.core.backends.base import Runner, options_for
 from inferd.core.backends.factory import open_backend
+from inferd.core.capabilities import Capabilities
 from inferd.core.description import ModelDescription
 from inferd.core.errors import ModelLoadError
 from inferd.core.families import family_of
@@ -63,11 +64,6 @@ class Handler(ABC):
     backend: str = "torch"
     quantize: str = "none"
     backend_info: dict[str, Any] | None = None
-    # Whether padded positions cost this model compute (the scheduler's padding floor follows it).
-    pads: bool = True
-    # Whether a batch may run on every thread of the model's instances when it is the model's only work (its runner
-    # ``widens``: OpenVINO compiled for several instances; core/instances.py ``Sharing``).
-    widens: bool = False
     # An embedding's vector size, its pooling and whether its vectors are unit length (None: not said).
     dimension: int | None = None
     pooling: str | None = None
@@ -86,6 +82,13 @@ class Handler(ABC):
 
     @abstractmethod
     def postprocess(self, outputs: Any) -> list[Any]: ...
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """What the forward pass can do (padding cost, every thread, staging: core/capabilities.py), read where it is
+        needed; a handler with a runner gives its runner's. By default (no runner): it pads, does not widen and
+        stages nothing."""
+        return Capabilities()
 
     def close(self) -> None:  # noqa: B027 (a default, not a stage left out)
         """Drop the weights (a handler that holds none has nothing to do)."""
@@ -216,7 +219,10 @@ class ModelTask(Handler):
         self.device = self.runner.device
         self.dtype = self.runner.dtype
         self.backend, self.quantize, self.backend_info = self.runner.backend, self.runner.quantize, self.runner.info
-        self.pads, self.widens = self.runner.pads, self.runner.widens
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return self.runner.capabilities  # the runner's own value, read through: never a copy of it
 
     def collate(self, batch: list[Encoded]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         if isinstance(batch, StagedBatch):  # padded and copied to the device while the batch before it ran
@@ -226,9 +232,9 @@ class ModelTask(Handler):
         return collate(batch, self.pad_id, self.segments)
 
     def stage(self, batch: list[Encoded], copy: Any, compute: Any) -> list[Encoded]:
-        """The padded batch copied to the GPU on ``copy`` (torch's runner on a CUDA device only: ONNX Runtime
-        and OpenVINO take host memory)."""
-        if self.backend != "torch" or self.device is None or self.device.type != "cuda":
+        """The padded batch copied to the GPU on ``copy``, where the runner ``stages`` (torch's on a CUDA device
+        only: ONNX Runtime and OpenVINO take host memory)."""
+        if not self.capabilities.stages:
             return batch
         tensors, event = to_device(self.collate(batch), self.device, copy)
         return StagedBatch(batch, tensors, event, compute)

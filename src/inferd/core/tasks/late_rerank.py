@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from inferd.core.capabilities import Capabilities
 from inferd.core.errors import ModelLoadError
 from inferd.core.outputs import TextOutputs, maxsim
 from inferd.core.preprocess import Encoded, TextInput
@@ -57,9 +58,12 @@ class LateInteractionRerankHandler(Handler):
         # What describes the load is the inner handler's (each declared on Handler, with its default).
         inner = self.inner
         self.name, self.version, self.max_seq_length = inner.name, inner.version, inner.max_seq_length
-        self.device, self.dtype, self.pads, self.tokenizer = inner.device, inner.dtype, inner.pads, inner.tokenizer
-        self.widens = inner.widens
+        self.device, self.dtype, self.tokenizer = inner.device, inner.dtype, inner.tokenizer
         self.backend, self.quantize, self.backend_info = inner.backend, inner.quantize, inner.backend_info
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return self.inner.capabilities  # its passes are the inner model's
 
     def describe(self) -> dict[str, Any]:
         return {"scoring": "maxsim", "multivector_dimension": self.inner.describe().get("multivector_dimension")}

@@ -1,0 +1,24 @@
+"""What a forward pass can do that the layers above it plan around: one ``Capabilities`` value, said by the runner.
+
+It is read where it is needed, never copied field by field: the scheduler's padding floor (core/batcher.py, through
+the batch's slot), a batch alone on every thread of its model (core/worker.py), the next batch's inputs put on the
+device while this one runs (core/tasks/base.py ``ModelTask.stage``). A handler with no runner (a plug-in) has the
+defaults: it pads, it does not widen, it stages nothing. No torch here: the scheduler reads it too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Capabilities:
+    # Whether padded positions cost compute (a batch costs its size times its longest text): the padding floor is
+    # for a runner that pads; a batch on one that does not costs its real tokens, whatever their lengths.
+    pads: bool = True
+    # Whether a call inside ``all_threads`` (core/backends/base.py) runs on every thread of the model rather than
+    # one instance's share (OpenVINO compiled for several instances; core/instances.py ``Sharing``).
+    widens: bool = False
+    # Whether the padded inputs may be copied to the device ahead of the pass (torch on a CUDA device; ONNX Runtime
+    # and OpenVINO take host memory).
+    stages: bool = False
