@@ -122,7 +122,7 @@ def test_each_listed_decoder_family_embeds_as_sentence_transformers(tmp_path: Pa
 def test_the_llm_reranker_equals_its_model_card(root: Path, name: str) -> None:
     assert detect_task(root / name) == "rerank"
     handler = _handler(root / name)
-    assert handler.describe()["scoring"] == "llm-yes-no"
+    assert handler.describe().other["scoring"] == "llm-yes-no"
     rng = random.Random(5)
     pairs = [("which river runs past the city", _sentence(rng, n)) for n in (1, 6, 30, 90)]
     pairs.append(("a dog", "the cat"))

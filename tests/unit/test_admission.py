@@ -23,6 +23,7 @@ from settingskit import make_settings
 from inferd.api import vectors
 from inferd.core import admission
 from inferd.core.admission import token_estimate
+from inferd.core.description import TaskFacts
 from inferd.core.engine import InferenceEngine
 from inferd.core.errors import EngineError, Kind
 from inferd.core.outcomes import TaskResult
@@ -41,8 +42,8 @@ class Prompted(HashHandler):
         self.prompts = {"query": "C: " if canary else "A: "}
         self.normalize = canary
 
-    def describe(self) -> dict[str, Any]:
-        return {"dimension": DIM, "prompts": self.prompts, "normalize": self.normalize}
+    def describe(self) -> TaskFacts:
+        return TaskFacts(dimension=DIM, prompts=self.prompts, normalize=self.normalize)
 
 
 def with_canary(tmp_path: Path, scenario: Callable[[InferenceEngine, str], Awaitable[None]]) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 from conftest import metric_value
 from fakes import DIM, HashHandler, loader_for
@@ -13,7 +14,8 @@ from fastapi.testclient import TestClient
 from settingskit import make_settings
 
 from inferd.api.app import create_app
-from inferd.core.description import ModelDescription
+from inferd.core.description import ModelDescription, TaskFacts
+from inferd.core.errors import ModelLoadError
 from inferd.core.slots import ModelSlot
 from inferd.core.spec import ModelSpec
 from inferd.core.tasks.base import Handler
@@ -49,11 +51,21 @@ def test_a_plugin_handler_gets_the_defaults_in_its_description(tmp_path: Path) -
 
 def test_the_task_s_facts_sit_beside_the_common_ones_and_cannot_replace_them(tmp_path: Path) -> None:
     class Describing(HashHandler):
-        def describe(self) -> dict[str, Any]:
-            return {"dimension": DIM, "version": "not-the-load's", "pooling": "mean"}
+        def describe(self) -> TaskFacts:
+            return TaskFacts(dimension=DIM, pooling="mean", other={"version": "not-the-load's", "kind": "hash"})
 
     d = ModelSlot(Describing(), ModelSpec(tmp_path / "m1", "v1"), 0.0).description
     assert (d.dimension, d.pooling, d.version) == (DIM, "mean", "v1")
+    assert dict(d.facts) == {"kind": "hash"}  # a fact of the load itself is the load's to say
+
+
+def test_a_plugin_whose_describe_still_returns_a_dict_is_refused_naming_task_facts(tmp_path: Path) -> None:
+    class Untyped(HashHandler):
+        def describe(self) -> Any:
+            return {"dimension": DIM}
+
+    with pytest.raises(ModelLoadError, match=r"Untyped\.describe\(\) returned a dict; it returns a TaskFacts"):
+        ModelSlot(Untyped(), ModelSpec(tmp_path / "m1", "v1"), 0.0)
 
 
 def test_info_models_admin_and_metrics_show_the_description_built_at_load(tmp_path: Path) -> None:

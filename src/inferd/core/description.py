@@ -17,6 +17,25 @@ from inferd.core.tasks.kinds import task_of
 
 
 @dataclass(frozen=True, slots=True)
+class TaskFacts:
+    """What a handler says of the model it loaded (``Handler.describe``): its task's facts, typed, which the load's
+    description (core/slots.py ``describe_load``) takes as they are, once. ``other`` holds the task's other facts (an
+    embedding's Dense layers and ``outputs``, a reranker's activation, a plug-in's own), kept as they are; one that
+    names a fact of the load itself (its version, backend, ...) is not taken."""
+
+    dimension: int | None = None
+    normalize: bool | None = None
+    pooling: str | None = None
+    prompts: Mapping[str, str] | None = None
+    default_prompt_name: str | None = None
+    matryoshka_dimensions: tuple[int, ...] | str | None = None  # sizes, "any", or None
+    similarity_fn_name: str | None = None
+    labels: tuple[str, ...] | None = None
+    multi_label: bool = False
+    other: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
 class ModelDescription:
     """One load's facts. ``prompts`` is None for a task without prompts; ``facts`` holds the task's other facts
     (an embedding's Dense layers, a reranker's activation, a plug-in's own), kept as they are."""

@@ -14,13 +14,15 @@ import itertools
 import logging
 import threading
 from collections.abc import Callable
+from dataclasses import fields
 from types import MappingProxyType
 from typing import Any
 
 import torch
 
 from inferd.core.capabilities import Capabilities
-from inferd.core.description import ModelDescription
+from inferd.core.description import ModelDescription, TaskFacts
+from inferd.core.errors import ModelLoadError
 from inferd.core.spec import ModelSpec
 from inferd.core.tasks.base import Handler
 
@@ -29,33 +31,34 @@ log = logging.getLogger(__name__)
 _load_ids = itertools.count(1)
 
 
-# What the load itself says, whatever a handler's ``describe()`` claims.
-_COMMON = ("name", "version", "load_id", "path", "task", "max_seq_length", "device", "dtype", "backend", "quantize",
-           "backend_info", "load_seconds")
+# What the load itself says, whatever a handler's ``describe()`` claims among its other facts.
+_COMMON = frozenset(f.name for f in fields(ModelDescription)) - {"facts"}
 
 
 def describe_load(handler: Handler, spec: ModelSpec, load_id: int, load_seconds: float) -> ModelDescription:
     """The one place a load's description is built: the handler's declared members (core/tasks/base.py gives
-    each its default) and the task's facts from its ``describe()``, which cannot override the common ones."""
-    told = {k: v for k, v in handler.describe().items() if k not in _COMMON}
-    matryoshka = told.pop("matryoshka_dimensions", None)
-    prompts, labels = told.pop("prompts", None), told.pop("labels", None)
-    # As describe() says it: a multi-vector handler's own ``dimension`` is its token vectors', not a pooled one's.
-    dimension = told.pop("dimension", None)
+    each its default) and its task's facts (``describe()``, a TaskFacts), each taken as it is."""
+    told = handler.describe()
+    if not isinstance(told, TaskFacts):  # a plug-in written to the contract before describe() was typed
+        raise ModelLoadError(f"{type(handler).__name__}.describe() returned a {type(told).__name__}; it returns a "
+                             "TaskFacts (inferd.core.description: docs/handler.md)")
+    matryoshka = told.matryoshka_dimensions
     return ModelDescription(
         name=spec.name, version=spec.version, load_id=load_id, path=str(spec.path), task=handler.task,
-        dimension=None if dimension is None else int(dimension),
-        normalize=told.pop("normalize", handler.normalize), pooling=told.pop("pooling", handler.pooling),
-        prompts=None if prompts is None else MappingProxyType(dict(prompts)),
-        default_prompt_name=told.pop("default_prompt_name", None),
+        # As describe() says it: a multi-vector handler's own ``dimension`` is its token vectors', not a pooled one's.
+        dimension=None if told.dimension is None else int(told.dimension),
+        normalize=told.normalize, pooling=told.pooling,
+        prompts=None if told.prompts is None else MappingProxyType(dict(told.prompts)),
+        default_prompt_name=told.default_prompt_name,
         matryoshka_dimensions=tuple(matryoshka) if isinstance(matryoshka, list | tuple) else matryoshka,
-        similarity_fn_name=told.pop("similarity_fn_name", None),
-        labels=None if labels is None else tuple(labels), multi_label=bool(told.pop("multi_label", False)),
+        similarity_fn_name=told.similarity_fn_name,
+        labels=None if told.labels is None else tuple(told.labels), multi_label=bool(told.multi_label),
         max_seq_length=handler.max_seq_length, dtype=handler.dtype,
         device="" if handler.device is None else str(handler.device),
         backend=handler.backend, quantize=handler.quantize,
         backend_info=None if handler.backend_info is None else dict(handler.backend_info),
-        load_seconds=round(load_seconds, 3), facts=MappingProxyType(told))
+        load_seconds=round(load_seconds, 3),
+        facts=MappingProxyType({k: v for k, v in told.other.items() if k not in _COMMON}))
 
 
 class ModelSlot:

@@ -24,7 +24,7 @@ from tokenizers import Tokenizer
 from inferd.core.backends.base import Runner, options_for
 from inferd.core.backends.factory import open_backend
 from inferd.core.capabilities import Capabilities
-from inferd.core.description import ModelDescription
+from inferd.core.description import ModelDescription, TaskFacts
 from inferd.core.errors import ModelLoadError
 from inferd.core.families import family_of
 from inferd.core.outputs import token_vectors_refusal
@@ -48,9 +48,10 @@ class Handler(ABC):
     member has a default, which a subclass overrides by assigning it (on the class or in ``load``).
 
     ``task`` and ``inputs`` left as they are serve embeddings of texts. ``describe()`` returns the task's facts
-    about the loaded model (an embedding's size, a classifier's labels) that its description (core/description.py)
-    holds; ``incompatibility(serving, allow_change)`` says why this model may not replace or sit beside the
-    serving one (its description), or None. The defaults hold an embedding handler to the dimension rule.
+    about the loaded model (a TaskFacts: an embedding's size, a classifier's labels) that its description
+    (core/description.py) takes as they are; ``incompatibility(serving, allow_change)`` says why this model may not
+    replace or sit beside the serving one (its description), or None. The defaults hold an embedding handler to the
+    dimension rule.
     """
 
     task: str = "embedding"
@@ -102,9 +103,10 @@ class Handler(ABC):
     def warmup(self) -> None:  # noqa: B027
         """Run a batch or two before serving (after ``load``, when ``model.warmup`` is on)."""
 
-    def describe(self) -> dict[str, Any]:
-        """The task's facts about the loaded model; by default an embedding handler's ``dimension``."""
-        return task_of(self.task).facts(self.dimension)
+    def describe(self) -> TaskFacts:
+        """The task's facts about the loaded model; by default an embedding handler's ``dimension``, and the
+        ``pooling`` and ``normalize`` it set."""
+        return TaskFacts(**task_of(self.task).facts(self.dimension), pooling=self.pooling, normalize=self.normalize)
 
     def incompatibility(self, serving: ModelDescription, allow_change: bool) -> str | None:
         """Why this model may not replace the serving one; by default an embedding handler is held to the

@@ -6,12 +6,10 @@ per label when the config says ``problem_type: multi_label_classification`` (as 
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 import torch
 
-from inferd.core.description import ModelDescription
+from inferd.core.description import ModelDescription, TaskFacts
 from inferd.core.errors import ModelLoadError
 from inferd.core.preprocess import Encoded, TextEncoder
 from inferd.core.spec import ModelSpec
@@ -31,8 +29,8 @@ class ClassificationHandler(SequenceClassifier):
         self.multi_label = getattr(self.config, "problem_type", None) == "multi_label_classification"
         self.encoder = TextEncoder(self.tokenizer, self.max_seq_length, self.truncate)
 
-    def describe(self) -> dict[str, Any]:
-        return {"labels": list(self.labels), "multi_label": self.multi_label}
+    def describe(self) -> TaskFacts:
+        return TaskFacts(labels=tuple(self.labels), multi_label=self.multi_label)
 
     def incompatibility(self, serving: ModelDescription, allow_change: bool) -> str | None:
         """Clients act on label names: a model that answers with other labels is another service."""

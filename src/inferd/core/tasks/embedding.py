@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from tokenizers import Tokenizer, normalizers
 
-from inferd.core.description import ModelDescription
+from inferd.core.description import ModelDescription, TaskFacts
 from inferd.core.errors import ModelLoadError
 from inferd.core.families import default_pooling
 from inferd.core.preprocess import Encoded, TextEncoder
@@ -280,12 +280,11 @@ class EmbeddingHandler(ModelTask):
                                                       exclude_prompt=not folder.include_prompt)
         self.open_runner(spec, device, safetensors)  # last: see ModelTask
 
-    def describe(self) -> dict[str, Any]:
-        return {"dimension": self.dimension, "pooling": self.pooling, "normalize": self.normalize,
-                "dense": list(self.dense), "similarity_fn_name": self.similarity_fn_name,
-                "matryoshka_dimensions": self.matryoshka, "prompts": dict(self.prompts),
-                "default_prompt_name": self.default_prompt_name,
-                "include_prompt": not self.encoder.exclude_prompt}
+    def describe(self) -> TaskFacts:
+        return TaskFacts(dimension=self.dimension, pooling=self.pooling, normalize=self.normalize,
+                         similarity_fn_name=self.similarity_fn_name, matryoshka_dimensions=self.matryoshka,
+                         prompts=dict(self.prompts), default_prompt_name=self.default_prompt_name,
+                         other={"dense": list(self.dense), "include_prompt": not self.encoder.exclude_prompt})
 
     def incompatibility(self, serving: ModelDescription, allow_change: bool) -> str | None:
         return dimension_refusal(self.dimension, serving, allow_change)

@@ -11,12 +11,12 @@ raw column the rerank routes read (TEI's ``raw_scores``).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import torch
 
 from inferd.core.capabilities import Capabilities
+from inferd.core.description import TaskFacts
 from inferd.core.errors import ModelLoadError
 from inferd.core.outputs import TextOutputs, maxsim
 from inferd.core.preprocess import Encoded, TextInput
@@ -50,7 +50,7 @@ class LateInteractionRerankHandler(Handler):
 
     def load(self, spec: ModelSpec, device: torch.device) -> None:
         self.inner.load(spec, device)
-        gives = tuple(self.inner.describe().get("outputs") or ())
+        gives = tuple(self.inner.describe().other.get("outputs") or ())
         if "multivector" not in gives:
             self.inner.close()
             raise ModelLoadError(f"{spec.path} gives no token vectors ({', '.join(gives) or 'dense'} only): a "
@@ -65,8 +65,9 @@ class LateInteractionRerankHandler(Handler):
     def capabilities(self) -> Capabilities:
         return self.inner.capabilities  # its passes are the inner model's
 
-    def describe(self) -> dict[str, Any]:
-        return {"scoring": "maxsim", "multivector_dimension": self.inner.describe().get("multivector_dimension")}
+    def describe(self) -> TaskFacts:
+        return TaskFacts(other={"scoring": "maxsim",
+                                "multivector_dimension": self.inner.describe().other.get("multivector_dimension")})
 
     def preprocess(self, pairs: list[tuple[str, str]]) -> list[Encoded]:
         queries = {q: i for i, q in enumerate(dict.fromkeys(str(q) for q, _ in pairs))}

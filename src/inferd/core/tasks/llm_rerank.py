@@ -13,14 +13,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
 from tokenizers import Tokenizer
 
 from inferd.core.backends.base import Runner
-from inferd.core.description import ModelDescription
+from inferd.core.description import ModelDescription, TaskFacts
 from inferd.core.errors import ModelLoadError
 from inferd.core.families import family_of
 from inferd.core.preprocess import Encoded, InputError
@@ -123,8 +122,8 @@ class LLMRerankHandler(ModelTask):
         self.instruction = spec.settings.rerank_instruction or INSTRUCTION
         self.open_runner(spec, device, safetensors)  # last: see ModelTask
 
-    def describe(self) -> dict[str, Any]:
-        return {"activation": "Sigmoid", "scoring": "llm-yes-no", "instruction": self.instruction}
+    def describe(self) -> TaskFacts:
+        return TaskFacts(other={"activation": "Sigmoid", "scoring": "llm-yes-no", "instruction": self.instruction})
 
     def incompatibility(self, serving: ModelDescription, allow_change: bool) -> str | None:
         return None  # scores are ranked within one request, as a cross-encoder's

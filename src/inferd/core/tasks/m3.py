@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from inferd.core.description import TaskFacts
 from inferd.core.errors import ModelLoadError
 from inferd.core.families import family_of
 from inferd.core.outputs import SparseVector, TextOutputs, asked, sparse_from_weights
@@ -110,11 +111,12 @@ class M3Handler(TokenVectorTask):
     def head_module(self, model: torch.nn.Module) -> torch.nn.Module:
         return TokenHeads(model, self.sparse_linear, self.colbert_linear)
 
-    def describe(self) -> dict[str, Any]:
-        return {"dimension": self.dimension, "outputs": list(self.outputs), "pooling": "+".join(self.pooling_modes),
-                "normalize": self.normalize, "multivector_dimension": self.colbert_dim or None,
-                "similarity_fn_name": "cosine", "prompts": dict(self.prompts),
-                "default_prompt_name": self.default_prompt_name, "include_prompt": not self.encoder.exclude_prompt}
+    def describe(self) -> TaskFacts:
+        return TaskFacts(
+            dimension=self.dimension, pooling="+".join(self.pooling_modes), normalize=self.normalize,
+            similarity_fn_name="cosine", prompts=dict(self.prompts), default_prompt_name=self.default_prompt_name,
+            other={"outputs": list(self.outputs), "multivector_dimension": self.colbert_dim or None,
+                   "include_prompt": not self.encoder.exclude_prompt})
 
     def incompatibility(self, serving: Any, allow_change: bool) -> str | None:
         return dimension_refusal(self.dimension, serving, allow_change)

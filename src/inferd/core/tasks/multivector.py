@@ -28,6 +28,7 @@ import numpy as np
 import torch
 from tokenizers import Tokenizer
 
+from inferd.core.description import TaskFacts
 from inferd.core.errors import ModelLoadError
 from inferd.core.outputs import TextOutputs, asked, is_query
 from inferd.core.preprocess import Encoded, InputError, TextEncoder
@@ -158,11 +159,12 @@ class ColbertHandler(TokenVectorTask):
     def head_module(self, model: torch.nn.Module) -> torch.nn.Module:
         return TokenHeads(model, None, self.projection, keep_hidden=False)
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> TaskFacts:
         f = self.colbert
-        return {"outputs": list(self.outputs), "multivector_dimension": self.dimension, "similarity_fn_name": "maxsim",
-                "query_prefix": f.query_prefix, "document_prefix": f.document_prefix, "query_length": f.query_length,
-                "document_length": f.document_length, "do_query_expansion": f.do_query_expansion}
+        return TaskFacts(similarity_fn_name="maxsim", other={
+            "outputs": list(self.outputs), "multivector_dimension": self.dimension, "query_prefix": f.query_prefix,
+            "document_prefix": f.document_prefix, "query_length": f.query_length,
+            "document_length": f.document_length, "do_query_expansion": f.do_query_expansion})
 
     def _mark(self, enc: Encoded, role: str) -> Marked:
         ids = list(enc.ids)

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from inferd.core.description import ModelDescription
+from inferd.core.description import ModelDescription, TaskFacts
 from inferd.core.errors import ModelLoadError
 from inferd.core.preprocess import Encoded, PairEncoder
 from inferd.core.spec import ModelSpec
@@ -48,8 +48,8 @@ class RerankHandler(SequenceClassifier):
         self._activate = ACTIVATIONS[self.activation]
         self.encoder = PairEncoder(self.tokenizer, self.max_seq_length, self.truncate)
 
-    def describe(self) -> dict[str, Any]:
-        return {"activation": self.activation}
+    def describe(self) -> TaskFacts:
+        return TaskFacts(other={"activation": self.activation})
 
     def incompatibility(self, serving: ModelDescription, allow_change: bool) -> str | None:
         return None  # scores are ranked within one request: any cross-encoder can replace another

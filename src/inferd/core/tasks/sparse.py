@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from inferd.core.description import TaskFacts
 from inferd.core.errors import ModelLoadError
 from inferd.core.outputs import SparseVector, TextOutputs
 from inferd.core.preprocess import Encoded
@@ -97,12 +98,13 @@ class SparseHandler(ModelTask):
     def head_module(self, model: torch.nn.Module) -> torch.nn.Module:
         return SpladeHead(model, self.splade.strategy, self.splade.activation)
 
-    def describe(self) -> dict[str, Any]:
-        return {"dimension": self.dimension, "outputs": list(self.outputs), "pooling": "splade",
-                "splade": {"pooling_strategy": self.splade.strategy, "activation_function": self.splade.activation},
-                "sparse_top_k": self.top_k, "sparse_threshold": self.threshold, "normalize": False,
-                "similarity_fn_name": "dot", "prompts": dict(self.prompts),
-                "default_prompt_name": self.default_prompt_name}
+    def describe(self) -> TaskFacts:
+        return TaskFacts(
+            dimension=self.dimension, pooling="splade", normalize=False, similarity_fn_name="dot",
+            prompts=dict(self.prompts), default_prompt_name=self.default_prompt_name,
+            other={"outputs": list(self.outputs),
+                   "splade": {"pooling_strategy": self.splade.strategy, "activation_function": self.splade.activation},
+                   "sparse_top_k": self.top_k, "sparse_threshold": self.threshold})
 
     def incompatibility(self, serving: Any, allow_change: bool) -> str | None:
         return dimension_refusal(self.dimension, serving, allow_change)
