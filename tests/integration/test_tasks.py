@@ -187,6 +187,13 @@ def test_multi_label_classifier_uses_sigmoid_as_the_pipeline(task_root: Path,
     with running(tmp_path_factory.mktemp("srv"), task_env(task_root / "cls-multi"), wait="/health/ready") as server:
         texts = ["hello world", "the river runs past the city"]
         data = httpx.post(server.url + "/v1/classify", json={"input": texts}).json()["data"]
+        # TEI's /predict holds a client to the model's own activation: sigmoid here, so softmax is refused.
+        sigmoid = httpx.post(server.url + "/predict", json={"inputs": texts[0],
+                                                            "parameters": {"function_to_apply": "sigmoid"}})
+        softmax = httpx.post(server.url + "/predict", json={"inputs": texts[0],
+                                                            "parameters": {"function_to_apply": "softmax"}})
+    assert sigmoid.status_code == 200, sigmoid.text
+    assert softmax.status_code == 422 and "applies sigmoid" in softmax.json()["error"], softmax.text
     pipe = pipeline("text-classification", model=str(task_root / "cls-multi"), top_k=None, device="cpu")
     for item, ref in zip(data, pipe(texts), strict=True):
         expected = {x["label"]: x["score"] for x in ref}

@@ -130,7 +130,7 @@ def _request(request: Request, body: TEIPredictRequest) -> InferenceRequest:
 
 def _classified(body: TEIPredictRequest, result: TaskResult) -> list[list[dict[str, Any]]]:
     # The activation is the answering model's (a canary's own): checked on its description, after the run.
-    own = "sigmoid" if result.description.facts.get("multi_label") else "softmax"
+    own = "sigmoid" if result.description.multi_label else "softmax"
     asked = _applied(body.parameters, own, body.raw_scores)
     if asked is not None:
         # The task computes probabilities only: a softmax's logits cannot be recovered from them.
