@@ -39,7 +39,7 @@ class _Section(BaseModel):
 
 # A tenant's name: a metric label and a log field, so short and plain.
 TENANT_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
-# A key stored as its hash: ``sha256:`` and 64 hex digits (README: Tenants says how to make one).
+# A key stored as its hash: ``sha256:`` and 64 hex digits (docs/tenants.md says how to make one).
 KEY_HASH = re.compile(r"^sha256:[0-9a-fA-F]{64}$")
 
 
@@ -115,7 +115,7 @@ class ServerSettings(_Section):
     # A YAML file of more tenants (``tenants: [...]``), read at start and again on SIGHUP.
     tenants_file: Path | None = None
     # The part of each tenant's limits (rates, token budgets, concurrency) this process enforces: 1 alone; `inferd
-    # fleet` gives each of its N workers 1/N, so the fleet enforces the configured figures (README: Tenants).
+    # fleet` gives each of its N workers 1/N, so the fleet enforces the configured figures (docs/tenants.md).
     tenant_limits_fraction: float = Field(1.0, gt=0.0, le=1.0)
 
     @model_validator(mode="after")
@@ -132,7 +132,7 @@ class ServerSettings(_Section):
     access_log: bool = True
     log_inputs: bool = False
     # Connection-level limits against slow or oversized clients, enforced by inferd.server.http whether or not
-    # nginx is in front (README: Security). Header/body timeouts bound a whole head/body, not a gap between reads.
+    # nginx is in front (docs/security.md). Header/body timeouts bound a whole head/body, not a gap between reads.
     max_header_bytes: int = Field(16_384, ge=1024)
     header_timeout_s: float = Field(10.0, gt=0)
     body_timeout_s: float = Field(30.0, gt=0)

@@ -65,7 +65,7 @@ def family_of(path: Path) -> Family:
     family = BY_TYPE.get(str(kind))
     if family is None:
         raise ModelLoadError(f"{path}: model_type {kind!r} is not a supported architecture; supported: "
-                             f"{supported()} (README: Architectures)")
+                             f"{supported()} (docs/architectures.md)")
     return family
 
 

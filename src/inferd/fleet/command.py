@@ -25,7 +25,7 @@ from inferd.settings import Settings
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
-    p = sub.add_parser("fleet", help="run N workers behind nginx under supervisord (see README)",
+    p = sub.add_parser("fleet", help="run N workers behind nginx under supervisord (see docs/fleet.md)",
                        description="Run N `inferd serve` workers behind nginx, under supervisord, in the "
                                    "foreground; Ctrl-C / SIGTERM stops everything, drained.")
     add_config_flags(p, server=False)

@@ -35,7 +35,7 @@ from inferd.settings import Settings
 
 log = logging.getLogger(__name__)
 
-# Seconds the shutdown may take beyond server.drain_timeout_s (documented in README: the grace period).
+# Seconds the shutdown may take beyond server.drain_timeout_s (docs/docker.md: the grace period).
 SHUTDOWN_MARGIN_S = 5.0
 # After the drain: how long open connections get to finish writing their (already computed) answers.
 CLOSE_S = 2.0

@@ -105,7 +105,7 @@ def handler_for(task: str, path: Path | None = None, pooling: str | None = None)
             raise ModelLoadError(f"model.task {task!r} cannot be imported: {exc}") from exc
         if not (isinstance(cls, type) and issubclass(cls, Handler)):
             raise ModelLoadError(f"model.task {task!r} is not a handler class: a handler derives from "
-                                 "inferd.core.tasks.base.Handler (README, Writing a handler)")
+                                 "inferd.core.tasks.base.Handler (docs/handler.md)")
         try:
             return cls()
         except TypeError as exc:  # an abstract method left unimplemented, or an __init__ that needs arguments
