@@ -151,3 +151,33 @@ def loader_for(handler: Handler) -> Callable[[ModelSpec], Handler]:
         return handler
 
     return load
+
+
+class FakeHandler(Handler):
+    """What the model manager needs of a handler and no more (tests of the manager and of a load's guard); the
+    dimension is read from the folder's name ("dim48-...", else 32)."""
+
+    def __init__(self, spec: ModelSpec) -> None:
+        self.spec = spec
+        self.version = spec.version
+        name = spec.path.name
+        self.dimension = int(name[3:name.index("-")]) if name.startswith("dim") else 32
+        self.max_seq_length = 128
+        self.device = "cpu"
+        self.dtype = "float32"
+        self.closed = False
+
+    def load(self, spec: ModelSpec, device: Any) -> None:
+        pass
+
+    def preprocess(self, inputs: list[Any]) -> list[Any]:
+        return inputs
+
+    def infer(self, batch: list[Any]) -> list[Any]:
+        return batch
+
+    def postprocess(self, outputs: list[Any]) -> list[Any]:
+        return outputs
+
+    def close(self) -> None:
+        self.closed = True

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from conftest import wait_for
+from fakes import FakeHandler
 from settingskit import make_settings
 
 from inferd.core import load_guard
@@ -18,33 +19,6 @@ from inferd.core.errors import LoadCancelled, LoadTimedOut, NoLoadInProgress, Re
 from inferd.core.load_guard import LoadGuard
 from inferd.core.manager import ModelManager
 from inferd.core.spec import ModelSpec
-from inferd.core.tasks.base import Handler
-
-
-class Held(Handler):
-    dimension = 32
-    max_seq_length = 128
-    device = "cpu"
-    dtype = "float32"
-
-    def __init__(self, spec: ModelSpec) -> None:
-        self.version = spec.version
-        self.closed = False
-
-    def load(self, spec: ModelSpec, device: Any) -> None:
-        pass
-
-    def preprocess(self, inputs: list[Any]) -> list[Any]:
-        return inputs
-
-    def infer(self, batch: list[Any]) -> list[Any]:
-        return batch
-
-    def postprocess(self, outputs: list[Any]) -> list[Any]:
-        return outputs
-
-    def close(self) -> None:
-        self.closed = True
 
 
 class Loader:
@@ -54,11 +28,11 @@ class Loader:
     def __init__(self) -> None:
         self.gate = threading.Event()
         self.entered = threading.Event()
-        self.handlers: list[Held] = []
+        self.handlers: list[FakeHandler] = []
         self.finished = threading.Event()
 
-    def __call__(self, spec: ModelSpec) -> Held:
-        handler = Held(spec)
+    def __call__(self, spec: ModelSpec) -> FakeHandler:
+        handler = FakeHandler(spec)
         self.handlers.append(handler)
         if spec.path.name.startswith("slow"):
             self.entered.set()

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fakes import FakeHandler
 from settingskit import make_settings
 
 from inferd.core import loading
@@ -19,36 +20,6 @@ from inferd.core.errors import ManagerClosed, ModelLoadError, ModelNotReady, NoC
 from inferd.core.loading import check_model_path
 from inferd.core.manager import ModelManager
 from inferd.core.spec import ModelSpec
-from inferd.core.tasks.base import Handler
-
-
-class FakeHandler(Handler):
-    """What the manager needs of a handler; the dimension is read from the folder's name ("dim48-...")."""
-
-    def __init__(self, spec: ModelSpec) -> None:
-        self.spec = spec
-        self.version = spec.version
-        name = spec.path.name
-        self.dimension = int(name[3:name.index("-")]) if name.startswith("dim") else 32
-        self.max_seq_length = 128
-        self.device = "cpu"
-        self.dtype = "float32"
-        self.closed = False
-
-    def load(self, spec: ModelSpec, device: Any) -> None:
-        pass
-
-    def preprocess(self, inputs: list[Any]) -> list[Any]:
-        return inputs
-
-    def infer(self, batch: list[Any]) -> list[Any]:
-        return batch
-
-    def postprocess(self, outputs: list[Any]) -> list[Any]:
-        return outputs
-
-    def close(self) -> None:
-        self.closed = True
 
 
 class Loader:
