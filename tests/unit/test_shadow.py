@@ -17,6 +17,7 @@ from settingskit import make_settings
 
 from inferd.core.agreement import overlap_at_k
 from inferd.core.batcher import BatchQueue, Policy, QueueFull
+from inferd.core.capabilities import Capabilities
 from inferd.core.errors import ModelLoadError, NoShadow, ShadowRefused, SpaceChanged
 from inferd.core.shadow import (
     DriftReport,
@@ -211,8 +212,17 @@ def test_sampling_by_routing_key_is_stable_and_near_the_weight() -> None:
 # -- the shadow lane -----------------------------------------------------------------------------------------
 
 
+class Slot:
+    """The one model slot these items share, as the scheduler sees it (core/batcher.py Group)."""
+
+    capabilities = Capabilities()
+
+
+SLOT = Slot()
+
+
 class Item:
-    def __init__(self, tokens: int, priority: int = 0, group: object = None) -> None:
+    def __init__(self, tokens: int, priority: int = 0, group: object = SLOT) -> None:
         self.tokens, self.priority, self.enqueued, self.deadline = tokens, priority, 0.0, math.inf
         self.seq, self.group, self.gone = 0, group, False
 
