@@ -79,6 +79,10 @@ class Bucket:
         self.stamp = now
         return self.level
 
+    def give_back(self, amount: float, now: float) -> None:
+        """A charge (or reservation) returned: the level rises by it, never past ``capacity``."""
+        self.level = min(self.capacity, self.refill(now) + amount)
+
     def wait(self, now: float, need: float = 0.0) -> float:
         """Seconds until the level is above ``need`` (0: it is)."""
         level = self.refill(now)
@@ -192,8 +196,7 @@ class Tenant:
     def release(self, reserved: int) -> None:
         """A reservation given back whole: the request was refused, failed or left before it was queued."""
         if self.tokens is not None and reserved:
-            self.tokens.refill(time.monotonic())
-            self.tokens.level = min(self.tokens.capacity, self.tokens.level + reserved)
+            self.tokens.give_back(reserved, time.monotonic())
 
     def queue(self, model: str, tokens: int, now: float, priority: int, ageing_s: float, reserved: int = 0) -> float:
         """Work of ``tokens`` about to be queued for ``model`` at ``priority``, ``reserved`` of them taken already:
@@ -205,8 +208,7 @@ class Tenant:
         refused here, as admission would have (the reservation is settled either way). So the budget goes below
         zero by at most one request, however many tokenise at once and whatever the estimate was."""
         if self.tokens is not None:
-            self.tokens.refill(now)
-            self.tokens.level = min(self.tokens.capacity, self.tokens.level + reserved)
+            self.tokens.give_back(reserved, now)
             if tokens > reserved and (wait := self.tokens.wait(now)) > 0:
                 raise self._spent(model, wait)
             self.tokens.level -= tokens
@@ -229,8 +231,7 @@ class Tenant:
             use.tokens += tokens
             self.table.counted(self.name, model, tokens)
         elif self.tokens is not None:
-            self.tokens.refill(time.monotonic())
-            self.tokens.level = min(self.tokens.capacity, self.tokens.level + tokens)
+            self.tokens.give_back(tokens, time.monotonic())
 
     def _spent(self, model: str, wait: float) -> RateLimited:
         self._refuse("tokens_per_minute", model)
