@@ -9,6 +9,7 @@ tokens are not charged to its budget, which counts the tokens a model ran; what 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from typing import Any
 
@@ -57,37 +58,31 @@ class _Tokenizer:
 
     async def __aenter__(self) -> tuple[Tokenizer, ModelDescription]:
         s = services(self.request)
-        self.tenant = current_tenant.get()
+        tenant = current_tenant.get()
         try:
             served, _ = s.registry.resolve(None, None)  # the server's default model, as engine.hold() picks it
-            if self.tenant is not None:
-                self.tenant.admit(served.name, 0)  # its allow-list, rate and concurrency; left in __aexit__
+            if tenant is not None:
+                tenant.admit(served.name, 0)  # its allow-list, rate and concurrency; left when this exits
         except EngineError as exc:
             raise engine_refusal(exc, Names("model"), s.metrics) from None
+        # Let go in reverse: the slot, then the tenant's place.
+        stack = contextlib.AsyncExitStack()
+        if tenant is not None:
+            stack.callback(tenant.leave)
         try:
-            self._held = s.engine.hold(served.name)
             try:
-                self.slot = await self._held.__aenter__()
+                self.slot = await stack.enter_async_context(s.engine.hold(served.name))
             except EngineError as exc:
                 raise engine_refusal(exc, Names("model")) from None
-            try:
-                return self._untruncated(), self.slot.description
-            except BaseException:
-                await self._held.__aexit__(None, None, None)
-                raise
+            tokenizer = self._untruncated()
         except BaseException:
-            self._leave()
+            await stack.aclose()
             raise
+        self._stack = stack
+        return tokenizer, self.slot.description
 
     async def __aexit__(self, *exc: object) -> None:
-        try:
-            await self._held.__aexit__(None, None, None)
-        finally:
-            self._leave()
-
-    def _leave(self) -> None:
-        if self.tenant is not None:
-            self.tenant.leave()
+        await self._stack.aclose()
 
     def _untruncated(self) -> Tokenizer:
         kept = services(self.request).tokenizers
