@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 # The settings' enumerations, declared once: the settings' types, the CLI's choices, the admin API's per-load
 # overrides and the backends' checks all read them from here.
-Backend = Literal["torch", "onnx", "openvino"]
+Backend = Literal["torch", "onnx", "openvino", "auto"]
 Dtype = Literal["auto", "float32", "float16", "bfloat16"]
 Quantize = Literal["none", "int8-weights", "int8"]
 LoadMode = Literal["background", "eager", "lazy"]
@@ -180,9 +180,13 @@ class ModelSettings(_Section):
     task: str = "auto"
     device: str = "auto"
     dtype: Dtype = "float32"
-    # The forward pass's runtime; onnx and openvino export the model once into cache_dir.
+    # The forward pass's runtime; onnx and openvino export the model once into cache_dir. auto: serve on torch at
+    # once and switch to the fastest runtime the accuracy gate passes, judged in the background (core/backends/auto.py).
     backend: Backend = "torch"
     quantize: Quantize = "none"
+    # backend auto's candidates, fastest first, as <backend>-<dtype>[-int8] (openvino-bfloat16, openvino-float32-int8,
+    # openvino-float32); empty: every one this machine offers. Only lossless: [openvino-float32].
+    auto_candidates: tuple[str, ...] = ()
     # The torch backend on real tokens only (core/backends/varlen.py); auto: BERT encoders on the CPU.
     unpadded: bool | Literal["auto"] = "auto"
     # None = $XDG_CACHE_HOME/inferd (~/.cache/inferd).
