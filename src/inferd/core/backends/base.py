@@ -99,8 +99,10 @@ class Runner(Protocol):
 def options_for(spec: ModelSpec, task: str = "embedding", head: str = "hidden") -> BackendOptions:
     """The backend options a ModelSpec carries, for a task reading ``head``."""
     unpadded = spec.unpadded  # YAML and the environment give true/false as booleans
+    # backend auto starts on torch, which needs no export (core/backends/auto.py judges the others meanwhile).
+    backend, quantize = ("torch", "none") if spec.backend == "auto" else (spec.backend, spec.quantize)
     return BackendOptions(
-        task=task, head=head, backend=spec.backend, dtype=spec.dtype, quantize=spec.quantize,
+        task=task, head=head, backend=backend, dtype=spec.dtype, quantize=quantize,
         cache_dir=Path(spec.cache_dir).expanduser() if spec.cache_dir else None,
         calibration_file=Path(spec.calibration_file).expanduser() if spec.calibration_file else None,
         gate=spec.gate, unpadded=str(unpadded).lower() if isinstance(unpadded, bool) else str(unpadded),

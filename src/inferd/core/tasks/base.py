@@ -215,7 +215,7 @@ class ModelTask(Handler):
     device: torch.device
 
     def open_runner(self, spec: ModelSpec, device: torch.device, safetensors: bool) -> None:
-        if spec.backend != "torch" and spec.device == "auto":
+        if spec.backend not in ("torch", "auto") and spec.device == "auto":
             device = torch.device("cpu")  # ONNX Runtime and OpenVINO run on the CPU here, GPU or not
         self.runner = open_backend(spec.path, options_for(spec, self.task, self.head), device, self, safetensors)
         self.device = self.runner.device
