@@ -3,15 +3,19 @@
 A cache entry is a folder under ``model.cache_dir`` named by a key over everything that could change the
 graph or its accuracy: the model folder's content digest, the task and the head it reads (an encoder's
 hidden states, or a classification head's logits), the backend, dtype and quantisation, the
-calibration texts, the length limit, and the versions of the libraries that export and run it. The entry
-holds the graph and ``meta.json`` with the gate's figures, so a warm start needs neither torch weights nor
-a new comparison: the stored figures are judged against the current ``model.gate.*`` thresholds.
+calibration texts, the length limit, the CPU's kernel flags, and the versions of inferd and of the libraries
+that export and run it. The entry holds the graph and ``meta.json`` with the gate's figures, so a warm start
+needs neither torch weights nor a new comparison: the stored figures are judged against the current
+``model.gate.*`` thresholds.
 Entries are written to a temporary folder and renamed into place, so concurrent starts never see half a
-graph; the model folder itself is only read (read-only model folders work).
+graph, and one process builds an entry at a time (``entry_lock``: a fleet sharing a cache exports a model once);
+the model folder itself is only read (read-only model folders work).
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import logging
@@ -19,12 +23,14 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Iterator
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from inferd import __version__
 from inferd.core.backends import gate
 from inferd.core.backends.base import (
     TASK_HEADS,
@@ -96,13 +102,33 @@ def entry_key(model_digest: str, options: BackendOptions, dtype: str, max_seq_le
             "backend": options.backend, "dtype": dtype,
             "quantize": options.quantize, "calibration": calibration, "max_seq_length": max_seq_length,
             "gate_texts": options.gate.texts, "calibration_texts": options.gate.calibration_texts,
-            "libraries": versions(options.backend),
+            "libraries": versions(options.backend), "inferd": __version__,
             "cpu": kernel_flags(cpu_flags() if flags is None else flags)}
 
 
 def entry_folder(root: Path, key: dict[str, Any]) -> Path:
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24]
     return root / f"{key['task']}-{key['backend']}-{key['quantize']}-{key['dtype']}-{digest}"
+
+
+@contextlib.contextmanager
+def entry_lock(entry: Path) -> Iterator[None]:
+    """Held while an entry is built: a fleet's workers on one cache folder, or pods on a shared volume, wait for the
+    first one's export and read its entry, instead of each exporting the same model at once (an flock on a file
+    beside the entry; the kernel lets it go with the process, so a killed builder leaves no stale lock). Where the
+    folder cannot be written the build itself says so; no lock is taken."""
+    try:
+        entry.parent.mkdir(parents=True, exist_ok=True)
+        handle = (entry.parent / f".{entry.name}.lock").open("a")
+    except OSError:
+        yield
+        return
+    with handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def read_meta(entry: Path) -> dict[str, Any] | None:
@@ -242,10 +268,13 @@ def open_backend(path: Path, options: BackendOptions, device: torch.device, prob
         meta = read_meta(entry)
         cache = "hit"
         if meta is None:
-            cache = "miss"
-            log.info("exporting %s for %s (dtype %s, quantize %s) into %s", path, options.backend, dtype,
-                     options.quantize, entry)
-            meta = build(path, entry, key, options, probe, safetensors, threads)
+            with entry_lock(entry):
+                meta = read_meta(entry)  # another process built it while this one waited for the lock
+                cache = "hit" if meta is not None else "miss"
+                if meta is None:
+                    log.info("exporting %s for %s (dtype %s, quantize %s) into %s", path, options.backend, dtype,
+                             options.quantize, entry)
+                    meta = build(path, entry, key, options, probe, safetensors, threads)
         figures = gate.figures_from_dict(meta["gate"]["figures"])
         return key, entry, meta, cache, figures, gate.judge(figures, meta["gate"]["kind"], options.gate)
 
