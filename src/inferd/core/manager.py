@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TypeAlias, TypeVar
 
 from inferd.core import load_guard
+from inferd.core.backends.auto import AutoUpgrade, ModelChangeBusy, runtime_name
 from inferd.core.errors import (
     ManagerClosed,
     ModelNotReady,
@@ -78,6 +79,8 @@ class ModelManager:
         self.canary_weight = 0.0
         # A candidate computing mirrored traffic beside the active model (core/shadow_slot.py); never answers.
         self._shadow = ShadowSlot(settings)
+        # backend auto: the background judge of faster runtimes for the active load (core/backends/auto.py).
+        self.auto = AutoUpgrade(settings.model.auto_candidates) if settings.model.backend == "auto" else None
         self.switches = 0
         self._closed = False
         self._live: dict[int, ModelSlot] = {}  # loaded and not yet freed, by load_id
@@ -192,6 +195,7 @@ class ModelManager:
         log.info("model ready", extra={"model": slot.spec.name, "version": slot.version,
                                         "load_seconds": round(slot.load_seconds, 3)})
         self._changed()
+        self._judge_runtimes(slot)
 
     async def ensure_loaded(self) -> None:
         """Lazy mode: the first request loads the model, exactly once however many arrive together."""
@@ -375,6 +379,39 @@ class ModelManager:
         if old is not None:
             old.retire()
         self._changed()
+        self._judge_runtimes(slot)
+
+    def _judge_runtimes(self, slot: ModelSlot) -> None:
+        """backend auto: a load on torch starts the judging of faster runtimes for it (a candidate's own load,
+        whose spec names its runtime, does not)."""
+        if self.auto is None or slot.spec.backend != "auto":
+            return
+        d = slot.description
+        self.auto.start(runtime_name(d.backend, d.dtype, d.quantize),
+                        lambda runtime: self.switch_runtime(slot, runtime), cuda=d.device.startswith("cuda"))
+
+    def switch_runtime(self, base: ModelSlot, runtime: dict[str, str]) -> ModelSlot:
+        """backend auto: serve ``base``'s folder and version on another runtime, loaded beside it and swapped in as a
+        reload is (core/backends/auto.py). Refused once ``base`` no longer serves (a reload came first)."""
+        def serving() -> None:
+            if self.active is not base:
+                raise ModelLoadError("the model changed while backend auto judged a faster runtime for it")
+
+        def work() -> ModelSlot:
+            serving()
+            slot = self._load(dataclasses.replace(base.spec, **runtime))
+            try:
+                serving()
+            except ModelLoadError:
+                slot.retire()
+                raise
+            self._switch(slot)
+            return slot
+
+        try:
+            return self._guarded("auto", work)
+        except ReloadInProgress as exc:
+            raise ModelChangeBusy(str(exc)) from exc
 
     def _client_spec(self, path: str, version: str, runtime: dict[str, str] | None) -> ModelSpec:
         """A client's load: ``path`` must lie under an allowed ``model.root``; ``runtime`` (backend, dtype,
@@ -541,6 +578,8 @@ class ModelManager:
 
     def close(self) -> None:
         """No model serves after this, and none can be installed: a change still loading is discarded."""
+        if self.auto is not None:
+            self.auto.stop()
         with self._lock:
             self._closed = True
             slots = [s for s in (self.active, self.canary) if s is not None]

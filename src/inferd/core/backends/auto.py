@@ -1,0 +1,233 @@
+"""``model.backend: auto``: serve at once on torch, then switch to the fastest runtime the accuracy gate passes.
+
+torch needs no export, so it serves from the first seconds. Meanwhile, on a background thread, the candidates this
+machine offers are judged one after the other, fastest first, and the first one the gate passes replaces torch
+through the manager's hot swap (a new slot loaded beside the serving one, the pointer swapped, the old slot freed
+when its last request lets go: no request is dropped):
+
+- OpenVINO bf16, where the CPU multiplies bf16 in hardware (avx512_bf16 or amx_bf16): MiniLM 363.6 texts/s against
+  torch's 181-204 on a 2-core EPYC with AVX512-BF16 (issue 43);
+- OpenVINO static int8 (float32 parts), where the CPU has int8 dot products (avx512_vnni, avx_vnni, amx_int8; without
+  them int8 is no faster and less exact: backends/base.py ``INT8_DOT_FLAGS``);
+- OpenVINO float32, which computes what torch computes (the float32 gate), on every CPU;
+- on a GPU: torch float16 (the exported runtimes run on the CPU).
+
+A candidate's export and verdict are the backend factory's cache entries (factory.py: keyed by the model folder's
+content, the CPU's kernel flags, the libraries' and inferd's versions), so a warm start judges nothing again: a
+refused candidate is refused from its stored figures in milliseconds and a passed one opens its cached graph. What
+serves and why each other candidate was refused or skipped is ``describe()`` (/info's ``auto``, the log, the
+metrics' ``inferd_auto_candidate``). A machine or model where nothing passes stays on torch, saying why.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from importlib import util
+from typing import Any
+
+from inferd.core.backends.base import INT8_DOT_FLAGS, NATIVE_BF16_FLAGS, cpu_flags
+
+log = logging.getLogger(__name__)
+
+# How long a candidate waits for another model change (an admin reload) to finish before it tries again.
+BUSY_RETRY_S = 1.0
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One runtime auto may switch to: the ``model.backend``, ``model.dtype`` and ``model.quantize`` of its load."""
+
+    backend: str
+    dtype: str
+    quantize: str = "none"
+
+    @property
+    def name(self) -> str:
+        """As ``model.auto_candidates`` names it: openvino-bfloat16, openvino-float32-int8, torch-float16."""
+        return f"{self.backend}-{self.dtype}" + (f"-{self.quantize}" if self.quantize != "none" else "")
+
+    def runtime(self) -> dict[str, str]:
+        return {"backend": self.backend, "dtype": self.dtype, "quantize": self.quantize}
+
+
+OV_BF16 = Candidate("openvino", "bfloat16")
+OV_INT8 = Candidate("openvino", "float32", "int8")
+OV_FP32 = Candidate("openvino", "float32")
+TORCH_FP16 = Candidate("torch", "float16")
+ALL = (OV_BF16, OV_INT8, OV_FP32, TORCH_FP16)
+
+
+def runtime_name(backend: str, dtype: str | None, quantize: str) -> str:
+    """A load's runtime as auto names its candidates (the ``X-Inferd-Runtime`` header's value)."""
+    return Candidate(backend, dtype or "float32", quantize).name
+
+
+def candidates(flags: set[str], cuda: bool, wanted: Sequence[str] = (),
+               openvino_installed: bool | None = None) -> tuple[list[Candidate], dict[str, str]]:
+    """The candidates for this machine, fastest first, and why each other one is not tried (by name).
+
+    ``wanted``: ``model.auto_candidates`` (empty: all); an unknown name is refused here, naming the known ones."""
+    known = {c.name: c for c in ALL}
+    unknown = [w for w in wanted if w not in known]
+    if unknown:
+        raise ValueError(f"model.auto_candidates {unknown}: choose among {', '.join(known)}")
+    if openvino_installed is None:
+        openvino_installed = util.find_spec("openvino") is not None
+    skipped: dict[str, str] = {}
+    if cuda:
+        for c in (OV_BF16, OV_INT8, OV_FP32):
+            skipped[c.name] = "the model runs on a GPU; OpenVINO runs on the CPU"
+    else:
+        skipped[TORCH_FP16.name] = "float16 is for a GPU; this model runs on the CPU"
+        if not openvino_installed:
+            for c in (OV_BF16, OV_INT8, OV_FP32):
+                skipped[c.name] = "the openvino package is not installed (pip install 'inferd[fast]')"
+        else:
+            if not any(f in flags for f in NATIVE_BF16_FLAGS):
+                skipped[OV_BF16.name] = (f"the CPU has no native bf16 ({' or '.join(NATIVE_BF16_FLAGS)}): bf16 is "
+                                         "emulated there, slower than float32")
+            if not any(f in flags for f in INT8_DOT_FLAGS):
+                skipped[OV_INT8.name] = (f"the CPU has no int8 dot products ({', '.join(INT8_DOT_FLAGS)}): static "
+                                         "int8 runs no faster than float32 there and loses accuracy")
+    for name in known:
+        if wanted and name not in wanted and name not in skipped:
+            skipped[name] = "not in model.auto_candidates"
+    order = [known[w] for w in wanted] if wanted else list(ALL)
+    return [c for c in order if c.name not in skipped], skipped
+
+
+@dataclass
+class Verdict:
+    candidate: str
+    state: str  # pending | judging | serving | refused | skipped | abandoned
+    reason: str | None = None
+    seconds: float | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"candidate": self.candidate, "state": self.state, "reason": self.reason, "seconds": self.seconds}
+
+
+class ModelChangeBusy(Exception):
+    """Another model change holds the manager's change lock: the candidate waits and tries again."""
+
+
+# Switch the serving model to a candidate's runtime (the manager's ``switch_runtime``): returns when it serves,
+# raises ModelChangeBusy when another change is loading, or any other exception when the candidate is refused.
+Switch = Callable[[dict[str, str]], object]
+# Told each time a verdict changes (the app publishes them as metrics).
+OnVerdict = Callable[[list[Verdict]], None]
+
+
+class AutoUpgrade:
+    """The background judge of one model's candidates; ``start`` runs it for a load on torch, ``stop`` ends it."""
+
+    def __init__(self, wanted: Sequence[str] = (), flags: set[str] | None = None,
+                 on_verdict: OnVerdict | None = None, openvino_installed: bool | None = None) -> None:
+        self._wanted = tuple(wanted)
+        self._flags = cpu_flags() if flags is None else flags
+        self._openvino = openvino_installed
+        self._on_verdict: OnVerdict = on_verdict or (lambda verdicts: None)
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.verdicts: list[Verdict] = []
+        self.serving = runtime_name("torch", "float32", "none")
+        self.state = "idle"  # idle | judging | done | stopped
+        self.started_at: float | None = None
+        self.finished_at: float | None = None
+
+    def start(self, serving: str, switch: Switch, cuda: bool = False) -> None:
+        """Judge the candidates for the load now serving on ``serving`` (a runtime name; ``cuda``: on a GPU), in
+        the background; ``switch`` replaces that load (and only it: a model changed since is not switched back)."""
+        self.stop()
+        todo, skipped = candidates(self._flags, cuda, self._wanted, self._openvino)
+        with self._lock:
+            self._stop = threading.Event()
+            self.serving, self.state = serving, "judging"
+            self.started_at, self.finished_at = time.monotonic(), None
+            self.verdicts = [Verdict(c.name, "pending") for c in todo]
+            self.verdicts += [Verdict(name, "skipped", why) for name, why in skipped.items()]
+        self._told()
+        if not todo:
+            self._finish(f"no candidate for this machine: stays on {serving}")
+            return
+        thread = threading.Thread(target=self._run, args=(todo, switch, self._stop), name="inferd-auto", daemon=True)
+        self._thread = thread
+        thread.start()
+
+    def stop(self) -> None:
+        """End the judging (shutdown, or a new model): a candidate loading now is abandoned at its end."""
+        self._stop.set()
+        thread, self._thread = self._thread, None
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=0.1)  # it may be inside an export: the event stops it before it switches
+        with self._lock:
+            if self.state == "judging":
+                self.state = "stopped"
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Whether the judging ended within ``timeout`` (for ``inferd prepare`` and tests)."""
+        thread = self._thread
+        if thread is not None:
+            thread.join(timeout)
+        return self.state in ("done", "stopped")
+
+    def _verdict(self, name: str) -> Verdict:
+        return next(v for v in self.verdicts if v.candidate == name)
+
+    def _told(self) -> None:
+        with self._lock:
+            verdicts = list(self.verdicts)
+        self._on_verdict(verdicts)
+
+    def _run(self, todo: list[Candidate], switch: Switch, stop: threading.Event) -> None:
+        for candidate in todo:
+            if stop.is_set():
+                return
+            verdict = self._verdict(candidate.name)
+            verdict.state = "judging"
+            self._told()
+            started = time.monotonic()
+            log.info("backend auto: judging %s (serving %s meanwhile)", candidate.name, self.serving)
+            while True:
+                try:
+                    if stop.is_set():
+                        return
+                    switch(candidate.runtime())
+                except ModelChangeBusy:
+                    stop.wait(BUSY_RETRY_S)
+                    continue
+                except Exception as exc:  # a refusal of any kind keeps the serving runtime and names why
+                    verdict.state, verdict.reason = "refused", str(exc)
+                    verdict.seconds = round(time.monotonic() - started, 3)
+                    log.warning("backend auto: %s refused, %s keeps serving: %s", candidate.name, self.serving, exc)
+                    self._told()
+                    break
+                else:
+                    verdict.state, verdict.seconds = "serving", round(time.monotonic() - started, 3)
+                    for later in self.verdicts:
+                        if later.state == "pending":
+                            later.state, later.reason = "skipped", f"{candidate.name} passed first (faster)"
+                    previous, self.serving = self.serving, candidate.name
+                    self._finish(f"switched from {previous} to {candidate.name} after "
+                                 f"{time.monotonic() - (self.started_at or started):.1f} s")
+                    return
+        self._finish(f"every candidate was refused or skipped: stays on {self.serving}")
+
+    def _finish(self, said: str) -> None:
+        with self._lock:
+            self.state, self.finished_at = "done", time.monotonic()
+        log.info("backend auto: %s", said, extra={"serving": self.serving})
+        self._told()
+
+    def describe(self) -> dict[str, Any]:
+        """What serves, and each candidate's verdict with its reason (for /info and the admin API)."""
+        with self._lock:
+            took = (None if self.started_at is None or self.finished_at is None
+                    else round(self.finished_at - self.started_at, 3))
+            return {"serving": self.serving, "state": self.state, "judging_seconds": took,
+                    "candidates": [v.as_dict() for v in self.verdicts]}
