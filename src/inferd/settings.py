@@ -272,6 +272,13 @@ class LimitSettings(_Section):
     # id of the vocabulary (256 short texts answered 268 MB); a response over it is refused, naming this setting.
     # model.sparse_top_k caps each text's.
     max_sparse_weights: int = Field(262_144, gt=0)
+    # Long documents (a request's ``chunking``: core/pieces.py): a document's characters, the pieces one document and
+    # one request may be split into, and the body a request that asks for chunking may send (a 1 MB document,
+    # with room for JSON's escapes); bounds of their own, apart from the short-text ones above.
+    max_document_chars: int = Field(1_048_576, gt=0)
+    max_document_pieces: int = Field(8_192, gt=0)
+    max_request_pieces: int = Field(16_384, gt=0)
+    max_document_body_bytes: int = Field(4_194_304, gt=0)
 
 
 class BatchingSettings(_Section):
