@@ -89,9 +89,14 @@ async def info(request: Request) -> Response:
         for role, slot in manager.slots():
             out["models"].append(_slot_info(slot.description, role,
                                             manager.canary_weight if role == "canary" else None, manager.state))
+            if role == "active" and manager.auto is not None:
+                # backend auto: what serves, and why each other candidate was refused or skipped.
+                out["models"][-1]["auto"] = manager.auto.describe()
     if out["models"] and out["models"][0]["name"] == (default.name if default else None):
         out.update({k: out["models"][0][k] for k in ("task", "name", "version", "dimension", "max_seq_length",
-                                                     "device", "dtype", "backend", "quantize")})
+                                                     "device", "dtype", "backend", "quantize", "runtime")})
+        if "auto" in out["models"][0]:
+            out["auto"] = out["models"][0]["auto"]
     # The fields text-embeddings-inference's clients read (model_id, model_type, ...).
     out.update(tei_info(request, default))
     return json_response(out)

@@ -94,6 +94,7 @@ async def run(request: Request, engine_request: InferenceRequest, names: Names) 
     ctx = context(request.scope)
     ctx.update(result.timings)
     ctx["model"], ctx["version"] = result.model, result.version
+    ctx["runtime"] = result.description.runtime  # which runtime answered (backend auto switches under traffic)
     ctx["tokens"] = result.prompt_tokens  # the access line's and the trace's token count
     return result
 

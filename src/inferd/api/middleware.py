@@ -94,6 +94,8 @@ class RequestContextMiddleware:
                     headers["X-Inference-Time"] = f"{ctx['inference_ms']:.3f}"
                 if "version" in ctx:
                     headers["X-Model-Version"] = str(ctx["version"])
+                if "runtime" in ctx:
+                    headers["X-Inferd-Runtime"] = str(ctx["runtime"])
                 extra = scope.get(EXTRA_HEADERS)
                 if extra is not None:
                     headers.update(extra(time.monotonic()))

@@ -270,6 +270,10 @@ class ModelInfo(BaseModel):
     quantize: str = "none"
     # How the forward pass runs: dtype reason, export cache entry, the accuracy gate's figures.
     backend_info: dict[str, Any] | None = None
+    # The runtime in one word (openvino-bfloat16, torch-float32), as each answer's X-Inferd-Runtime header says.
+    runtime: str | None = None
+    # backend auto (the active slot): what serves, and each other candidate's verdict and reason.
+    auto: dict[str, Any] | None = None
     # Embedding models: the smaller sizes ``dimensions`` may ask for (a list, or "any"), and the prompts of
     # config_sentence_transformers.json.
     matryoshka_dimensions: list[int] | Literal["any"] | None = None
@@ -294,6 +298,8 @@ class Info(BaseModel):
     dtype: str | None = None
     backend: str | None = None
     quantize: str | None = None
+    runtime: str | None = None
+    auto: dict[str, Any] | None = None
     # text-embeddings-inference's fields (router/src/lib.rs Info), which its clients read, for the default model.
     model_id: str | None = None
     model_sha: str | None = None

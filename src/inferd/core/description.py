@@ -16,6 +16,12 @@ from typing import Any
 from inferd.core.tasks.kinds import task_of
 
 
+def runtime_label(backend: str, dtype: str | None, quantize: str) -> str:
+    """A runtime in one word, as responses' ``X-Inferd-Runtime`` and ``model.auto_candidates`` name it:
+    ``openvino-bfloat16``, ``openvino-float32-int8``, ``torch-float32``."""
+    return f"{backend}-{dtype or 'float32'}" + (f"-{quantize}" if quantize != "none" else "")
+
+
 @dataclass(frozen=True, slots=True)
 class TaskFacts:
     """What a handler says of the model it loaded (``Handler.describe``): its task's facts, typed, which the load's
@@ -63,6 +69,11 @@ class ModelDescription:
     load_seconds: float = 0.0
     facts: Mapping[str, Any] = field(default_factory=dict)
 
+    @property
+    def runtime(self) -> str:
+        """Which runtime computed this load's answers (``runtime_label``)."""
+        return runtime_label(self.backend, self.dtype, self.quantize)
+
     def wire(self) -> dict[str, Any]:
         """The description as the wire shows it (/info's ``models``, the admin API pick from it): JSON types, and
         not the folder's ``path``, which only the admin API shows."""
@@ -71,7 +82,7 @@ class ModelDescription:
                 "labels": None if self.labels is None else list(self.labels), "dimension": self.dimension,
                 "max_seq_length": self.max_seq_length, "device": self.device, "dtype": self.dtype,
                 "pooling": self.pooling, "normalize": self.normalize, "load_seconds": self.load_seconds,
-                "backend": self.backend, "quantize": self.quantize,
+                "backend": self.backend, "quantize": self.quantize, "runtime": self.runtime,
                 "backend_info": None if self.backend_info is None else dict(self.backend_info),
                 "matryoshka_dimensions": list(matryoshka) if isinstance(matryoshka, tuple) else matryoshka,
                 "prompts": None if self.prompts is None else dict(self.prompts),
