@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TypeAlias, TypeVar
 
 from inferd.core import load_guard
-from inferd.core.backends.auto import AutoUpgrade, ModelChangeBusy, runtime_name
+from inferd.core.backends.auto import AutoUpgrade, ModelChangeBusy
 from inferd.core.errors import (
     ManagerClosed,
     ModelNotReady,
@@ -387,8 +387,7 @@ class ModelManager:
         if self.auto is None or slot.spec.backend != "auto":
             return
         d = slot.description
-        self.auto.start(runtime_name(d.backend, d.dtype, d.quantize),
-                        lambda runtime: self.switch_runtime(slot, runtime), cuda=d.device.startswith("cuda"))
+        self.auto.start(d.runtime, lambda runtime: self.switch_runtime(slot, runtime), cuda=d.device.startswith("cuda"))
 
     def switch_runtime(self, base: ModelSlot, runtime: dict[str, str]) -> ModelSlot:
         """backend auto: serve ``base``'s folder and version on another runtime, loaded beside it and swapped in as a

@@ -30,6 +30,7 @@ from importlib import util
 from typing import Any
 
 from inferd.core.backends.base import INT8_DOT_FLAGS, NATIVE_BF16_FLAGS, cpu_flags
+from inferd.core.description import runtime_label
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +49,7 @@ class Candidate:
     @property
     def name(self) -> str:
         """As ``model.auto_candidates`` names it: openvino-bfloat16, openvino-float32-int8, torch-float16."""
-        return f"{self.backend}-{self.dtype}" + (f"-{self.quantize}" if self.quantize != "none" else "")
+        return runtime_label(self.backend, self.dtype, self.quantize)
 
     def runtime(self) -> dict[str, str]:
         return {"backend": self.backend, "dtype": self.dtype, "quantize": self.quantize}
@@ -59,11 +60,6 @@ OV_INT8 = Candidate("openvino", "float32", "int8")
 OV_FP32 = Candidate("openvino", "float32")
 TORCH_FP16 = Candidate("torch", "float16")
 ALL = (OV_BF16, OV_INT8, OV_FP32, TORCH_FP16)
-
-
-def runtime_name(backend: str, dtype: str | None, quantize: str) -> str:
-    """A load's runtime as auto names its candidates (the ``X-Inferd-Runtime`` header's value)."""
-    return Candidate(backend, dtype or "float32", quantize).name
 
 
 def candidates(flags: set[str], cuda: bool, wanted: Sequence[str] = (),
@@ -135,7 +131,7 @@ class AutoUpgrade:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.verdicts: list[Verdict] = []
-        self.serving = runtime_name("torch", "float32", "none")
+        self.serving = runtime_label("torch", "float32", "none")
         self.state = "idle"  # idle | judging | done | stopped
         self.started_at: float | None = None
         self.finished_at: float | None = None
