@@ -26,6 +26,7 @@ from inferd.api.health import health_router
 from inferd.api.inferd_encode import encode_router
 from inferd.api.inferd_routes import router
 from inferd.api.middleware import BodyLimitMiddleware, RequestContextMiddleware
+from inferd.api.oip import oip_health_router, oip_router
 from inferd.api.openai import openai_router
 from inferd.api.schemas import raw_body, responses
 from inferd.api.security import require_keys
@@ -75,7 +76,8 @@ def _routers(settings: Settings, admin: bool = False) -> list[APIRouter]:
     own_port = settings.server.admin_port is not None  # then the admin routes are the admin app's only
     # One module per client family (api/*.py), none importing another.
     return [router, encode_router, openai_router, catalog_router, cohere_router, tei_router, tei_tokens_router,
-            tei_outputs_router, health_router, *([] if own_port else [admin_router]), metrics_router]
+            tei_outputs_router, oip_router, oip_health_router, health_router,
+            *([] if own_port else [admin_router]), metrics_router]
 
 
 def route_paths(settings: Settings, admin: bool = False) -> frozenset[str]:
