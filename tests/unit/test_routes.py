@@ -89,7 +89,7 @@ def test_info_needs_an_inference_key_when_keys_are_set(tmp_path: Path) -> None:
 
 def test_every_route_but_health_and_metrics_needs_a_key_by_its_router(tmp_path: Path) -> None:
     # Auth is a router dependency: a route added to an inference or admin router later is covered unasked.
-    public = {"/health", "/health/live", "/health/ready", "/metrics"}
+    public = {"/health", "/health/live", "/health/ready", "/metrics", "/v2/health/live", "/v2/health/ready"}
     with app_client(tmp_path, server={"api_keys": ("k1",)}) as (c, _):
         paths = c.app.openapi()["paths"]  # the whole schema, admin routes too (the served one hides them)
         routes = [(method.upper(), path) for path, ops in paths.items() for method in ops]
