@@ -134,6 +134,14 @@ class Metrics:
                                     ["model", "figure"], registry=r)
         self.shadow_queue_depth = Gauge("inferd_shadow_queue_depth", "Texts waiting in a model's shadow lane",
                                         ["model"], registry=r)
+        # Batch jobs (src/inferd/jobs/): jobs by state and the backlog, as the store holds them (every worker's,
+        # refreshed by the runner); lines this process ran, by outcome (rate(): lines/s); its recent lines/s.
+        self.jobs = Gauge("inferd_jobs", "Batch jobs in the job store by state", ["state"], registry=r)
+        self.job_lines = Counter("inferd_job_lines_total", "Batch job lines this process finished, by outcome "
+                                 "(ok, failed)", ["outcome"], registry=r)
+        self.job_lines_rate = Gauge("inferd_job_lines_per_second", "Lines/s this process ran batch lines at, over "
+                                    "its last chunk", registry=r)
+        self.job_backlog = Gauge("inferd_job_backlog_lines", "Lines of running batch jobs not yet done", registry=r)
 
     def forget_shadow(self, model: str) -> None:
         """A shadow candidate dropped or promoted: its figures go (the counters stay: they only grow)."""
