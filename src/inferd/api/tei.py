@@ -41,7 +41,18 @@ from inferd.api.schemas import (
 )
 from inferd.api.services import inference_auth, services
 from inferd.api.tei_predict import tei_predict
-from inferd.api.tei_shape import ANY, RANKED, SCORES, VECTORS, tei_errors, tei_inputs, tei_pairs, tei_responses
+from inferd.api.tei_shape import (
+    ANY,
+    RANKED,
+    SCORES,
+    VECTORS,
+    tei_errors,
+    tei_inputs,
+    tei_pairs,
+    tei_ranks,
+    tei_responses,
+    tei_vectors,
+)
 from inferd.core.errors import Kind
 from inferd.core.prompts import Prompt
 from inferd.core.request import InferenceRequest
@@ -73,11 +84,7 @@ async def embed(request: Request) -> Response:
     "prompt_name"?, "dimensions"?}`` → one vector per input (a list of lists, one text or many)."""
     body, engine_request = await read_request(request, TEIEmbedRequest, lambda b: _embed_request(request, b))
     result = await run(request, engine_request, _embed_names(body))
-    if not body.normalize and result.description.normalize:
-        raise refusal(Kind.INVALID_INPUT, "normalize: false is not available on this model: its own configuration "
-                      "normalises its vectors (a Normalize module, or model.normalize: true)", "invalid_value",
-                      "normalize")
-    return json_response(vectors.vectors_of(result, body.dimensions, body.normalize))
+    return json_response(tei_vectors(result, body.dimensions, body.normalize))
 
 
 @tei_router.post("/similarity", openapi_extra=request_body(TEISimilarityRequest),
@@ -156,11 +163,9 @@ async def rerank(request: Request) -> Response:
     require_task(request, "rerank")
     body, engine_request = await read_request(request, TEIRerankRequest, lambda b: _rerank_request(request, b))
     result = await run(request, engine_request, _RERANK)
-    column = 1 if body.raw_scores else 0
-    order = sorted(range(len(body.texts)), key=lambda i: -float(result.outputs[i][column]))
     out = []
-    for i in order:
-        item: dict[str, Any] = {"index": i, "score": float(result.outputs[i][column])}
+    for i, score in tei_ranks(result, body.raw_scores):
+        item: dict[str, Any] = {"index": i, "score": score}
         if body.return_text:
             item["text"] = body.texts[i]
         out.append(item)

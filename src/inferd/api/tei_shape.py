@@ -8,10 +8,12 @@ import functools
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import numpy as np
 import orjson
 from fastapi import Request
 from starlette.responses import Response
 
+from inferd.api import vectors
 from inferd.api.client_schemas import (
     TEIError,
     TEIPrediction,
@@ -24,6 +26,7 @@ from inferd.api.schemas import (
     TEIRerankResult,
 )
 from inferd.core.errors import Kind
+from inferd.core.outcomes import TaskResult
 from inferd.core.preprocess import TextInput
 
 # -- TEI's error shape ---------------------------------------------------------------------------------------
@@ -97,3 +100,20 @@ def tei_pairs(query: Any, documents: list[Any], truncate: bool | None, side: str
     # Anything but a text is left as it is, for the request's checks to refuse by its index.
     return [(query, TextInput(d, direction=cut, truncate=truncate) if isinstance(d, str) else d) for d in documents]
 
+
+
+def tei_vectors(result: TaskResult, dimensions: int | None, normalize: bool) -> np.ndarray:
+    """TEI's /embed answer (and its gRPC Embed's): the result's vectors cut to ``dimensions``, normalised as asked;
+    ``normalize: false`` is refused on a model whose own configuration normalises (its vectors cannot be undone)."""
+    if not normalize and result.description.normalize:
+        raise refusal(Kind.INVALID_INPUT, "normalize: false is not available on this model: its own configuration "
+                      "normalises its vectors (a Normalize module, or model.normalize: true)", "invalid_value",
+                      "normalize")
+    return vectors.vectors_of(result, dimensions, normalize)
+
+
+def tei_ranks(result: TaskResult, raw_scores: bool) -> list[tuple[int, float]]:
+    """TEI's rerank order: each (query, text) pair's index and score (the logit when ``raw_scores``), best first."""
+    column = 1 if raw_scores else 0
+    scores = [float(o[column]) for o in result.outputs]
+    return sorted(enumerate(scores), key=lambda r: -r[1])
