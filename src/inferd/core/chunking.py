@@ -23,12 +23,44 @@ from typing import Any
 from semantic_text_splitter import TextSplitter
 from tokenizers import Tokenizer
 
+from inferd.core.errors import EngineError, Kind
+
+# How a document's pieces are answered: one vector per document (pooled over its pieces), or every piece.
+MODES = ("pooled", "pieces")
+
 
 @dataclass(frozen=True)
 class Piece:
     start: int  # character offsets into the ORIGINAL text: text[start:end] is the piece, exactly
     end: int
     tokens: int  # the piece's token count by the model's tokenizer (no special tokens)
+
+
+@dataclass(frozen=True)
+class Chunking:
+    """A request's ask to split its texts into pieces that fit the model: ``mode`` (MODES), ``max_tokens`` per
+    piece (None: as many as the model's window leaves beside its special tokens and the prompt) and ``overlap``
+    in tokens between neighbours. ``check`` holds the rules that need no model (raises EngineError)."""
+
+    mode: str = "pooled"
+    max_tokens: int | None = None
+    overlap: int = 0
+
+    def check(self) -> Chunking:
+        if self.mode not in MODES:
+            raise EngineError(Kind.INVALID_INPUT, f"must be one of {list(MODES)}, not {self.mode!r}",
+                              "invalid_value", field="chunking.mode")
+        if self.max_tokens is not None and (type(self.max_tokens) is not int or self.max_tokens <= 0):
+            raise EngineError(Kind.INVALID_INPUT, f"must be a positive integer, not {self.max_tokens!r}",
+                              "invalid_value", field="chunking.max_tokens")
+        if type(self.overlap) is not int or self.overlap < 0:
+            raise EngineError(Kind.INVALID_INPUT, f"must be a non-negative integer, not {self.overlap!r}",
+                              "invalid_value", field="chunking.overlap")
+        if self.max_tokens is not None and self.overlap >= self.max_tokens:
+            raise EngineError(Kind.INVALID_INPUT, f"overlap ({self.overlap} tokens) must be less than the piece "
+                              f"size ({self.max_tokens} tokens, chunking.max_tokens)", "overlap_too_large",
+                              field="chunking.overlap")
+        return self
 
 
 # A splitter holds its own copy of the tokenizer (truncation and padding off: the handler's copy truncates to the

@@ -26,6 +26,7 @@ from inferd.core.errors import ModelLoadError, ModelNotReady, ReloadInProgress
 from inferd.core.loading import load_handler
 from inferd.core.manager import ModelManager
 from inferd.core.outcomes import TaskResult, WorkItem
+from inferd.core.pieces import Documents
 from inferd.core.registry import ModelRegistry, ServedModel
 from inferd.core.request import InferenceRequest, Limits
 from inferd.core.slots import ModelSlot
@@ -66,6 +67,8 @@ class InferenceEngine:
         for entry in settings.served():
             self.registry.add(self._build(entry, settings))
         self.admission = Admission(self.registry, settings, metrics, self.queue, worker_alive=lambda: self.alive)
+        # Requests that ask for chunking: their documents' pieces go through admission as ordinary inputs.
+        self.documents = Documents(self.admission, self.registry, settings.limits)
         # Each model's instances, and the shadow lanes' own (core/worker.py Workers).
         self.worker = Workers(self.queue, metrics, memory_guard, deliver=self.admission.deliver,
                               device=settings.served()[0].model.device)
@@ -224,6 +227,8 @@ class InferenceEngine:
         """The one call: a request built by ``request`` (validated) through the model it names (or its task's
         default), one result per input, with the description of the model load that computed them. Raises
         EngineError, or ClientGone when ``disconnected`` returns first (core/admission.py Admission.run)."""
+        if request.chunking is not None:
+            return await self.documents.run(request, disconnected)
         return await self.admission.run(request, disconnected)
 
     def hold(self, model: str | None = None, task: str | None = None) -> AbstractAsyncContextManager[ModelSlot]:
@@ -236,7 +241,7 @@ class InferenceEngine:
         """What any request may hold here, whichever model it names (core/request.py)."""
         largest = max((self.queue.max_queue(name) for name in self.registry.names()), default=0)
         limits = self.settings.limits
-        return Limits(limits.max_items_per_request, limits.max_chars_per_text, largest)
+        return Limits(limits.max_items_per_request, limits.max_chars_per_text, largest, limits.max_document_chars)
 
     def request(self, inputs: Any, **options: Any) -> InferenceRequest:
         """``InferenceRequest.build`` under this server's limits (raises EngineError)."""

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeAlias
 
+from inferd.core.chunking import Chunking
 from inferd.core.errors import EngineError, Kind
 from inferd.core.outputs import OUTPUTS
 from inferd.core.preprocess import InputError, check_texts
@@ -46,6 +47,8 @@ class Limits:
     max_items: int
     max_chars: int
     max_queue: int
+    # A text to be split into pieces (``chunking``) is a document, bounded by limits.max_document_chars instead.
+    max_document_chars: int = 1_048_576
 
 
 def input_refusal(exc: InputError) -> EngineError:
@@ -81,6 +84,8 @@ class InferenceRequest:
     calibrate: bool = False
     outputs: tuple[str, ...] = ("dense",)
     tenant: Tenant | None = None
+    # Texts longer than the model's window are split into pieces (core/pieces.py); None: each text is one input.
+    chunking: Chunking | None = None
     _built: object = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -95,10 +100,13 @@ class InferenceRequest:
     def build(cls, limits: Limits, inputs: Any, *, task: str | None = None, model: str | None = None,
               priority: int = 0, timeout_ms: float | None = None, routing_key: str | None = None,
               prompt: Prompt | None = None, dimensions: int | None = None, calibrate: bool = False,
-              outputs: Sequence[str] = ("dense",), tenant: Tenant | None = None) -> InferenceRequest:
+              outputs: Sequence[str] = ("dense",), tenant: Tenant | None = None,
+              chunking: Chunking | None = None) -> InferenceRequest:
         """The request, every model-free rule checked (raises EngineError); ``model`` may pin a version as
         ``name@version``."""
-        checked = _inputs(inputs, limits)
+        if chunking is not None:
+            chunking.check()
+        checked = _inputs(inputs, limits if chunking is None else _documents(limits))
         name, version = _model(model)
         _check_priority(priority)
         _check_timeout(timeout_ms)
@@ -113,7 +121,7 @@ class InferenceRequest:
             raise EngineError(Kind.INVALID_INPUT, f"must be distinct output kinds of {list(OUTPUTS)}, not "
                               f"{list(kinds)}", "invalid_value", field="outputs")
         return cls(checked, task, name, version, priority, timeout_ms, routing_key, prompt, dimensions,
-                   bool(calibrate), kinds, tenant, _BUILT)
+                   bool(calibrate), kinds, tenant, chunking, _BUILT)
 
 
 def _inputs(inputs: Any, limits: Limits) -> tuple[Input, ...]:
@@ -132,6 +140,11 @@ def _inputs(inputs: Any, limits: Limits) -> tuple[Input, ...]:
     except InputError as exc:
         raise input_refusal(exc) from None
     return tuple(inputs)
+
+
+def _documents(limits: Limits) -> Limits:
+    """The bounds of texts to be split: a document's characters instead of a short text's."""
+    return Limits(limits.max_items, limits.max_document_chars, limits.max_queue, limits.max_document_chars)
 
 
 def _check_pairs(pairs: Sequence[Any], limits: Limits) -> None:

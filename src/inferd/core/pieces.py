@@ -1,0 +1,198 @@
+"""Long documents: a request's texts split into pieces that fit the model (core/chunking.py), the pieces run as
+ordinary inputs, and each document's answer merged back from its pieces' (core/tasks/piece_merge.py).
+
+The pieces go through admission like any request's texts (core/admission.py): the result cache answers each
+piece it holds, a tenant's budget is charged every piece's tokens, the queue orders them by the request's priority
+and drops them at its deadline, and the scheduler batches them under the model's batching rules, so a document
+of ten thousand pieces runs in as many batches as the rules allow, never one. They are queued in waves of at most
+``PIECES_PER_WAVE`` (and the model's queue), two waves at a time: the queue holds the next wave while the
+current one runs, and no document holds more of the queue than that.
+
+A document is split on the tokenizer of the model load that runs its pieces (they are pinned to it), with room
+kept for that load's special tokens and prompt. The answer of each document is either its pieces merged (mode
+``pooled``: the same type as a short text's answer, so every route shapes it unchanged) or ``DocumentPieces``:
+each piece's span, token count and answer, beside the pooled one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from inferd.core.admission import Admission
+from inferd.core.chunking import Chunking, Piece, backend, split
+from inferd.core.errors import EngineError, Kind, deadline_passed
+from inferd.core.outcomes import TaskResult
+from inferd.core.preprocess import TextInput
+from inferd.core.prompts import prompt_text
+from inferd.core.registry import ModelRegistry
+from inferd.core.request import InferenceRequest
+from inferd.core.slots import ModelSlot
+from inferd.core.tasks.piece_merge import merge
+from inferd.settings import LimitSettings
+
+# Pieces queued at once per wave: enough for several full batches (the scheduler keeps the model busy), few
+# enough that a huge document leaves room in the queue for everyone else's requests.
+PIECES_PER_WAVE = 256
+WAVES_IN_FLIGHT = 2
+
+
+@dataclass(frozen=True, eq=False)
+class DocumentPieces:
+    """One document's answer in mode ``pieces``: its ``pieces`` (spans into the text, token counts), each
+    piece's answer in ``outputs`` (in order) and the document's ``pooled`` answer."""
+
+    pieces: list[Piece]
+    outputs: list[Any]
+    pooled: Any
+
+
+def special_tokens(tokenizer: Any) -> int:
+    """The tokens the tokenizer adds around one text ([CLS] ... [SEP]: 2)."""
+    processor = backend(tokenizer).post_processor
+    return 0 if processor is None else int(processor.num_special_tokens_to_add(False))
+
+
+def text_of(item: Any) -> str:
+    """The client's text of an input (a TextInput's prompt, if any, left out: the model's prompt is added to
+    each piece as it is queued)."""
+    return str(item)[len(item.prompt):] if isinstance(item, TextInput) else str(item)
+
+
+def piece_input(item: Any, text: str) -> Any:
+    """A piece of ``item``, carrying its choices (outputs, role, cut side)."""
+    if isinstance(item, TextInput):
+        return TextInput(text, "", item.direction, item.truncate, item.max_tokens, item.outputs, item.role)
+    return text
+
+
+class Documents:
+    def __init__(self, admission: Admission, registry: ModelRegistry, limits: LimitSettings) -> None:
+        self.admission = admission
+        self.registry = registry
+        self.limits = limits
+        # Splitting a megabyte takes a core for a second or more: off the event loop, this many at a time.
+        self._threads = asyncio.Semaphore(limits.preprocess_concurrency)
+
+    async def run(self, request: InferenceRequest, disconnected: Callable[[], Awaitable[Any]] | None
+                  ) -> TaskResult:
+        """``request``'s texts (``request.chunking`` set) split, run as pieces, merged back per document."""
+        chunking = request.chunking
+        assert chunking is not None
+        if request.pairs:
+            raise EngineError(Kind.INVALID_INPUT, "chunking splits texts to embed, not (query, document) pairs",
+                              "invalid_value", field="chunking")
+        served, pin = self.registry.resolve(request.model, request.task, version=request.version)
+        started = time.monotonic()
+        async with self.admission.hold(served.name if pin is None else f"{served.name}@{pin}",
+                                       request.task) as slot:
+            prompt = "" if request.prompt is None else prompt_text(
+                slot.description, request.prompt, served.settings.model.input_type_prompts)
+            size = self._piece_size(slot, chunking, prompt)
+            texts = [text_of(t) for t in request.inputs]
+            async with self._threads:
+                pieces = await asyncio.to_thread(self._split, texts, slot, size, chunking.overlap)
+            inputs = [piece_input(item, text[p.start:p.end])
+                      for item, text, found in zip(request.inputs, texts, pieces, strict=True) for p in found]
+            timeout_ms = request.timeout_ms or served.settings.batching.default_timeout_ms
+            deadline = started + timeout_ms / 1e3
+            # Pinned to this load: its tokenizer counted the pieces.
+            pinned = dataclasses.replace(request, model=served.name, version=slot.version, chunking=None)
+            wave = max(1, min(PIECES_PER_WAVE, served.settings.batching.max_queue))
+            results = await self._waves(pinned, inputs, wave, deadline, disconnected)
+            return self._merged(results, pieces, chunking, slot)
+
+    def _piece_size(self, slot: ModelSlot, chunking: Chunking, prompt: str) -> int:
+        tokenizer = slot.handler.tokenizer
+        window = slot.description.max_seq_length or slot.handler.max_seq_length
+        if tokenizer is None or window is None:
+            raise EngineError(Kind.INVALID_INPUT, f"model {slot.description.name!r} cannot split documents: it has "
+                              "no tokenizer or no window to count pieces by", "chunking_unsupported",
+                              field="chunking")
+        prompt_tokens = len(backend(tokenizer).encode(prompt, add_special_tokens=False).ids) if prompt else 0
+        room = window - special_tokens(tokenizer) - prompt_tokens
+        if room <= 0:
+            raise EngineError(Kind.INVALID_INPUT, f"the prompt of model {slot.description.name!r} leaves no room for "
+                              f"a piece in its window of {window} tokens", "chunking_unsupported", field="chunking")
+        size = chunking.max_tokens or room
+        if size > room:
+            raise EngineError(Kind.INVALID_INPUT, f"pieces of {size} tokens do not fit model "
+                              f"{slot.description.name!r}: its window of {window} tokens leaves {room} beside its "
+                              f"special tokens and prompt", "chunk_too_large", field="chunking.max_tokens")
+        if chunking.overlap >= size:
+            raise EngineError(Kind.INVALID_INPUT, f"overlap ({chunking.overlap} tokens) must be less than the "
+                              f"piece size ({size} tokens)", "overlap_too_large", field="chunking.overlap")
+        return size
+
+    def _split(self, texts: list[str], slot: ModelSlot, size: int, overlap: int) -> list[list[Piece]]:
+        """Each text's pieces, refused as soon as one document or the request has too many."""
+        out: list[list[Piece]] = []
+        total = 0
+        for i, text in enumerate(texts):
+            found = split(text, slot.handler.tokenizer, max_tokens=size, overlap=overlap)
+            if len(found) > self.limits.max_document_pieces:
+                raise EngineError(Kind.TOO_LONG, f"splits into {len(found)} pieces of at most {size} tokens; the "
+                                  f"limit is {self.limits.max_document_pieces} per document "
+                                  "(limits.max_document_pieces)", "too_many_pieces", index=i)
+            total += len(found)
+            if total > self.limits.max_request_pieces:
+                raise EngineError(Kind.TOO_LONG, f"the documents up to this one split into {total} pieces; the "
+                                  f"limit is {self.limits.max_request_pieces} per request "
+                                  "(limits.max_request_pieces)", "too_many_pieces", index=i)
+            out.append(found)
+        return out
+
+    async def _waves(self, request: InferenceRequest, inputs: list[Any], wave: int, deadline: float,
+                     disconnected: Callable[[], Awaitable[Any]] | None) -> list[TaskResult]:
+        # One watcher of the client for every wave (each wave's would read the same connection).
+        gone = None if disconnected is None else asyncio.ensure_future(disconnected())
+
+        def watch() -> Awaitable[Any]:
+            assert gone is not None
+            return asyncio.shield(gone)
+
+        turns = asyncio.Semaphore(WAVES_IN_FLIGHT)
+
+        async def one(start: int) -> TaskResult:
+            async with turns:
+                left_ms = (deadline - time.monotonic()) * 1e3
+                if left_ms <= 0:
+                    raise deadline_passed()
+                part = dataclasses.replace(request, inputs=tuple(inputs[start:start + wave]), timeout_ms=left_ms,
+                                           calibrate=request.calibrate and start == 0)
+                return await self.admission.run(part, None if gone is None else watch)
+
+        try:
+            async with asyncio.TaskGroup() as group:
+                tasks = [group.create_task(one(start)) for start in range(0, len(inputs), wave)]
+        except BaseExceptionGroup as failed:
+            # The first failure is the request's answer (the others were cancelled by it).
+            raise failed.exceptions[0] from None
+        finally:
+            if gone is not None:
+                gone.cancel()
+        return [t.result() for t in tasks]
+
+    def _merged(self, results: list[TaskResult], pieces: list[list[Piece]], chunking: Chunking,
+                slot: ModelSlot) -> TaskResult:
+        outputs = [o for r in results for o in r.outputs]
+        tokens = [n for r in results for n in r.tokens]
+        unit = bool(slot.description.normalize)
+        answers: list[Any] = []
+        counts: list[int] = []
+        at = 0
+        for found in pieces:
+            mine = outputs[at:at + len(found)]
+            pooled = merge(mine, [p.tokens for p in found], unit)
+            answers.append(pooled if chunking.mode == "pooled" else DocumentPieces(found, mine, pooled))
+            counts.append(sum(tokens[at:at + len(found)]))
+            at += len(found)
+        timings: dict[str, float] = {}
+        for r in results:
+            for key, value in r.timings.items():
+                timings[key] = max(timings.get(key, 0), value) if key == "batch_size" else timings.get(key, 0) + value
+        return TaskResult(answers, counts, results[0].description, timings, results[0].calibration)
