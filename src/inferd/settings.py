@@ -22,12 +22,14 @@ LoadMode = Literal["background", "eager", "lazy"]
 LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR"]
 LogFormat = Literal["json", "text"]
 Docs = Literal["public", "keys", "off"]
+Platform = Literal["sagemaker", "vertex"]
 BACKENDS: tuple[str, ...] = get_args(Backend)
 DTYPES: tuple[str, ...] = get_args(Dtype)
 QUANTIZE: tuple[str, ...] = get_args(Quantize)
 LOAD_MODES: tuple[str, ...] = get_args(LoadMode)
 LOG_LEVELS: tuple[str, ...] = get_args(LogLevel)
 LOG_FORMATS: tuple[str, ...] = get_args(LogFormat)
+PLATFORMS: tuple[str, ...] = get_args(Platform)
 # model.unpadded is a bool or "auto" (YAML and the environment give booleans); the backends read it as text,
 # one of these.
 UNPADDED = ("auto", "true", "false")
@@ -138,6 +140,12 @@ class ServerSettings(_Section):
     body_timeout_s: float = Field(30.0, gt=0)
     keepalive_timeout_s: float = Field(5.0, gt=0)
     limit_concurrency: int | None = Field(1024, gt=0)
+    # A managed platform's routes beside every other (api/platforms.py; docs/platforms.md): SageMaker's /ping and
+    # /invocations, or Vertex AI's predict and health routes (AIP_PREDICT_ROUTE, AIP_HEALTH_ROUTE, read at start by
+    # inferd/hosting.py, which also detects the platform and takes its port).
+    platform: Platform | None = None
+    platform_predict_route: str = Field("/vertex", pattern=r"^/\S*$")
+    platform_health_route: str | None = Field(None, pattern=r"^/\S*$")
 
 
 class GateSettings(_Section):
