@@ -359,8 +359,9 @@ class JobsSettings(_Section):
     """Batch jobs (src/inferd/jobs/, OpenAI's Files and Batches API): where their state and files live, and how
     they run."""
 
-    # Off: no /v1/files, /v1/batches or runner. On, the store and the folder are made on first use.
-    enabled: bool = True
+    # Off: no /v1/files, /v1/batches or runner (configs/base.yaml turns it on for `inferd serve`). On, the store
+    # and the folder are made on first use.
+    enabled: bool = False
     # Uploaded, output and chunk files (a PersistentVolume in Kubernetes); the SQLite store too, unless database_url.
     data_dir: Path = Path("inferd-data")
     # None: SQLite (WAL) at <data_dir>/jobs.sqlite3. A PostgreSQL URL (postgresql+psycopg://...) shares the jobs
