@@ -21,6 +21,7 @@ from inferd.api.admin import admin_router
 from inferd.api.catalog import catalog_router
 from inferd.api.cohere import cohere_router
 from inferd.api.docs import docs_router
+from inferd.api.documents import DOCUMENT_PATHS
 from inferd.api.errors import install_error_handlers
 from inferd.api.health import health_router
 from inferd.api.inferd_encode import encode_router
@@ -142,7 +143,9 @@ def create_app(settings: Settings, loader: Callable[[ModelSpec], Handler] = load
     for included in _routers(settings):
         app.include_router(included)
     app.include_router(docs_router(app.title, [r for r in _routers(settings) if r is not admin_router]))
-    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.limits.max_body_bytes)
+    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.limits.max_body_bytes,
+                       larger=dict.fromkeys(DOCUMENT_PATHS, max(settings.limits.max_document_body_bytes,
+                                                                settings.limits.max_body_bytes)))
     app.add_middleware(RequestContextMiddleware, metrics=metrics, paths=route_paths(settings),
                        access=settings.server.access_log)
     return app

@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 
-from inferd.api.schemas import _TEXT, RerankRequest, _Body
+from inferd.api.schemas import _CHUNKING, _TEXT, ChunkingOptions, RerankRequest, _Body
 
 _TEXTS = {"anyOf": [_TEXT, {"type": "array", "items": _TEXT, "minItems": 1}]}
 _IDS = {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1}
@@ -39,6 +39,7 @@ class TEIEmbedRequest(_Body):
                                     "(null: its default_prompt_name's, if any)")
     dimensions: StrictInt | None = Field(None, gt=0, description="The model's size, or a smaller Matryoshka size "
                                          "it declares (the first components, renormalised)")
+    chunking: ChunkingOptions | None = Field(None, description=_CHUNKING)
 
 
 class TEIEmbedSparseRequest(_Body):
@@ -177,6 +178,7 @@ class CohereEmbedRequest(_Body):
     priority: CoherePriority = 0
     images: list[Any] | None = Field(None, description="Not supported: text models only")
     inputs: list[Any] | None = Field(None, description="Not supported: send texts")
+    chunking: ChunkingOptions | None = Field(None, description=_CHUNKING)
 
 
 class CohereEmbeddings(BaseModel):

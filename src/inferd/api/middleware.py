@@ -144,19 +144,23 @@ class BodyTooLarge(APIError):
 
 
 class BodyLimitMiddleware:
-    """Refuse bodies over the limit: by Content-Length up front, and by counting (chunked bodies)."""
+    """Refuse bodies over the limit: by Content-Length up front, and by counting (chunked bodies). ``larger``
+    names paths with a larger limit of their own (the routes that take long documents: api/documents.py, which
+    holds a body that asks for no chunking to ``max_bytes`` itself)."""
 
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+    def __init__(self, app: ASGIApp, max_bytes: int, larger: dict[str, int] | None = None) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.larger = larger or {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        limit = self.larger.get(scope["path"], self.max_bytes)
         declared = _header(scope, b"content-length")
-        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
-            exc = BodyTooLarge(self.max_bytes)
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            exc = BodyTooLarge(limit)
             await _send_error(send, exc)
             return
         received = 0
@@ -166,8 +170,8 @@ class BodyLimitMiddleware:
             message = await receive()
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
-                if received > self.max_bytes:
-                    raise BodyTooLarge(self.max_bytes)
+                if received > limit:
+                    raise BodyTooLarge(limit)
             return message
 
         await self.app(scope, counting_receive, send)

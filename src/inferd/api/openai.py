@@ -4,12 +4,13 @@ api/catalog.py's)."""
 from __future__ import annotations
 
 import base64
+from typing import Any
 
 import numpy as np
 from fastapi import APIRouter, Depends, Request
 from starlette.responses import Response
 
-from inferd.api import vectors
+from inferd.api import documents, vectors
 from inferd.api.bodies import json_response
 from inferd.api.engine_call import INFERENCE_ERRORS, build, read_request, require_task, run, served_name
 from inferd.api.errors import APIError, Names
@@ -20,6 +21,7 @@ from inferd.api.schemas import (
     responses,
 )
 from inferd.api.services import inference_auth
+from inferd.core.outcomes import TaskResult
 from inferd.core.prompts import Prompt
 from inferd.core.request import InferenceRequest
 
@@ -32,17 +34,23 @@ async def embeddings(request: Request) -> Response:
     """OpenAI-compatible embeddings (the official ``openai`` client works against it)."""
     require_task(request, "embedding")
     body, engine_request = await read_request(request, EmbeddingsRequest, lambda b: _request(request, b))
+    await documents.check_body_size(request, body.chunking)
     result = await run(request, engine_request, _names(body))
-    outputs = result.outputs if body.dimensions is None else vectors.vectors_of(result, body.dimensions)
-    if body.encoding_format == "base64":
-        data = [{"object": "embedding", "index": i,
-                 "embedding": base64.b64encode(np.asarray(v, dtype="<f4").tobytes()).decode("ascii")}
-                for i, v in enumerate(outputs)]
-    else:
-        data = [{"object": "embedding", "index": i, "embedding": v} for i, v in enumerate(outputs)]
+    pooled, pieces = documents.taken_apart(result)
+    data = [{"object": "embedding", "index": i, "embedding": v} for i, v in enumerate(_embeddings(pooled, body))]
+    if pieces is not None:  # chunking's mode "pieces": each document's pieces beside its pooled vector
+        for i, item in enumerate(data):
+            item["pieces"] = documents.with_spans(result, i, _embeddings(pieces[i], body), "embedding")
     return json_response({"object": "list", "data": data, "model": served_name(result),
                           "usage": {"prompt_tokens": result.prompt_tokens,
                                     "total_tokens": result.prompt_tokens}})
+
+
+def _embeddings(result: TaskResult, body: EmbeddingsRequest) -> list[Any]:
+    outputs = result.outputs if body.dimensions is None else vectors.vectors_of(result, body.dimensions)
+    if body.encoding_format == "base64":
+        return [base64.b64encode(np.asarray(v, dtype="<f4").tobytes()).decode("ascii") for v in outputs]
+    return list(outputs)
 
 
 def _names(body: EmbeddingsRequest) -> Names:
@@ -58,4 +66,5 @@ def _request(request: Request, body: EmbeddingsRequest) -> InferenceRequest:
     # The default prompt of the model that runs it (as sentence-transformers' encode), and a Matryoshka size cut
     # here by that model's normalisation.
     return build(request, body.input if listed else [body.input], _names(body), task="embedding", model=body.model,
-                 priority=body.priority, timeout_ms=body.timeout_ms, dimensions=body.dimensions, prompt=Prompt())
+                 priority=body.priority, timeout_ms=body.timeout_ms, dimensions=body.dimensions, prompt=Prompt(),
+                 chunking=documents.chunking_of(body.chunking))

@@ -35,6 +35,23 @@ class PredictRequest(_Body):
                               "a version, or a version of the default model; none: the route's default model")
 
 
+class ChunkingOptions(BaseModel):
+    """A request's ``chunking``: texts longer than the model's window split into pieces that fit it
+    (docs/long-documents.md)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    mode: Literal["pooled", "pieces"] = Field(
+        "pooled", description="pooled: one vector per text, the token-weighted mean of its pieces' (renormalised "
+                              "when the model's vectors are unit length); pieces: every piece's too, with its span")
+    max_tokens: StrictInt | None = Field(None, gt=0, description="Tokens per piece (null: as many as the model's "
+                                         "window leaves beside its special tokens and prompt)")
+    overlap: StrictInt = Field(0, ge=0, description="Tokens shared by neighbouring pieces (less than max_tokens)")
+
+
+_CHUNKING = "Split texts longer than the model's window into pieces (docs/long-documents.md); null: do not"
+
+
 class EmbeddingsRequest(_Body):
     """OpenAI's ``POST /v1/embeddings``; ``input`` is a string or a list of strings."""
 
@@ -44,6 +61,7 @@ class EmbeddingsRequest(_Body):
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: StrictInt | None = Field(None, gt=0, description="Must equal the model's dimension")
     user: str | None = None
+    chunking: ChunkingOptions | None = Field(None, description=_CHUNKING)
 
 
 class RerankRequest(_Body):
@@ -106,6 +124,7 @@ class EncodeRequest(_Body):
     truncation_direction: Literal["left", "right"] = "right"
     prompt_name: str | None = Field(None, description="A prompt of the model's config_sentence_transformers.json "
                                     "(null: its default_prompt_name's, if any)")
+    chunking: ChunkingOptions | None = Field(None, description=_CHUNKING)
 
 
 def request_body(model: type[BaseModel]) -> dict[str, Any]:
