@@ -1,0 +1,236 @@
+"""``inferd batch IN --out OUT``: a batch file through the model in this process, with no server, resumable.
+
+The lines are checked and parsed by jobs/lines.py and run by its LineRunner through the app itself (created
+here, its lifespan run, no port opened), so every output record is the one a server's batch job writes for the
+same line: the same routes, validation and engine call. The run goes chunk by chunk, two in flight so the
+scheduler is never idle between them; each chunk is committed in input order (output fsynced, then the
+checkpoint replaced: jobs/checkpoint.py), so ``kill -9`` at any moment and the same command again finish the file
+with every line in the output exactly once. OUT holds every line's record in input order, answered or failed
+(the server's output and error files together); the exit status is 0 when every line was answered, 1 when some
+failed (their records say why), 2 when the run was refused (a bad file, a checkpoint of another run, a model
+that did not load).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import shutil
+import sys
+from collections import deque
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from tqdm import tqdm
+
+from inferd.api.app import LoadFailed, create_app
+from inferd.config import ConfigError, load_settings
+from inferd.config_flags import overrides
+from inferd.core.memory import configure_process
+from inferd.jobs import checkpoint
+from inferd.jobs.checkpoint import Checkpoint, CheckpointError
+from inferd.jobs.lines import (
+    Endpoint,
+    FileRefused,
+    Line,
+    LineRunner,
+    Record,
+    check_file,
+    duplicates_in,
+    endpoint_of,
+    parse_all,
+    split,
+)
+from inferd.jobs.tables import (
+    BadFile,
+    JsonlOutput,
+    ParquetOutput,
+    check_parquet_input,
+    is_parquet,
+    jsonl_lines,
+    parquet_lines,
+    parquet_output,
+)
+from inferd.settings import Settings
+from inferd.utils.logger import configure_logging
+
+# Chunks running at once: while one finishes its last, part-filled batches, the next fills the scheduler.
+IN_FLIGHT = 2
+# A line answered "not now" (429, 503, 504) runs again, waiting up to this long between rounds ...
+_RETRY_MAX_WAIT_S = 1.0
+# ... and after this many rounds in a row that answered nothing, its record says why (never a silent gap).
+_RETRY_ROUNDS = 600
+# No port, no key: the offline run is this process's only caller, and its own jobs store is not needed.
+_OFFLINE = {"jobs.enabled": False, "server.api_keys": (), "server.tenants": (), "server.tenants_file": None,
+            "model.exit_on_load_failure": True}
+
+
+def offline_settings(args: argparse.Namespace) -> Settings:
+    """The settings the flags and files give, as a serverless run needs them (no keys, no jobs store)."""
+    given = {**overrides(args, server=False), **_OFFLINE}
+    if args.log_level is None:
+        given["server.log_level"] = "WARNING"  # the progress bar is the run's output; warnings still show
+    return load_settings(args.env, given, config_dir=args.config_dir)
+
+
+def main(args: argparse.Namespace) -> int:
+    try:
+        settings = offline_settings(args)
+        return asyncio.run(run(args, settings))
+    except (ConfigError, ValueError, BadFile, CheckpointError, LoadFailed) as exc:
+        print(f"inferd batch: {exc}", file=sys.stderr)
+        return 2
+    except FileRefused as exc:
+        print(f"inferd batch: {args.input}: {exc.message} ({exc.code})", file=sys.stderr)
+        return 2
+
+
+@dataclass
+class _Source:
+    """The input's lines, as jobs/lines.py numbers them, from a checkpoint's place on."""
+
+    path: Path
+    parquet: bool
+    endpoint: Endpoint
+
+    def lines(self, number: int, offset: int) -> Iterator[tuple[int, bytes, int]]:
+        if self.parquet:
+            return parquet_lines(self.path, self.endpoint.path, number)
+        return jsonl_lines(self.path, number, offset)
+
+    def check(self, max_line_bytes: int) -> tuple[int, frozenset[int]]:
+        """The whole-file checks a server's upload gets: the number of lines (blank ones are none) and the lines
+        whose custom_id an earlier line has. The file is read whole for them once, as an upload is."""
+        if self.parquet:
+            check_parquet_input(self.path)
+            raws = [raw for _, raw, _ in self.lines(0, 0)]
+            total = check_file(b"\n".join(raws), max_line_bytes)
+        else:
+            data = self.path.read_bytes()
+            total = check_file(data, max_line_bytes)
+            raws = split(data)
+        return total, duplicates_in(raws)
+
+
+def _start(args: argparse.Namespace, source: _Source, total: int) -> Checkpoint:
+    """The checkpoint this run starts from: a fresh one, or the one beside OUT when it is this run's."""
+    out: Path = args.out
+    wanted = Checkpoint(checkpoint.file_sha256(source.path), source.path.stat().st_size, source.endpoint.path,
+                        total)
+    if args.restart:
+        checkpoint.remove(out)
+        out.unlink(missing_ok=True)
+        shutil.rmtree(out.with_name(out.name + ".parts"), ignore_errors=True)
+        return wanted
+    found = checkpoint.load(out)
+    if found is None:
+        if out.exists():
+            raise BadFile(f"{out} exists and no checkpoint is beside it (a finished run?); give --restart to "
+                          "replace it, or another --out")
+        return wanted
+    checkpoint.check_resumable(found, wanted, out)
+    return found
+
+
+async def run(args: argparse.Namespace, settings: Settings) -> int:
+    endpoint = endpoint_of(args.endpoint)
+    if not args.input.is_file():
+        raise BadFile(f"{args.input}: no such file")
+    if args.chunk_lines < 1:
+        raise BadFile("--chunk-lines must be at least 1")
+    source = _Source(args.input, is_parquet(args.input), endpoint)
+    total, duplicates = source.check(settings.jobs.max_line_bytes)
+    cp = _start(args, source, total)
+    job = f"offline-{cp.input_sha256[:16]}"  # record ids are the job's and the line's: equal in a resumed run
+    output = ParquetOutput(args.out, cp.parts) if parquet_output(args.out) else JsonlOutput(args.out, cp.out_bytes)
+    lines = source.lines(cp.next_line, cp.in_offset)
+    bar = tqdm(total=total, initial=cp.lines_done, unit="line", file=sys.stderr, dynamic_ncols=True,
+               disable=args.no_progress, desc=args.out.name)
+    try:
+        if not cp.finished:
+            configure_logging(settings.server.log_level, settings.server.log_format)
+            app = create_app(settings, memory_guard=configure_process(settings))
+            async with app.router.lifespan_context(app):
+                cp = await _run_chunks(LineRunner(app), _chunks(lines, args.chunk_lines), endpoint, job,
+                                       duplicates,
+                                       cp, output, args.out, bar)
+        output.finish(cp.parts)
+        checkpoint.remove(args.out)
+    finally:
+        bar.close()
+    print(f"inferd batch: {cp.lines_done} lines, {cp.lines_done - cp.failed} answered, {cp.failed} failed "
+          f"-> {args.out}", file=sys.stderr)
+    return 1 if cp.failed else 0
+
+
+@dataclass
+class _Chunk:
+    first: int  # its first line's number
+    raws: list[bytes]
+    next_line: int
+    in_offset: int
+
+
+def _chunks(lines: Iterator[tuple[int, bytes, int]], size: int) -> Iterator[_Chunk]:
+    """Chunks of ``size`` lines that are not blank (blank ones ride along, answered by nothing)."""
+    chunk: _Chunk | None = None
+    count = 0
+    for number, raw, offset in lines:
+        if chunk is None:
+            chunk = _Chunk(number, [], number, 0)
+        chunk.raws.append(raw)
+        chunk.next_line, chunk.in_offset = number + 1, offset
+        count += bool(raw.strip())
+        if count == size:
+            yield chunk
+            chunk, count = None, 0
+    if chunk is not None:
+        yield chunk
+
+
+async def _run_chunks(runner: LineRunner, chunks: Iterator[_Chunk], endpoint: Endpoint, job: str,
+                      duplicates: frozenset[int], cp: Checkpoint, output: JsonlOutput | ParquetOutput, out: Path,
+                      bar: tqdm) -> Checkpoint:
+    # Chunks run overlapped and commit in input order.
+    flying: deque[tuple[_Chunk, list[Record], asyncio.Task[list[Record]]]] = deque()
+    for chunk in chunks:
+        valid, bad = parse_all(chunk.raws, chunk.first, endpoint, job, duplicates)
+        flying.append((chunk, bad, asyncio.create_task(_answer(runner, valid, endpoint, job))))
+        if len(flying) >= IN_FLIGHT:
+            cp = await _commit(*flying.popleft(), cp, output, out, bar)
+    while flying:
+        cp = await _commit(*flying.popleft(), cp, output, out, bar)
+    return cp
+
+
+async def _commit(chunk: _Chunk, bad: list[Record], task: asyncio.Task[list[Record]], cp: Checkpoint,
+                  output: JsonlOutput | ParquetOutput, out: Path, bar: tqdm) -> Checkpoint:
+    records = sorted([*bad, *await task], key=lambda r: r.number)
+    output.write_chunk(records, cp.parts)
+    failed = sum(not r.ok for r in records)
+    cp = cp.advanced(len(records), failed, chunk.next_line, chunk.in_offset, output.size, cp.parts + 1)
+    checkpoint.save(out, cp)
+    bar.update(len(records))
+    bar.set_postfix(failed=cp.failed, refresh=False)
+    return cp
+
+
+async def _answer(runner: LineRunner, lines: Sequence[Line], endpoint: Endpoint, job: str) -> list[Record]:
+    """Every line's record; a "not now" answer runs its line again (the last one is recorded after many rounds)."""
+    answered: list[Record] = []
+    pending = list(lines)
+    wait, idle = 0.02, 0
+    while pending:
+        records = await runner.run(pending, endpoint, None, job)
+        final = [r for r in records if not r.retry]
+        answered += final
+        again = {r.number for r in records if r.retry}
+        idle = 0 if final else idle + 1
+        if idle >= _RETRY_ROUNDS:
+            return answered + [r for r in records if r.retry]
+        pending = [line for line in pending if line.number in again]
+        if pending:
+            await asyncio.sleep(wait)
+            wait = min(_RETRY_MAX_WAIT_S, wait * 2)
+    return answered
