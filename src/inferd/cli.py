@@ -1,4 +1,5 @@
-"""``inferd serve | check-config | bench | fleet | export``: flags map onto Settings, then ``run(settings)``."""
+"""``inferd serve | check-config | bench | fleet | export | jobs | batch``: flags map onto Settings, then
+``run(settings)`` (``jobs`` and ``batch``: jobs/cli.py)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from inferd.config import ConfigError, load_settings
 from inferd.config_flags import add_config_flags, overrides
 from inferd.core.tenants import read_tenants
 from inferd.fleet import command as fleet_command
+from inferd.jobs import cli as jobs_cli
 from inferd.settings import Settings
 
 _SECRETS = ("admin_key", "api_keys", "metrics_key")
@@ -34,6 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_config_flags(export, server=False)
     export.add_argument("--output", dest="cache_dir", help="the cache folder to fill (default: model.cache_dir)")
     fleet_command.add_parser(sub)
+    jobs_cli.add_parsers(sub)  # `inferd jobs` (a server's batch jobs) and `inferd batch` (one without a server)
     return parser
 
 
@@ -60,6 +63,13 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "fleet":
         return fleet_command.main(args)
+    if args.command == "jobs":
+        return jobs_cli.main(args)
+    if args.command == "batch":
+        # The model's stack (torch, transformers) is imported only for the commands that load a model.
+        from inferd.jobs.offline import main as batch_main
+
+        return batch_main(args)
     try:
         settings = settings_from_args(args)
         read_tenants(settings)  # the tenants file too: refused here, not with a traceback at start
