@@ -18,6 +18,8 @@ from starlette.responses import Response
 
 from inferd import __version__
 from inferd.api.admin import admin_router
+from inferd.api.batch_files import files_router
+from inferd.api.batches import batches_router
 from inferd.api.catalog import catalog_router
 from inferd.api.cohere import cohere_router
 from inferd.api.docs import docs_router
@@ -45,6 +47,7 @@ from inferd.core.slots import ModelSlot
 from inferd.core.spec import ModelSpec
 from inferd.core.tasks.base import Handler
 from inferd.core.tenants import Tenancy
+from inferd.jobs.runner import JobRunner
 from inferd.settings import Settings
 from inferd.utils.metrics import Metrics
 
@@ -78,6 +81,7 @@ def _routers(settings: Settings, admin: bool = False) -> list[APIRouter]:
     # One module per client family (api/*.py), none importing another.
     return [router, encode_router, openai_router, catalog_router, cohere_router, tei_router, tei_tokens_router,
             tei_outputs_router, oip_router, oip_health_router, health_router,
+            *([files_router, batches_router] if settings.jobs.enabled else []),
             *([] if own_port else [admin_router]), metrics_router]
 
 
@@ -126,9 +130,14 @@ def create_app(settings: Settings, loader: Callable[[ModelSpec], Handler] = load
                 await _load(served.manager, served.settings)
         background = [m for m in models if m.settings.model.load_mode == "background"]
         task = asyncio.create_task(_load_all(background)) if background else None
+        jobs = services_of(app).jobs
+        if jobs is not None:
+            await jobs.start()
         try:
             yield
         finally:
+            if jobs is not None:
+                await jobs.stop()  # before the drain: the chunks it held go back to the store, for any worker
             if task is not None and not task.done():
                 task.cancel()
             await engine.drain(settings.server.drain_timeout_s)
@@ -136,16 +145,19 @@ def create_app(settings: Settings, loader: Callable[[ModelSpec], Handler] = load
             engine.close()
 
     app = FastAPI(title="inferd", version=__version__, lifespan=lifespan, **_NO_BUILT_INS)
+    tenancy = Tenancy(settings, metrics)
     app.state.services = Services(settings=settings, engine=engine, metrics=metrics,
-                                  memory_guard=memory_guard, started_at=time.time(),
-                                  tenancy=Tenancy(settings, metrics))
+                                  memory_guard=memory_guard, started_at=time.time(), tenancy=tenancy,
+                                  jobs=JobRunner(settings.jobs, app, tenancy, metrics) if settings.jobs.enabled
+                                  else None)
     install_error_handlers(app)
     for included in _routers(settings):
         app.include_router(included)
     app.include_router(docs_router(app.title, [r for r in _routers(settings) if r is not admin_router]))
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.limits.max_body_bytes,
-                       larger=dict.fromkeys(DOCUMENT_PATHS, max(settings.limits.max_document_body_bytes,
-                                                                settings.limits.max_body_bytes)))
+                       larger={**dict.fromkeys(DOCUMENT_PATHS, max(settings.limits.max_document_body_bytes,
+                                                                   settings.limits.max_body_bytes)),
+                               "/v1/files": max(settings.jobs.max_file_bytes, settings.limits.max_body_bytes)})
     app.add_middleware(RequestContextMiddleware, metrics=metrics, paths=route_paths(settings),
                        access=settings.server.access_log)
     return app
