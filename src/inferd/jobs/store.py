@@ -173,6 +173,12 @@ class Store:
             query = query.where(files.c.purpose == purpose)
         return self._page(files, query, owner, after, limit)
 
+    def in_use(self, file_id: str) -> bool:
+        """Whether a batch not yet final reads this file."""
+        with self.engine.connect() as conn:
+            return conn.execute(select(batches.c.id).where(batches.c.input_file_id == file_id,
+                                                           batches.c.status.in_(ACTIVE)).limit(1)).first() is not None
+
     def delete_file(self, file_id: str, owner: str) -> bool:
         with self._tx() as conn:
             return conn.execute(delete(files).where(files.c.id == file_id, files.c.owner == owner)).rowcount == 1

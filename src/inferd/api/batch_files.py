@@ -1,0 +1,126 @@
+"""OpenAI's Files API for batch jobs, as the ``openai`` client calls it: ``POST /v1/files`` (multipart: ``file``,
+``purpose`` ``batch``), ``GET /v1/files`` (newest first; ``after``, ``limit``, ``purpose``), ``GET /v1/files/{id}``,
+``GET /v1/files/{id}/content`` and ``DELETE /v1/files/{id}``.
+
+A file is its owner's (the tenant whose key uploaded it; without tenants, the server's one owner): another tenant's
+file is answered 404, as one that does not exist. An input file is checked whole as it arrives (jobs/lines.py
+check_file: UTF-8, JSONL, no line over ``jobs.max_line_bytes``, not empty); each line is checked when it runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+from fastapi import APIRouter, Depends, Query, Request
+from starlette.responses import Response
+
+from inferd.api import uploads
+from inferd.api.bodies import json_response
+from inferd.api.errors import APIError
+from inferd.api.schemas import raw_body, responses
+from inferd.api.services import inference_auth, services
+from inferd.core.tenants import current_tenant
+from inferd.jobs.files import new_id
+from inferd.jobs.lines import FileRefused, check_file
+from inferd.jobs.runner import JobRunner
+
+log = logging.getLogger(__name__)
+
+files_router = APIRouter(dependencies=[Depends(inference_auth)])  # the inference keys: a tenant's own files
+
+_OBJECT = raw_body("application/json", {"type": "object"})
+_ERRORS = (400, 401, 404, 409, 413, 422)
+# The purposes a file may be uploaded for: a batch's input (outputs are the server's own: batch_output).
+PURPOSES = ("batch",)
+
+
+def runner(request: Request) -> JobRunner:
+    jobs = services(request).jobs
+    if jobs is None:
+        raise APIError(404, "batch jobs are off on this server (jobs.enabled)", "not_found")
+    return jobs
+
+
+def owner() -> str:
+    """Whose files and batches a request sees: its key's tenant ("" when the server has no keys)."""
+    tenant = current_tenant.get()
+    return tenant.name if tenant is not None else ""
+
+
+def file_object(row: dict[str, Any]) -> dict[str, Any]:
+    return {"id": row["id"], "object": "file", "bytes": row["bytes"], "created_at": int(row["created_at"]),
+            "filename": row["filename"], "purpose": row["purpose"], "status": "processed",
+            "expires_at": int(row["expires_at"]) if row["expires_at"] else None, "status_details": None}
+
+
+async def owned_file(request: Request, file_id: str) -> dict[str, Any]:
+    row = await asyncio.to_thread(runner(request).store().file, file_id, owner())
+    if row is None:
+        raise APIError(404, f"no file {file_id!r}", "file_not_found", "file_id")
+    return row
+
+
+@files_router.post("/v1/files", responses=responses(_OBJECT, *_ERRORS))
+async def upload(request: Request) -> Response:
+    """A batch input file (multipart/form-data: ``file`` and ``purpose: batch``)."""
+    jobs = runner(request)
+    form = uploads.parts(await request.body(), request.headers.get("content-type", ""))
+    purpose = form.get("purpose")
+    if purpose is None or purpose.data.decode("utf-8", "replace") not in PURPOSES:
+        raise APIError(400, f"purpose must be one of {list(PURPOSES)}", "invalid_purpose", "purpose")
+    sent = form.get("file")
+    if sent is None or sent.filename is None:
+        raise APIError(400, "no file part: send the file as the multipart field 'file'", "missing_file", "file")
+    settings = jobs.settings
+    try:
+        lines = await asyncio.to_thread(check_file, sent.data, settings.max_line_bytes)
+    except FileRefused as exc:
+        raise APIError(400, exc.message, exc.code, exc.param or "file") from None
+    if lines > settings.max_lines:
+        raise APIError(400, f"the file has {lines} lines; at most {settings.max_lines} (jobs.max_lines)",
+                       "too_many_lines", "file")
+    file_id = new_id("file-")
+    now = time.time()
+    row = {"id": file_id, "owner": owner(), "purpose": "batch", "filename": sent.filename[:512],
+           "bytes": len(sent.data), "lines": lines, "created_at": now, "expires_at": now + settings.expiry_s}
+    await asyncio.to_thread(jobs.files.write, file_id, sent.data)  # on disk before any row names it
+    await asyncio.to_thread(jobs.store().add_file, row)
+    log.info("file %s: uploaded (%d lines, %d bytes)", file_id, lines, len(sent.data), extra={"file": file_id})
+    return json_response(file_object(row))
+
+
+@files_router.get("/v1/files", responses=responses(_OBJECT, *_ERRORS))
+async def list_files(request: Request, after: str | None = None, limit: int = Query(100, ge=1, le=10_000),
+                     purpose: str | None = None) -> Response:
+    rows, more = await asyncio.to_thread(runner(request).store().files, owner(), purpose, after, limit)
+    data = [file_object(r) for r in rows]
+    return json_response({"object": "list", "data": data, "has_more": more,
+                          "first_id": data[0]["id"] if data else None, "last_id": data[-1]["id"] if data else None})
+
+
+@files_router.get("/v1/files/{file_id}", responses=responses(_OBJECT, *_ERRORS))
+async def get_file(request: Request, file_id: str) -> Response:
+    return json_response(file_object(await owned_file(request, file_id)))
+
+
+@files_router.get("/v1/files/{file_id}/content",
+                  responses=responses(raw_body("application/octet-stream", {"type": "string"}), *_ERRORS))
+async def file_content(request: Request, file_id: str) -> Response:
+    row = await owned_file(request, file_id)
+    data = await asyncio.to_thread(runner(request).files.read, row["id"])
+    return Response(data, media_type="application/octet-stream")
+
+
+@files_router.delete("/v1/files/{file_id}", responses=responses(_OBJECT, *_ERRORS))
+async def delete_file(request: Request, file_id: str) -> Response:
+    row = await owned_file(request, file_id)
+    jobs = runner(request)
+    if await asyncio.to_thread(jobs.store().in_use, row["id"]):
+        raise APIError(409, f"file {file_id!r} is the input of a batch still running; cancel it first",
+                       "file_in_use", "file_id")
+    if await asyncio.to_thread(jobs.store().delete_file, row["id"], owner()):
+        await asyncio.to_thread(jobs.files.remove, row["id"])
+    return json_response({"id": row["id"], "object": "file", "deleted": True})

@@ -1,0 +1,222 @@
+"""The batch runner: in every serving process, ``jobs.concurrency`` loops that claim a batch's next chunk, run its
+lines through the app (jobs/lines.py: the online routes, below every online request, as the batch's owner) and
+commit the chunk's results with the batch's progress (jobs/store.py: exactly once across a crash). Between chunks
+it finishes batches (the output and error files assembled from the committed chunks), moves cancelled and expired
+ones to their final state, deletes files and jobs past ``jobs.expiry_s``, and refreshes the job metrics.
+
+The store opens on first use (a batch route's call, or a store that already exists at start-up), so a server that
+never runs a job makes no data folder.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+import time
+from typing import Any
+
+from starlette.types import ASGIApp
+
+from inferd.core.tenants import Tenancy
+from inferd.jobs.files import FileStore, new_id
+from inferd.jobs.lines import LineRunner, Record, endpoint_of, parse_all, split
+from inferd.jobs.store import Claim, Store, decoded
+from inferd.settings import JobsSettings
+from inferd.utils.metrics import Metrics
+
+log = logging.getLogger(__name__)
+
+# A line answered "not now" (429, 503, 504) runs again after this many seconds, at most this many times; then
+# its answer is its record.
+RETRY_WAIT_S = 1.0
+RETRIES = 30
+# Seconds between expiry sweeps and metric refreshes.
+SWEEP_S = 5.0
+
+
+class JobRunner:
+    def __init__(self, settings: JobsSettings, app: ASGIApp, tenancy: Tenancy, metrics: Metrics) -> None:
+        self.settings = settings
+        self.tenancy = tenancy
+        self.metrics = metrics
+        self.lines = LineRunner(app)
+        self.files = FileStore(settings.data_dir)
+        self.worker = f"w-{secrets.token_hex(6)}"  # this process's leases
+        self._store: Store | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._wake = asyncio.Event()
+        self._swept = 0.0
+        self._held: set[tuple[str, int]] = set()
+
+    # -- the store, opened on first use ----------------------------------------------------------------------
+
+    def store(self) -> Store:
+        if self._store is None:
+            self._store = Store.at(self.settings.data_dir, self.settings.database_url)
+        return self._store
+
+    def _exists(self) -> bool:
+        return self._store is not None or self.settings.database_url is not None \
+            or (self.settings.data_dir / "jobs.sqlite3").exists()
+
+    def wake(self) -> None:
+        """Work was added: idle loops look at once."""
+        self._wake.set()
+
+    # -- start and stop --------------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        if self._exists():
+            await asyncio.to_thread(self.store)  # migrations at start-up
+        self._tasks = [asyncio.create_task(self._loop(), name=f"jobs-{i}") for i in range(self.settings.concurrency)]
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks = []
+        if self._store is not None:
+            store = self._store
+            for batch_id, seq in list(self._held):  # another worker takes them now, not after the lease
+                await asyncio.to_thread(store.release_chunk, batch_id, seq, self.worker)
+            self._held.clear()
+            store.close()
+
+    # -- the loop --------------------------------------------------------------------------------------------
+
+    async def _loop(self) -> None:
+        while True:
+            try:
+                claim = await asyncio.to_thread(self.store().claim, self.worker, self.settings.lease_s) \
+                    if self._exists() else None
+                if claim is None:
+                    await self._sweep()
+                    self._wake.clear()
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._wake.wait(), self.settings.poll_s)
+                    continue
+                await self._run(claim)
+                await self._finish_ready()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # a store or disk failure: this chunk waits for its lease, the loop goes on
+                log.exception("batch runner: a chunk failed; retrying after a pause")
+                await asyncio.sleep(self.settings.poll_s)
+
+    async def _run(self, claim: Claim) -> None:
+        batch = claim.batch
+        key = (batch["id"], claim.seq)
+        self._held.add(key)
+        try:
+            started = time.perf_counter()
+            records = await self._records(claim)
+            name = await asyncio.to_thread(self.files.write_result, batch["id"], claim.seq, records)
+            ok = sum(r.ok for r in records)
+            failed = len(records) - ok
+            committed = await asyncio.to_thread(self.store().commit_chunk, batch["id"], claim.seq, self.worker,
+                                                name, ok, failed)
+        finally:
+            self._held.discard(key)
+        if not committed:  # the lease ran out and another worker took the chunk: its results count, not these
+            log.warning("batch %s: chunk %d was taken by another worker; its result here is dropped",
+                        batch["id"], claim.seq)
+            return
+        self.metrics.job_lines.labels("ok").inc(ok)
+        self.metrics.job_lines.labels("failed").inc(failed)
+        elapsed = time.perf_counter() - started
+        if records and elapsed > 0:
+            self.metrics.job_lines_rate.set(len(records) / elapsed)
+
+    async def _records(self, claim: Claim) -> list[Record]:
+        """Every line of the chunk's span as a record: bad lines' errors, and the valid lines' answers."""
+        batch = claim.batch
+        data = await asyncio.to_thread(self.files.read_span, batch["input_file_id"], claim.start, claim.stop)
+        endpoint = endpoint_of(batch["endpoint"])
+        lines, records = parse_all(split(data), claim.first_line, endpoint, batch["id"],
+                                   frozenset(decoded(batch["duplicates"]) or ()))
+        owner = batch["owner"]
+        tenant = self.tenancy.tenants.get(owner) if owner else None
+        pending = lines
+        for attempt in range(RETRIES + 1):
+            answered = await self.lines.run(pending, endpoint, tenant, batch["id"])
+            last = attempt == RETRIES
+            records.extend(r for r in answered if last or not r.retry)
+            retried = {r.number for r in answered if r.retry and not last}
+            pending = [line for line in pending if line.number in retried]
+            if not pending:
+                break
+            await asyncio.sleep(RETRY_WAIT_S)
+        return records
+
+    # -- finishing -------------------------------------------------------------------------------------------
+
+    async def _finish_ready(self) -> None:
+        for batch in await asyncio.to_thread(self.store().to_finish):
+            await asyncio.to_thread(self._finish, batch)
+
+    def _finish(self, batch: dict[str, Any]) -> None:
+        """The batch's final state, with its output and error files (what its committed chunks hold)."""
+        store = self.store()
+        status = batch["status"]
+        if status == "cancelling":
+            final = "cancelled"
+        elif status == "in_progress" and batch["expires_at"] < time.time() \
+                and batch["completed"] + batch["failed"] < batch["total"]:
+            final = "expired"
+        else:
+            final = "completed"
+            if status == "in_progress" and store.set_status(batch["id"], "finalizing", expected=("in_progress",)):
+                log.info("batch %s: finalizing", batch["id"], extra={"batch": batch["id"], "state": "finalizing"})
+        results = store.results(batch["id"])
+        fresh = store.batch(batch["id"], None) or batch
+        output_id, error_id = new_id("file-"), new_id("file-")
+        try:
+            out_bytes, err_bytes = self.files.assemble(batch["id"], results, output_id, error_id)
+        except FileNotFoundError:
+            return  # another worker finished it and removed the chunks' files
+        now = time.time()
+        base = {"owner": batch["owner"], "purpose": "batch_output", "created_at": now, "expires_at": None}
+        output = {**base, "id": output_id, "filename": f"{batch['id']}_output.jsonl", "bytes": out_bytes,
+                  "lines": fresh["completed"]} if fresh["completed"] else None
+        errors = {**base, "id": error_id, "filename": f"{batch['id']}_error.jsonl", "bytes": err_bytes,
+                  "lines": fresh["failed"]} if fresh["failed"] else None
+        if store.finish(batch["id"], final, output, errors):
+            for file_id, row in ((output_id, output), (error_id, errors)):
+                if row is None:
+                    self.files.remove(file_id)
+            self.files.remove_results(batch["id"])
+            log.info("batch %s: %s (%d ok, %d failed of %d)", batch["id"], final, fresh["completed"],
+                     fresh["failed"], fresh["total"], extra={"batch": batch["id"], "state": final})
+        else:
+            self.files.remove(output_id)
+            self.files.remove(error_id)
+
+    # -- sweeps ----------------------------------------------------------------------------------------------
+
+    async def _sweep(self) -> None:
+        """At most every SWEEP_S: batches to finish, files and jobs past their expiry, the metrics."""
+        if not self._exists() or time.monotonic() - self._swept < SWEEP_S:
+            return
+        self._swept = time.monotonic()
+        await self._finish_ready()
+        await asyncio.to_thread(self._expire)
+        store = self.store()
+        counts = await asyncio.to_thread(store.counts)
+        for state in ("validating", "in_progress", "finalizing", "cancelling", "completed", "failed", "expired",
+                      "cancelled"):
+            self.metrics.jobs.labels(state).set(counts.get(state, 0))
+        self.metrics.job_backlog.set(await asyncio.to_thread(store.backlog))
+
+    def _expire(self) -> None:
+        store = self.store()
+        file_ids, batch_ids = store.old(time.time() - self.settings.expiry_s)
+        if not file_ids and not batch_ids:
+            return
+        store.forget(file_ids, batch_ids)
+        for file_id in file_ids:
+            self.files.remove(file_id)
+        for batch_id in batch_ids:
+            self.files.remove_results(batch_id)
+        log.info("jobs expired: %d files, %d batches", len(file_ids), len(batch_ids))
