@@ -11,13 +11,14 @@ from pathlib import Path
 from typing import Any
 
 from inferd.config import RawValue
-from inferd.settings import BACKENDS, DTYPES, LOAD_MODES, LOG_FORMATS, LOG_LEVELS, QUANTIZE
+from inferd.settings import BACKENDS, DTYPES, LOAD_MODES, LOG_FORMATS, LOG_LEVELS, PLATFORMS, QUANTIZE
 
 # flag name -> dotted settings key
 FLAGS = {
     "host": "server.host",
     "port": "server.port",
     "admin_port": "server.admin_port",
+    "platform": "server.platform",
     "log_format": "server.log_format",
     "log_level": "server.log_level",
     "model_path": "model.path",
@@ -44,6 +45,10 @@ def add_config_flags(p: argparse.ArgumentParser, server: bool = True) -> None:
         p.add_argument("--host")
         p.add_argument("--port", type=int)
         p.add_argument("--admin-port", type=int)
+        p.add_argument("--platform", choices=PLATFORMS,
+                       help="also answer a managed platform's routes (SageMaker: /ping, /invocations; Vertex AI: "
+                            "AIP_PREDICT_ROUTE, AIP_HEALTH_ROUTE) on its port; detected from its environment "
+                            "variables when not given (docs/platforms.md)")
     p.add_argument("--log-format", choices=LOG_FORMATS)
     p.add_argument("--log-level", choices=LOG_LEVELS)
     p.add_argument("--model-path", help="a local Hugging Face model folder")

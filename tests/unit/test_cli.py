@@ -59,7 +59,7 @@ FLAG_VALUES = {
     "model_version": ("v9", "v9"), "load_mode": ("eager", "eager"), "device": ("cpu", "cpu"),
     "dtype": ("float16", "float16"), "max_batch_size": ("7", 7), "max_wait_ms": ("0.25", 0.25),
     "torch_threads": ("3", 3), "backend": ("openvino", "openvino"), "quantize": ("int8", "int8"),
-    "cache_dir": ("/c", "/c"), "calibration_file": ("/cal.txt", "/cal.txt"),
+    "cache_dir": ("/c", "/c"), "calibration_file": ("/cal.txt", "/cal.txt"), "platform": ("vertex", "vertex"),
 }
 
 
