@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import functools
 import gc
+import os
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -16,6 +17,7 @@ from inferd.config import ConfigError, load_settings
 from inferd.config_flags import add_config_flags, overrides
 from inferd.core.tenants import read_tenants
 from inferd.fleet import command as fleet_command
+from inferd.hosting import hosted
 from inferd.jobs import cli as jobs_cli
 from inferd.settings import Settings
 
@@ -41,7 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def settings_from_args(args: argparse.Namespace) -> Settings:
-    return load_settings(args.env, overrides(args), config_dir=args.config_dir)
+    # A managed platform (named, or detected from its variables) dictates the address and its routes (hosting.py).
+    return load_settings(args.env, hosted(overrides(args), os.environ), config_dir=args.config_dir)
 
 
 def redacted(settings: Settings) -> dict[str, Any]:
