@@ -20,7 +20,7 @@ from inferd.api.schemas import (
     ModelList,
     responses,
 )
-from inferd.api.services import inference_auth, services
+from inferd.api.services import Services, inference_auth, services
 from inferd.core.description import ModelDescription
 from inferd.core.registry import ServedModel
 from inferd.core.tasks.kinds import CLASSIFICATION, EMBEDDING, RERANK, task_of
@@ -98,7 +98,7 @@ async def info(request: Request) -> Response:
         if "auto" in out["models"][0]:
             out["auto"] = out["models"][0]["auto"]
     # The fields text-embeddings-inference's clients read (model_id, model_type, ...).
-    out.update(tei_info(request, default))
+    out.update(tei_info(services(request), default))
     return json_response(out)
 
 
@@ -107,12 +107,11 @@ def _slot_info(d: ModelDescription, role: str, weight: float | None, state: str)
     return {"role": role, "state": state, "weight": weight, **d.wire()}
 
 
-def tei_info(request: Request, served: ServedModel | None) -> dict[str, Any]:
+def tei_info(s: Services, served: ServedModel | None) -> dict[str, Any]:
     """The /info fields text-embeddings-inference's clients read (router/src/lib.rs Info; tei-client requires
     each key), for ``served`` (the default model, or the first the tenant may call): ``model_type`` is
     ``{"embedding": {"pooling"}}``, ``{"classifier": {"id2label", "label2id"}}`` or ``{"reranker": ...}``. TEI's
     own ``version`` (its router's) is not given: inferd's ``version`` is the model's."""
-    s = services(request)
     settings = served.settings if served is not None else s.settings
     slots = served.manager.slots() if served is not None else []
     d = slots[0][1].description if slots else None

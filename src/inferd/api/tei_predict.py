@@ -93,7 +93,7 @@ async def tei_predict(request: Request) -> Response:
     body, engine_request = await read_request(request, TEIPredictRequest, lambda b: _request(request, b))
     names = _names(body)
     result = await run(request, engine_request, names)
-    rows = _scored(body, result) if engine_request.pairs else _classified(body, result)
+    rows = scored(body, result) if engine_request.pairs else classified(body, result)
     params = body.parameters
     if params is not None and params.top_k is not None:
         rows = [r[: params.top_k] for r in rows]
@@ -128,7 +128,7 @@ def _request(request: Request, body: TEIPredictRequest) -> InferenceRequest:
     return build(request, inputs, _names(body), task=task.name, priority=body.priority, timeout_ms=body.timeout_ms)
 
 
-def _classified(body: TEIPredictRequest, result: TaskResult) -> list[list[dict[str, Any]]]:
+def classified(body: TEIPredictRequest, result: TaskResult) -> list[list[dict[str, Any]]]:
     # The activation is the answering model's (a canary's own): checked on its description, after the run.
     own = "sigmoid" if result.description.multi_label else "softmax"
     asked = _applied(body.parameters, own, body.raw_scores)
@@ -141,7 +141,7 @@ def _classified(body: TEIPredictRequest, result: TaskResult) -> list[list[dict[s
                    key=lambda r: -r["score"]) for probs in result.outputs]
 
 
-def _scored(body: TEIPredictRequest, result: TaskResult) -> list[list[dict[str, Any]]]:
+def scored(body: TEIPredictRequest, result: TaskResult) -> list[list[dict[str, Any]]]:
     raw = _applied(body.parameters, "sigmoid", body.raw_scores) is not None
     label = (result.description.labels or ("LABEL_0",))[0]
     return [[{"score": float(o[1] if raw else o[0]), "label": label}] for o in result.outputs]

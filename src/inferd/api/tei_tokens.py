@@ -29,7 +29,7 @@ from inferd.api.errors import Names, engine_refusal, excerpt, refusal
 from inferd.api.schemas import (
     request_body,
 )
-from inferd.api.services import inference_auth, services
+from inferd.api.services import Services, inference_auth, services
 from inferd.api.tei_shape import DECODED, TOKENS, tei_errors, tei_inputs, tei_responses
 from inferd.core.description import ModelDescription
 from inferd.core.errors import EngineError, Kind
@@ -49,15 +49,15 @@ _TOKENIZERS_KEPT = 4
 # -- /tokenize, /decode ------------------------------------------------------------------------------------
 
 
-class _Tokenizer:
+class ServedTokenizer:
     """The served model's tokenizer, untruncated (TEI's /tokenize shows every token), with a slot reference
-    held while it is used."""
+    held while it is used (TEI's gRPC Tokenize and Decode hold it too: grpc/tokens.py)."""
 
-    def __init__(self, request: Request) -> None:
-        self.request = request
+    def __init__(self, s: Services) -> None:
+        self.s = s
 
     async def __aenter__(self) -> tuple[Tokenizer, ModelDescription]:
-        s = services(self.request)
+        s = self.s
         tenant = current_tenant.get()
         try:
             served, _ = s.registry.resolve(None, None)  # the server's default model, as engine.hold() picks it
@@ -85,7 +85,7 @@ class _Tokenizer:
         await self._stack.aclose()
 
     def _untruncated(self) -> Tokenizer:
-        kept = services(self.request).tokenizers
+        kept = self.s.tokenizers
         tok = kept.get(self.slot.load_id)
         if tok is None:
             own = self.slot.handler.tokenizer
@@ -100,7 +100,7 @@ class _Tokenizer:
         return tok
 
 
-def _tokens(tok: Tokenizer, texts: list[str], add_special_tokens: bool, limit: int) -> list[list[dict[str, Any]]]:
+def tokens(tok: Tokenizer, texts: list[str], add_special_tokens: bool, limit: int) -> list[list[dict[str, Any]]]:
     """Each text's tokens; over ``limit`` in all (limits.max_tokenize_tokens), refused before the answer is built."""
     encoded = tok.encode_batch(texts, add_special_tokens=add_special_tokens)
     count = sum(len(enc.ids) for enc in encoded)
@@ -133,7 +133,7 @@ async def tokenize(request: Request) -> Response:
     checked: list[InferenceRequest] = []
     body = await read_body(request, TEITokenizeRequest, lambda b: checked.append(
         build(request, tei_inputs(b.inputs, "inputs"), Names("inputs", isinstance(b.inputs, list)))))
-    async with _Tokenizer(request) as (tok, description):
+    async with ServedTokenizer(services(request)) as (tok, description):
         try:
             prompt = prompt_text(description, Prompt(body.prompt_name), {})
         except EngineError as exc:
@@ -141,9 +141,9 @@ async def tokenize(request: Request) -> Response:
         texts = [prompt + t for t in checked[0].inputs]
         limit = services(request).settings.limits.max_tokenize_tokens
         if sum(map(len, texts)) > _INLINE_CHARS:
-            rows = await asyncio.to_thread(_tokens, tok, texts, body.add_special_tokens, limit)
+            rows = await asyncio.to_thread(tokens, tok, texts, body.add_special_tokens, limit)
         else:
-            rows = _tokens(tok, texts, body.add_special_tokens, limit)
+            rows = tokens(tok, texts, body.add_special_tokens, limit)
     return json_response(rows)
 
 
@@ -162,10 +162,11 @@ def _as_sent(raw: bytes, batch: bool, i: int, j: int, value: Any) -> str:
     return "a list" if isinstance(value, list) else "an object"  # never echoed: it may nest a thousand deep
 
 
-def _id_lists(request: Request, ids: Any, vocab: int, raw: bytes) -> tuple[list[list[int]], bool]:
+def id_lists(ids: Any, vocab: int, limit: int, raw: bytes = b"") -> tuple[list[list[int]], bool]:
+    """The id lists of /decode's ``ids`` (one list or a batch, at most ``limit``), each id checked against the
+    vocabulary (``raw``: the body, to quote a refused id as it was sent)."""
     batch = isinstance(ids, list) and bool(ids) and isinstance(ids[0], list)
     lists = ids if batch else [ids]
-    limit = services(request).settings.limits.max_items_per_request
     if not isinstance(ids, list) or not ids:
         raise refusal(Kind.INVALID_INPUT, "ids: must be a non-empty list of token ids, or a list of such lists",
                       "empty_input", "ids")
@@ -189,8 +190,11 @@ def _id_lists(request: Request, ids: Any, vocab: int, raw: bytes) -> tuple[list[
 async def decode(request: Request) -> Response:
     """TEI's decode: ``{"ids": [int] | [[int]], "skip_special_tokens"?}`` → the text of each id list."""
     body = await read_body(request, TEIDecodeRequest)
-    async with _Tokenizer(request) as (tok, _):
-        lists, _ = _id_lists(request, body.ids, tok.get_vocab_size(with_added_tokens=True), await request.body())
+    s = services(request)
+    async with ServedTokenizer(s) as (tok, _):
+        lists, _ = id_lists(body.ids, tok.get_vocab_size(with_added_tokens=True),
+                            s.settings.limits.max_items_per_request,
+                            await request.body())
         texts = tok.decode_batch(lists, skip_special_tokens=body.skip_special_tokens)
     return json_response(texts)
 
