@@ -31,6 +31,7 @@ from inferd.api.inferd_routes import router
 from inferd.api.middleware import BodyLimitMiddleware, RequestContextMiddleware
 from inferd.api.oip import oip_health_router, oip_router
 from inferd.api.openai import openai_router
+from inferd.api.platforms import platform_routers
 from inferd.api.schemas import raw_body, responses
 from inferd.api.security import require_keys
 from inferd.api.services import Services, services, services_of
@@ -79,7 +80,9 @@ def _routers(settings: Settings, admin: bool = False) -> list[APIRouter]:
         return [admin_router]
     own_port = settings.server.admin_port is not None  # then the admin routes are the admin app's only
     # One module per client family (api/*.py), none importing another.
-    return [router, encode_router, openai_router, catalog_router, cohere_router, tei_router, tei_tokens_router,
+    # A managed platform's routes (api/platforms.py) come first: its predict route wins over a native one's path.
+    return [*platform_routers(settings),
+            router, encode_router, openai_router, catalog_router, cohere_router, tei_router, tei_tokens_router,
             tei_outputs_router, oip_router, oip_health_router, health_router,
             *([files_router, batches_router] if settings.jobs.enabled else []),
             *([] if own_port else [admin_router]), metrics_router]
