@@ -110,6 +110,8 @@ class ServerSettings(_Section):
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=0, le=65535)
     admin_port: int | None = Field(None, ge=0, le=65535)
+    # text-embeddings-inference's gRPC API (tei.v1, health, reflection) on its own port; None: off (grpc/server.py).
+    grpc_port: int | None = Field(None, ge=0, le=65535)
     admin_key: str | None = None
     api_keys: tuple[str, ...] = ()
     # Callers with their own keys, limits and shares (core/tenants.py); api_keys are one more, without limits.
