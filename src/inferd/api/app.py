@@ -48,11 +48,17 @@ from inferd.core.slots import ModelSlot
 from inferd.core.spec import ModelSpec
 from inferd.core.tasks.base import Handler
 from inferd.core.tenants import Tenancy
+from inferd.grpc.server import GrpcServer, Registration, tei_services
 from inferd.jobs.runner import JobRunner
 from inferd.settings import Settings
 from inferd.utils.metrics import Metrics
 
 log = logging.getLogger(__name__)
+
+# The gRPC services of each wire family, on one server (server.grpc_port): a family adds its registration here.
+GRPC_FAMILIES: tuple[Registration, ...] = (tei_services,)
+# Seconds the gRPC calls still open at the stop get: the drain has answered the work they had queued.
+GRPC_STOP_GRACE_S = 1.0
 
 
 class LoadFailed(SystemExit):
@@ -136,9 +142,16 @@ def create_app(settings: Settings, loader: Callable[[ModelSpec], Handler] = load
         jobs = services_of(app).jobs
         if jobs is not None:
             await jobs.start()
+        # gRPC listens once the eager models are loaded, as HTTP does (grpc/server.py; server.grpc_port).
+        grpc_server = GrpcServer(app, GRPC_FAMILIES) if settings.server.grpc_port is not None else None
+        if grpc_server is not None:
+            await grpc_server.start()
         try:
             yield
         finally:
+            if grpc_server is not None:
+                # After the SIGTERM drain (its calls answered, or refused as draining): new calls are refused.
+                await grpc_server.stop(GRPC_STOP_GRACE_S)
             if jobs is not None:
                 await jobs.stop()  # before the drain: the chunks it held go back to the store, for any worker
             if task is not None and not task.done():
