@@ -13,9 +13,10 @@ COMPILE = $(PY) -m compileall -q -j 0 "$$($(PY) -c 'import sysconfig; print(sysc
 $(PY):
 	$(PYTHON) -m venv $(VENV)
 
-$(VENV)/.runtime: $(PY) requirements.txt pyproject.toml
+$(VENV)/.runtime: $(PY) requirements.txt pyproject.toml src/inferd/grpc/proto/tei.proto
 	$(PIP) -r requirements.txt
 	$(PIP) --no-deps -e .
+	$(PY) -m inferd.grpc.build
 	$(COMPILE)
 	touch $@
 
