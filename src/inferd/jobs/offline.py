@@ -27,7 +27,7 @@ from tqdm import tqdm
 from inferd.api.app import LoadFailed, create_app
 from inferd.config import ConfigError, load_settings
 from inferd.config_flags import overrides
-from inferd.core.memory import configure_process
+from inferd.core.memory import MemoryGuard, configure_process
 from inferd.jobs import checkpoint
 from inferd.jobs.checkpoint import Checkpoint, CheckpointError
 from inferd.jobs.lines import (
@@ -77,7 +77,8 @@ def offline_settings(args: argparse.Namespace) -> Settings:
 def main(args: argparse.Namespace) -> int:
     try:
         settings = offline_settings(args)
-        return asyncio.run(run(args, settings))
+        configure_logging(settings.server.log_level, settings.server.log_format)
+        return asyncio.run(run(args, settings, configure_process(settings)))
     except (ConfigError, ValueError, BadFile, CheckpointError, LoadFailed) as exc:
         print(f"inferd batch: {exc}", file=sys.stderr)
         return 2
@@ -133,7 +134,8 @@ def _start(args: argparse.Namespace, source: _Source, total: int) -> Checkpoint:
     return found
 
 
-async def run(args: argparse.Namespace, settings: Settings) -> int:
+async def run(args: argparse.Namespace, settings: Settings, memory_guard: MemoryGuard | None = None) -> int:
+    """The run ``args`` asks for (IN, --out, --endpoint, --chunk-lines, --restart, --no-progress); its exit status."""
     endpoint = endpoint_of(args.endpoint)
     if not args.input.is_file():
         raise BadFile(f"{args.input}: no such file")

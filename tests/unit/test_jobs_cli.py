@@ -1,0 +1,126 @@
+"""``inferd jobs list | show | cancel``: the requests it makes of /v1/batches and what it prints, against a stand-in
+answering in OpenAI's Batch API shapes (tests/integration/test_batch_offline.py drives it against a real server)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+import pytest
+from conftest import free_port
+
+from inferd import cli
+from inferd.jobs import cli as jobs_cli
+
+
+def job(n: int, status: str = "in_progress", done: int = 0, failed: int = 0, total: int = 10) -> dict[str, Any]:
+    return {"id": f"batch_{n}", "object": "batch", "endpoint": "/v1/embeddings", "status": status,
+            "input_file_id": f"file-in{n}", "output_file_id": f"file-out{n}" if status == "completed" else None,
+            "error_file_id": None, "completion_window": "24h", "created_at": 1_700_000_000 + n,
+            "request_counts": {"total": total, "completed": done, "failed": failed}}
+
+
+class Stand:
+    """A /v1/batches stand-in: records each request and answers with ``answer(request)``."""
+
+    def __init__(self, answer: Callable[[httpx.Request], httpx.Response]) -> None:
+        self.requests: list[httpx.Request] = []
+        self.answer = answer
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        self.requests.append(request)
+        return self.answer(request)
+
+
+def run(argv: list[str], stand: Stand | None = None) -> int:
+    args = cli.build_parser().parse_args(["jobs", *argv])
+    return jobs_cli.main(args, httpx.MockTransport(stand) if stand else None, sleep=lambda s: None)
+
+
+@pytest.fixture(autouse=True)
+def no_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("INFERD_URL", raising=False)
+    monkeypatch.delenv("INFERD_API_KEY", raising=False)
+
+
+def test_list_all_follows_the_pages_and_sends_the_key(capsys: pytest.CaptureFixture[str]) -> None:
+    pages = {None: [job(3), job(2)], "batch_2": [job(1, "completed", 10, 0)]}
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        data = pages[request.url.params.get("after")]
+        return httpx.Response(200, json={"object": "list", "data": data, "first_id": data[0]["id"],
+                                         "last_id": data[-1]["id"], "has_more": data[-1]["id"] != "batch_1"})
+
+    stand = Stand(answer)
+    assert run(["--url", "http://jobs.test", "--key", "k1", "list", "--all", "--limit", "2"], stand) == 0
+    assert [(r.method, r.url.path, r.url.params.get("after"), r.url.params.get("limit")) for r in stand.requests] == [
+        ("GET", "/v1/batches", None, "2"), ("GET", "/v1/batches", "batch_2", "2")]
+    assert {r.headers["authorization"] for r in stand.requests} == {"Bearer k1"}
+    header, *rows = capsys.readouterr().out.splitlines()
+    assert header.split() == ["ID", "STATUS", "ENDPOINT", "LINES", "CREATED"]
+    assert [row.split()[:2] for row in rows] == [["batch_3", "in_progress"], ["batch_2", "in_progress"],
+                                                 ["batch_1", "completed"]]
+    assert "10+0 failed/10" in rows[2]
+
+
+def test_list_says_how_to_see_more_and_json_is_the_server_s(capsys: pytest.CaptureFixture[str]) -> None:
+    stand = Stand(lambda r: httpx.Response(200, json={"object": "list", "data": [job(5)], "has_more": True}))
+    # --url and --key after the action are as good as before it; the environment gives them otherwise.
+    assert run(["list", "--limit", "1", "--url", "http://jobs.test"], stand) == 0
+    assert "(more: --after batch_5, or --all)" in capsys.readouterr().out
+    assert "authorization" not in stand.requests[0].headers  # no key given: none sent
+    assert run(["list", "--json"], stand) == 0
+    assert json.loads(capsys.readouterr().out)["data"] == [job(5)]
+    assert str(stand.requests[-1].url).startswith(jobs_cli.DEFAULT_URL)
+
+
+def test_show_follow_draws_progress_until_the_job_ends(capsys: pytest.CaptureFixture[str]) -> None:
+    states = iter([job(7, "validating", total=0), job(7, done=4, failed=1), job(7, done=8, failed=1),
+                   job(7, "completed", done=9, failed=1)])
+    stand = Stand(lambda r: httpx.Response(200, json=next(states)))
+    assert run(["show", "batch_7", "--follow", "--key", "k"], stand) == 0
+    assert [r.url.path for r in stand.requests] == ["/v1/batches/batch_7"] * 4
+    out, err = capsys.readouterr()
+    assert "10/10" in err and "status=completed" in err  # the bar reached the total the server gave
+    assert "status: completed" in out and "output_file_id: file-out7" in out and "lines: 9+1 failed/10" in out
+
+
+@pytest.mark.parametrize("end", ["failed", "cancelled", "expired"])
+def test_show_follow_exits_1_when_the_job_did_not_complete(end: str, capsys: pytest.CaptureFixture[str]) -> None:
+    stand = Stand(lambda r: httpx.Response(200, json=job(8, end, done=2, total=10)))
+    assert run(["show", "batch_8", "--follow"], stand) == 1
+    assert f"status: {end}" in capsys.readouterr().out
+
+
+def test_cancel_posts_and_prints_the_answer(capsys: pytest.CaptureFixture[str]) -> None:
+    stand = Stand(lambda r: httpx.Response(200, json=job(9, "cancelling", done=3)))
+    assert run(["cancel", "batch_9", "--json"], stand) == 0
+    (request,) = stand.requests
+    assert (request.method, request.url.path) == ("POST", "/v1/batches/batch_9/cancel")
+    assert json.loads(capsys.readouterr().out)["status"] == "cancelling"
+
+
+def test_a_refusal_prints_the_server_s_reason_and_exits_1(capsys: pytest.CaptureFixture[str]) -> None:
+    error = {"error": {"message": "no batch 'batch_x'", "type": "not_found_error", "code": "not_found", "param": None}}
+    stand = Stand(lambda r: httpx.Response(404, json=error))
+    assert run(["show", "batch_x"], stand) == 1
+    err = capsys.readouterr().err
+    assert "inferd jobs show: GET /v1/batches/batch_x: 404 no batch 'batch_x'" in err
+    assert run(["cancel", "batch_x"], Stand(lambda r: httpx.Response(502, text="<html>bad gateway</html>"))) == 1
+    assert "502 <html>bad gateway</html>" in capsys.readouterr().err
+
+
+def test_a_server_that_is_not_there_is_named(capsys: pytest.CaptureFixture[str],
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    url = f"http://127.0.0.1:{free_port()}"  # nothing listens: a real connection refused
+    monkeypatch.setenv("INFERD_URL", url)
+    assert cli.main(["jobs", "list"]) == 1
+    assert f"inferd jobs list: cannot reach {url}" in capsys.readouterr().err
+
+
+def test_a_bad_limit_is_refused_before_any_request(capsys: pytest.CaptureFixture[str]) -> None:
+    stand = Stand(lambda r: httpx.Response(200, json={"data": []}))
+    assert run(["list", "--limit", "0"], stand) == 1
+    assert stand.requests == [] and "--limit must be at least 1" in capsys.readouterr().err
