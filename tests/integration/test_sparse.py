@@ -160,7 +160,7 @@ def _m3_reference(folder: Path, text: str) -> dict[str, Any]:
 def test_m3_gives_any_subset_of_its_outputs_as_baai_computes_them(root: Path) -> None:
     folder = root / "m3"
     handler = _load(M3Handler, folder)
-    assert handler.describe().other["outputs"] == ["dense", "sparse", "multivector"]
+    assert handler.describe().other["outputs"] == ["dense", "sparse", "multivector", "token_states"]
     subsets = [("dense", "sparse", "multivector"), ("sparse",), ("multivector", "dense"), ("sparse", "multivector")]
     asks = [asking(t, subsets[i % len(subsets)]) for i, t in enumerate(TEXTS)]
     got = _run(handler, asks)  # one batch, one pass, every text its own subset
@@ -211,8 +211,8 @@ def test_an_output_the_model_lacks_is_refused_by_name(root: Path, tmp_path: Path
     shutil.copytree(root / "m3", folder)
     (folder / "colbert_linear.pt").unlink()
     handler = _load(M3Handler, folder)
-    assert handler.describe().other["outputs"] == ["dense", "sparse"]
-    with pytest.raises(InputError, match="asks for multivector; this model gives dense, sparse"):
+    assert handler.describe().other["outputs"] == ["dense", "sparse", "token_states"]
+    with pytest.raises(InputError, match="asks for multivector; this model gives dense, sparse, token_states"):
         handler.preprocess([asking("hello", ("dense",)), asking("world", ("multivector",))])
     cfg = json.loads((folder / "config.json").read_text())
     assert cfg["model_type"] == "xlm-roberta"

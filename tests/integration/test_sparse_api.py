@@ -117,7 +117,8 @@ def reference(folder: Path, text: str) -> dict[str, Any]:
         if i not in unused and w > 0:
             lexical[i] = max(lexical.get(i, 0.0), w)
     return {"dense": torch.nn.functional.normalize(hidden[0], dim=-1).numpy(), "sparse": dict(sorted(lexical.items())),
-            "multivector": tokens, "tokens": {i: tokenizer.convert_ids_to_tokens(i) for i in lexical}}
+            "multivector": tokens, "tokens": {i: tokenizer.convert_ids_to_tokens(i) for i in lexical},
+            "hidden": hidden.numpy()}
 
 
 def _encode(client: httpx.Client, texts: Any, outputs: list[str], **extra: Any) -> list[dict[str, Any]]:
@@ -136,8 +137,8 @@ def test_tei_routes_answer_tei_s_shapes_with_baai_s_outputs(client: httpx.Client
         np.testing.assert_allclose([p["value"] for p in got], list(ref["sparse"].values()), atol=TOL)
     every = client.post("/embed_all", json={"inputs": TEXTS[1], "truncation_direction": "Right"})
     assert every.status_code == 200, every.text
-    (tokens,) = every.json()  # one text: still a list of inputs, as TEI answers
-    np.testing.assert_allclose(np.asarray(tokens), refs[1]["multivector"], atol=TOL)
+    (tokens,) = every.json()  # one text: still a list of inputs, as TEI answers: its last hidden states
+    np.testing.assert_allclose(np.asarray(tokens), refs[1]["hidden"], atol=TOL)
     # One pass, three outputs, each equal to what it is alone and to the formulas.
     both = _encode(client, TEXTS, ["multivector", "dense", "sparse"], return_tokens=True)
     for item, ref, alone in zip(both, refs, _encode(client, TEXTS, ["sparse"]), strict=True):
@@ -212,14 +213,17 @@ def test_a_late_interaction_model_reranks_by_maxsim(client: httpx.Client, encode
 def test_what_a_model_cannot_give_and_the_token_vector_cap_are_refused_by_name(client: httpx.Client) -> None:
     gives = {m["name"]: m["outputs"] for m in client.get("/info").json()["models"]}
     assert (gives["m3"], gives["splade"], gives["colbert"], gives["dense"], gives["m3-rerank"]) == (
-        ["dense", "sparse", "multivector"], ["sparse"], ["multivector"], ["dense"], None)
+        ["dense", "sparse", "multivector", "token_states"], ["sparse"], ["multivector"], ["dense", "token_states"],
+        None)
     r = client.post("/v1/encode", json={"input": "hello", "outputs": ["sparse"], "model": "dense"})
     assert r.status_code == 422 and r.json()["error"]["param"] == "outputs"
-    assert r.json()["error"]["message"] == "outputs: sparse is not an output of model 'dense', which gives dense"
+    assert r.json()["error"]["message"] == ("outputs: sparse is not an output of model 'dense', which gives dense, "
+                                            "token_states")
     assert r.json()["error"]["code"] == "unsupported_output"
     r = client.post("/embed_sparse", json={"inputs": "hello", "model": "dense"})
     assert r.status_code == 422 and r.json() == {
-        "error": "model: sparse is not an output of model 'dense', which gives dense", "error_type": "validation"}
+        "error": "model: sparse is not an output of model 'dense', which gives dense, token_states",
+        "error_type": "validation"}
     long = [" ".join(WORDS[:20])] * 3  # 3 x 21 token vectors > CAP
     r = client.post("/embed_all", json={"inputs": long})
     assert r.status_code == 422 and "limits.max_multivector_tokens" in r.json()["error"], r.text
@@ -246,8 +250,12 @@ def test_the_token_vector_cap_is_decided_before_the_pass(client: httpx.Client) -
         r = client.post("/v1/encode", json={"input": long, "outputs": ["multivector"], "model": model})
         assert r.status_code == 422 and r.json()["error"]["code"] == "too_many_token_vectors", r.text
         assert r.json()["error"]["param"] == "input" and "limits.max_multivector_tokens" in r.json()["error"]["message"]
-        r = client.post("/embed_all", json={"inputs": long, "model": model})
-        assert r.status_code == 422 and "limits.max_multivector_tokens" in r.json()["error"], r.text
+    r = client.post("/embed_all", json={"inputs": long, "model": "m3"})  # its token states, as many
+    assert r.status_code == 422 and "limits.max_multivector_tokens" in r.json()["error"], r.text
+    # A ColBERT graph keeps only its projection: TEI's hidden states are not its to give.
+    r = client.post("/embed_all", json={"inputs": long, "model": "colbert"})
+    assert r.status_code == 422 and r.json()["error"] == (
+        "model: token_states is not an output of model 'colbert', which gives multivector"), r.text
     assert batches() == before
     for model in ("m3-rerank", "colbert-rerank"):
         r = client.post("/v1/rerank", json={"query": "q", "documents": long * 3, "model": model})

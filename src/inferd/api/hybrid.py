@@ -38,7 +38,7 @@ def check_token_vectors(outputs: Sequence[TextOutputs], limit: int, param: str =
     vectors in all, it is refused (422, too long, naming the setting) rather than sent. The model refuses such a
     request from its token counts before the pass (core/tasks/base.py TokenVectorTask); this holds the answer to it
     when cached outputs join fresh ones, or the limit changed under a loaded model."""
-    count = sum(len(o.multivector) for o in outputs if o.multivector is not None)
+    count = sum(len(v) for o in outputs for v in (o.multivector, o.token_states) if v is not None)
     if count > limit:
         raise refusal(Kind.TOO_LONG, f"{param}: {token_vectors_refusal(count, limit)}", "too_many_token_vectors",
                       param)

@@ -2,10 +2,11 @@
 ``EmbedSparseRequest``, ``EmbedAllRequest``) in TEI's shapes and error shape: a model's sparse weights as
 ``[[{"index", "value"}]]`` and its token vectors as ``[[[float]]]``, always a list per input (one text or many).
 
-TEI's /embed_all answers a model's last hidden states, every token included; here it answers the model's
-multi-vector output (ColBERT's or bge-m3's token vectors: projected, normalised, special tokens left out), the
-vectors a late-interaction index stores. A model without that output (or, on /embed_sparse, without sparse
-weights) is refused with 422 naming what it gives.
+TEI's /embed_all answers a model's last hidden states, every token included (its raw embeddings); so does this
+one, on any embedder whose forward pass hands over hidden states (core/tasks/token_states.py: a BERT, ModernBERT or
+decoder embedder, bge-m3), unnormalised, special tokens and a prompt included. A model without them (a ColBERT
+graph keeps only its projection: its token vectors are /v1/encode's ``multivector``; a SPLADE head) or, on
+/embed_sparse, without sparse weights, is refused with 422 naming what it gives.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from inferd.api.tei_shape import tei_errors, tei_inputs, tei_responses
 from inferd.core.outputs import TextOutputs
 from inferd.core.prompts import Prompt
 from inferd.core.request import InferenceRequest
-from inferd.core.tasks.kinds import MULTIVECTOR, SPARSE
+from inferd.core.tasks.kinds import SPARSE, TOKEN_STATES
 from inferd.core.tasks.task import Output
 from inferd.settings import LimitSettings
 
@@ -36,7 +37,7 @@ _SPARSE = {"description": "Each input's nonzero weights by vocabulary id", "cont
     "schema": {"type": "array", "items": {"type": "array", "items": {
         "type": "object", "required": ["index", "value"],
         "properties": {"index": {"type": "integer"}, "value": {"type": "number"}}}}}}}}
-_ALL = {"description": "Each input's token vectors", "content": {"application/json": {"schema": {
+_ALL = {"description": "Each input's last hidden state of every token", "content": {"application/json": {"schema": {
     "type": "array", "items": {"type": "array", "items": {"type": "array", "items": {"type": "number"}}}}}}}
 
 
@@ -56,14 +57,14 @@ def _sparse_weights(outputs: list[TextOutputs], limits: LimitSettings) -> Respon
     return json_response([hybrid.sparse_pairs(o.sparse) for o in outputs if o.sparse is not None])
 
 
-def _token_vectors(outputs: list[TextOutputs], limits: LimitSettings) -> Response:
+def _token_states(outputs: list[TextOutputs], limits: LimitSettings) -> Response:
     hybrid.check_token_vectors(outputs, limits.max_multivector_tokens)
-    return json_response([o.multivector for o in outputs])
+    return json_response([o.token_states for o in outputs])
 
 
 # TEI's answer of each output its routes give (keyed by the output object), within its limit.
 _ANSWERS: dict[Output, Callable[[list[TextOutputs], LimitSettings], Response]] = {
-    SPARSE: _sparse_weights, MULTIVECTOR: _token_vectors}
+    SPARSE: _sparse_weights, TOKEN_STATES: _token_states}
 
 
 async def _outputs(request: Request, schema: type[TEIEmbedSparseRequest], output: Output) -> Response:
@@ -86,6 +87,6 @@ async def embed_sparse(request: Request) -> Response:
                          responses=tei_responses(_ALL, *INFERENCE_ERRORS))
 @tei_errors
 async def embed_all(request: Request) -> Response:
-    """TEI's embed_all: the same body → each input's token vectors (a multi-vector model's: ColBERT's, bge-m3's),
-    at most ``limits.max_multivector_tokens`` in one answer (422 naming it)."""
-    return await _outputs(request, TEIEmbedAllRequest, MULTIVECTOR)
+    """TEI's embed_all: the same body → each input's last hidden state of every token (special tokens included),
+    at most ``limits.max_multivector_tokens`` token vectors in one answer (422 naming it)."""
+    return await _outputs(request, TEIEmbedAllRequest, TOKEN_STATES)

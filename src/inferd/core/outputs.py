@@ -17,7 +17,7 @@ import numpy as np
 
 from inferd.core.preprocess import TextInput
 
-OUTPUTS = ("dense", "sparse", "multivector")
+OUTPUTS = ("dense", "sparse", "multivector", "token_states")
 
 
 @dataclass(frozen=True, eq=False)
@@ -75,6 +75,8 @@ class TextOutputs:
     dense: np.ndarray | None = None
     sparse: SparseVector | None = None
     multivector: np.ndarray | None = None
+    # The last hidden state of every token the model saw, ``[tokens, hidden]`` float32 (core/tasks/token_states.py).
+    token_states: np.ndarray | None = None
 
     @property
     def kinds(self) -> tuple[str, ...]:

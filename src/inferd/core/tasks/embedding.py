@@ -26,10 +26,12 @@ from tokenizers import Tokenizer, normalizers
 from inferd.core.description import ModelDescription, TaskFacts
 from inferd.core.errors import ModelLoadError
 from inferd.core.families import default_pooling
+from inferd.core.outputs import TextOutputs
 from inferd.core.preprocess import Encoded, TextEncoder
 from inferd.core.spec import ModelSpec
 from inferd.core.tasks import st_folder
 from inferd.core.tasks.base import ModelTask, check_weights, dimension_refusal, length_limit, load_tokenizer
+from inferd.core.tasks.token_states import WithStates, asks_states, mark, states_of
 
 # Every pooler takes the hidden states [batch, length, hidden], the mask of the tokens to pool (a prompt left out
 # of pooling is 0 there) and the attention mask (the tokens the model saw; None: the same). Padding may sit on
@@ -278,22 +280,30 @@ class EmbeddingHandler(ModelTask):
         self.matryoshka = matryoshka(spec.settings.matryoshka_dimensions, spec.path, self.dimension)
         self.tokenizer, self.encoder = folder_encoder(tokenizer, folder, self.max_seq_length, spec, self.prompts,
                                                       exclude_prompt=not folder.include_prompt)
+        self.max_token_vectors = spec.max_token_vectors
         self.open_runner(spec, device, safetensors)  # last: see ModelTask
 
     def describe(self) -> TaskFacts:
+        # Its token states are an output beside the dense vector (the gate measures the dense one: ``outputs``).
         return TaskFacts(dimension=self.dimension, pooling=self.pooling, normalize=self.normalize,
                          similarity_fn_name=self.similarity_fn_name, matryoshka_dimensions=self.matryoshka,
                          prompts=dict(self.prompts), default_prompt_name=self.default_prompt_name,
-                         other={"dense": list(self.dense), "include_prompt": not self.encoder.exclude_prompt})
+                         other={"dense": list(self.dense), "include_prompt": not self.encoder.exclude_prompt,
+                                "outputs": [*self.outputs, "token_states"]})
 
     def incompatibility(self, serving: ModelDescription, allow_change: bool) -> str | None:
         return dimension_refusal(self.dimension, serving, allow_change)
 
     def preprocess(self, texts: list[str]) -> list[Encoded]:
-        return self.encoder.encode(texts)
+        return mark(texts, self.encoder.encode(texts), (*self.outputs, "token_states"), self.max_token_vectors)
 
     def run(self, runner: Any, batch: list[Encoded]) -> np.ndarray:
         """Pooled vectors for a batch, the forward pass on ``runner`` (the accuracy gate passes torch's)."""
+        return self.forward(runner, batch)[0]
+
+    def forward(self, runner: Any, batch: list[Encoded]) -> tuple[np.ndarray, torch.Tensor, torch.Tensor]:
+        """The pooled vectors, and the hidden states with the attention mask they were computed under (left on
+        the device: only the rows that asked for them are copied out)."""
         ids, mask, _ = self.collate(batch)
         pool_mask = mask
         if any(e.skip for e in batch):  # prompts left out of pooling (include_prompt: false)
@@ -306,9 +316,16 @@ class EmbeddingHandler(ModelTask):
             pooled = torch.cat([POOLERS[m](hidden, keep, seen) for m in self.pooling_modes], dim=-1).float()
             if self._head is not None:
                 pooled = self._head.to(pooled.device)(pooled)
-            return pooled.cpu().numpy()
+            return pooled.cpu().numpy(), hidden, mask
 
-    def postprocess(self, outputs: np.ndarray) -> list[np.ndarray]:
+    def infer(self, batch: list[Encoded]) -> Any:
+        if not asks_states(batch):
+            return self.run(self.runner, batch)
+        pooled, hidden, mask = self.forward(self.runner, batch)
+        return [TextOutputs(dense=pooled[row] if e.dense else None, token_states=states_of(hidden, mask, row))
+                if isinstance(e, WithStates) else pooled[row] for row, e in enumerate(batch)]
+
+    def postprocess(self, outputs: Any) -> list[Any]:
         return list(outputs)
 
     def warmup(self) -> None:

@@ -107,7 +107,27 @@ class MultiVector(Output):
         return {"maxsim_spearman": round(agree["spearman"], 6), "maxsim_top3": round(agree["top3"], 4)}
 
 
-DENSE, SPARSE, MULTIVECTOR = Dense(), Sparse(), MultiVector()
+class TokenStates(Output):
+    """The last hidden state of every token (TEI's /embed_all; core/tasks/token_states.py). The gate judges the
+    encoder through the outputs pooled from these, so it never measures them alone: no figure of its is ever
+    present, and its bounds are the dense vector's."""
+
+    name = "token_states"
+    lead_figure = "token_states_cosine_min"
+
+    def bounds(self, kind: str, gate: Any) -> list[Bound]:
+        return DENSE.bounds(kind, gate)
+
+    def cosines(self, reference: list[Any], got: list[Any]) -> np.ndarray:
+        """Of each token's state."""
+        pairs = zip(reference, got, strict=True)
+        return np.concatenate([cosine_rows(x, y) for x, y in pairs if len(x)] or [np.ones(1)])
+
+    def figures(self, reference: list[Any], got: list[Any], ranked: bool) -> dict[str, float | None]:
+        return {}
+
+
+DENSE, SPARSE, MULTIVECTOR, TOKEN_STATES = Dense(), Sparse(), MultiVector(), TokenStates()
 # What an embedding request asks for unless it says otherwise.
 DEFAULT_OUTPUTS = (DENSE.name,)
 

@@ -11,13 +11,13 @@ from typing import Any
 from inferd.core.agreement import Bound
 from inferd.core.tasks.classification_task import CLASSIFICATION, LabelDrift, label_figures
 from inferd.core.tasks.drift import Drift, Worst
-from inferd.core.tasks.embedding_task import DENSE, EMBEDDING, MULTIVECTOR, SPARSE
+from inferd.core.tasks.embedding_task import DENSE, EMBEDDING, MULTIVECTOR, SPARSE, TOKEN_STATES
 from inferd.core.tasks.rerank_task import RERANK
 from inferd.core.tasks.task import Output, Task
 
 # One object per task (a route family's table of what it does per task is keyed by these, never by the name).
 TASKS: dict[str, Task] = {t.name: t for t in (EMBEDDING, RERANK, CLASSIFICATION)}
-OUTPUTS: dict[str, Output] = {o.name: o for o in (DENSE, SPARSE, MULTIVECTOR)}
+OUTPUTS: dict[str, Output] = {o.name: o for o in (DENSE, SPARSE, MULTIVECTOR, TOKEN_STATES)}
 
 
 class PluginTask(Task):

@@ -115,7 +115,7 @@ class M3Handler(TokenVectorTask):
         return TaskFacts(
             dimension=self.dimension, pooling="+".join(self.pooling_modes), normalize=self.normalize,
             similarity_fn_name="cosine", prompts=dict(self.prompts), default_prompt_name=self.default_prompt_name,
-            other={"outputs": list(self.outputs), "multivector_dimension": self.colbert_dim or None,
+            other={"outputs": [*self.outputs, "token_states"], "multivector_dimension": self.colbert_dim or None,
                    "include_prompt": not self.encoder.exclude_prompt})
 
     def incompatibility(self, serving: Any, allow_change: bool) -> str | None:
@@ -125,16 +125,20 @@ class M3Handler(TokenVectorTask):
         out: list[Encoded] = []
         for i, (text, enc) in enumerate(zip(texts, self.encoder.encode(texts), strict=True)):
             wanted = asked(text, ())
-            missing = [k for k in wanted if k not in self.outputs]
+            gives = (*self.outputs, "token_states")  # its encoder's last hidden states too (TEI's /embed_all)
+            missing = [k for k in wanted if k not in gives]
             if missing:
-                raise InputError(i, f"asks for {', '.join(missing)}; this model gives {', '.join(self.outputs)}",
+                raise InputError(i, f"asks for {', '.join(missing)}; this model gives {', '.join(gives)}",
                                  "unsupported_output")
             out.append(Asked(enc.ids, enc.truncated, enc.type_ids, enc.skip, wanted) if wanted else enc)
         return out
 
     def token_vectors(self, item: Encoded) -> int:
-        # Every token after the first, up to the text's end (multivector below).
-        return item.tokens - 1 if isinstance(item, Asked) and "multivector" in item.outputs else 0
+        # Every token after the first, up to the text's end (multivector below); every token for its states.
+        if not isinstance(item, Asked):
+            return 0
+        return (item.tokens - 1 if "multivector" in item.outputs else 0) + (
+            item.tokens if "token_states" in item.outputs else 0)
 
     def tokens(self, runner: Any, batch: list[Encoded]) -> tuple[torch.Tensor, torch.Tensor]:
         """The head's token outputs ``[batch, length, hidden + 1 + dim]`` and the attention mask."""
@@ -187,7 +191,9 @@ class M3Handler(TokenVectorTask):
                 sparse=self.lexical(enc.ids, out[row, : enc.tokens, self.hidden].numpy())
                 if "sparse" in wanted else None,
                 multivector=self.multivector(out[row, 1: enc.tokens, -self.colbert_dim:])
-                if "multivector" in wanted else None))
+                if "multivector" in wanted else None,
+                token_states=np.ascontiguousarray(out[row, : enc.tokens, : self.hidden].numpy())
+                if "token_states" in wanted else None))
         return results
 
     def lexical(self, ids: list[int], weights: np.ndarray) -> SparseVector:
