@@ -38,4 +38,12 @@ HEALTHCHECK --interval=10s --timeout=3s --start-period=120s \
 # short: give it longer than drain_timeout_s + 5 s, e.g. `docker run --stop-timeout 40`, `docker stop -t 40`, or
 # `stop_grace_period: 40s` in compose (Kubernetes: terminationGracePeriodSeconds, deploy/k8s).
 STOPSIGNAL SIGTERM
+# Managed platforms (docs/platforms.md), their routes beside every other:
+# - Amazon SageMaker runs `docker run IMAGE serve` and calls GET /ping and POST /invocations on port 8080. Build
+#   over this image with ENTRYPOINT ["inferd"] and ENV INFERD__SERVER__PLATFORM=sagemaker (its single-container
+#   endpoints set no variable to detect; SAGEMAKER_BIND_TO_PORT, where set, is its port); it sends SIGKILL 30 s
+#   after SIGTERM, so lower INFERD__SERVER__DRAIN_TIMEOUT_S to 20 there.
+# - Google Vertex AI keeps this command and sets AIP_HTTP_PORT, AIP_PREDICT_ROUTE and AIP_HEALTH_ROUTE: inferd
+#   serve detects them, listens on AIP_HTTP_PORT (over --port below) and answers {"instances": [...]} with
+#   {"predictions": [...]} on the predict route, readiness on the health route.
 CMD ["inferd", "serve", "--host", "0.0.0.0", "--port", "8000"]
