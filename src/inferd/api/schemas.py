@@ -41,9 +41,11 @@ class ChunkingOptions(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    mode: Literal["pooled", "pieces"] = Field(
+    mode: Literal["pooled", "pieces", "late"] = Field(
         "pooled", description="pooled: one vector per text, the token-weighted mean of its pieces' (renormalised "
-                              "when the model's vectors are unit length); pieces: every piece's too, with its span")
+                              "when the model's vectors are unit length); pieces: every piece's too, with its span; "
+                              "late: as pieces, each piece pooled from one pass over the window around it (late "
+                              "chunking)")
     max_tokens: StrictInt | None = Field(None, gt=0, description="Tokens per piece (null: as many as the model's "
                                          "window leaves beside its special tokens and prompt)")
     overlap: StrictInt = Field(0, ge=0, description="Tokens shared by neighbouring pieces (less than max_tokens)")

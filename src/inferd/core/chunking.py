@@ -25,8 +25,10 @@ from tokenizers import Tokenizer
 
 from inferd.core.errors import EngineError, Kind
 
-# How a document's pieces are answered: one vector per document (pooled over its pieces), or every piece.
-MODES = ("pooled", "pieces")
+# How a document's pieces are answered: one vector per document (pooled over its pieces), or every piece; or every
+# piece pooled from the token states of one pass over the window around it (core/late_chunking.py).
+LATE = "late"
+MODES = ("pooled", "pieces", LATE)
 
 
 @dataclass(frozen=True)
