@@ -40,8 +40,10 @@ _SAFE_ID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
 # (inferd.server.http writes the answer; the app only sees the client go). Anything else gone is 499.
 ABORT_STATUS = {"body_timeout": 408, "shutdown": 503}
 CLIENT_CLOSED = 499  # nginx's "client closed request": counted apart from the server's own errors
-# Probes and scrapes, every few seconds from every load balancer and Prometheus: never traced.
-UNTRACED = frozenset({"/health", "/health/live", "/health/ready", "/metrics"})
+# Probes and scrapes, every few seconds from every load balancer and Prometheus: never traced (the Open Inference
+# Protocol's probes and SageMaker's /ping are probes too).
+UNTRACED = frozenset({"/health", "/health/live", "/health/ready", "/metrics", "/v2/health/live", "/v2/health/ready",
+                      "/ping"})
 
 
 # The scope's key for a callable giving more response headers from the time the response starts (a tenant's
