@@ -41,8 +41,17 @@ access_log = logging.getLogger("inferd.access")
 M = TypeVar("M")
 R = TypeVar("R")
 
+DEADLINE_MARGIN_MS = 20.0
 # A status the server caused (a span's error, as a 5xx is HTTP's); the others are the client's.
 _SERVER_FAULTS = frozenset({Code.INTERNAL, Code.UNKNOWN, Code.UNAVAILABLE, Code.DATA_LOSS, Code.UNIMPLEMENTED})
+
+
+def deadline_ms(left_s: float) -> float:
+    """The request's timeout for a call with ``left_s`` seconds to its deadline: a little less (a tenth, at most
+    DEADLINE_MARGIN_MS), so the server's DEADLINE_EXCEEDED, which says where the time went, reaches the client
+    before its own timer fires with none."""
+    left = left_s * 1000.0
+    return min(max(left - min(left / 10, DEADLINE_MARGIN_MS), 1.0), MAX_TIMEOUT_MS)
 
 
 class Call:
@@ -79,7 +88,7 @@ class Call:
         if left is not None:
             if left <= 0:
                 raise Refused(Code.DEADLINE_EXCEEDED, "the call's deadline passed before it was read")
-            out["timeout_ms"] = min(max(left * 1000.0, 1.0), MAX_TIMEOUT_MS)
+            out["timeout_ms"] = deadline_ms(left)
         return out
 
     def build(self, inputs: Any, names: Names, **options: Any) -> InferenceRequest:
