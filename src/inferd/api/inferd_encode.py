@@ -15,7 +15,7 @@ from typing import Any
 from fastapi import APIRouter, Depends, Request
 from starlette.responses import Response
 
-from inferd.api import hybrid, vectors
+from inferd.api import documents, hybrid, vectors
 from inferd.api.bodies import json_response
 from inferd.api.engine_call import INFERENCE_ERRORS, build, read_request, run, served_name
 from inferd.api.errors import Names
@@ -44,7 +44,8 @@ def _request(request: Request, body: EncodeRequest) -> InferenceRequest:
         inputs = vectors.inputs_of(texts, body.truncation_direction, body.truncate)
     return build(request, inputs, _names(body),
                  task="embedding", model=body.model, priority=body.priority, timeout_ms=body.timeout_ms,
-                 prompt=Prompt(body.prompt_name), outputs=tuple(body.outputs))
+                 prompt=Prompt(body.prompt_name), outputs=tuple(body.outputs),
+                 chunking=documents.chunking_of(body.chunking))
 
 
 def _rows(value: Any, body: EncodeRequest) -> Any:
@@ -61,7 +62,12 @@ _WRITTEN: dict[Output, Callable[[Any, EncodeRequest], Any]] = {DENSE: _rows, SPA
 
 
 def _item(i: int, out: TextOutputs, body: EncodeRequest) -> dict[str, Any]:
-    item: dict[str, Any] = {"object": "encoding", "index": i}
+    return {"object": "encoding", "index": i, **_piece(out, body)}
+
+
+def _piece(out: TextOutputs, body: EncodeRequest) -> dict[str, Any]:
+    """The outputs asked of one text (or piece of a document), each under its name."""
+    item: dict[str, Any] = {}
     for output, write in _WRITTEN.items():
         value = getattr(out, output.name)
         if value is not None and output.name in body.outputs:
@@ -75,11 +81,19 @@ async def encode(request: Request) -> Response:
     """``{"input": str | [str], "outputs": ["dense", "sparse", "multivector"], ...}`` → each text's outputs asked,
     ``{"object": "list", "data": [{"index", "dense"?, "sparse"?, "multivector"?}], "model", "usage"}``."""
     body, engine_request = await read_request(request, EncodeRequest, lambda b: _request(request, b))
+    await documents.check_body_size(request, body.chunking)
     result = await run(request, engine_request, _names(body))
-    outputs = hybrid.outputs_of(result, body.outputs)
+    pooled, pieces = documents.taken_apart(result)
+    outputs = hybrid.outputs_of(pooled, body.outputs)
+    # Pieces' outputs are answered too (mode pieces): the response's bounds hold over all of them.
+    every = outputs + [o for r in pieces or () for o in hybrid.outputs_of(r, body.outputs)]
     limits = services(request).settings.limits
-    hybrid.check_token_vectors(outputs, limits.max_multivector_tokens, "input")
-    hybrid.check_sparse_weights(outputs, limits.max_sparse_weights, "input")
+    hybrid.check_token_vectors(every, limits.max_multivector_tokens, "input")
+    hybrid.check_sparse_weights(every, limits.max_sparse_weights, "input")
     tokens = result.prompt_tokens
-    return json_response({"object": "list", "data": [_item(i, o, body) for i, o in enumerate(outputs)],
+    data = [_item(i, o, body) for i, o in enumerate(outputs)]
+    for i, item in enumerate(data if pieces is not None else ()):
+        shaped = [_piece(o, body) for o in hybrid.outputs_of(pieces[i], body.outputs)]  # type: ignore[index]
+        item["pieces"] = [{**span, **fields} for span, fields in zip(documents.spans(result, i), shaped, strict=True)]
+    return json_response({"object": "list", "data": data,
                           "model": served_name(result), "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})

@@ -5,8 +5,8 @@ The pieces go through admission like any request's texts (core/admission.py): th
 piece it holds, a tenant's budget is charged every piece's tokens, the queue orders them by the request's priority
 and drops them at its deadline, and the scheduler batches them under the model's batching rules, so a document
 of ten thousand pieces runs in as many batches as the rules allow, never one. They are queued in waves of at most
-``PIECES_PER_WAVE`` (and the model's queue), two waves at a time: the queue holds the next wave while the
-current one runs, and no document holds more of the queue than that.
+``PIECES_PER_WAVE``, two waves at a time, together at most the model's queue: the queue holds the next wave
+while the current one runs, and no document holds more of the queue than that.
 
 A document is split on the tokenizer of the model load that runs its pieces (they are pinned to it), with room
 kept for that load's special tokens and prompt. The answer of each document is either its pieces merged (mode
@@ -102,8 +102,11 @@ class Documents:
             deadline = started + timeout_ms / 1e3
             # Pinned to this load: its tokenizer counted the pieces.
             pinned = dataclasses.replace(request, model=served.name, version=slot.version, chunking=None)
-            wave = max(1, min(PIECES_PER_WAVE, served.settings.batching.max_queue))
-            results = await self._waves(pinned, inputs, wave, deadline, disconnected)
+            # The waves in flight together fit the model's queue (a full queue would refuse the next one).
+            max_queue = served.settings.batching.max_queue
+            in_flight = min(WAVES_IN_FLIGHT, max_queue)
+            wave = min(PIECES_PER_WAVE, max_queue // in_flight)
+            results = await self._waves(pinned, inputs, wave, in_flight, deadline, disconnected)
             return self._merged(results, pieces, chunking, slot)
 
     def _piece_size(self, slot: ModelSlot, chunking: Chunking, prompt: str) -> int:
@@ -146,8 +149,8 @@ class Documents:
             out.append(found)
         return out
 
-    async def _waves(self, request: InferenceRequest, inputs: list[Any], wave: int, deadline: float,
-                     disconnected: Callable[[], Awaitable[Any]] | None) -> list[TaskResult]:
+    async def _waves(self, request: InferenceRequest, inputs: list[Any], wave: int, in_flight: int,
+                     deadline: float, disconnected: Callable[[], Awaitable[Any]] | None) -> list[TaskResult]:
         # One watcher of the client for every wave (each wave's would read the same connection).
         gone = None if disconnected is None else asyncio.ensure_future(disconnected())
 
@@ -155,7 +158,7 @@ class Documents:
             assert gone is not None
             return asyncio.shield(gone)
 
-        turns = asyncio.Semaphore(WAVES_IN_FLIGHT)
+        turns = asyncio.Semaphore(in_flight)
 
         async def one(start: int) -> TaskResult:
             async with turns:

@@ -1,0 +1,153 @@
+"""Long documents on the wire with tiny models (issue 41 items 1 and 5), one real server: a dense BERT (window 128
+tokens) and a bge-m3-shaped model (dense, sparse and token vectors from one pass).
+
+- a document's pieces, as /v1/encode answers them, each equal to the piece sent alone as a short text: dense,
+  sparse and multivector; the pooled answer merged from them (dense token-weighted and renormalised, sparse by
+  max, token vectors concatenated); spans that slice the text exactly;
+- a document of more pieces than the model's queue holds runs (in waves through the scheduler), and its pieces
+  are answered by the result cache afterwards;
+- refusals naming the limit: overlap >= piece size, a piece larger than the window leaves, a document over its
+  characters or pieces, a body over limits.max_body_bytes without chunking (accepted with it).
+"""
+
+from __future__ import annotations
+
+import random
+import shutil
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+import yaml
+from conftest import ROOT, Server, metric_value
+from tinymodel import CJK, WORDS, write_tiny_bert
+
+from integration.test_sparse_api import write_tiny_m3
+
+TOL = 1e-5
+MAX_QUEUE = 16  # the dense model's queue: a document of more pieces runs in waves
+MAX_DOC_CHARS = 60_000
+MAX_PIECES = 120
+MAX_BODY = 20_000
+
+
+def document(seed: int, paragraphs: int) -> str:
+    rng = random.Random(seed)
+    out = []
+    for _ in range(paragraphs):
+        sentences = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(4, 14))) + "." for _ in range(3)]
+        sentences.append("".join(rng.choice(CJK) for _ in range(rng.randint(5, 25))) + "。🙂")
+        out.append(" ".join(sentences))
+    return "\n\n".join(out)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory, module_serve: Callable[..., Server]) -> Server:
+    tmp = tmp_path_factory.mktemp("chunking-srv")
+    config = tmp / "configs"
+    config.mkdir()
+    shutil.copy(ROOT / "configs" / "base.yaml", config / "base.yaml")
+    (config / "dev.yaml").write_text(yaml.safe_dump({
+        "models": [{"name": "dense", "path": str(write_tiny_bert(tmp / "dense", seed=11)),
+                    "batching": {"max_queue": MAX_QUEUE, "max_batch_size": 8}, "cache": {"max_entries": 512}},
+                   {"name": "m3", "path": str(write_tiny_m3(tmp / "m3"))}],
+        "limits": {"max_document_chars": MAX_DOC_CHARS, "max_document_pieces": MAX_PIECES,
+                   "max_body_bytes": MAX_BODY, "max_document_body_bytes": 200_000}}))
+    return module_serve({"INFERD_CONFIG_DIR": str(config), "INFERD__MODEL__LOAD_MODE": "eager"},
+                        wait="/health/ready", timeout=180)
+
+
+@pytest.fixture(scope="module")
+def client(server: Server) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=server.url, timeout=120) as c:
+        yield c
+
+
+def _post(client: httpx.Client, path: str, body: dict[str, Any], status: int = 200) -> Any:
+    r = client.post(path, json=body)
+    assert r.status_code == status, r.text
+    return r.json()
+
+
+def _pooled(vectors: list[Any], weights: list[int]) -> np.ndarray:
+    mean = (np.asarray(vectors, dtype=np.float64) * np.asarray(weights, dtype=np.float64)[:, None]).sum(0)
+    return mean / np.linalg.norm(mean)
+
+
+def test_every_output_of_every_piece_is_the_piece_s_own(client: httpx.Client) -> None:
+    text = document(1, 12)
+    outputs = ["dense", "sparse", "multivector"]
+    (item,) = _post(client, "/v1/encode", {"input": [text], "model": "m3", "outputs": outputs,
+                                           "chunking": {"mode": "pieces", "max_tokens": 40, "overlap": 5}})["data"]
+    pieces = item["pieces"]
+    assert len(pieces) > 5
+    texts = [text[p["start"]:p["end"]] for p in pieces]
+    assert all(t and t == t.strip() for t in texts)
+    alone = _post(client, "/v1/encode", {"input": texts, "model": "m3", "outputs": outputs})["data"]
+    for piece, own in zip(pieces, alone, strict=True):
+        assert 0 < piece["tokens"] <= 40
+        np.testing.assert_allclose(piece["dense"], own["dense"], atol=TOL)
+        np.testing.assert_allclose(piece["multivector"], own["multivector"], atol=TOL)
+        assert piece["sparse"]["indices"] == own["sparse"]["indices"]
+        np.testing.assert_allclose(piece["sparse"]["values"], own["sparse"]["values"], atol=TOL)
+    np.testing.assert_allclose(item["dense"], _pooled([o["dense"] for o in alone], [p["tokens"] for p in pieces]),
+                               atol=TOL)
+    np.testing.assert_allclose(item["multivector"], np.concatenate([o["multivector"] for o in alone]), atol=TOL)
+    best: dict[int, float] = {}
+    for own in alone:
+        for i, v in zip(own["sparse"]["indices"], own["sparse"]["values"], strict=True):
+            best[i] = max(best.get(i, 0.0), v)
+    assert item["sparse"]["indices"] == sorted(best)
+    np.testing.assert_allclose(item["sparse"]["values"], [best[i] for i in sorted(best)], atol=TOL)
+    # Mode pooled answers exactly the pieces' merge, in the short-text shape.
+    (plain,) = _post(client, "/v1/encode", {"input": text, "model": "m3", "outputs": outputs,
+                                            "chunking": {"max_tokens": 40, "overlap": 5}})["data"]
+    assert "pieces" not in plain
+    np.testing.assert_allclose(plain["dense"], item["dense"], atol=TOL)
+    assert plain["sparse"]["indices"] == item["sparse"]["indices"]
+
+
+def test_a_document_larger_than_the_queue_runs_in_waves_and_pieces_hit_the_cache(
+        client: httpx.Client, server: Server) -> None:
+    text = document(2, 80)
+    body = {"input": [text, "a short one"], "model": "dense", "chunking": {"mode": "pieces"}}
+    first = _post(client, "/v1/embeddings", body)["data"]
+    pieces = first[0]["pieces"]
+    assert len(pieces) > 2 * MAX_QUEUE  # more than the queue holds at once
+    assert len(first[1]["pieces"]) == 1 and first[1]["pieces"][0]["start"] == 0
+    # Without overlap the pieces and whitespace make up the text; each fits the window (128 less [CLS] and [SEP]).
+    assert all(text[a["end"]:b["start"]].strip() == "" for a, b in zip(pieces, pieces[1:], strict=False))
+    assert all(p["tokens"] <= 126 for p in pieces)
+    np.testing.assert_allclose(first[0]["embedding"], _pooled([p["embedding"] for p in pieces],
+                                                              [p["tokens"] for p in pieces]), atol=TOL)
+    before = client.get("/metrics").text
+    again = _post(client, "/v1/embeddings", body)["data"]
+    after = client.get("/metrics").text
+    hits = [metric_value(m, "inferd_cache_hits_total", cache="dense") for m in (before, after)]
+    assert hits[1] - hits[0] == len(pieces) + 1
+    np.testing.assert_allclose(again[0]["embedding"], first[0]["embedding"], atol=TOL)
+
+
+@pytest.mark.parametrize(("chunking", "field", "code"), [
+    ({"max_tokens": 20, "overlap": 20}, "chunking.overlap", "overlap_too_large"),
+    ({"max_tokens": 127}, "chunking.max_tokens", "chunk_too_large"),
+    ({"max_tokens": 2}, "input", "too_many_pieces"),
+])
+def test_refusals_name_the_limit(client: httpx.Client, chunking: dict[str, Any], field: str, code: str) -> None:
+    error = _post(client, "/v1/embeddings", {"input": document(3, 6), "model": "dense", "chunking": chunking},
+                  422)["error"]
+    assert error["code"] == code and error["param"] == field, error
+
+
+def test_document_limits_and_the_body_limit(client: httpx.Client) -> None:
+    long = document(4, 400)[:MAX_DOC_CHARS + 1]
+    error = _post(client, "/v1/embeddings", {"input": [long], "model": "dense", "chunking": {}}, 422)["error"]
+    assert error["code"] == "text_too_long" and str(MAX_DOC_CHARS) in error["message"]
+    # A body over limits.max_body_bytes: refused without chunking, taken with it (its own, larger limit).
+    texts = [document(seed, 12)[:2_000] for seed in range(12)]  # under each text's limits, over the body's
+    error = _post(client, "/v1/embeddings", {"input": texts, "model": "dense"}, 413)["error"]
+    assert "limits.max_body_bytes" in error["message"]
+    data = _post(client, "/v1/embeddings", {"input": texts, "model": "dense", "chunking": {}})["data"]
+    assert len(data) == 12
