@@ -135,6 +135,9 @@ def test_bad_input_gets_the_protocols_error_never_a_500(server: Server,
     refused(lambda: client.infer("embedder", [texts("text", TEXTS)],
                                  outputs=[triton.InferRequestedOutput("vector")]), 400, "unknown ['vector']")
     refused(lambda: client.infer("embedder", [texts("text", ["fine", " "])]), 422, "text[1]")
+    # Triton's parameters: a timeout past inferd's longest (in microseconds), a priority level below 0.
+    refused(lambda: client.infer("embedder", [texts("text", TEXTS)], timeout=10**12), 422, "parameters.timeout")
+    refused(lambda: client.infer("embedder", [texts("text", TEXTS)], priority=-1), 400, "parameters.priority")
 
     url = server.url + "/v2/models/embedder/infer"
     cases = [

@@ -144,12 +144,15 @@ def _classified(result: TaskResult) -> list[OutputTensor]:
 
 
 _TEXT = TensorSpec("text", "BYTES", (-1,))
+# The engine's options by the request's parameters they come from.
+_PARAMETERS = {"priority": "parameters.priority", "timeout_ms": "parameters.timeout"}
 SIGNATURES: dict[Task, Signature] = {
-    EMBEDDING: Signature((_TEXT,), _embedding_outputs, _texts, _embedded, Names("text")),
+    EMBEDDING: Signature((_TEXT,), _embedding_outputs, _texts, _embedded, Names("text", fields=_PARAMETERS)),
     RERANK: Signature((TensorSpec("query", "BYTES", (1,)), TensorSpec("documents", "BYTES", (-1,))),
                       lambda d: (TensorSpec("score", "FP32", (-1,)),), _pairs, _scored,
-                      Names("documents", query="query")),
-    CLASSIFICATION: Signature((_TEXT,), _classification_outputs, _texts, _classified, Names("text")),
+                      Names("documents", query="query", fields=_PARAMETERS)),
+    CLASSIFICATION: Signature((_TEXT,), _classification_outputs, _texts, _classified,
+                              Names("text", fields=_PARAMETERS)),
 }
 
 
