@@ -23,8 +23,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from inferd.core import late_chunking
 from inferd.core.admission import Admission
-from inferd.core.chunking import Chunking, Piece, backend, split
+from inferd.core.chunking import LATE, Chunking, Piece, backend, split
 from inferd.core.errors import EngineError, Kind, deadline_passed
 from inferd.core.outcomes import TaskResult
 from inferd.core.preprocess import TextInput
@@ -32,6 +33,7 @@ from inferd.core.prompts import prompt_text
 from inferd.core.registry import ModelRegistry
 from inferd.core.request import InferenceRequest
 from inferd.core.slots import ModelSlot
+from inferd.core.tasks.embedding_task import TOKEN_STATES
 from inferd.core.tasks.piece_merge import merge
 from inferd.settings import LimitSettings
 
@@ -90,6 +92,10 @@ class Documents:
         started = time.monotonic()
         async with self.admission.hold(served.name if pin is None else f"{served.name}@{pin}",
                                        request.task) as slot:
+            late = chunking.mode == LATE
+            refused = late_chunking.refusal(slot.description, request.outputs) if late else None
+            if refused is not None:
+                raise refused
             prompt = "" if request.prompt is None else prompt_text(
                 slot.description, request.prompt, served.settings.model.input_type_prompts)
             size = self._piece_size(slot, chunking, prompt)
@@ -106,8 +112,25 @@ class Documents:
             max_queue = served.settings.batching.max_queue
             in_flight = min(WAVES_IN_FLIGHT, max_queue)
             wave = min(PIECES_PER_WAVE, max_queue // in_flight)
+            if late:
+                return await self._late(pinned, texts, pieces, slot, prompt, (wave, in_flight), deadline,
+                                        disconnected)
             results = await self._waves(pinned, inputs, wave, in_flight, deadline, disconnected)
             return self._merged(results, pieces, chunking, slot)
+
+    async def _late(self, request: InferenceRequest, texts: list[str], pieces: list[list[Piece]], slot: ModelSlot,
+                    prompt: str, waves: tuple[int, int], deadline: float,
+                    disconnected: Callable[[], Awaitable[Any]] | None) -> TaskResult:
+        """Late chunking (core/late_chunking.py): windows of whole pieces run as inputs asking for their token
+        states, each piece pooled from its window's; answered as mode ``pieces`` is."""
+        window = slot.description.max_seq_length or slot.handler.max_seq_length or 0
+        async with self._threads:
+            late = await asyncio.to_thread(late_chunking.plan, texts, pieces, slot.handler.tokenizer, prompt, window)
+        inputs = [piece_input(request.inputs[d], text) for d, text in late.inputs]
+        asking = dataclasses.replace(request, outputs=(TOKEN_STATES.name,))
+        wave = late_chunking.wave_size(window, self.limits.max_multivector_tokens, waves[0])
+        results = await self._waves(asking, inputs, wave, waves[1], deadline, disconnected)
+        return await asyncio.to_thread(late_chunking.merged, late, results, slot.description, DocumentPieces)
 
     def _piece_size(self, slot: ModelSlot, chunking: Chunking, prompt: str) -> int:
         tokenizer = slot.handler.tokenizer
