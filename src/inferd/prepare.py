@@ -1,0 +1,77 @@
+"""``inferd prepare``: fill the cache a server will start from, so it starts warm (an image build, an init container,
+a Kubernetes Job writing a shared volume).
+
+For ``model.backend: auto`` it judges the candidates a server on this machine would judge, in the same order, and
+stops at the first the gate passes (core/backends/auto.py): a server started on that cache opens the passed graph
+from it and reads every refusal before it from the stored figures, exporting and judging nothing. For any other
+backend it is ``inferd export``. Each candidate is loaded as ``inferd export`` loads one (no warm-up); the entries'
+lock (core/backends/factory.py ``entry_lock``) lets several run at once on one cache without exporting twice.
+
+Exit status: 0 when the cache is ready (a candidate passed, or every one was refused by the gate or skipped on this
+machine: torch will serve at once, judging nothing); 1 when a candidate could not be made for another reason (a cache
+folder that cannot be written, a model that does not load: a server would try again at every start); 2 for a
+configuration refused.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+import time
+from typing import Any
+
+from inferd.core.backends.auto import candidates
+from inferd.core.backends.base import cpu_flags
+from inferd.core.errors import ModelLoadError
+from inferd.core.loading import load_handler
+from inferd.core.spec import ModelSpec, spec_from_settings
+from inferd.settings import Settings
+
+# How a gate refusal reads (factory.open_backend): a verdict, cached; any other failure is not one.
+GATE_REFUSAL = "refused by the accuracy gate"
+
+
+def judge(spec: ModelSpec, runtime: dict[str, str]) -> dict[str, Any]:
+    """One candidate's load into the cache: its verdict, and what the load says (the cache entry, the figures)."""
+    started = time.monotonic()
+    try:
+        handler = load_handler(dataclasses.replace(spec, warmup=False, **runtime))
+    except ModelLoadError as exc:
+        state = "refused" if GATE_REFUSAL in str(exc) else "failed"
+        return {"state": state, "reason": str(exc), "seconds": round(time.monotonic() - started, 3)}
+    info = dict(handler.backend_info or {})
+    handler.close()
+    return {"state": "passed", "seconds": round(time.monotonic() - started, 3), "cache": info.get("cache"),
+            "cache_entry": info.get("cache_entry"), "gate": info.get("gate")}
+
+
+def prepare(settings: Settings) -> int:
+    spec = spec_from_settings(settings)
+    if settings.model.backend != "auto":
+        runtime = {"backend": spec.backend, "dtype": spec.dtype, "quantize": spec.quantize}
+        if spec.backend == "torch":
+            print(json.dumps({"ready": True, "runtime": "torch", "note": "torch needs no export"}, indent=2))
+            return 0
+        # One backend asked for, as ``inferd export``: a refusal leaves the server nothing to start on, so it fails.
+        verdict = judge(spec, runtime)
+        print(json.dumps({"ready": verdict["state"] == "passed", **verdict}, indent=2))
+        return 0 if verdict["state"] == "passed" else 1
+    try:
+        todo, skipped = candidates(cpu_flags(), spec.device.startswith("cuda"), settings.model.auto_candidates)
+    except ValueError as exc:
+        print(f"inferd prepare: {exc}", file=sys.stderr)
+        return 2
+    out: dict[str, Any] = {"serves": "torch-float32", "candidates": {}}
+    for candidate in todo:
+        verdict = judge(spec, candidate.runtime())
+        out["candidates"][candidate.name] = verdict
+        print(f"inferd prepare: {candidate.name} {verdict['state']} in {verdict['seconds']} s", file=sys.stderr)
+        if verdict["state"] == "passed":
+            out["serves"] = candidate.name
+            break
+    out["candidates"].update({name: {"state": "skipped", "reason": why} for name, why in skipped.items()})
+    failed = [name for name, v in out["candidates"].items() if v["state"] == "failed"]
+    out["ready"] = not failed
+    print(json.dumps(out, indent=2))
+    return 1 if failed else 0
