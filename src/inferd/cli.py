@@ -1,4 +1,4 @@
-"""``inferd serve | check-config | bench | fleet | export | jobs | batch``: flags map onto Settings, then
+"""``inferd serve | check-config | bench | fleet | export | prepare | jobs | batch``: flags map onto Settings, then
 ``run(settings)`` (``jobs`` and ``batch``: jobs/cli.py)."""
 
 from __future__ import annotations
@@ -37,6 +37,10 @@ def build_parser() -> argparse.ArgumentParser:
                                            "(ahead of time: images, init containers)")
     add_config_flags(export, server=False)
     export.add_argument("--output", dest="cache_dir", help="the cache folder to fill (default: model.cache_dir)")
+    prepare = sub.add_parser("prepare", help="judge backend auto's candidates into the cache (export, gate, compile) "
+                                             "so a server starts warm; exit 0 when the cache is ready")
+    add_config_flags(prepare, server=False)
+    prepare.add_argument("--output", dest="cache_dir", help="the cache folder to fill (default: model.cache_dir)")
     fleet_command.add_parser(sub)
     jobs_cli.add_parsers(sub)  # `inferd jobs` (a server's batch jobs) and `inferd batch` (one without a server)
     return parser
@@ -84,6 +88,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.command == "export":
         return export(settings)
+    if args.command == "prepare":
+        from inferd.prepare import prepare  # the model's stack only for the commands that load a model
+
+        return prepare(settings)
     global _reread
     _reread = functools.partial(settings_from_args, args)
     return run(settings)
