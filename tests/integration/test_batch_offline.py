@@ -1,0 +1,223 @@
+"""``inferd batch`` (issue 42 item 6) against a real server's batch job on the same file (tiny model):
+
+- a real ``inferd batch`` process killed with SIGKILL mid-run, its output then torn as a crash mid-write leaves
+  it, and the same command run again: every line's record once, in input order, each equal to the record the
+  server's batch job wrote for that line (the job followed with ``inferd jobs show --follow``, the openai SDK
+  uploading and downloading its files);
+- Parquet in and out, in-process, stopped between a chunk's part file and its checkpoint and run again: the
+  same records as the JSONL run's;
+- the refusals of a file, an endpoint or an output it cannot use, before any model loads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import openai
+import orjson
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from conftest import ROOT, Server, wait_for
+from settingskit import make_settings
+from tinymodel import WORDS
+
+from inferd import cli
+from inferd.jobs import checkpoint, offline
+from inferd.jobs.lines import FileRefused
+from inferd.jobs.tables import BadFile, read_records
+
+KEY = "batch-key"
+LINES = 300
+# Lines that never run: not JSON, a custom_id an earlier line has, a body the route refuses.
+BROKEN = {100: b"{not json", 200: b'{"custom_id": "c5", "method": "POST", "url": "/v1/embeddings", '
+                                  b'"body": {"input": "again"}}',
+          250: b'{"custom_id": "c250", "method": "POST", "url": "/v1/embeddings", "body": {"inptu": "x"}}'}
+
+
+def corpus() -> list[bytes]:
+    rng = random.Random(42)
+    lines = []
+    for n in range(LINES):
+        text = " ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 40)))
+        lines.append(BROKEN.get(n) or orjson.dumps({"custom_id": f"c{n}", "method": "POST",
+                                                    "url": "/v1/embeddings", "body": {"input": text}}))
+    lines.insert(150, b"")  # a blank line: no request, no record
+    return lines
+
+
+@pytest.fixture(scope="module")
+def input_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("in") / "corpus.jsonl"
+    path.write_bytes(b"\n".join(corpus()) + b"\n")
+    return path
+
+
+@pytest.fixture(scope="module")
+def server(module_serve: Any, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Server:
+    return module_serve({"INFERD__MODEL__PATH": str(tiny_model), "INFERD__MODEL__LOAD_MODE": "eager",
+                         "INFERD__SERVER__API_KEYS": KEY, "INFERD__CACHE__MAX_ENTRIES": "0",
+                         "INFERD__JOBS__DATA_DIR": str(tmp_path_factory.mktemp("jobs")),
+                         "INFERD__JOBS__CHUNK_SIZE": "64"}, wait="/health/ready")
+
+
+@pytest.fixture(scope="module")
+def server_records(server: Server, input_file: Path) -> dict[str, Any]:
+    """The server's batch job on the corpus: its output and error files' records, by custom_id (None for the line
+    that has none), uploaded and downloaded with the openai SDK, followed to the end with ``inferd jobs``."""
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key=KEY, timeout=30)
+    uploaded = client.files.create(file=input_file.open("rb"), purpose="batch")
+    batch = client.batches.create(input_file_id=uploaded.id, endpoint="/v1/embeddings", completion_window="24h")
+    assert cli.main(["jobs", "show", batch.id, "--follow", "--interval", "0.1", "--url", server.url,
+                     "--key", KEY]) == 0
+    done = client.batches.retrieve(batch.id)
+    records = [json.loads(line) for file_id in (done.output_file_id, done.error_file_id) if file_id
+               for line in client.files.content(file_id).text.splitlines()]
+    assert len(records) == LINES
+    return {r["custom_id"]: r for r in records if (r["error"] or {}).get("code") != "duplicate_custom_id"} | {
+        "duplicate": next(r for r in records if (r["error"] or {}).get("code") == "duplicate_custom_id")}
+
+
+def batch_command(tiny_model: Path, *args: str) -> list[str]:
+    return [sys.executable, "-m", "inferd.cli", "batch", *args, "--model-path", str(tiny_model), "--torch-threads",
+            "1", "--no-progress"]
+
+
+def batch_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("INFERD")}
+    return {**env, "INFERD_CONFIG_DIR": str(ROOT / "configs"), "HF_HUB_OFFLINE": "1",
+            "TOKENIZERS_PARALLELISM": "false"}
+
+
+def assert_same(offline_records: list[dict[str, Any]], server_records: dict[str, Any]) -> None:
+    """Each offline record is the server's for its line: status, body (vectors to float rounding) and error."""
+    for mine in offline_records:
+        code = (mine["error"] or {}).get("code")
+        theirs = server_records["duplicate" if code == "duplicate_custom_id" else mine["custom_id"]]
+        assert (mine["custom_id"], code) == (theirs["custom_id"], (theirs["error"] or {}).get("code"))
+        assert (mine["response"] is None) == (theirs["response"] is None)
+        if mine["response"] is None:
+            continue
+        a, b = mine["response"]["body"], theirs["response"]["body"]
+        assert mine["response"]["status_code"] == theirs["response"]["status_code"] == 200
+        assert {k: v for k, v in a.items() if k != "data"} == {k: v for k, v in b.items() if k != "data"}
+        va, vb = np.array(a["data"][0]["embedding"]), np.array(b["data"][0]["embedding"])
+        assert float(va @ vb / np.linalg.norm(va) / np.linalg.norm(vb)) >= 0.99999, mine["custom_id"]
+
+
+def expected_order() -> list[str | None]:
+    return [None if n == 100 else "c5" if n == 200 else f"c{n}" for n in range(LINES)]  # 100: no custom_id
+
+
+@pytest.fixture(scope="module")
+def jsonl_run(tiny_model: Path, input_file: Path, tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+    """The corpus through ``inferd batch``: SIGKILLed after two chunks, the output torn, then run to the end."""
+    work = tmp_path_factory.mktemp("offline")
+    out = work / "out.jsonl"
+    command = batch_command(tiny_model, str(input_file), "--out", str(out), "--chunk-lines", "16")
+    with open(work / "first.log", "wb") as log:
+        first = subprocess.Popen(command, env=batch_env(), cwd=work, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        def progress() -> int:
+            assert first.poll() is None, (work / "first.log").read_text()
+            try:
+                return json.loads(checkpoint.checkpoint_path(out).read_bytes())["lines_done"]
+            except (FileNotFoundError, ValueError):
+                return 0
+        wait_for(lambda: progress() >= 32, 120, "two chunks committed", every=0.005)
+    finally:
+        first.send_signal(signal.SIGKILL)
+        first.wait(10)
+    killed_at = json.loads(checkpoint.checkpoint_path(out).read_bytes())
+    assert 32 <= killed_at["lines_done"] < LINES, killed_at  # stopped mid-run, with lines still to do
+    with open(out, "ab") as f:  # what a crash in the middle of a chunk's write leaves behind
+        f.write(b'{"id":"batch_req_torn","custom_id":"c99","response":{"status_')
+    second = subprocess.run(command, env=batch_env(), cwd=work, capture_output=True, timeout=300)
+    assert second.returncode == 1, second.stderr.decode()[-3000:]  # 1: some lines failed (the three broken ones)
+    assert f"{LINES} lines, {LINES - 3} answered, 3 failed" in second.stderr.decode()
+    assert not checkpoint.checkpoint_path(out).exists()
+    return read_records(out)
+
+
+def test_kill_9_mid_run_then_rerun_gives_every_line_once_equal_to_the_server_s_batch(
+        jsonl_run: list[dict[str, Any]], server_records: dict[str, Any]) -> None:
+    assert [r["custom_id"] for r in jsonl_run] == expected_order()
+    assert len({r["id"] for r in jsonl_run}) == LINES
+    assert_same(jsonl_run, server_records)
+
+
+def run_args(input_path: Path, out: Path, **kw: Any) -> argparse.Namespace:
+    return argparse.Namespace(**{"input": input_path, "out": out, "endpoint": "/v1/embeddings", "chunk_lines": 32,
+                                 "restart": False, "no_progress": True, **kw})
+
+
+class Stopped(Exception):
+    """Stands for a kill between a chunk's part file and its checkpoint."""
+
+
+def test_parquet_in_and_out_stopped_between_a_part_and_its_checkpoint(
+        tiny_model: Path, server_records: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    rows = [orjson.loads(line) for line in corpus() if line and not line.startswith(b"{not")]
+    rows = [r for r in rows if r["custom_id"] != "c250" and r["body"].get("input") != "again"]
+    source = tmp_path / "corpus.parquet"
+    pq.write_table(pa.table({"custom_id": [r["custom_id"] for r in rows],
+                             "input": [r["body"]["input"] for r in rows]}), source)
+    out = tmp_path / "out.parquet"
+    settings = make_settings(tiny_model, jobs={"enabled": False}, runtime={"torch_threads": 1})
+    save, saves = checkpoint.save, []
+
+    def save_then_stop(path: Path, cp: checkpoint.Checkpoint) -> None:
+        if len(saves) == 2:
+            raise Stopped  # the third chunk's part is in place, its checkpoint never written
+        saves.append(cp)
+        save(path, cp)
+
+    monkeypatch.setattr(checkpoint, "save", save_then_stop)
+    with pytest.raises(Stopped):
+        asyncio.run(offline.run(run_args(source, out), settings))
+    assert len(list((tmp_path / "out.parquet.parts").glob("*.parquet"))) == 3
+    monkeypatch.setattr(checkpoint, "save", save)
+    assert asyncio.run(offline.run(run_args(source, out), settings)) == 0
+    got = read_records(out)
+    assert [r["custom_id"] for r in got] == [r["custom_id"] for r in rows]
+    assert_same(got, server_records)
+
+
+@pytest.mark.parametrize(("content", "kw", "says"), [
+    (b"hello\nworld\n", {}, "not JSONL"),
+    (b"\n\n", {}, "no lines"),
+    (b'{"custom_id": "a"}\n' + b"x" * 2000 + b"\n", {}, "line 2 is 2000 bytes; at most 1024"),
+    (b'{"custom_id": "a"}\n', {"endpoint": "/v1/chat/completions"}, "not one a batch may run"),
+])
+def test_a_file_or_endpoint_it_cannot_run_is_refused_before_the_model_loads(
+        tmp_path: Path, content: bytes, kw: dict[str, Any], says: str) -> None:
+    source = tmp_path / "in.jsonl"
+    source.write_bytes(content)
+    settings = make_settings("/nowhere", jobs={"enabled": False, "max_line_bytes": 1024})
+    with pytest.raises(FileRefused, match=says):
+        asyncio.run(offline.run(run_args(source, tmp_path / "out.jsonl", **kw), settings))
+    assert not (tmp_path / "out.jsonl").exists()
+
+
+def test_a_finished_run_another_input_s_checkpoint_or_a_missing_input_is_refused(tmp_path: Path,
+                                                                                  input_file: Path) -> None:
+    settings = make_settings("/nowhere", jobs={"enabled": False})
+    out = tmp_path / "out.jsonl"
+    out.write_bytes(b"{}\n")  # a finished run's output: no checkpoint beside it
+    with pytest.raises(BadFile, match="exists and no checkpoint is beside it"):
+        asyncio.run(offline.run(run_args(input_file, out), settings))
+    checkpoint.save(out, checkpoint.Checkpoint("0" * 64, 5, "/v1/embeddings", 1))
+    with pytest.raises(checkpoint.CheckpointError, match="belongs to another run"):
+        asyncio.run(offline.run(run_args(input_file, out), settings))
+    with pytest.raises(BadFile, match="no such file"):
+        asyncio.run(offline.run(run_args(tmp_path / "absent.jsonl", out), settings))
