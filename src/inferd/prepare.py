@@ -63,6 +63,10 @@ def prepare(settings: Settings) -> int:
         print(f"inferd prepare: {exc}", file=sys.stderr)
         return 2
     out: dict[str, Any] = {"serves": "torch-float32", "candidates": {}}
+    for candidate in [c for c in todo if c.backend == "torch"]:
+        # A GPU's torch float16 is no export: nothing to put in the cache (and an init container has no GPU).
+        todo.remove(candidate)
+        skipped[candidate.name] = "torch needs no export: nothing to cache"
     for candidate in todo:
         verdict = judge(spec, candidate.runtime())
         out["candidates"][candidate.name] = verdict

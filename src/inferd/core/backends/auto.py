@@ -141,6 +141,9 @@ class AutoUpgrade:
         the background; ``switch`` replaces that load (and only it: a model changed since is not switched back)."""
         self.stop()
         todo, skipped = candidates(self._flags, cuda, self._wanted, self._openvino)
+        for c in [c for c in todo if c.name == serving]:  # torch float16 configured on a GPU: nothing to switch to
+            todo.remove(c)
+            skipped[c.name] = "serving already"
         with self._lock:
             self._stop = threading.Event()
             self.serving, self.state = serving, "judging"
