@@ -115,13 +115,24 @@ def _header_length(value: str | None, size: int) -> int | None:
 
 
 def _input(tensor: Any, i: int, rest: bytes, offset: int) -> tuple[str, list[str], int]:
-    """One input tensor's name and texts (a BYTES tensor), and the binary offset after it."""
-    where = f"inputs[{i}]"
+    """One input tensor's name and texts, and the binary offset after it."""
     if not isinstance(tensor, dict) or not isinstance(tensor.get("name"), str):
-        raise OIPError(f"{where}: must be a tensor object with a name, shape, datatype and data")
+        raise OIPError(f"inputs[{i}]: must be a tensor object with a name, shape, datatype and data")
     name = tensor["name"]
+    params = tensor.get("parameters") or {}
+    size = params.get("binary_data_size") if isinstance(params, dict) else None
+    if size is None:
+        return name, tensor_texts(name, tensor.get("datatype"), tensor.get("shape"), data=tensor.get("data")), offset
+    if type(size) is not int or size < 0 or offset + size > len(rest):
+        raise OIPError(f"input {excerpt(name)!r}: binary_data_size {size!r} is past the end of the body")
+    raw = rest[offset:offset + size]
+    return name, tensor_texts(name, tensor.get("datatype"), tensor.get("shape"), raw=raw), offset + size
+
+
+def tensor_texts(name: str, datatype: Any, shape: Any, *, data: Any = None, raw: bytes | None = None) -> list[str]:
+    """A BYTES input tensor's texts: its JSON ``data``, or ``raw``, its elements in binary (the binary extension's
+    bytes over HTTP, ``raw_input_contents`` over gRPC); the datatype and the shape checked against them."""
     where = f"input {excerpt(name)!r}"
-    datatype, shape = tensor.get("datatype"), tensor.get("shape")
     if datatype not in DATATYPES:
         raise OIPError(f"{where}: datatype {excerpt(str(datatype))!r} is not one of the protocol's")
     if datatype != "BYTES":
@@ -130,18 +141,10 @@ def _input(tensor: Any, i: int, rest: bytes, offset: int) -> tuple[str, list[str
             or not all(type(d) is int and d >= 0 for d in shape)):
         raise OIPError(f"{where}: shape must be a non-empty list of sizes (integers, 0 and up)")
     count = math.prod(shape)
-    params = tensor.get("parameters") or {}
-    size = params.get("binary_data_size") if isinstance(params, dict) else None
-    if size is not None:
-        if type(size) is not int or size < 0 or offset + size > len(rest):
-            raise OIPError(f"{where}: binary_data_size {size!r} is past the end of the body")
-        texts = _binary_texts(rest[offset:offset + size], where)
-        offset += size
-    else:
-        texts = _json_texts(tensor.get("data"), where)
+    texts = _binary_texts(raw, where) if raw is not None else _json_texts(data, where)
     if len(texts) != count:
         raise OIPError(f"{where}: shape {shape} holds {count} elements; {len(texts)} were sent")
-    return name, texts, offset
+    return texts
 
 
 def _json_texts(data: Any, where: str) -> list[str]:
