@@ -109,7 +109,7 @@ def server(tiny: Path, tmp_path_factory: pytest.TempPathFactory, module_serve: C
         "models": [{"name": "tiny", "path": str(tiny), "max_seq_length": WINDOW},
                    {"name": "cls", "path": str(cls)}]}))
     return module_serve({"INFERD_CONFIG_DIR": str(config), "INFERD__MODEL__LOAD_MODE": "eager"},
-                        wait="/health/ready", timeout=120)
+                        wait="/health/ready", timeout=180)
 
 
 @pytest.fixture(scope="module")

@@ -54,6 +54,23 @@ class ChunkingOptions(BaseModel):
 _CHUNKING = "Split texts longer than the model's window into pieces (docs/long-documents.md); null: do not"
 
 
+class RerankChunkingOptions(BaseModel):
+    """A rerank request's ``chunking``: a document that does not fit beside the query scored piece by piece
+    (docs/long-documents.md)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    mode: Literal["max", "mean"] = Field("max", description="A split document's score: its best piece's (max) or "
+                                                             "the mean of its pieces'")
+    max_tokens: StrictInt | None = Field(None, gt=0, description="Tokens per piece (null: as many as fit beside "
+                                         "the query)")
+    overlap: StrictInt = Field(0, ge=0, description="Tokens shared by neighbouring pieces (less than max_tokens)")
+
+
+_RERANK_CHUNKING = ("Score a document that does not fit beside the query piece by piece, each result naming the "
+                    "span that scored (docs/long-documents.md); null: cut it")
+
+
 class EmbeddingsRequest(_Body):
     """OpenAI's ``POST /v1/embeddings``; ``input`` is a string or a list of strings."""
 
@@ -76,6 +93,7 @@ class RerankRequest(_Body):
     top_n: StrictInt | None = Field(None, gt=0, description="Return only the best this many")
     # Strict: "yes" and 1 are not booleans; null is the default, as the clients that send every field mean it.
     return_documents: StrictBool | None = Field(None, description="Each result's document too (null: false)")
+    chunking: RerankChunkingOptions | None = Field(None, description=_RERANK_CHUNKING)
 
 
 class TEIRerankRequest(_Body):
@@ -93,6 +111,7 @@ class TEIRerankRequest(_Body):
     # Not TEI's (a TEI server serves one model): inferd's, to name one of several; none = the rerank default.
     model: str | None = Field(None, description="A served rerank model's name (GET /v1/models); none: the "
                               "default rerank model")
+    chunking: RerankChunkingOptions | None = Field(None, description=_RERANK_CHUNKING)
 
 
 class ClassifyRequest(_Body):

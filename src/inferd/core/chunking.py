@@ -28,7 +28,9 @@ from inferd.core.errors import EngineError, Kind
 # How a document's pieces are answered: one vector per document (pooled over its pieces), or every piece; or every
 # piece pooled from the token states of one pass over the window around it (core/late_chunking.py).
 LATE = "late"
-MODES = ("pooled", "pieces", LATE)
+# A (query, document) pair's document scored piece by piece, its score its best piece's or their mean
+# (core/long_rerank.py).
+MODES = ("pooled", "pieces", LATE, "max", "mean")
 
 
 @dataclass(frozen=True)

@@ -90,7 +90,8 @@ _copies: dict[int, tuple[Any, Tokenizer]] = {}
 _lock = threading.Lock()
 
 
-def _tokenizer(tokenizer: Any) -> Tokenizer:
+def untruncated(tokenizer: Any) -> Tokenizer:
+    """A copy of a load's tokenizer that counts a whole text (special tokens and offsets on, no truncation)."""
     with _lock:
         hit = _copies.get(id(tokenizer))
         if hit is not None and hit[0] is tokenizer:
@@ -108,7 +109,7 @@ def _tokenizer(tokenizer: Any) -> Tokenizer:
 def windows(text: str, pieces: Sequence[Piece], tokenizer: Any, prompt: str, window: int) -> list[Window]:
     """The document's pieces grouped, in order, into windows whose input (the prompt, the window's text, the
     special tokens) is at most ``window`` tokens: each as long as it can be, each piece in exactly one."""
-    tok = _tokenizer(tokenizer)
+    tok = untruncated(tokenizer)
     doc = tok.encode(text, add_special_tokens=False)
     starts = [o[0] for o in doc.offsets]
     ends = [o[1] for o in doc.offsets]
@@ -171,7 +172,7 @@ class Late:
 
     def answers(self, states: Sequence[Any], description: ModelDescription) -> list[tuple[list[np.ndarray], Any]]:
         """Each document's pieces' vectors and its pooled vector, from its windows' token states (in order)."""
-        tok = _tokenizer(self.tokenizer)
+        tok = untruncated(self.tokenizer)
         modes = (description.pooling or "mean").split("+")
         unit = bool(description.normalize)
         shift = len(self.prompt)

@@ -23,7 +23,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from inferd.core import late_chunking
+from inferd.core import late_chunking, long_rerank
 from inferd.core.admission import Admission
 from inferd.core.chunking import LATE, Chunking, Piece, backend, split
 from inferd.core.errors import EngineError, Kind, deadline_passed
@@ -85,13 +85,18 @@ class Documents:
         """``request``'s texts (``request.chunking`` set) split, run as pieces, merged back per document."""
         chunking = request.chunking
         assert chunking is not None
-        if request.pairs:
-            raise EngineError(Kind.INVALID_INPUT, "chunking splits texts to embed, not (query, document) pairs",
-                              "invalid_value", field="chunking")
+        refused = long_rerank.refusal(chunking) if request.pairs else None
+        if refused is not None:
+            raise refused
+        if not request.pairs and chunking.mode in long_rerank.MODES:
+            raise EngineError(Kind.INVALID_INPUT, f"chunking mode {chunking.mode!r} scores (query, document) pairs; "
+                              "texts are embedded pooled, by pieces or late", "invalid_value", field="chunking.mode")
         served, pin = self.registry.resolve(request.model, request.task, version=request.version)
         started = time.monotonic()
         async with self.admission.hold(served.name if pin is None else f"{served.name}@{pin}",
                                        request.task) as slot:
+            if request.pairs:
+                return await self._rerank(request, served.settings.batching, slot, started, disconnected)
             late = chunking.mode == LATE
             refused = late_chunking.refusal(slot.description, request.outputs) if late else None
             if refused is not None:
@@ -131,6 +136,26 @@ class Documents:
         wave = late_chunking.wave_size(window, self.limits.max_multivector_tokens, waves[0])
         results = await self._waves(asking, inputs, wave, waves[1], deadline, disconnected)
         return await asyncio.to_thread(late_chunking.merged, late, results, slot.description, DocumentPieces)
+
+    async def _rerank(self, request: InferenceRequest, batching: Any, slot: ModelSlot, started: float,
+                      disconnected: Callable[[], Awaitable[Any]] | None) -> TaskResult:
+        """Long-document rerank (core/long_rerank.py): a document too long beside its query scored piece by piece,
+        each (query, piece) an ordinary pair, its pieces' scores combined (max or mean)."""
+        chunking = request.chunking
+        assert chunking is not None
+        pairs = list(request.inputs)
+        async with self._threads:
+            planned = await asyncio.to_thread(long_rerank.plan, pairs, slot, chunking,
+                                              self.limits.max_document_pieces, self.limits.max_request_pieces)
+        inputs = [(query, piece_input(document, str(document)[p.start:p.end]) if was_split else document)
+                  for (query, document), found, was_split in zip(pairs, planned.pieces, planned.split, strict=True)
+                  for p in found]
+        deadline = started + (request.timeout_ms or batching.default_timeout_ms) / 1e3
+        pinned = dataclasses.replace(request, model=slot.description.name, version=slot.version, chunking=None)
+        in_flight = min(WAVES_IN_FLIGHT, batching.max_queue)
+        wave = min(PIECES_PER_WAVE, batching.max_queue // in_flight)
+        results = await self._waves(pinned, inputs, wave, in_flight, deadline, disconnected)
+        return long_rerank.scored(planned, results, chunking.mode, slot.description)
 
     def _piece_size(self, slot: ModelSlot, chunking: Chunking, prompt: str) -> int:
         tokenizer = slot.handler.tokenizer

@@ -307,6 +307,11 @@ class PairEncoder:
                     self._tokenizers[(strategy, direction)] = tok
         return tok
 
+    def room(self, query: str) -> int:
+        """The document tokens that fit beside ``query`` (0: the query alone fills the limit)."""
+        query_tokens = len(self._tokenizer("longest_first", "right").encode(query, add_special_tokens=False).ids)
+        return max(0, self.max_length - self._specials - query_tokens)
+
     def encode(self, pairs: Sequence[tuple[str, str]]) -> list[Encoded]:
         out: list[Encoded | None] = [None] * len(pairs)
         longest = self._tokenizer("longest_first", "right")

@@ -103,6 +103,12 @@ class Handler(ABC):
     def warmup(self) -> None:  # noqa: B027
         """Run a batch or two before serving (after ``load``, when ``model.warmup`` is on)."""
 
+    def document_room(self, query: str) -> int | None:
+        """The tokens a document may hold beside ``query`` in one input (a reranker's pair: what the model's limit
+        leaves after the query, its template and special tokens), by which core/long_rerank.py splits a longer
+        document; None (the default): this handler's documents are not split."""
+        return None
+
     def describe(self) -> TaskFacts:
         """The task's facts about the loaded model; by default an embedding handler's ``dimension``, and the
         ``pooling`` and ``normalize`` it set."""

@@ -47,6 +47,7 @@ class LateInteractionRerankHandler(Handler):
 
     def __init__(self, inner: TokenVectorTask) -> None:
         self.inner = inner
+        self._room: int | None = None
 
     def load(self, spec: ModelSpec, device: torch.device) -> None:
         self.inner.load(spec, device)
@@ -68,6 +69,15 @@ class LateInteractionRerankHandler(Handler):
     def describe(self) -> TaskFacts:
         return TaskFacts(other={"scoring": "maxsim",
                                 "multivector_dimension": self.inner.describe().other.get("multivector_dimension")})
+
+    def document_room(self, query: str) -> int | None:
+        """A document is encoded apart from its query, up to the model's document length: what an endless text
+        keeps of its own tokens (markers and special tokens left out)."""
+        if self._room is None:
+            long, one = self.inner.encode_texts([TextInput("a " * 4096, truncate=True, outputs=_ASK),
+                                                 TextInput("a", outputs=_ASK)])
+            self._room = long.tokens - (one.tokens - 1)
+        return self._room
 
     def preprocess(self, pairs: list[tuple[str, str]]) -> list[Encoded]:
         queries = {q: i for i, q in enumerate(dict.fromkeys(str(q) for q, _ in pairs))}

@@ -141,6 +141,10 @@ class LLMRerankHandler(ModelTask):
             out.append(Encoded(self.prefix + enc.ids + self.suffix, truncated))
         return out
 
+    def document_room(self, query: str) -> int | None:
+        head = PAIR.format(instruction=self.instruction, query=query, document="").rstrip()
+        return max(0, self.room - len(self._pairs.encode(head).ids))
+
     def _check_room(self, pairs: list[tuple[str, str]]) -> None:
         """Refuses a query that leaves no room for its document: the card cuts the formatted pair's end, so the
         document would be cut away whole and every document of the request scored alike (a cross-encoder refuses

@@ -57,6 +57,9 @@ class RerankHandler(SequenceClassifier):
     def preprocess(self, pairs: list[tuple[str, str]]) -> list[Encoded]:
         return self.encoder.encode(pairs)
 
+    def document_room(self, query: str) -> int | None:
+        return self.encoder.room(query)
+
     def scores(self, logits: torch.Tensor) -> torch.Tensor:
         raw = logits[:, 0]
         return torch.stack([self._activate(raw), raw], dim=1)
