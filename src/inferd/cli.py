@@ -58,6 +58,8 @@ def redacted(settings: Settings) -> dict[str, Any]:
             data["server"][key] = "***"
     for tenant in data["server"].get("tenants") or ():
         tenant["keys"] = ["***"] * len(tenant["keys"])
+    if data.get("jobs", {}).get("database_url"):  # postgresql+psycopg://user:PASSWORD@host/db
+        data["jobs"]["database_url"] = "***"
     return data
 
 
