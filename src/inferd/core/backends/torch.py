@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from inferd.core import checkpoint, load_guard
+from inferd.core.backends import masks
 from inferd.core.backends.base import BackendError
 from inferd.core.capabilities import Capabilities
 
@@ -160,7 +161,10 @@ class ExportWrapper(torch.nn.Module):
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                 token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
-        kwargs = {"input_ids": input_ids, "attention_mask": attention_mask}
+        kwargs: dict[str, Any] = {"input_ids": input_ids, "attention_mask": attention_mask}
+        if masks.bidirectional(self.model):
+            # Its own mask code cannot be traced (backends/masks.py): the masks, built here, go in ready-made.
+            kwargs["attention_mask"] = masks.prepared(self.model, attention_mask, torch.float32)
         if token_type_ids is not None:
             kwargs["token_type_ids"] = token_type_ids
         return output_of(self.model(**kwargs, **no_cache(self.model)), self.head)
