@@ -59,7 +59,7 @@ def one(docs: Docs, kind: str) -> dict[str, Any]:
 
 def container(docs: Docs, name: str = "inferd") -> dict[str, Any]:
     pod = one(docs, "Deployment")["spec"]["template"]["spec"]
-    return next(c for c in pod["containers"] if c["name"] == name)
+    return next(c for c in [*pod["containers"], *pod.get("initContainers", [])] if c["name"] == name)
 
 
 def quantity(value: str | int | float) -> float:

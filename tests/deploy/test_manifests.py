@@ -64,9 +64,16 @@ def pod_server(built: dict[str, Docs], tmp_path_factory: pytest.TempPathFactory,
     # module_serve picks the port and host; the model and the writable folders are this machine's.
     for key in ("INFERD__SERVER__PORT", "INFERD__SERVER__HOST"):
         env.pop(key, None)
+    # The jobs' store is the cluster's PostgreSQL (from a Secret: a placeholder here), their files its volume's:
+    # SQLite and the files in this machine's folder.
+    env.pop("INFERD__JOBS__DATABASE_URL")
+    env["INFERD__JOBS__DATA_DIR"] = str(tmp / "jobs")
     env.update({"INFERD_CONFIG_DIR": str(configs), "INFERD__SERVER__ADMIN_PORT": str(free_port()),
                 "INFERD__MODEL__PATH": str(tiny_model), "INFERD__MODEL__ROOT": str(tiny_model.parent),
-                "INFERD__RUNTIME__TORCH_THREADS": "1", "HF_HOME": str(tmp / "hf")})
+                "INFERD__RUNTIME__TORCH_THREADS": "1", "HF_HOME": str(tmp / "hf"),
+                # prod.yaml's backend auto would export and judge in the background here: torch, as every suite
+                # server not about auto (tests/integration/test_auto_backend.py is), and a writable cache.
+                "INFERD__MODEL__BACKEND": "torch", "INFERD__MODEL__CACHE_DIR": str(tmp / "cache")})
     server = module_serve(env, wait="/health/ready")
     # One inference, so the per-version histograms have a series (a labelled metric appears on first use).
     r = httpx.post(server.url + "/predict", json={"texts": ["hello world"]},
