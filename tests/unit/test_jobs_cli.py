@@ -13,6 +13,7 @@ from conftest import free_port
 
 from inferd import cli
 from inferd.jobs import cli as jobs_cli
+from inferd.settings import Settings
 
 
 def job(n: int, status: str = "in_progress", done: int = 0, failed: int = 0, total: int = 10) -> dict[str, Any]:
@@ -124,3 +125,11 @@ def test_a_bad_limit_is_refused_before_any_request(capsys: pytest.CaptureFixture
     stand = Stand(lambda r: httpx.Response(200, json={"data": []}))
     assert run(["list", "--limit", "0"], stand) == 1
     assert stand.requests == [] and "--limit must be at least 1" in capsys.readouterr().err
+
+
+def test_check_config_masks_the_jobs_database_url() -> None:
+    # The URL carries the store's password (Kubernetes puts it in a Secret); check-config prints the rest.
+    settings = Settings.model_validate({"jobs": {"database_url": "postgresql+psycopg://inferd:pa55@db:5432/jobs"}})
+    data = cli.redacted(settings)
+    assert data["jobs"]["database_url"] == "***" and "pa55" not in str(data)
+    assert cli.redacted(Settings())["jobs"]["database_url"] is None  # unset stays visibly unset
