@@ -196,13 +196,19 @@ async def _run_chunks(runner: LineRunner, chunks: Iterator[_Chunk], endpoint: En
                       bar: tqdm) -> Checkpoint:
     # Chunks run overlapped and commit in input order.
     flying: deque[tuple[_Chunk, list[Record], asyncio.Task[list[Record]]]] = deque()
-    for chunk in chunks:
-        valid, bad = parse_all(chunk.raws, chunk.first, endpoint, job, duplicates)
-        flying.append((chunk, bad, asyncio.create_task(_answer(runner, valid, endpoint, job))))
-        if len(flying) >= IN_FLIGHT:
+    try:
+        for chunk in chunks:
+            valid, bad = parse_all(chunk.raws, chunk.first, endpoint, job, duplicates)
+            flying.append((chunk, bad, asyncio.create_task(_answer(runner, valid, endpoint, job))))
+            if len(flying) >= IN_FLIGHT:
+                cp = await _commit(*flying.popleft(), cp, output, out, bar)
+        while flying:
             cp = await _commit(*flying.popleft(), cp, output, out, bar)
-    while flying:
-        cp = await _commit(*flying.popleft(), cp, output, out, bar)
+    finally:
+        # A chunk that failed (or an interrupt) leaves the next one running: stopped, never committed.
+        for _, _, task in flying:
+            task.cancel()
+        await asyncio.gather(*(task for _, _, task in flying), return_exceptions=True)
     return cp
 
 
