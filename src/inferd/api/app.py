@@ -51,7 +51,7 @@ from inferd.core.tenants import Tenancy
 from inferd.grpc.server import GrpcServer, Registration, tei_services
 from inferd.jobs.runner import JobRunner
 from inferd.settings import Settings
-from inferd.utils.metrics import Metrics
+from inferd.utils.metrics import AutoCollector, Metrics
 
 log = logging.getLogger(__name__)
 
@@ -127,6 +127,10 @@ def create_app(settings: Settings, loader: Callable[[ModelSpec], Handler] = load
     engine = InferenceEngine(settings, metrics, memory_guard, loader=loader,
                              on_change=functools.partial(_publish_models, metrics=metrics),
                              on_lazy_failure=_exit_soon)
+
+    # backend auto's verdicts per model, read at each scrape (what serves is inferd_model_info's backend).
+    metrics.registry.register(AutoCollector(lambda: [(m.name, m.manager.auto.describe()["candidates"])
+                                                     for m in engine.registry if m.manager.auto is not None]))
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -158,6 +158,30 @@ class Metrics:
                        self.version_requests):
             with contextlib.suppress(KeyError):  # a version that never saw a request has no series
                 family.remove(model, version)
+
+
+class AutoCollector:
+    """backend auto's verdicts (core/backends/auto.py), read when Prometheus scrapes: one sample of 1 per model and
+    candidate, labelled with its state (serving, refused, skipped, judging, pending). The reasons are /info's: text
+    is no label value."""
+
+    def __init__(self, source: Callable[[], list[tuple[str, list[dict[str, Any]]]]]) -> None:
+        self.source = source
+
+    @staticmethod
+    def _family() -> GaugeMetricFamily:
+        return GaugeMetricFamily("inferd_auto_candidate", "backend auto: each candidate runtime's state (value 1)",
+                                 labels=["model", "candidate", "state"])
+
+    def describe(self) -> Iterator[GaugeMetricFamily]:
+        yield self._family()
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        family = self._family()
+        for model, candidates in self.source():
+            for c in candidates:
+                family.add_metric([model, c["candidate"], c["state"]], 1)
+        yield family
 
 
 class DeviceCollector:
