@@ -18,7 +18,7 @@ from starlette.responses import Response
 
 from inferd import __version__
 from inferd.api.admin import admin_router
-from inferd.api.batch_files import files_router
+from inferd.api.batch_files import files_router, runner_of
 from inferd.api.batches import batches_router
 from inferd.api.catalog import catalog_router
 from inferd.api.cohere import cohere_router
@@ -48,6 +48,7 @@ from inferd.core.slots import ModelSlot
 from inferd.core.spec import ModelSpec
 from inferd.core.tasks.base import Handler
 from inferd.core.tenants import Tenancy
+from inferd.grpc.oip import oip_services
 from inferd.grpc.server import GrpcServer, Registration, tei_services
 from inferd.jobs.runner import JobRunner
 from inferd.settings import Settings
@@ -56,7 +57,7 @@ from inferd.utils.metrics import AutoCollector, Metrics
 log = logging.getLogger(__name__)
 
 # The gRPC services of each wire family, on one server (server.grpc_port): a family adds its registration here.
-GRPC_FAMILIES: tuple[Registration, ...] = (tei_services,)
+GRPC_FAMILIES: tuple[Registration, ...] = (tei_services, oip_services)
 # Seconds the gRPC calls still open at the stop get: the drain has answered the work they had queued.
 GRPC_STOP_GRACE_S = 1.0
 
@@ -143,7 +144,7 @@ def create_app(settings: Settings, loader: Callable[[ModelSpec], Handler] = load
                 await _load(served.manager, served.settings)
         background = [m for m in models if m.settings.model.load_mode == "background"]
         task = asyncio.create_task(_load_all(background)) if background else None
-        jobs = services_of(app).jobs
+        jobs = runner_of(app)
         if jobs is not None:
             await jobs.start()
         # gRPC listens once the eager models are loaded, as HTTP does (grpc/server.py; server.grpc_port).
@@ -167,9 +168,10 @@ def create_app(settings: Settings, loader: Callable[[ModelSpec], Handler] = load
     app = FastAPI(title="inferd", version=__version__, lifespan=lifespan, **_NO_BUILT_INS)
     tenancy = Tenancy(settings, metrics)
     app.state.services = Services(settings=settings, engine=engine, metrics=metrics,
-                                  memory_guard=memory_guard, started_at=time.time(), tenancy=tenancy,
-                                  jobs=JobRunner(settings.jobs, app, tenancy, metrics) if settings.jobs.enabled
-                                  else None)
+                                  memory_guard=memory_guard, started_at=time.time(), tenancy=tenancy)
+    # Not a service: the runner runs lines through this app's routes, which read the services (api/batch_files.py
+    # runner_of reads it).
+    app.state.jobs = JobRunner(settings.jobs, app, tenancy, metrics) if settings.jobs.enabled else None
     install_error_handlers(app)
     for included in _routers(settings):
         app.include_router(included)

@@ -21,7 +21,7 @@ from inferd.api import uploads
 from inferd.api.bodies import json_response
 from inferd.api.errors import APIError
 from inferd.api.schemas import raw_body, responses
-from inferd.api.services import inference_auth, services
+from inferd.api.services import inference_auth
 from inferd.core.tenants import current_tenant
 from inferd.jobs.files import new_id
 from inferd.jobs.lines import FileRefused, check_file
@@ -37,8 +37,15 @@ _ERRORS = (400, 401, 404, 409, 413, 422)
 PURPOSES = ("batch",)
 
 
+def runner_of(app: Any) -> JobRunner | None:
+    """The app's batch runner (api/app.py makes it; None with jobs.enabled off)."""
+    found = app.state.jobs
+    assert found is None or isinstance(found, JobRunner)
+    return found
+
+
 def runner(request: Request) -> JobRunner:
-    jobs = services(request).jobs
+    jobs = runner_of(request.app)
     if jobs is None:
         raise APIError(404, "batch jobs are off on this server (jobs.enabled)", "not_found")
     return jobs

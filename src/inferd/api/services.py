@@ -19,7 +19,6 @@ from inferd.core.engine import InferenceEngine
 from inferd.core.memory import MemoryGuard
 from inferd.core.registry import ModelRegistry
 from inferd.core.tenants import Tenancy
-from inferd.jobs.runner import JobRunner
 from inferd.settings import Settings
 from inferd.utils.metrics import Metrics
 
@@ -35,8 +34,6 @@ class Services:
     # TEI's /tokenize and /decode show every token: an untruncated copy of a load's tokenizer, by load id, the
     # last few loads' (api/tei_tokens.py keeps it; a copy per request would cost more than the tokenising).
     tokenizers: OrderedDict[int, Tokenizer] = field(default_factory=OrderedDict)
-    # Batch jobs' runner and store (jobs/runner.py); None with jobs.enabled off.
-    jobs: JobRunner | None = None
 
     @property
     def registry(self) -> ModelRegistry:

@@ -17,7 +17,7 @@ import secrets
 import time
 from typing import Any
 
-from starlette.types import ASGIApp
+from starlette.applications import Starlette
 
 from inferd.core.tenants import Tenancy
 from inferd.jobs.files import FileStore, new_id
@@ -37,7 +37,7 @@ SWEEP_S = 5.0
 
 
 class JobRunner:
-    def __init__(self, settings: JobsSettings, app: ASGIApp, tenancy: Tenancy, metrics: Metrics) -> None:
+    def __init__(self, settings: JobsSettings, app: Starlette, tenancy: Tenancy, metrics: Metrics) -> None:
         self.settings = settings
         self.tenancy = tenancy
         self.metrics = metrics
@@ -147,6 +147,8 @@ class JobRunner:
             pending = [line for line in pending if line.number in retried]
             if not pending:
                 break
+            log.info("batch %s: %d lines of chunk %d answered 'not now' (%s); again in %g s", batch["id"],
+                     len(pending), claim.seq, sorted({r.status for r in answered if r.retry}), RETRY_WAIT_S)
             await asyncio.sleep(RETRY_WAIT_S)
         return records
 
