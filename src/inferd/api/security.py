@@ -17,9 +17,6 @@ from inferd.api.errors import APIError
 from inferd.api.middleware import EXTRA_HEADERS, context
 from inferd.core.tenants import Tenancy, Tenant, current_tenant
 
-# The scope key of the tenant an in-process caller (a batch job's line: jobs/lines.py) runs a request as.
-RUN_AS = "inferd.run_as"
-
 
 def bearer_token(request: Request) -> str | None:
     """The token of ``Authorization: Bearer <token>``; None when the header is absent or malformed. Two
@@ -63,10 +60,7 @@ def require_tenant(request: Request, tenancy: Tenancy, metrics: Any = None) -> N
     """The inference routes' key check, by tenant (core/tenants.py): open when no key of any tenant is configured;
     otherwise the Bearer key's tenant, set for the request (admission reads it, the access log shows its name,
     the response carries its rate-limit headers). Nothing else the client sends names a tenant."""
-    # A batch line runs in-process as its job's owner (jobs/lines.py RUN_AS): a scope key, which no client's bytes
-    # can set, so it proves nothing a key would have to.
-    preset = request.scope.get(RUN_AS)
-    tenant = preset if isinstance(preset, Tenant) else require_tenant_key(request, tenancy, "inference", metrics)
+    tenant = require_tenant_key(request, tenancy, "inference", metrics)
     if tenant is None:
         return
     current_tenant.set(tenant)
