@@ -18,9 +18,11 @@ from grpc_tools import protoc
 
 HERE = Path(__file__).resolve().parent
 PROTO = HERE / "proto" / "tei.proto"
+# The Open Inference Protocol's (api/oip.py's tensors over gRPC: grpc/oip.py), compiled beside it.
+OIP_PROTO = HERE / "proto" / "oip.proto"
 GEN = HERE / "_gen"
 SRC = HERE.parents[1]  # the folder holding the inferd package
-_GENERATED = ("tei_pb2.py", "tei_pb2.pyi", "tei_pb2_grpc.py")
+_GENERATED = ("tei_pb2.py", "tei_pb2.pyi", "tei_pb2_grpc.py", "oip_pb2.py", "oip_pb2.pyi", "oip_pb2_grpc.py")
 
 
 def build(out: Path = SRC) -> Path:
@@ -31,9 +33,10 @@ def build(out: Path = SRC) -> Path:
         staged = Path(tmp) / "inferd" / "grpc" / "_gen"
         staged.mkdir(parents=True)
         shutil.copy(PROTO, staged / "tei.proto")
+        shutil.copy(OIP_PROTO, staged / "oip.proto")
         well_known = resources.files("grpc_tools") / "_proto"
         args = ["grpc_tools.protoc", f"-I{tmp}", f"-I{well_known}", f"--python_out={out}", f"--pyi_out={out}",
-                f"--grpc_python_out={out}", str(staged / "tei.proto")]
+                f"--grpc_python_out={out}", str(staged / "tei.proto"), str(staged / "oip.proto")]
         gen.mkdir(parents=True, exist_ok=True)
         if protoc.main(args) != 0:
             raise RuntimeError(f"protoc could not compile {PROTO} (its message is above)")
@@ -42,7 +45,19 @@ def build(out: Path = SRC) -> Path:
     missing = [name for name in _GENERATED if not (gen / name).exists()]
     if missing:
         raise RuntimeError(f"protoc wrote no {', '.join(missing)} in {gen}")
+    _own_pool(gen / "oip_pb2.py")
     return gen
+
+
+def _own_pool(module: Path) -> None:
+    """The Open Inference Protocol's messages in a descriptor pool of their own: its package, ``inference``, is
+    tritonclient's too, and a process importing both into the default pool (a test calling inferd with
+    tritonclient.grpc, an application embedding inferd beside a Triton client) fails on duplicate symbols."""
+    source = module.read_text()
+    default = "_descriptor_pool.Default().AddSerializedFile("
+    if source.count(default) != 1:
+        raise RuntimeError(f"{module}: protoc's output no longer adds its file to the default pool once")
+    module.write_text(source.replace(default, "_descriptor_pool.DescriptorPool().AddSerializedFile("))
 
 
 def main() -> int:
