@@ -48,6 +48,7 @@ from inferd.core.slots import ModelSlot
 from inferd.core.spec import ModelSpec
 from inferd.core.tasks.base import Handler
 from inferd.core.tenants import Tenancy
+from inferd.grpc.oip import oip_services
 from inferd.grpc.server import GrpcServer, Registration, tei_services
 from inferd.jobs.runner import JobRunner
 from inferd.settings import Settings
@@ -56,7 +57,7 @@ from inferd.utils.metrics import AutoCollector, Metrics
 log = logging.getLogger(__name__)
 
 # The gRPC services of each wire family, on one server (server.grpc_port): a family adds its registration here.
-GRPC_FAMILIES: tuple[Registration, ...] = (tei_services,)
+GRPC_FAMILIES: tuple[Registration, ...] = (tei_services, oip_services)
 # Seconds the gRPC calls still open at the stop get: the drain has answered the work they had queued.
 GRPC_STOP_GRACE_S = 1.0
 
