@@ -37,6 +37,7 @@ from inferd.api.client_schemas import (
 from inferd.api.engine_call import INFERENCE_ERRORS, build, read_request, require_task, run, served_name
 from inferd.api.errors import APIError, Names, error_body
 from inferd.api.middleware import context
+from inferd.api.rerank_chunking import chunking_of, with_span
 from inferd.api.schemas import (
     RerankResponse,
     request_body,
@@ -141,7 +142,7 @@ async def embed_v2(request: Request) -> Response:
 def _rerank_request(request: Request, body: CohereRerankRequest) -> InferenceRequest:
     # Each document is an item: counts toward limits.max_items_per_request, named documents[i] when at fault.
     return build(request, [(body.query, d) for d in body.documents], _RERANK, task="rerank", model=body.model,
-                 priority=_priority(body.priority), timeout_ms=body.timeout_ms)
+                 priority=_priority(body.priority), timeout_ms=body.timeout_ms, chunking=chunking_of(body.chunking))
 
 
 def _usage(result: TaskResult) -> dict[str, int]:
@@ -156,7 +157,9 @@ def _usage(result: TaskResult) -> dict[str, int]:
 async def rerank(request: Request) -> Response:
     """Cohere / Jina / vLLM / infinity rerank: ``{"query", "documents", "top_n"?, "return_documents"?}``.
 
-    Also on /v2/rerank, where Cohere's v2 client (``cohere.ClientV2``) sends the same body."""
+    Also on /v2/rerank, where Cohere's v2 client (``cohere.ClientV2``) sends the same body. With ``chunking``, a
+    document that does not fit beside the query is scored piece by piece, its result naming the ``span`` that
+    scored (api/rerank_chunking.py)."""
     require_task(request, "rerank")
     body, engine_request = await read_request(request, CohereRerankRequest, lambda b: _rerank_request(request, b))
     result = await run(request, engine_request, _RERANK)
@@ -168,7 +171,7 @@ async def rerank(request: Request) -> Response:
         item: dict[str, Any] = {"index": i, "relevance_score": float(result.outputs[i][0])}
         if body.return_documents:
             item["document"] = {"text": body.documents[i]}
-        results.append(item)
+        results.append(with_span(item, result.outputs[i]))
     return json_response({"id": context(request.scope)["request_id"], "results": results,
                           "model": served_name(result), "usage": _usage(result),
                           "meta": {"billed_units": {"search_units": 1}}})

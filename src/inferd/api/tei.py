@@ -35,6 +35,7 @@ from inferd.api.client_schemas import (
 )
 from inferd.api.engine_call import INFERENCE_ERRORS, build, read_request, require_task, run
 from inferd.api.errors import APIError, Names, refusal
+from inferd.api.rerank_chunking import chunking_of, with_span
 from inferd.api.schemas import (
     TEIRerankRequest,
     request_body,
@@ -150,15 +151,16 @@ _RERANK = Names("texts")  # each text is an item, named texts[i] when at fault
 def _rerank_request(request: Request, body: TEIRerankRequest) -> InferenceRequest:
     pairs = tei_pairs(body.query, body.texts, body.truncate, body.truncation_direction)
     return build(request, pairs, _RERANK, task="rerank", model=body.model, priority=body.priority,
-                 timeout_ms=body.timeout_ms)
+                 timeout_ms=body.timeout_ms, chunking=chunking_of(body.chunking))
 
 
 @tei_router.post("/rerank", openapi_extra=request_body(TEIRerankRequest),
                  responses=tei_responses(RANKED, *INFERENCE_ERRORS))
 @tei_errors
 async def rerank(request: Request) -> Response:
-    """TEI's rerank: ``{"query", "texts", "raw_scores"?, "return_text"?, "truncate"?, "truncation_direction"?}``
-    → each text's index and score, best first. Each (query, text) pair is one item for the engine."""
+    """TEI's rerank: ``{"query", "texts", "raw_scores"?, "return_text"?, "truncate"?, "truncation_direction"?,
+    "chunking"?}`` → each text's index and score, best first (and, for a text scored piece by piece, the ``span``
+    that scored). Each (query, text) pair is one item for the engine."""
     # As the other task routes: a server without a reranker refuses the route itself before reading the body.
     require_task(request, "rerank")
     body, engine_request = await read_request(request, TEIRerankRequest, lambda b: _rerank_request(request, b))
@@ -168,7 +170,7 @@ async def rerank(request: Request) -> Response:
         item: dict[str, Any] = {"index": i, "score": score}
         if body.return_text:
             item["text"] = body.texts[i]
-        out.append(item)
+        out.append(with_span(item, result.outputs[i]))
     return json_response(out)
 
 
