@@ -27,7 +27,7 @@ import orjson
 from fastapi import APIRouter, Depends, Request
 from starlette.responses import Response
 
-from inferd.api import vectors
+from inferd.api import documents, vectors
 from inferd.api.bodies import json_response
 from inferd.api.client_schemas import (
     CohereEmbedRequest,
@@ -93,17 +93,36 @@ def _embed_request(request: Request, body: CohereEmbedRequest) -> InferenceReque
     quantized = bool({"int8", "uint8"} & set(body.embedding_types or ()))
     return build(request, texts, _EMBED, task="embedding", model=body.model, priority=_priority(body.priority),
                  timeout_ms=body.timeout_ms, dimensions=body.output_dimension,
-                 prompt=Prompt(input_type=body.input_type, field="input_type"), calibrate=quantized)
+                 prompt=Prompt(input_type=body.input_type, field="input_type"), calibrate=quantized,
+                 chunking=documents.chunking_of(body.chunking))
 
 
 async def _embed(request: Request, version: int) -> Response:
     require_task(request, "embedding")
     body, engine_request = await read_request(request, CohereEmbedRequest, lambda b: _embed_request(request, b))
+    await documents.check_body_size(request, body.chunking)
     result = await run(request, engine_request, _EMBED)
-    types = list(dict.fromkeys(body.embedding_types or ["float"]))
+    pooled, pieces = documents.taken_apart(result)
+    v, by_type = _by_type(pooled, body)
+    floats_only = version == 1 and body.embedding_types is None
+    answer = {
+        "response_type": "embeddings_floats" if floats_only else "embeddings_by_type",
+        "id": context(request.scope).get("request_id", ""),
+        "embeddings": v if floats_only else by_type,
+        "texts": list(body.texts),
+        "meta": {"api_version": {"version": str(version)},
+                 "billed_units": {"input_tokens": result.prompt_tokens}}}
+    if pieces is not None:  # chunking's mode "pieces": each text's pieces, each with its embeddings by type
+        answer["pieces"] = [documents.with_spans(result, i, _each_piece(r, body, floats_only), "embeddings")
+                            for i, r in enumerate(pieces)]
+    return json_response(answer)
+
+
+def _by_type(result: TaskResult, body: CohereEmbedRequest) -> tuple[np.ndarray, dict[str, Any]]:
+    """The vectors (float) and the embeddings by each type asked."""
     v = vectors.vectors_of(result, body.output_dimension)
     by_type: dict[str, Any] = {}
-    for kind in types:
+    for kind in dict.fromkeys(body.embedding_types or ["float"]):
         if kind == "float":
             by_type["float"] = v
         elif kind == "base64":
@@ -113,14 +132,15 @@ async def _embed(request: Request, version: int) -> Response:
             by_type[kind] = quantize.quantize(v, kind, ranges).astype(np.int16)
         else:
             by_type[kind] = quantize.quantize(v, kind).astype(np.int16)
-    floats_only = version == 1 and body.embedding_types is None
-    return json_response({
-        "response_type": "embeddings_floats" if floats_only else "embeddings_by_type",
-        "id": context(request.scope).get("request_id", ""),
-        "embeddings": v if floats_only else by_type,
-        "texts": list(body.texts),
-        "meta": {"api_version": {"version": str(version)},
-                 "billed_units": {"input_tokens": result.prompt_tokens}}})
+    return v, by_type
+
+
+def _each_piece(result: TaskResult, body: CohereEmbedRequest, floats_only: bool) -> list[Any]:
+    """Each piece's embeddings as the answer gives a text's: a vector (v1 floats), else one per type asked."""
+    v, by_type = _by_type(result, body)
+    if floats_only:
+        return list(v)
+    return [{kind: values[j] for kind, values in by_type.items()} for j in range(len(v))]
 
 
 @cohere_router.post("/v1/embed", openapi_extra=request_body(CohereEmbedRequest),

@@ -25,7 +25,7 @@ import orjson
 from fastapi import APIRouter, Depends, Request
 from starlette.responses import Response
 
-from inferd.api import vectors
+from inferd.api import documents, vectors
 from inferd.api.bodies import json_response
 from inferd.api.client_schemas import (
     TEIEmbedRequest,
@@ -74,7 +74,8 @@ def _embed_request(request: Request, body: TEIEmbedRequest) -> InferenceRequest:
     texts = vectors.inputs_of(tei_inputs(body.inputs, "inputs"), direction(body.truncation_direction), body.truncate)
     # The prompt and the normalisation are those of the model load that runs the texts (a canary's own).
     return build(request, texts, _embed_names(body), task="embedding", priority=body.priority,
-                 timeout_ms=body.timeout_ms, dimensions=body.dimensions, prompt=Prompt(body.prompt_name))
+                 timeout_ms=body.timeout_ms, dimensions=body.dimensions, prompt=Prompt(body.prompt_name),
+                 chunking=documents.chunking_of(body.chunking))
 
 
 @tei_router.post("/embed", openapi_extra=request_body(TEIEmbedRequest),
@@ -82,10 +83,16 @@ def _embed_request(request: Request, body: TEIEmbedRequest) -> InferenceRequest:
 @tei_errors
 async def embed(request: Request) -> Response:
     """TEI's embed: ``{"inputs": str | [str], "normalize"?, "truncate"?, "truncation_direction"?,
-    "prompt_name"?, "dimensions"?}`` → one vector per input (a list of lists, one text or many)."""
+    "prompt_name"?, "dimensions"?, "chunking"?}`` → one vector per input (a list of lists, one text or many); with
+    chunking's mode "pieces", each input's pieces instead: ``[[{"start", "end", "tokens", "embedding"}]]``."""
     body, engine_request = await read_request(request, TEIEmbedRequest, lambda b: _embed_request(request, b))
+    await documents.check_body_size(request, body.chunking)
     result = await run(request, engine_request, _embed_names(body))
-    return json_response(tei_vectors(result, body.dimensions, body.normalize))
+    pooled, pieces = documents.taken_apart(result)
+    if pieces is None:
+        return json_response(tei_vectors(pooled, body.dimensions, body.normalize))
+    return json_response([documents.with_spans(result, i, list(tei_vectors(r, body.dimensions, body.normalize)),
+                                               "embedding") for i, r in enumerate(pieces)])
 
 
 @tei_router.post("/similarity", openapi_extra=request_body(TEISimilarityRequest),
