@@ -116,6 +116,8 @@ def test_auto_answers_on_torch_at_once_then_switches_under_traffic_without_a_fai
     metrics = httpx.get(server.url + "/metrics").text
     assert metric_value(metrics, "inferd_model_info", backend="openvino", slot="active") == 1
     assert metric_value(metrics, "inferd_model_info", backend="torch", slot="active") == 0
+    for name, v in verdicts.items():
+        assert metric_value(metrics, "inferd_auto_candidate", model="tiny", candidate=name, state=v["state"]) == 1
 
 
 def test_auto_stays_on_torch_saying_why_when_the_gate_refuses_every_candidate(
@@ -137,6 +139,8 @@ def test_auto_stays_on_torch_saying_why_when_the_gate_refuses_every_candidate(
     with server.client() as c:
         r = c.post("/v1/embeddings", json={"input": ["still served"]})
     assert r.status_code == 200 and r.headers["x-inferd-runtime"] == "torch-float32"
+    metrics = httpx.get(server.url + "/metrics").text
+    assert metric_value(metrics, "inferd_auto_candidate", model="tiny", candidate=INT8, state=int8["state"]) == 1
     log = server.log()
     assert "every candidate was refused or skipped: stays on torch-float32" in log
     assert "exporting" not in log  # the first test's verdict, from the cache: nothing exported or judged again
