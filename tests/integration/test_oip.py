@@ -5,7 +5,7 @@ Metadata lists each task's tensors; readiness answers per server, model and vers
 the native route's answer, with the binary tensor extension (tritonclient's default) and with JSON tensors; bad
 input (an unknown model, version or output, a wrong datatype or shape, a missing input, bad JSON, a broken binary
 body, an empty text) gets the protocol's ``{"error": ...}`` with a 4xx, never a 500; Cohere's /v2/embed is still
-Cohere's.
+Cohere's. The same server answers the protocol over gRPC (``tritonclient.grpc``) as over HTTP.
 """
 
 from __future__ import annotations
@@ -18,9 +18,10 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
+import tritonclient.grpc as triton_grpc
 import tritonclient.http as triton
 import yaml
-from conftest import ROOT, Server
+from conftest import ROOT, Server, free_port
 from tinymodel import write_tiny_bert
 from tritonclient.utils import InferenceServerException
 
@@ -43,13 +44,20 @@ def server(task_models: Path, tmp_path_factory: pytest.TempPathFactory,
     config.mkdir()
     shutil.copy(ROOT / "configs" / "base.yaml", config / "base.yaml")
     (config / "dev.yaml").write_text(yaml.safe_dump({"models": models}, sort_keys=False))
+    # The protocol over gRPC too, on the gRPC port beside TEI's services.
     return module_serve({"INFERD_CONFIG_DIR": str(config), "INFERD__MODEL__LOAD_MODE": "eager",
-                         "INFERD__CACHE__MAX_ENTRIES": "0"}, wait="/health/ready")
+                         "INFERD__CACHE__MAX_ENTRIES": "0", "INFERD__SERVER__GRPC_PORT": str(free_port())},
+                        wait="/health/ready")
 
 
 @pytest.fixture(scope="module")
 def client(server: Server) -> triton.InferenceServerClient:
     return triton.InferenceServerClient(url=server.url.removeprefix("http://"))
+
+
+@pytest.fixture(scope="module")
+def grpc_client(server: Server) -> triton_grpc.InferenceServerClient:
+    return triton_grpc.InferenceServerClient(url=f"127.0.0.1:{server.env['INFERD__SERVER__GRPC_PORT']}")
 
 
 def post(server: Server, path: str, body: Any) -> Any:
@@ -162,3 +170,34 @@ def test_cohere_v2_routes_are_still_cohere_s(server: Server) -> None:
     body = post(server, "/v2/embed", {"model": "embedder", "texts": TEXTS[:1], "input_type": "search_query",
                                       "embedding_types": ["float"]})
     assert body["response_type"] == "embeddings_by_type" and len(body["embeddings"]["float"]) == 1
+
+
+def test_over_grpc_tritonclient_gets_the_same_metadata_readiness_and_answers(
+        client: triton.InferenceServerClient, grpc_client: triton_grpc.InferenceServerClient) -> None:
+    assert grpc_client.is_server_live() and grpc_client.is_server_ready() and grpc_client.is_model_ready("reranker")
+    for name in ("embedder", "reranker", "classifier"):
+        meta = grpc_client.get_model_metadata(name, as_json=True)
+        http = client.get_model_metadata(name)
+        assert [(t["name"], t["datatype"], [int(d) for d in t["shape"]]) for t in meta["outputs"]] == \
+            [(t["name"], t["datatype"], t["shape"]) for t in http["outputs"]]
+
+    def text_input(name: str, values: list[str]) -> triton_grpc.InferInput:
+        tensor = triton_grpc.InferInput(name, [len(values)], "BYTES")
+        return tensor.set_data_from_numpy(np.array(values, dtype=object))
+
+    got = grpc_client.infer("embedder", [text_input("text", TEXTS)])
+    np.testing.assert_allclose(got.as_numpy("embedding"), client.infer("embedder", [texts("text", TEXTS)])
+                               .as_numpy("embedding"), atol=TOL)
+    got = grpc_client.infer("reranker", [text_input("query", [QUERY]), text_input("documents", DOCS)])
+    np.testing.assert_allclose(got.as_numpy("score"), client.infer(
+        "reranker", [texts("query", [QUERY]), texts("documents", DOCS)]).as_numpy("score"), atol=TOL)
+    got = grpc_client.infer("classifier", [text_input("text", TEXTS)],
+                            outputs=[triton_grpc.InferRequestedOutput("label")])
+    want = client.infer("classifier", [texts("text", TEXTS)]).as_numpy("label")
+    assert list(got.as_numpy("label")) == list(want)
+    with pytest.raises(InferenceServerException) as caught:
+        grpc_client.infer("nope", [text_input("text", TEXTS)])
+    assert "NOT_FOUND" in str(caught.value.status()) and "'nope' is not served here" in caught.value.message()
+    with pytest.raises(InferenceServerException) as caught:
+        grpc_client.infer("embedder", [text_input("words", TEXTS)])
+    assert "INVALID_ARGUMENT" in str(caught.value.status()) and "missing ['text']" in caught.value.message()
