@@ -148,3 +148,21 @@ def test_pieces_that_do_not_fit_beside_the_query_are_refused(client: httpx.Clien
     r = client.post("/v1/rerank", json={"query": "river", "documents": ["a b c"], "model": "ce",
                                         "chunking": {"mode": "pooled"}})
     assert r.status_code == 422
+
+
+def test_predict_pairs_take_chunking_too(client: httpx.Client) -> None:
+    # inferd's /predict (a reranker's [query, document] texts) and TEI's /predict ([[query, document]] inputs, on
+    # the default reranker) score the same way as the rerank routes, and name the span beside each score.
+    docs = documents()
+    query = " ".join(QUERY)
+    ranked = client.post("/v1/rerank", json={"query": query, "documents": docs[:2], "model": "late",
+                                             "chunking": {}}).json()["results"]
+    want = {r["index"]: r for r in ranked}
+    own = client.post("/predict", json={"texts": [[query, d] for d in docs[:2]], "model": "late", "chunking": {}})
+    assert own.status_code == 200, own.text
+    assert own.json()["results"] == pytest.approx([want[0]["relevance_score"], want[1]["relevance_score"]], abs=1e-5)
+    assert own.json()["spans"] == [want[0]["span"], want[1]["span"]]
+    tei = client.post("/predict", json={"inputs": [[query, docs[1]]], "chunking": {"mode": "max"}})
+    assert tei.status_code == 200, tei.text
+    ((row,),) = tei.json()
+    assert row["score"] == pytest.approx(want[1]["relevance_score"], abs=1e-5) and row["span"] == want[1]["span"]

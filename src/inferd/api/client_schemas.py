@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 
-from inferd.api.schemas import _CHUNKING, _TEXT, ChunkingOptions, RerankRequest, _Body
+from inferd.api.schemas import _CHUNKING, _TEXT, ChunkingOptions, RerankChunkingOptions, RerankRequest, _Body
 
 _TEXTS = {"anyOf": [_TEXT, {"type": "array", "items": _TEXT, "minItems": 1}]}
 _IDS = {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1}
@@ -108,6 +108,8 @@ class TEIPredictRequest(_Body):
     truncation_direction: Direction = "right"
     raw_scores: StrictBool = Field(False, description="Logits before the activation (rerank models)")
     parameters: TEIClassificationParameters | None = None
+    chunking: RerankChunkingOptions | None = Field(None, description="A reranker's pairs: score a document that "
+                                                   "does not fit beside its query piece by piece (null: cut it)")
 
 
 class TEITokenizeRequest(_Body):

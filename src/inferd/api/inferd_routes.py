@@ -21,6 +21,7 @@ from inferd.api.engine_call import (
 )
 from inferd.api.errors import APIError, Names
 from inferd.api.middleware import context
+from inferd.api.rerank_chunking import chunking_of
 from inferd.api.schemas import (
     ClassifyRequest,
     ClassifyResponse,
@@ -31,6 +32,7 @@ from inferd.api.schemas import (
 )
 from inferd.api.services import inference_auth
 from inferd.api.tei_predict import is_tei_predict, tei_predict
+from inferd.core.long_rerank import span_of
 from inferd.core.outcomes import TaskResult
 from inferd.core.request import InferenceRequest
 from inferd.core.tasks.kinds import CLASSIFICATION, task_of
@@ -52,12 +54,15 @@ async def predict(request: Request) -> Response:
         return await tei_predict(request)
     body, engine_request = await read_request(request, PredictRequest, lambda b: _predict_request(request, b))
     result = await run(request, engine_request, _PREDICT)
+    extra: dict[str, Any] = {}
     if engine_request.pairs:
         outputs = [float(o[0]) for o in result.outputs]  # each pair's score ([score, raw] rows)
+        if body.chunking is not None:  # each pair's span that scored (null: its document was not split)
+            extra["spans"] = [span_of(o) for o in result.outputs]
     else:
         # By the task of the load that answered (a model's task may be known only once it has loaded).
         outputs = _TEXT_RESULTS.get(task_of(result.description.task), _as_computed)(result)
-    return json_response({"results": outputs, "model": served_name(result),
+    return json_response({"results": outputs, **extra, "model": served_name(result),
                           "usage": {"prompt_tokens": result.prompt_tokens}})
 
 
@@ -90,7 +95,7 @@ def _predict_request(request: Request, body: PredictRequest) -> InferenceRequest
                                "invalid_type", f"texts[{i}]")
         texts = [(q, d) for q, d in texts]
     return build(request, texts, _PREDICT, task=task.name, model=body.model, priority=body.priority,
-                 timeout_ms=body.timeout_ms)
+                 timeout_ms=body.timeout_ms, chunking=chunking_of(body.chunking))
 
 
 def _usage(result: TaskResult) -> dict[str, int]:

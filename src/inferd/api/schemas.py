@@ -26,6 +26,23 @@ class _Body(BaseModel):
                                            description="Deadline; a request still queued past it gets 504")
 
 
+class RerankChunkingOptions(BaseModel):
+    """A rerank request's ``chunking``: a document that does not fit beside the query scored piece by piece
+    (docs/long-documents.md)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    mode: Literal["max", "mean"] = Field("max", description="A split document's score: its best piece's (max) or "
+                                                             "the mean of its pieces'")
+    max_tokens: StrictInt | None = Field(None, gt=0, description="Tokens per piece (null: as many as fit beside "
+                                         "the query)")
+    overlap: StrictInt = Field(0, ge=0, description="Tokens shared by neighbouring pieces (less than max_tokens)")
+
+
+_RERANK_CHUNKING = ("Score a document that does not fit beside the query piece by piece, each result naming the "
+                    "span that scored (docs/long-documents.md); null: cut it")
+
+
 class PredictRequest(_Body):
     """The seed's shape: ``{"texts": [...]}``."""
 
@@ -33,6 +50,8 @@ class PredictRequest(_Body):
     texts: list[Any] = Field(json_schema_extra={"items": _TEXT, "minItems": 1})
     model: str | None = Field(None, description="A served model's name (GET /v1/models), 'name@version' to pin "
                               "a version, or a version of the default model; none: the route's default model")
+    chunking: RerankChunkingOptions | None = Field(None, description="A reranker's pairs: score a document that "
+                                                   "does not fit beside its query piece by piece (null: cut it)")
 
 
 class ChunkingOptions(BaseModel):
@@ -53,22 +72,6 @@ class ChunkingOptions(BaseModel):
 
 _CHUNKING = "Split texts longer than the model's window into pieces (docs/long-documents.md); null: do not"
 
-
-class RerankChunkingOptions(BaseModel):
-    """A rerank request's ``chunking``: a document that does not fit beside the query scored piece by piece
-    (docs/long-documents.md)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    mode: Literal["max", "mean"] = Field("max", description="A split document's score: its best piece's (max) or "
-                                                             "the mean of its pieces'")
-    max_tokens: StrictInt | None = Field(None, gt=0, description="Tokens per piece (null: as many as fit beside "
-                                         "the query)")
-    overlap: StrictInt = Field(0, ge=0, description="Tokens shared by neighbouring pieces (less than max_tokens)")
-
-
-_RERANK_CHUNKING = ("Score a document that does not fit beside the query piece by piece, each result naming the "
-                    "span that scored (docs/long-documents.md); null: cut it")
 
 
 class EmbeddingsRequest(_Body):

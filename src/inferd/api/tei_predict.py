@@ -19,6 +19,7 @@ from inferd.api.client_schemas import (
 )
 from inferd.api.engine_call import build, read_request, run
 from inferd.api.errors import Names, refusal
+from inferd.api.rerank_chunking import chunking_of, with_span
 from inferd.api.services import services
 from inferd.api.tei_shape import tei_errors, tei_pairs
 from inferd.core.errors import Kind
@@ -125,7 +126,8 @@ def _request(request: Request, body: TEIPredictRequest) -> InferenceRequest:
                              for pair in tei_pairs(query, [document], body.truncate, body.truncation_direction)]
     else:
         inputs = vectors.inputs_of(sequences, direction(body.truncation_direction), body.truncate)
-    return build(request, inputs, _names(body), task=task.name, priority=body.priority, timeout_ms=body.timeout_ms)
+    return build(request, inputs, _names(body), task=task.name, priority=body.priority, timeout_ms=body.timeout_ms,
+                 chunking=chunking_of(body.chunking))
 
 
 def classified(body: TEIPredictRequest, result: TaskResult) -> list[list[dict[str, Any]]]:
@@ -144,4 +146,4 @@ def classified(body: TEIPredictRequest, result: TaskResult) -> list[list[dict[st
 def scored(body: TEIPredictRequest, result: TaskResult) -> list[list[dict[str, Any]]]:
     raw = _applied(body.parameters, "sigmoid", body.raw_scores) is not None
     label = (result.description.labels or ("LABEL_0",))[0]
-    return [[{"score": float(o[1] if raw else o[0]), "label": label}] for o in result.outputs]
+    return [[with_span({"score": float(o[1] if raw else o[0]), "label": label}, o)] for o in result.outputs]
