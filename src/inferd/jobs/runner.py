@@ -109,9 +109,13 @@ class JobRunner:
         batch = claim.batch
         key = (batch["id"], claim.seq)
         self._held.add(key)
+        renewing = asyncio.create_task(self._renew(batch["id"], claim.seq))
         try:
             started = time.perf_counter()
-            records = await self._records(claim)
+            try:
+                records = await self._records(claim)
+            finally:
+                renewing.cancel()
             name = await asyncio.to_thread(self.files.write_result, batch["id"], claim.seq, records)
             ok = sum(r.ok for r in records)
             failed = len(records) - ok
@@ -128,6 +132,14 @@ class JobRunner:
         elapsed = time.perf_counter() - started
         if records and elapsed > 0:
             self.metrics.job_lines_rate.set(len(records) / elapsed)
+
+    async def _renew(self, batch_id: str, seq: int) -> None:
+        """While a chunk runs, its lease is renewed every third of jobs.lease_s: a slow chunk stays this worker's,
+        a dead worker's chunk is free again within one lease."""
+        while True:
+            await asyncio.sleep(self.settings.lease_s / 3)
+            if not await asyncio.to_thread(self.store().renew, batch_id, seq, self.worker, self.settings.lease_s):
+                return
 
     async def _records(self, claim: Claim) -> list[Record]:
         """Every line of the chunk's span as a record: bad lines' errors, and the valid lines' answers."""

@@ -262,6 +262,13 @@ class Store:
             batch = conn.execute(select(batches).where(batches.c.id == row["batch_id"])).mappings().one()
         return Claim(dict(batch), row["seq"], row["start"], row["stop"], row["first_line"], until)
 
+    def renew(self, batch_id: str, seq: int, worker: str, lease_s: float) -> bool:
+        """The lease of a chunk still running pushed on (False: it is no longer this worker's)."""
+        with self._tx() as conn:
+            return conn.execute(update(chunks).where(
+                chunks.c.batch_id == batch_id, chunks.c.seq == seq, chunks.c.state == "running",
+                chunks.c.lease_owner == worker).values(lease_until=time.time() + lease_s)).rowcount == 1
+
     def commit_chunk(self, batch_id: str, seq: int, worker: str, result: str, ok: int, failed: int) -> bool:
         """The chunk done with its result files and counts, and the batch's progress, at once; False (nothing
         changed) when the lease is no longer this worker's: another took the chunk."""
