@@ -1,7 +1,8 @@
 """TEI's ``tei.v1.Embed`` service: Embed, EmbedSparse and EmbedAll (one text per message), each with its streaming
 form, on the embedding models. Each message is the request TEI's HTTP route makes of one text (api/tei.py /embed,
-api/tei_outputs.py /embed_sparse and /embed_all): the same engine request, the same shaping (tei_shape.tei_vectors,
-hybrid's sparse pairs and caps), so an answer equals the HTTP route's for that text."""
+api/tei_outputs.py /embed_sparse and /embed_all, the last hidden state of every token): the same engine request,
+the same shaping (tei_shape.tei_vectors, hybrid's sparse pairs and caps), so an answer equals the HTTP route's for
+that text."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from inferd.api.services import Services, services_of
 from inferd.api.tei_shape import tei_vectors
 from inferd.core.outcomes import TaskResult
 from inferd.core.prompts import Prompt
-from inferd.core.tasks.kinds import EMBEDDING, MULTIVECTOR, SPARSE
+from inferd.core.tasks.kinds import EMBEDDING, SPARSE, TOKEN_STATES
 from inferd.core.tasks.task import Output
 from inferd.grpc.call import Call, streaming, unary
 from inferd.grpc.streams import Pin, ordered
@@ -87,10 +88,10 @@ class EmbedServicer(rpc.EmbedServicer):
                                       metadata=metadata(result, len(message.inputs)))
 
     async def _all(self, call: Call, message: Any, pin: Pin | None = None) -> Any:
-        result = await self._run(call, message, pin, MULTIVECTOR)
-        outputs = hybrid.outputs_of(result, (MULTIVECTOR.name,))
+        result = await self._run(call, message, pin, TOKEN_STATES)
+        outputs = hybrid.outputs_of(result, (TOKEN_STATES.name,))
         hybrid.check_token_vectors(outputs, self.s.settings.limits.max_multivector_tokens)
-        rows = np.asarray(outputs[0].multivector, dtype=np.float32).tolist()
+        rows = np.asarray(outputs[0].token_states, dtype=np.float32).tolist()
         return pb.EmbedAllResponse(token_embeddings=[pb.TokenEmbedding(embeddings=r) for r in rows],
                                    metadata=metadata(result, len(message.inputs)))
 

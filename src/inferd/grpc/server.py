@@ -10,7 +10,7 @@ would answer 200 and NOT_SERVING otherwise (loading, a required model failed, dr
 ``HEALTH_EVERY_S``; at the stop every service turns NOT_SERVING before the listener closes.
 
 Messages are bounded by ``limits.max_body_bytes`` as HTTP bodies are: a larger one is refused RESOURCE_EXHAUSTED by
-gRPC itself, before it is parsed.
+gRPC itself, before it is parsed; one that does not parse is refused INVALID_ARGUMENT (parsing.py).
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from starlette.requests import Request
 from inferd.api.health import readiness
 from inferd.api.services import services_of
 from inferd.grpc.embed import EmbedServicer
+from inferd.grpc.parsing import ParseMessages
 from inferd.grpc.scores import PredictServicer, RerankServicer
 from inferd.grpc.stubs import SERVICES, rpc
 from inferd.grpc.tokens import InfoServicer, TokenizeServicer
@@ -58,8 +59,8 @@ class GrpcServer:
         s = services_of(app)
         self.host, self.port = s.settings.server.host, s.settings.server.grpc_port
         limit = s.settings.limits.max_body_bytes
-        self.server = grpc.aio.server(options=[("grpc.max_receive_message_length", limit),
-                                               ("grpc.so_reuseport", 0)])
+        self.server = grpc.aio.server(interceptors=[ParseMessages()],
+                                      options=[("grpc.max_receive_message_length", limit), ("grpc.so_reuseport", 0)])
         names: list[str] = []
         for register in registrations:
             names += register(self.server, app)
