@@ -5,11 +5,12 @@ What it proves, without a trained cross-encoder (none is available offline):
 
 - Ranking: a late-interaction reranker (a tiny ColBERT, MaxSim) whose encoder passes each token's embedding
   through unchanged (its attention and feed-forward outputs and its position embeddings zeroed: ``controlled``)
-  scores a piece by how many of the query's tokens it holds, which is token identity, not training. Three documents of over 2,000 tokens: the relevant one holds
-  every query word together, but only after its first 2,000 tokens, and opens with filler; each distractor opens
-  with one query word. Cut to its document length (no chunking), the relevant document is not first (a distractor's
-  opening matches, its does not); scored piece by piece it is first, and its span is the passage. The same request
-  with chunking switched off is the control, so the test fails if chunking does nothing.
+  scores a piece by how many of the query's tokens it holds, which is token identity, not training. Three
+  documents of over 2,000 tokens: the relevant one holds every query word together, but only after its first 2,000
+  tokens, and opens with filler; each distractor opens with one query word. Cut to its document length (no
+  chunking), the relevant document is not first (a distractor's opening matches, its does not); scored piece by
+  piece it is first, and its span is the passage. The same request with chunking switched off is the control, so
+  the test fails if chunking does nothing.
 - Arithmetic: on a (random) cross-encoder, a split document's score is exactly the best (mode max) or the mean
   (mode mean) of its pieces' scores, each piece sent alone as an ordinary document, the pieces cut by the same
   splitter to the room the model leaves beside the query; the span is the best piece's; and a document that fits
@@ -93,9 +94,14 @@ def client(server: Server) -> Iterator[httpx.Client]:
         yield c
 
 
-def test_chunked_rerank_finds_the_passage_truncation_never_sees(client: httpx.Client) -> None:
+def test_chunked_rerank_finds_the_passage_truncation_never_sees(client: httpx.Client, models: Path) -> None:
+    from transformers import AutoTokenizer
+
     docs = documents()
     query = " ".join(QUERY)
+    count = AutoTokenizer.from_pretrained(models / "colbert")
+    assert all(len(count(d, add_special_tokens=False)["input_ids"]) > 2000 for d in docs)
+    assert len(count(docs[1][: docs[1].index(query)], add_special_tokens=False)["input_ids"]) > 2000
     cut = client.post("/v1/rerank", json={"query": query, "documents": docs, "model": "late"})
     assert cut.status_code == 200, cut.text
     assert cut.json()["results"][0]["index"] != 1  # the control: cut, the relevant document loses
@@ -166,3 +172,30 @@ def test_predict_pairs_take_chunking_too(client: httpx.Client) -> None:
     assert tei.status_code == 200, tei.text
     ((row,),) = tei.json()
     assert row["score"] == pytest.approx(want[1]["relevance_score"], abs=1e-5) and row["span"] == want[1]["span"]
+
+
+def test_an_llm_reranker_s_pieces_fit_beside_its_query_and_template(tmp_path: Path) -> None:
+    # The LLM reranker's room is its limit less its template, its instruction and the query: a piece of that many
+    # tokens runs whole, one a little longer would be cut (what the engine's pieces are sized by).
+    from decoders import write_qwen3_reranker
+
+    from inferd.core.loading import load_handler
+    from inferd.core.spec import ModelSpec
+
+    handler = load_handler(ModelSpec(path=write_qwen3_reranker(tmp_path / "llm", max_positions=128), name="llm",
+                                     version="1", device="cpu", task="rerank", warmup=False))
+    try:
+        query = "where is the river city"
+        room = handler.document_room(query)
+        assert room is not None and 0 < room < 128
+        rng = random.Random(2)
+        long = " ".join(filler(rng, 10) for _ in range(40))
+        pieces = split(long, handler.tokenizer, max_tokens=room)
+        assert len(pieces) > 3
+        encoded = handler.preprocess([(query, long[p.start:p.end]) for p in pieces])
+        assert not any(e.truncated for e in encoded) and max(e.tokens for e in encoded) <= 128
+        over = split(long, handler.tokenizer, max_tokens=room + 12)[0]
+        (cut,) = handler.preprocess([(query, long[over.start:over.end])])
+        assert cut.truncated
+    finally:
+        handler.close()
