@@ -133,7 +133,29 @@ def test_a_warm_start_loads_the_cached_graph_without_torch(tiny_model: Path, tmp
     assert warm.backend_info["cache"] == "hit" and warm.backend_info["cache_entry"] == str(entry)
     assert warm.backend_info["gate"]["figures"] == cold.backend_info["gate"]["figures"]
     np.testing.assert_array_equal(embed(warm, MIXED), embed(cold, MIXED))
-    assert [p.name for p in tmp_path.iterdir()] == [entry.name]  # no temporary folder left behind
+    # No temporary folder left behind: the entry, the export every dtype shares, their (empty) lock files.
+    left = sorted(p.name for p in tmp_path.iterdir() if not p.name.endswith(".lock"))
+    assert len(left) == 2 and entry.name in left and any(n.startswith("export-embedding-hidden-") for n in left)
+
+
+def test_one_openvino_export_serves_every_dtype_and_quantisation(tiny_model: Path, tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """backend auto judges bf16, static int8 and float32 in turn: the IR is exported once (its dtype is a compile
+    hint, int8 quantises a copy); each entry is still its own, judged on its own."""
+    from inferd.core.backends import openvino
+
+    small = (("texts", 32), ("calibration_texts", 16))  # the gate's least: three of them here
+    first = load_handler(spec(tiny_model, tmp_path, "openvino", dtype="bfloat16", gate=small)).backend_info
+    monkeypatch.setattr(openvino, "export", lambda *a, **k: pytest.fail("exported a second time"))
+    fp32 = load_handler(spec(tiny_model, tmp_path, "openvino", gate=small)).backend_info
+    int8 = load_handler(spec(tiny_model, tmp_path, "openvino", "int8", gate=small)).backend_info
+    assert [b["cache"] for b in (first, fp32, int8)] == ["miss"] * 3
+    assert len({b["cache_entry"] for b in (first, fp32, int8)}) == 3
+    assert fp32["gate"]["kind"] == "fp32" and int8["gate"]["kind"] == "int8"
+    # The float32 entry holds the shared IR itself (a link: it stays whole if the shared export goes).
+    shared = next(tmp_path.glob("export-*/model.bin"))
+    assert (Path(fp32["cache_entry"]) / "model.bin").read_bytes() == shared.read_bytes()
+    assert not (Path(int8["cache_entry"]) / "export").exists()
 
 
 def test_an_openvino_model_of_two_instances_may_run_a_lone_batch_on_every_thread_with_the_same_vectors(
@@ -282,7 +304,9 @@ def test_concurrent_first_starts_share_one_entry(tiny_model: Path, tmp_path: Pat
     assert [p.returncode for p in procs] == [0, 0], [err[-2000:] for _, err in outs]
     entries = {json.loads(out)["cache_entry"] for out, _ in outs}
     assert len(entries) == 1
-    assert [p.name for p in tmp_path.iterdir()] == [Path(entries.pop()).name]  # no temporary folder left
+    # No temporary folder left; beside the entry only its lock file (empty: an flock goes with its process).
+    entry = Path(entries.pop()).name
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([entry, f".{entry}.lock"])
 
 
 # -- serving and the export command -------------------------------------------------------------------------

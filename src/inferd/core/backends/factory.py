@@ -131,6 +131,45 @@ def entry_lock(entry: Path) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
+# What the OpenVINO export depends on: not the dtype nor the quantisation (its IR holds float32 weights and no
+# precision; the dtype is a compile hint, and static int8 quantises a copy of it).
+_EXPORT_KEY = ("format", "model", "task", "head", "max_seq_length", "libraries", "inferd")
+
+
+def shared_export(root: Path, key: dict[str, Any], model: torch.nn.Module, head: str) -> Path:
+    """This model's OpenVINO IR, exported once for every dtype and quantisation of it (backend auto judges bf16,
+    int8 and float32 in turn: one export, not three); built under its own lock, renamed into place."""
+    from inferd.core.backends import openvino as ov
+
+    digest = hashlib.sha256(json.dumps({k: key[k] for k in _EXPORT_KEY}, sort_keys=True).encode()).hexdigest()[:24]
+    folder = root / f"export-{key['task']}-{key['head']}-{digest}"
+    graph = folder / ov.GRAPH
+    if graph.is_file():
+        return graph
+    with entry_lock(folder):
+        if not graph.is_file():
+            work = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=root))
+            try:
+                ov.export(model, work, head)
+                os.rename(work, folder)
+            except BaseException:
+                shutil.rmtree(work, ignore_errors=True)
+                raise
+    return graph
+
+
+def linked(graph: Path, folder: Path) -> Path:
+    """The graph's files (model.xml and its weights) in ``folder``: hard links where the filesystem allows (the entry
+    stays whole on its own; nothing writes them), else copies."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for file in graph.parent.glob(f"{graph.stem}.*"):
+        try:
+            os.link(file, folder / file.name)
+        except OSError:
+            shutil.copy2(file, folder / file.name)
+    return folder / graph.name
+
+
 def read_meta(entry: Path) -> dict[str, Any] | None:
     try:
         meta = json.loads((entry / META).read_text())
@@ -216,6 +255,10 @@ def build(path: Path, entry: Path, key: dict[str, Any], options: BackendOptions,
         if options.quantize == "int8":
             samples = gate.calibration_samples(probe, gate.encode_set(probe, calibration_texts))
         given = folder_graph(path, options.backend) if options.head == "hidden" else None
+        if given is None and options.backend == "openvino":
+            # Served as it is (linked into the entry), or quantised from a link beside it that goes afterwards.
+            given = linked(shared_export(entry.parent, key, model, options.head),
+                           work if options.quantize == "none" else work / "export")
         graph = _convert(model, options, work, given, samples)
         exported = time.perf_counter() - started
         candidate = open_runner(options.backend, graph, options.head, key["dtype"], options.quantize, threads)
@@ -225,6 +268,7 @@ def build(path: Path, entry: Path, key: dict[str, Any], options: BackendOptions,
             candidate.close()
             reference.close()
         shutil.rmtree(work / "fp32", ignore_errors=True)
+        shutil.rmtree(work / "export", ignore_errors=True)  # quantised from it: the entry keeps its own graph
         in_folder = not graph.is_relative_to(work)
         meta = {"format": FORMAT, "key": key, "graph": str(graph if in_folder else graph.relative_to(work)),
                 "from_model_folder": in_folder, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
