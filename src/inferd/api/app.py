@@ -96,9 +96,10 @@ def _routers(settings: Settings, admin: bool = False) -> list[APIRouter]:
 
 
 def route_paths(settings: Settings, admin: bool = False) -> frozenset[str]:
-    """The paths the main app (``admin``: the admin app) serves: the request metrics' endpoint labels, any
-    other path being one label, "other", so 404 scans cannot explode the series."""
-    return frozenset(route.path for included in _routers(settings, admin) for route in included.routes
+    """The paths the main app (``admin``: the admin app) serves, a route with parameters by its template
+    (``/v2/models/{name}/infer``): the request metrics' endpoint labels, any other path being one label, "other", so
+    404 scans cannot explode the series."""
+    return frozenset(route.path_format for included in _routers(settings, admin) for route in included.routes
                      if isinstance(route, APIRoute))
 
 
