@@ -126,7 +126,9 @@ class RequestContextMiddleware:
                     close=False)
         finally:
             elapsed = time.perf_counter() - started
-            endpoint = path if path in self.paths else "other"
+            # A route with parameters (/v2/models/{name}/infer) by its template, which routing left in the scope.
+            template = getattr(scope.get("route"), "path_format", None)
+            endpoint = path if path in self.paths else template if template in self.paths else "other"
             model = str(ctx.get("model", ""))
             self.metrics.requests.labels(endpoint, str(status[0]), model).inc()
             self.metrics.request_duration.labels(endpoint, model).observe(elapsed)
