@@ -21,7 +21,11 @@ SERVING_PATHS = {"/predict", "/v1/embeddings", "/v1/rerank", "/v2/rerank", "/rer
                  # text-embeddings-inference's and Cohere's embedding routes
                  "/", "/embed", "/similarity", "/tokenize", "/decode", "/v1/embed", "/v2/embed",
                  # sparse and multi-vector outputs: TEI's routes and inferd's own
-                 "/embed_sparse", "/embed_all", "/v1/encode"}
+                 "/embed_sparse", "/embed_all", "/v1/encode",
+                 # the Open Inference Protocol's (a route with parameters is labelled by its template)
+                 "/v2", "/v2/health/live", "/v2/health/ready", "/v2/models/{name}", "/v2/models/{name}/ready",
+                 "/v2/models/{name}/infer", "/v2/models/{name}/versions/{version}",
+                 "/v2/models/{name}/versions/{version}/ready", "/v2/models/{name}/versions/{version}/infer"}
 
 
 def served(app: FastAPI) -> set[str]:
@@ -53,3 +57,15 @@ def test_a_path_the_app_does_not_serve_counts_as_other(tmp_path: Path) -> None:
     assert metric_value(exposition, "inferd_requests_total", endpoint="/predict", status="200") == 1
     assert metric_value(exposition, "inferd_requests_total", endpoint="other", status="404") == 1
     assert 'endpoint="/wp-login.php"' not in exposition
+
+
+def test_a_route_with_parameters_is_labelled_by_its_template_not_the_path_sent(tmp_path: Path) -> None:
+    settings = make_settings(tmp_path / "m1", model={"version": "v1"})
+    with TestClient(create_app(settings, loader=loader_for(HashHandler()))) as client:
+        for name in ("all-MiniLM-L6-v2", "nope", "a/b"):
+            client.get(f"/v2/models/{name}/ready")
+        exposition = client.get("/metrics").text
+    template = "/v2/models/{name}/ready"
+    assert metric_value(exposition, "inferd_requests_total", endpoint=template, status="200") == 1
+    assert metric_value(exposition, "inferd_requests_total", endpoint=template, status="404") == 2
+    assert "/v2/models/nope" not in exposition
