@@ -27,9 +27,9 @@ RUN PYTHONPATH=src python -m inferd.grpc.build \
     && useradd --system --uid 10001 --gid 10001 --no-create-home --shell /usr/sbin/nologin inferd
 USER 10001:10001
 
-EXPOSE 8000
 # TEI's gRPC API (docs/grpc.md), off unless asked: -e INFERD__SERVER__GRPC_PORT=50051.
 EXPOSE 50051
+EXPOSE 8000
 # Liveness: /health/live; readiness: /health/ready (503 while loading or draining).
 HEALTHCHECK --interval=10s --timeout=3s --start-period=120s \
     CMD python -c "import urllib.request,sys; sys.exit(0 if urllib.request.urlopen('http://127.0.0.1:8000/health/live').status == 200 else 1)"

@@ -12,10 +12,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import grpc
 import httpx
 import pytest
 import yaml
 from conftest import Server, free_port
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
 
 from inferd.config import load_settings
@@ -69,6 +71,7 @@ def pod_server(built: dict[str, Docs], tmp_path_factory: pytest.TempPathFactory,
     env.pop("INFERD__JOBS__DATABASE_URL")
     env["INFERD__JOBS__DATA_DIR"] = str(tmp / "jobs")
     env.update({"INFERD_CONFIG_DIR": str(configs), "INFERD__SERVER__ADMIN_PORT": str(free_port()),
+                "INFERD__SERVER__GRPC_PORT": str(free_port()),
                 "INFERD__MODEL__PATH": str(tiny_model), "INFERD__MODEL__ROOT": str(tiny_model.parent),
                 "INFERD__RUNTIME__TORCH_THREADS": "1", "HF_HOME": str(tmp / "hf"),
                 # prod.yaml's backend auto would export and judge in the background here: torch, as every suite
@@ -103,16 +106,24 @@ def test_probes_hit_inferds_health_routes_on_its_port(built: dict[str, Docs], na
     docs = built[name]
     c = container(docs)
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
-    assert ports == {"http": config_for(docs).server.port}, "the container port must be the port inferd listens on"
+    server = config_for(docs).server
+    assert ports == {"http": server.port, "grpc": server.grpc_port}, \
+        "the container ports must be the ports inferd listens on"
     key = resolve_env(docs)["INFERD__SERVER__API_KEYS"]  # the schema is behind the keys (server.docs)
     routes = set(httpx.get(pod_server.url + "/openapi.json", headers={"Authorization": f"Bearer {key}"},
                            timeout=10).json()["paths"])
-    wanted = {"startupProbe": "/health/live", "readinessProbe": "/health/ready", "livenessProbe": "/health/live"}
+    wanted = {"startupProbe": "/health/live", "livenessProbe": "/health/live"}
     for probe, path in wanted.items():
         get = c[probe]["httpGet"]
         assert get["path"] == path and get["path"] in routes, (probe, get)
         assert ports.get(get["port"], get["port"]) == ports["http"], (probe, get)
         assert httpx.get(pod_server.url + get["path"], timeout=5).status_code == 200, probe
+    # Readiness over gRPC: the standard health service of the whole server ("" unless the probe names one).
+    ready = c["readinessProbe"]["grpc"]
+    assert ready["port"] == ports["grpc"] and ready.get("service", "") == ""
+    with grpc.insecure_channel(f"127.0.0.1:{pod_server.env['INFERD__SERVER__GRPC_PORT']}") as channel:
+        answer = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=""), timeout=10)
+    assert answer.status == health_pb2.HealthCheckResponse.SERVING
 
 
 def test_the_startup_budget_covers_a_model_load(built: dict[str, Docs]) -> None:
@@ -132,7 +143,7 @@ def test_the_admin_port_is_neither_published_nor_on_the_main_port(built: dict[st
         assert admin is not None, "admin routes must move off the served port"
         assert admin not in {p["containerPort"] for p in container(docs)["ports"]}
         service = one(docs, "Service")
-        assert [p["targetPort"] for p in service["spec"]["ports"]] == ["http"]
+        assert [p["targetPort"] for p in service["spec"]["ports"]] == ["http", "grpc"]
     key = {"Authorization": f"Bearer {pod_server.env['INFERD__SERVER__ADMIN_KEY']}"}
     assert httpx.get(pod_server.url + "/admin/models", headers=key, timeout=5).status_code == 404
     assert httpx.get(pod_server.admin_url + "/admin/models", headers=key, timeout=5).status_code == 200
