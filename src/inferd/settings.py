@@ -418,6 +418,8 @@ class FleetSettings(_Section):
     nginx_user: str | None = None
     # None: batching.default_timeout_ms + 10 s.
     proxy_read_timeout_s: float | None = Field(None, gt=0)
+    # nginx's gRPC listener (cleartext HTTP/2, grpc_pass to each worker's own gRPC port); None: no gRPC in the fleet.
+    grpc_port: int | None = Field(None, ge=1, le=65535)
 
     @field_validator("gpus", mode="before")
     @classmethod
