@@ -68,13 +68,14 @@ def server(module_serve: Any, tiny_model: Path, tmp_path_factory: pytest.TempPat
     return module_serve({"INFERD__MODEL__PATH": str(tiny_model), "INFERD__MODEL__LOAD_MODE": "eager",
                          "INFERD__SERVER__API_KEYS": KEY, "INFERD__CACHE__MAX_ENTRIES": "0",
                          "INFERD__JOBS__DATA_DIR": str(tmp_path_factory.mktemp("jobs")),
-                         "INFERD__JOBS__CHUNK_SIZE": "64"}, wait="/health/ready")
+                         "INFERD__JOBS__CHUNK_SIZE": "64"}, wait=None)  # ready by server_records
 
 
 @pytest.fixture(scope="module")
 def server_records(server: Server, input_file: Path) -> dict[str, Any]:
     """The server's batch job on the corpus: its output and error files' records, by custom_id (None for the line
     that has none), uploaded and downloaded with the openai SDK, followed to the end with ``inferd jobs``."""
+    server.wait_ready(120, "/health/ready")
     client = openai.OpenAI(base_url=server.url + "/v1", api_key=KEY, timeout=30)
     uploaded = client.files.create(file=input_file.open("rb"), purpose="batch")
     batch = client.batches.create(input_file_id=uploaded.id, endpoint="/v1/embeddings", completion_window="24h")
@@ -120,8 +121,10 @@ def expected_order() -> list[str | None]:
 
 
 @pytest.fixture(scope="module")
-def jsonl_run(tiny_model: Path, input_file: Path, tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
-    """The corpus through ``inferd batch``: SIGKILLed after two chunks, the output torn, then run to the end."""
+def jsonl_run(tiny_model: Path, input_file: Path, tmp_path_factory: pytest.TempPathFactory,
+              server: Server) -> list[dict[str, Any]]:
+    """The corpus through ``inferd batch``: SIGKILLed after two chunks, the output torn, then run to the end.
+    (``server``: started first, so that it loads while these run.)"""
     work = tmp_path_factory.mktemp("offline")
     out = work / "out.jsonl"
     command = batch_command(tiny_model, str(input_file), "--out", str(out), "--chunk-lines", "16")
