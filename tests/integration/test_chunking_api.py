@@ -6,6 +6,7 @@ tokens) and a bge-m3-shaped model (dense, sparse and token vectors from one pass
   max, token vectors concatenated); spans that slice the text exactly;
 - a document of more pieces than the model's queue holds runs (in waves through the scheduler), and its pieces
   are answered by the result cache afterwards;
+- a model's default chunking (model.chunking) for requests that ask none;
 - refusals naming the limit: overlap >= piece size, a piece larger than the window leaves, a document over its
   characters or pieces, a body over limits.max_body_bytes without chunking (accepted with it).
 """
@@ -51,7 +52,8 @@ def server(tmp_path_factory: pytest.TempPathFactory, module_serve: Callable[...,
     shutil.copy(ROOT / "configs" / "base.yaml", config / "base.yaml")
     (config / "dev.yaml").write_text(yaml.safe_dump({
         "models": [{"name": "dense", "path": str(write_tiny_bert(tmp / "dense", seed=11)),
-                    "batching": {"max_queue": MAX_QUEUE, "max_batch_size": 8}, "cache": {"max_entries": 512}},
+                    "batching": {"max_queue": MAX_QUEUE, "max_batch_size": 8}, "cache": {"max_entries": 512},
+                    "chunking": {"mode": "pooled"}},
                    {"name": "m3", "path": str(write_tiny_m3(tmp / "m3"))}],
         "limits": {"max_document_chars": MAX_DOC_CHARS, "max_document_pieces": MAX_PIECES,
                    "max_body_bytes": MAX_BODY, "max_document_body_bytes": 200_000}}))
@@ -128,6 +130,19 @@ def test_a_document_larger_than_the_queue_runs_in_waves_and_pieces_hit_the_cache
     hits = [metric_value(m, "inferd_cache_hits_total", cache="dense") for m in (before, after)]
     assert hits[1] - hits[0] == len(pieces) + 1
     np.testing.assert_allclose(again[0]["embedding"], first[0]["embedding"], atol=TOL)
+
+
+def test_a_model_s_default_chunking_applies_to_requests_that_ask_none(client: httpx.Client) -> None:
+    text = document(6, 8)  # over the window of 128 tokens
+    (default,) = _post(client, "/v1/embeddings", {"input": text, "model": "dense"})["data"]
+    asked = _post(client, "/v1/embeddings", {"input": text, "model": "dense",
+                                             "chunking": {"mode": "pieces"}})["data"][0]
+    assert len(asked["pieces"]) > 1
+    np.testing.assert_allclose(default["embedding"], asked["embedding"], atol=TOL)
+    # A model with no default cuts the text at its window, as before.
+    cut = _post(client, "/v1/embeddings", {"input": text, "model": "m3"})["data"][0]["embedding"]
+    pooled = _post(client, "/v1/embeddings", {"input": text, "model": "m3", "chunking": {}})["data"][0]["embedding"]
+    assert np.abs(np.asarray(cut) - np.asarray(pooled)).max() > 10 * TOL
 
 
 @pytest.mark.parametrize(("chunking", "field", "code"), [

@@ -227,6 +227,7 @@ class InferenceEngine:
         """The one call: a request built by ``request`` (validated) through the model it names (or its task's
         default), one result per input, with the description of the model load that computed them. Raises
         EngineError, or ClientGone when ``disconnected`` returns first (core/admission.py Admission.run)."""
+        request = self.documents.with_default(request)
         if request.chunking is not None:
             return await self.documents.run(request, disconnected)
         return await self.admission.run(request, disconnected)

@@ -34,6 +34,7 @@ from inferd.core.registry import ModelRegistry
 from inferd.core.request import InferenceRequest
 from inferd.core.slots import ModelSlot
 from inferd.core.tasks.embedding_task import TOKEN_STATES
+from inferd.core.tasks.kinds import task_of
 from inferd.core.tasks.piece_merge import merge
 from inferd.settings import LimitSettings
 
@@ -80,6 +81,21 @@ class Documents:
         # Splitting a megabyte takes a core for a second or more: off the event loop, this many at a time.
         self._threads = asyncio.Semaphore(limits.preprocess_concurrency)
 
+    def with_default(self, request: InferenceRequest) -> InferenceRequest:
+        """``request`` with its model's default chunking (model.chunking) when it asks none itself; the model is
+        resolved as admission resolves it (an unknown one is refused the same way)."""
+        if request.chunking is not None or request.pairs:
+            return request
+        try:
+            served, _ = self.registry.resolve(request.model, request.task, version=request.version)
+        except EngineError:
+            return request  # admission refuses it, as it refuses any request naming no served model
+        default = served.settings.model.chunking
+        if default is None:
+            return request
+        chunking = Chunking(default.mode, default.max_tokens, default.overlap).check()
+        return dataclasses.replace(request, chunking=chunking)
+
     async def run(self, request: InferenceRequest, disconnected: Callable[[], Awaitable[Any]] | None
                   ) -> TaskResult:
         """``request``'s texts (``request.chunking`` set) split, run as pieces, merged back per document."""
@@ -101,6 +117,9 @@ class Documents:
             refused = late_chunking.refusal(slot.description, request.outputs) if late else None
             if refused is not None:
                 raise refused
+            if not task_of(slot.task).stored_vectors:
+                raise EngineError(Kind.INVALID_INPUT, f"model {served.name!r} is a {slot.task} model: chunking "
+                                  "splits texts to embed", "chunking_unsupported", field="chunking")
             prompt = "" if request.prompt is None else prompt_text(
                 slot.description, request.prompt, served.settings.model.input_type_prompts)
             size = self._piece_size(slot, chunking, prompt)
