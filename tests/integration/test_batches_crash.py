@@ -1,0 +1,121 @@
+"""Exactly once across kill -9 (issue 42 item 3): a 20,000-line batch whose server is killed (SIGKILL) at random
+moments of the job, three times, and started again on the same data folder: the output holds every line exactly
+once. Then two workers sharing a PostgreSQL job store (Debian's postgresql, started here with initdb in a
+temporary folder on a free port, as the ``postgres`` user: initdb refuses root): one is killed mid-job, the other
+finishes it.
+
+A short lease (jobs.lease_s 2) frees a killed worker's chunks two seconds after its last renewal.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import signal
+import subprocess
+import tempfile
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from batchkit import create, embedding_lines, jsonl, records, upload, wait_final
+from conftest import Server, metric_value, wait_for
+from servers import free_port, start_server
+from tinymodel import write_tiny_bert
+
+PG_BIN = Path("/usr/lib/postgresql/15/bin")
+LINES = 20_000
+
+
+def _env(model: Path, data: Path, **extra: str) -> dict[str, str]:
+    return {"INFERD__MODEL__PATH": str(model), "INFERD__MODEL__LOAD_MODE": "eager", "INFERD__CACHE__MAX_ENTRIES": "0",
+            "INFERD__SERVER__ACCESS_LOG": "false", "INFERD__JOBS__DATA_DIR": str(data),
+            "INFERD__JOBS__LEASE_S": "2", "INFERD__JOBS__POLL_S": "0.2", **extra}
+
+
+def _done(server: Server, batch_id: str) -> int:
+    counts = httpx.get(f"{server.url}/v1/batches/{batch_id}", timeout=30).json()["request_counts"]
+    return counts["completed"] + counts["failed"]
+
+
+def _exactly_once(client: httpx.Client, batch: dict, n: int, prefix: str) -> None:
+    assert batch["status"] == "completed", batch
+    assert batch["request_counts"] == {"total": n, "completed": n, "failed": 0}, batch
+    ids = Counter(r["custom_id"] for r in records(client, batch["output_file_id"]))
+    assert sum(ids.values()) == n and set(ids) == {f"{prefix}{i}" for i in range(n)}
+    assert ids.most_common(1)[0][1] == 1
+
+
+def test_kill_9_three_times_during_a_job_loses_and_doubles_no_line(tmp_path: Path) -> None:
+    model = write_tiny_bert(tmp_path / "bert", seed=21)
+    env = _env(model, tmp_path / "data")
+    server = start_server(tmp_path, env, wait="/health/ready")
+    try:
+        with server.client() as client:
+            batch_id = create(client, upload(client, jsonl(embedding_lines(LINES, "k"))).json()["id"]).json()["id"]
+        rng = random.Random(42)
+        # Kill points at random fractions of the job, in order: each kill lands while the job is running.
+        for target in sorted(rng.uniform(0.1, 0.8) * LINES for _ in range(3)):
+            wait_for(lambda t=target, s=server: _done(s, batch_id) >= t, 240, f"{int(target)} lines done")
+            assert _done(server, batch_id) < LINES  # killed mid-job, chunks in flight
+            server.proc.send_signal(signal.SIGKILL)
+            server.proc.wait(10)
+            server = start_server(tmp_path, env, wait="/health/ready")
+        with server.client() as client:
+            _exactly_once(client, wait_final(client, batch_id, 300), LINES, "k")
+    finally:
+        server.stop(signal.SIGKILL)
+
+
+@pytest.fixture
+def postgres() -> Iterator[str]:
+    """A PostgreSQL server of its own on a free port, trust auth on 127.0.0.1; its URL. Always stopped."""
+    if not (PG_BIN / "initdb").exists():
+        pytest.skip(f"PostgreSQL 15 is not installed at {PG_BIN} (.ci/run installs Debian's postgresql)")
+    folder = Path(tempfile.mkdtemp(prefix="inferd-pg-"))
+    shutil.chown(folder, "postgres", "postgres")
+    data, port = folder / "data", free_port()
+
+    def as_postgres(*args: str) -> None:
+        # initdb refuses root; the tests run as root here and in CI.
+        prefix = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+        subprocess.run([*prefix, *args], check=True, capture_output=True, timeout=120)
+
+    try:
+        as_postgres(str(PG_BIN / "initdb"), "-D", str(data), "-A", "trust", "-U", "postgres", "--no-sync")
+        as_postgres(str(PG_BIN / "pg_ctl"), "-D", str(data), "-l", str(folder / "log"), "-w", "-t", "60",
+                    "-o", f"-p {port} -k {folder} -c listen_addresses=127.0.0.1 -c fsync=off", "start")
+        try:
+            yield f"postgresql+psycopg://postgres@127.0.0.1:{port}/postgres"
+        finally:
+            as_postgres(str(PG_BIN / "pg_ctl"), "-D", str(data), "-m", "immediate", "-w", "stop")
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_two_workers_share_a_postgresql_store_and_one_finishes_what_the_other_left(tmp_path: Path,
+                                                                                  postgres: str) -> None:
+    n = 6000
+    model = write_tiny_bert(tmp_path / "bert", seed=22)
+    env = _env(model, tmp_path / "data", INFERD__JOBS__DATABASE_URL=postgres)
+    first = start_server(tmp_path, env, wait="/health/ready")
+    second = start_server(tmp_path, env, wait="/health/ready")
+    try:
+        with first.client() as client:
+            batch_id = create(client, upload(client, jsonl(embedding_lines(n, "w"))).json()["id"]).json()["id"]
+        wait_for(lambda: _done(first, batch_id) >= n // 4, 240, "a quarter of the lines done")
+        ran_second_before = metric_value(httpx.get(second.url + "/metrics").text, "inferd_job_lines_total",
+                                         outcome="ok")
+        first.proc.send_signal(signal.SIGKILL)
+        first.proc.wait(10)
+        with second.client() as client:
+            batch = wait_final(client, batch_id, 300)
+            _exactly_once(client, batch, n, "w")
+            ran_second = metric_value(client.get("/metrics").text, "inferd_job_lines_total", outcome="ok")
+        assert ran_second > ran_second_before  # the survivor ran what was left
+    finally:
+        first.stop(signal.SIGKILL)
+        second.stop()
