@@ -95,7 +95,10 @@ def start_inferd(log_dir: Path, model_path: Path | None, torch_threads: int | No
     port = free_port()
     env = _base_env(torch_threads)
     env.update({"INFERD_ENV": "prod", "INFERD__SERVER__HOST": "127.0.0.1", "INFERD__SERVER__PORT": str(port),
-                "INFERD__SERVER__LOG_LEVEL": "WARNING"})
+                "INFERD__SERVER__LOG_LEVEL": "WARNING",
+                # prod.yaml's backend auto would judge and switch runtimes in the middle of a measurement: each
+                # phase names its runtime (extra_env), torch unless it does; bench/auto_start.py measures auto.
+                "INFERD__MODEL__BACKEND": "torch"})
     if tree is not None:
         env["PYTHONPATH"] = str(tree / "src")
     cfg = config_dir or ((tree or ROOT) / "configs")
