@@ -21,7 +21,7 @@ import pytest
 import tritonclient.grpc as triton_grpc
 import tritonclient.http as triton
 import yaml
-from conftest import ROOT, Server, free_port
+from conftest import ROOT, Server, free_port, metric_value
 from tinymodel import write_tiny_bert
 from tritonclient.utils import InferenceServerException
 
@@ -129,6 +129,10 @@ def test_infer_equals_each_native_route_in_binary_and_in_json(server: Server,
     assert [o["name"] for o in got.get_response()["outputs"]] == ["label"]
     assert got.get_response()["id"] == "r-1"
     assert got.get_response()["outputs"][0]["data"] == [d["label"] for d in classified[:2]]
+    # Counted as every route is, under the route's own label and the model that answered.
+    metrics = httpx.get(server.url + "/metrics", timeout=10).text
+    assert metric_value(metrics, "inferd_requests_total", endpoint="/v2/models/{name}/infer",
+                        model="classifier", status="200") >= 2
 
 
 def test_bad_input_gets_the_protocols_error_never_a_500(server: Server,
@@ -143,6 +147,9 @@ def test_bad_input_gets_the_protocols_error_never_a_500(server: Server,
     refused(lambda: client.infer("embedder", [texts("text", TEXTS)],
                                  outputs=[triton.InferRequestedOutput("vector")]), 400, "unknown ['vector']")
     refused(lambda: client.infer("embedder", [texts("text", ["fine", " "])]), 422, "text[1]")
+    # The server's limits hold as on every route: a rerank's documents count against limits.max_items_per_request.
+    refused(lambda: client.infer("reranker", [texts("query", [QUERY]), texts("documents", ["d"] * 257)]), 422,
+            "256")
     # Triton's parameters: a timeout past inferd's longest (in microseconds), a priority level below 0.
     refused(lambda: client.infer("embedder", [texts("text", TEXTS)], timeout=10**12), 422, "parameters.timeout")
     refused(lambda: client.infer("embedder", [texts("text", TEXTS)], priority=-1), 400, "parameters.priority")
