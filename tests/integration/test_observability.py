@@ -33,6 +33,7 @@ Samples = dict[tuple[str, tuple], float]
 def server(tiny_model: Path, module_serve: Callable[..., Server]) -> Server:
     return module_serve({
         "INFERD_ENV": "prod",  # JSON logs, as in production
+        "INFERD__MODEL__BACKEND": "torch",  # prod.yaml's auto would export in the background
         "INFERD__MODEL__PATH": str(tiny_model),
         "INFERD__MODEL__VERSION": VERSION,
         "INFERD__SERVER__ADMIN_KEY": ADMIN_KEY,

@@ -112,6 +112,7 @@ def test_a_requests_spans_are_exported_over_otlp_in_the_callers_trace(
         serve: Callable[..., Server], tiny_model: Path, receiver: Receiver) -> None:
     server = serve(env={
         "INFERD_ENV": "prod",  # JSON logs
+        "INFERD__MODEL__BACKEND": "torch",  # prod.yaml's auto would export in the background
         "INFERD__MODEL__PATH": str(tiny_model),
         "INFERD__MODEL__VERSION": "v1",
         "INFERD__BATCHING__MIN_PADDING_EFFICIENCY": "0",  # both texts in one batch
