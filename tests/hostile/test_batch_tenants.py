@@ -1,0 +1,99 @@
+"""Batch jobs between tenants (issue 42): a tenant cannot read, cancel or list another's files or jobs (each is a
+404, as a file that does not exist, and a list holds only its own); a job's lines run as its owner and are counted
+against the owner's usage; bad files (not JSONL, a line over the limit, no line, an unknown endpoint, bodies that
+fail validation) get a clear error and touch no other job.
+
+One real server of the fake HashHandler (no model weights) with two tenants, ``alice`` and ``bob``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import httpx
+import pytest
+import yaml
+from batchkit import create, embedding_lines, jsonl, line, records, upload, wait_final
+from conftest import Server
+
+from hostile.conftest import internal_errors
+
+KEYS = {"alice": "alice-secret-key-0001", "bob": "bob-secret-key-0002"}
+ADMIN = "admin-secret-key-0003"
+MAX_LINE = 2048
+
+
+@pytest.fixture(scope="module")
+def server(module_server: Callable[..., Server], tmp_path_factory: pytest.TempPathFactory) -> Server:
+    tenants = tmp_path_factory.mktemp("batch-tenants") / "tenants.yaml"
+    tenants.write_text(yaml.safe_dump({"tenants": [{"name": name, "keys": [key]} for name, key in KEYS.items()]}))
+    return module_server(INFERD__SERVER__TENANTS_FILE=str(tenants), INFERD__SERVER__ADMIN_KEY=ADMIN,
+                         INFERD__JOBS__MAX_LINE_BYTES=str(MAX_LINE), INFERD__JOBS__CHUNK_SIZE="100",
+                         INFERD__BATCHING__MAX_BATCH_SIZE="32")
+
+
+def client(server: Server, tenant: str) -> httpx.Client:
+    return server.client(headers={"Authorization": f"Bearer {KEYS[tenant]}"})
+
+
+def usage(server: Server, tenant: str) -> int:
+    answer = httpx.get(server.url + "/admin/usage", headers={"Authorization": f"Bearer {ADMIN}"}, timeout=10)
+    return sum(m["requests"] for m in answer.json()["tenants"][tenant]["models"].values())
+
+
+def test_a_tenant_cannot_read_cancel_or_list_another_s_files_or_jobs(server: Server) -> None:
+    with client(server, "alice") as alice, client(server, "bob") as bob:
+        file_id = upload(alice, jsonl(embedding_lines(20, "a"))).json()["id"]
+        batch_id = create(alice, file_id).json()["id"]
+        for method, path in [("GET", f"/v1/files/{file_id}"), ("GET", f"/v1/files/{file_id}/content"),
+                             ("DELETE", f"/v1/files/{file_id}"), ("GET", f"/v1/batches/{batch_id}"),
+                             ("POST", f"/v1/batches/{batch_id}/cancel")]:
+            answer = bob.request(method, path)
+            assert answer.status_code == 404, (method, path, answer.text)
+            assert answer.json()["error"]["code"] in ("file_not_found", "batch_not_found")
+        stolen = create(bob, file_id)  # a batch of alice's file, as bob
+        assert stolen.status_code == 404 and stolen.json()["error"]["code"] == "file_not_found"
+        assert file_id not in [f["id"] for f in bob.get("/v1/files").json()["data"]]
+        assert batch_id not in [b["id"] for b in bob.get("/v1/batches").json()["data"]]
+        # Paging from another tenant's id leaks nothing either.
+        assert bob.get("/v1/batches", params={"after": batch_id}).json()["data"] == []
+        assert httpx.get(server.url + "/v1/files", timeout=10).status_code == 401  # and no key, no files
+        batch = wait_final(alice, batch_id)
+        assert batch["status"] == "completed" and batch["request_counts"]["completed"] == 20
+        assert bob.get(f"/v1/files/{batch['output_file_id']}/content").status_code == 404
+        assert len(records(alice, batch["output_file_id"])) == 20
+        assert alice.get(f"/v1/files/{file_id}").status_code == 200
+        assert batch_id in [b["id"] for b in alice.get("/v1/batches").json()["data"]]
+
+
+def test_a_job_s_lines_run_as_its_owner(server: Server) -> None:
+    before = {name: usage(server, name) for name in KEYS}
+    with client(server, "alice") as alice:
+        file_id = upload(alice, jsonl(embedding_lines(150, "u"))).json()["id"]
+        batch = wait_final(alice, create(alice, file_id).json()["id"])
+    assert batch["request_counts"]["completed"] == 150
+    assert usage(server, "alice") - before["alice"] == 150 and usage(server, "bob") == before["bob"]
+
+
+def test_bad_files_get_a_clear_error_and_touch_no_other_job(server: Server) -> None:
+    errors_before = internal_errors(server)
+    with client(server, "alice") as alice, client(server, "bob") as bob:
+        good = create(alice, upload(alice, jsonl(embedding_lines(2000, "n"))).json()["id"]).json()["id"]
+        for data, code in [(b"<html>not a batch</html>\n", "invalid_file"), (b"", "empty_file"),
+                           (jsonl([line("x", {"input": "y" * MAX_LINE})]), "line_too_large"),
+                           (b"\x00\xff" * 100, "invalid_file")]:
+            refused = upload(bob, data)
+            assert refused.status_code == 400 and refused.json()["error"]["code"] == code, refused.text
+        valid = upload(bob, jsonl(embedding_lines(5, "b"))).json()["id"]
+        unknown = create(bob, valid, "/v1/completions")
+        assert unknown.status_code == 400 and unknown.json()["error"]["code"] == "unknown_endpoint"
+        # Every line's body fails validation: the batch runs, and each line is an error, none an answer.
+        invalid = upload(bob, jsonl([line(f"v{i}", {"input": "ok", "dimensions": "many"}) for i in range(5)]))
+        failed = wait_final(bob, create(bob, invalid.json()["id"]).json()["id"])
+        assert failed["request_counts"] == {"total": 5, "completed": 0, "failed": 5}
+        assert failed["output_file_id"] is None
+        assert all(r["error"]["code"] == "invalid_value" for r in records(bob, failed["error_file_id"]))
+        batch = wait_final(alice, good)
+    assert batch["status"] == "completed" and batch["request_counts"] == {"total": 2000, "completed": 2000,
+                                                                           "failed": 0}
+    assert internal_errors(server) == errors_before
