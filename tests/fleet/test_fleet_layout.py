@@ -300,3 +300,24 @@ def test_a_rollout_of_one_model_rewrites_that_models_entry_only(tmp_path: Path) 
     assert (embedder["path"], embedder["version"], embedder["canary"]) == (
         "/m/a", "1", {"path": "/m/e2", "version": "c", "weight": 0.1})
     assert data["model"] == {"path": "/unused"}
+
+
+@requires_nginx
+def test_a_grpc_fleet_gives_each_worker_its_grpc_port_behind_nginxs_http2_listener(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path, tiny_model: Path) -> None:
+    # The configuration's own gRPC port would be every worker's: each gets one of its own instead (issue 44).
+    env = {"INFERD__FLEET__GPUS": "", "INFERD__FLEET__GRPC_PORT": "18443", "INFERD__SERVER__GRPC_PORT": "50051"}
+    print_config(monkeypatch, capsys, tmp_path / "run", tiny_model, env, "--workers", "2", "--port", "18996")
+    progs = programs(tmp_path / "run")
+    ports = [worker_settings(monkeypatch, progs[f"worker-{i}"]).server.grpc_port for i in range(2)]
+    assert None not in ports and len(set(ports)) == 2 and 50051 not in ports
+    nginx = (tmp_path / "run" / "nginx.conf").read_text()  # nginx -t has passed on it
+    assert "listen 127.0.0.1:18443 http2;" in nginx and "grpc_pass grpc://inferd_grpc_workers;" in nginx
+    upstream = nginx[nginx.index("upstream inferd_grpc_workers"):nginx.index("grpc_pass")]
+    assert [int(p) for p in re.findall(r"server 127\.0\.0\.1:(\d+) max_fails=0;", upstream)] == ports
+    # Without fleet.grpc_port the fleet serves no gRPC: no listener, and no worker opens a port.
+    monkeypatch.delenv("INFERD__FLEET__GRPC_PORT")
+    print_config(monkeypatch, capsys, tmp_path / "plain", tiny_model, {}, "--workers", "2", "--port", "18995")
+    plain = (tmp_path / "plain" / "nginx.conf").read_text()
+    assert "inferd_grpc_workers" not in plain and "http2" not in plain
+    assert worker_settings(monkeypatch, programs(tmp_path / "plain")["worker-0"]).server.grpc_port is None

@@ -32,6 +32,8 @@ class WorkerSlot:
     memory_fraction: float | None  # memory.per_process_fraction, for workers sharing a GPU
     # Each model's instances x threads inside the worker (core/budgets.py: its torch_threads split between them).
     instances: str = ""
+    # Its gRPC port (server.grpc_port), when the fleet serves gRPC (fleet.grpc_port); None: no gRPC.
+    grpc_port: int | None = None
 
     @property
     def url(self) -> str:
@@ -148,7 +150,10 @@ def plan(settings: Settings, gpus_visible: Sequence[str], cores: int,
             main, admin = pick(), pick()
         fraction = _fraction(sharing[gpu], fleet.memory_margin, settings.memory.per_process_fraction) \
             if gpu is not None else None
-        workers.append(WorkerSlot(i, f"worker-{i}", main, admin, gpu, threads, fraction, split))
+        grpc = None
+        if fleet.grpc_port is not None:  # after the HTTP and admin ports: base + 2N + i
+            grpc = fleet.worker_base_port + 2 * n + i if fleet.worker_base_port is not None else pick()
+        workers.append(WorkerSlot(i, f"worker-{i}", main, admin, gpu, threads, fraction, split, grpc))
     return Layout(tuple(workers), gpus, cores)
 
 

@@ -196,6 +196,8 @@ def worker_environment(w: WorkerSlot) -> dict[str, str]:
     env = {"CUDA_VISIBLE_DEVICES": w.gpu or "", "OMP_NUM_THREADS": str(w.torch_threads)}
     if w.memory_fraction is not None:
         env["INFERD__MEMORY__PER_PROCESS_FRACTION"] = f"{w.memory_fraction:g}"
+    if w.grpc_port is not None:
+        env["INFERD__SERVER__GRPC_PORT"] = str(w.grpc_port)
     return env
 
 
@@ -220,9 +222,23 @@ def render_nginx(fleet: Fleet, template: str | None = None) -> str:
         "status_port": fleet.status_port,
         "targets_file": fleet.run_dir / "prometheus" / "targets.json",
     }
-    each = {"worker": [{"worker_name": w.name, "worker_address": f"127.0.0.1:{w.port}",
-                        "worker_gpu": w.gpu or "cpu"} for w in layout.workers]}
+    each: dict[str, list[Mapping[str, Any]]] = {
+        "worker": [{"worker_name": w.name, "worker_address": f"127.0.0.1:{w.port}", "worker_gpu": w.gpu or "cpu"}
+                   for w in layout.workers],
+        "grpc": _grpc_block(fleet)}
     return fill(template, values, each)
+
+
+def _grpc_block(fleet: Fleet) -> list[Mapping[str, Any]]:
+    """The gRPC server block's values (one block, or none when the fleet serves no gRPC: fleet.grpc_port)."""
+    s = fleet.settings
+    if s.fleet.grpc_port is None:
+        return []
+    servers = "\n".join(f"        server 127.0.0.1:{w.grpc_port} max_fails=0;  # {w.name}"
+                        for w in fleet.layout.workers)
+    host = s.fleet.host
+    return [{"grpc_listen": f"[{host}]:{s.fleet.grpc_port}" if ":" in host else f"{host}:{s.fleet.grpc_port}",
+             "grpc_servers": servers}]
 
 
 def _user_directive(fleet: Fleet) -> str:
@@ -275,6 +291,7 @@ def worker_settings(fleet: Fleet) -> dict[str, Any]:
     data["models"] = [_entry_paths(entry_tree(e)) for e in s.models]
     data["server"]["admin_key"] = fleet.admin_key
     data["server"]["host"] = "127.0.0.1"
+    data["server"]["grpc_port"] = None  # each worker's own, from its environment (worker_environment)
     # Each worker enforces its part of every tenant's limits; nginx spreads requests (least_conn) and passes a 429
     # on to the next worker, so the fleet as a whole admits what the configuration says.
     data["server"]["tenant_limits_fraction"] = s.server.tenant_limits_fraction / len(fleet.layout.workers)
