@@ -3,18 +3,24 @@
 against the owner's usage; bad files (not JSONL, a line over the limit, no line, an unknown endpoint, bodies that
 fail validation) get a clear error and touch no other job.
 
+And a job's lines run below online requests: queued behind a held worker, they let an online request that came
+after them run first.
+
 One real server of the fake HashHandler (no model weights) with two tenants, ``alice`` and ``bob``.
 """
 
 from __future__ import annotations
 
+import json
+import threading
 from collections.abc import Callable
+from pathlib import Path
 
 import httpx
 import pytest
 import yaml
 from batchkit import create, embedding_lines, jsonl, line, records, upload, wait_final
-from conftest import Server
+from conftest import Server, metric_value, wait_for
 
 from hostile.conftest import internal_errors
 
@@ -25,9 +31,11 @@ MAX_LINE = 2048
 
 @pytest.fixture(scope="module")
 def server(module_server: Callable[..., Server], tmp_path_factory: pytest.TempPathFactory) -> Server:
-    tenants = tmp_path_factory.mktemp("batch-tenants") / "tenants.yaml"
+    tmp = tmp_path_factory.mktemp("batch-tenants")
+    tenants = tmp / "tenants.yaml"
     tenants.write_text(yaml.safe_dump({"tenants": [{"name": name, "keys": [key]} for name, key in KEYS.items()]}))
     return module_server(INFERD__SERVER__TENANTS_FILE=str(tenants), INFERD__SERVER__ADMIN_KEY=ADMIN,
+                         FAKE_RECORD=str(tmp / "batches.jsonl"),
                          INFERD__JOBS__MAX_LINE_BYTES=str(MAX_LINE), INFERD__JOBS__CHUNK_SIZE="100",
                          INFERD__BATCHING__MAX_BATCH_SIZE="32")
 
@@ -97,3 +105,41 @@ def test_bad_files_get_a_clear_error_and_touch_no_other_job(server: Server) -> N
     assert batch["status"] == "completed" and batch["request_counts"] == {"total": 2000, "completed": 2000,
                                                                            "failed": 0}
     assert internal_errors(server) == errors_before
+
+
+def test_online_requests_run_before_a_job_s_queued_lines(server: Server) -> None:
+    """The worker held by an online request; a job's lines queue behind it, then one more online request: when
+    the worker is free, the online request runs first (the lines wait at the lowest priority)."""
+    record = Path(server.env["FAKE_RECORD"])
+    gate = Path(server.env["FAKE_GATE_DIR"]) / "batch-priority"
+    with client(server, "alice") as alice:
+        holder = threading.Thread(target=lambda: alice.post("/predict", json={"texts": ["hold:batch-priority x"]}))
+        holder.start()
+        try:
+            wait_for(lambda: any("hold:batch-priority x" in r for r in _ran(record)), 30, "the worker held")
+            file_id = upload(alice, jsonl(embedding_lines(40, "q"))).json()["id"]
+            batch_id = create(alice, file_id).json()["id"]
+            wait_for(lambda: metric_value(httpx.get(server.url + "/metrics").text, "inferd_queue_depth") >= 40, 30,
+                     "the job's lines queued")
+            online = threading.Thread(target=lambda: alice.post("/predict", json={"texts": ["online after the job"]}))
+            online.start()
+            wait_for(lambda: metric_value(httpx.get(server.url + "/metrics").text, "inferd_queue_depth") >= 41, 30,
+                     "the online request queued")
+        finally:
+            gate.touch()
+            holder.join(60)
+        online.join(60)
+        assert wait_final(alice, batch_id)["request_counts"]["completed"] == 40
+    ran = _ran(record)
+    held = next(i for i, texts in enumerate(ran) if "hold:batch-priority x" in texts)
+    after = ran[held + 1:]
+    first_online = next(i for i, texts in enumerate(after) if "online after the job" in texts)
+    first_line = next(i for i, texts in enumerate(after) if any(t.startswith("text number") for t in texts))
+    assert first_online <= first_line and after[first_online][0] == "online after the job", after[:3]
+
+
+def _ran(record: Path) -> list[list[str]]:
+    """The fake's batches, in the order they ran (FAKE_RECORD)."""
+    if not record.exists():
+        return []
+    return [json.loads(raw)["texts"] for raw in record.read_text().splitlines() if raw.strip()]

@@ -99,6 +99,7 @@ class JobRunner:
                     continue
                 await self._run(claim)
                 await self._finish_ready()
+                await self._sweep()  # the metrics and expiry while jobs run too (at most every SWEEP_S)
             except asyncio.CancelledError:
                 raise
             except Exception:  # a store or disk failure: this chunk waits for its lease, the loop goes on
