@@ -23,10 +23,11 @@ from typing import Any
 
 import orjson
 from fastapi import APIRouter, Depends, Request
+from pydantic import BaseModel
 from starlette.responses import Response
 
 from inferd import __version__
-from inferd.api.engine_call import build, run
+from inferd.api.engine_call import INFERENCE_ERRORS, build, run
 from inferd.api.errors import APIError
 from inferd.api.health import readiness
 from inferd.api.oip_tasks import check_version, description_of, plan, served_model, signature_of, versions_of
@@ -37,6 +38,7 @@ from inferd.api.oip_tensors import (
     read_infer,
     write_infer,
 )
+from inferd.api.schemas import ErrorResponse
 from inferd.api.services import inference_auth, services
 
 # Probes hold no key (as /health); the rest is the inference keys' business.
@@ -70,23 +72,105 @@ def _json(content: Any, status: int = 200) -> Response:
     return Response(orjson.dumps(content), status_code=status, media_type="application/json")
 
 
+# -- what the schema says (api/docs.py; tests/fuzz holds every route to it) ---------------------------------
+
+
+class OIPErrorBody(BaseModel):
+    """The protocol's error shape."""
+
+    error: str
+
+
+class Live(BaseModel):
+    live: bool
+
+
+class Ready(BaseModel):
+    ready: bool
+
+
+class ModelReady(BaseModel):
+    name: str
+    ready: bool
+
+
+class ServerMetadata(BaseModel):
+    name: str
+    version: str
+    extensions: list[str]
+
+
+class TensorMetadata(BaseModel):
+    name: str
+    datatype: str
+    shape: list[int]
+
+
+class ModelMetadata(BaseModel):
+    name: str
+    versions: list[str]
+    platform: str
+    inputs: list[TensorMetadata]
+    outputs: list[TensorMetadata]
+
+
+class OutputTensorBody(BaseModel):
+    """An output tensor: its ``data`` in JSON, or its size in ``parameters.binary_data_size`` after the header."""
+
+    name: str
+    datatype: str
+    shape: list[int]
+    data: list[float | str] | None = None
+    parameters: dict[str, int] | None = None
+
+
+class InferResponse(BaseModel):
+    model_name: str
+    model_version: str
+    id: str | None = None
+    outputs: list[OutputTensorBody]
+
+
+def _answers(ok: type[BaseModel], *errors: int, binary: bool = False) -> dict[int | str, Any]:
+    """``responses=`` for an OIP route: its success body (or, ``binary``, the binary extension's too) and its
+    errors in the protocol's shape, but for those refused before the route (401, 413), in the one shape."""
+    content = {"application/json": {"schema": {"$ref": f"#/components/schemas/{ok.__name__}"}}}
+    if binary:
+        content[BINARY] = {"schema": {"type": "string", "format": "binary"}}
+    out: dict[int | str, Any] = {200: {"model": ok, "content": content}}
+    for status in errors:
+        before = status in (401, 413)
+        out[status] = {"model": ErrorResponse if before else OIPErrorBody,
+                       "description": "Refused before the route (key, body size)" if before else
+                       "The protocol's error shape"}
+    return out
+
+
+_INFER_ANSWERS = _answers(InferResponse, *INFERENCE_ERRORS, binary=True)
+# FastAPI's 422 of a path parameter it cannot read (none here: names and versions are any text), in the one shape.
+_PATH = {422: {"model": ErrorResponse, "description": "A path parameter the route cannot read"}}
+_MODEL_ANSWERS = {**_answers(ModelMetadata, 401, 404), **_PATH}
+# A model not ready is a 503 with the readiness body, as /v2/health/ready's.
+_READY_ANSWERS = {**_answers(ModelReady, 401, 404), 503: {"model": ModelReady, "description": "Not ready"}, **_PATH}
+
+
 # -- health and metadata -----------------------------------------------------------------------------------
 
 
-@oip_health_router.get("/v2/health/live")
+@oip_health_router.get("/v2/health/live", responses={200: {"model": Live}, 503: {"model": Live}})
 async def live(request: Request) -> Response:
     engine = services(request).engine
     ok = engine.alive or engine.draining
     return _json({"live": ok}, 200 if ok else 503)
 
 
-@oip_health_router.get("/v2/health/ready")
+@oip_health_router.get("/v2/health/ready", responses={200: {"model": Ready}, 503: {"model": Ready}})
 async def ready(request: Request) -> Response:
     status, _ = readiness(request)
     return _json({"ready": status == 200}, status)
 
 
-@oip_router.get("/v2")
+@oip_router.get("/v2", responses=_answers(ServerMetadata, 401))
 async def server_metadata(request: Request) -> Response:
     return _json({"name": "inferd", "version": __version__, "extensions": ["binary_tensor_data"]})
 
@@ -131,37 +215,37 @@ _INFER = {"openapi_extra": {"requestBody": {"required": True, "content": {
     "application/json": {"schema": {"type": "object"}}, BINARY: {"schema": {"type": "string", "format": "binary"}}}}}}
 
 
-@oip_router.get("/v2/models/{name:path}/versions/{version}/ready")
+@oip_router.get("/v2/models/{name:path}/versions/{version}/ready", responses=_READY_ANSWERS)
 @oip_errors
 async def version_ready(request: Request, name: str, version: str) -> Response:
     return await _model_ready(request, name, version)
 
 
-@oip_router.post("/v2/models/{name:path}/versions/{version}/infer", **_INFER)
+@oip_router.post("/v2/models/{name:path}/versions/{version}/infer", responses=_INFER_ANSWERS, **_INFER)
 @oip_errors
 async def version_infer(request: Request, name: str, version: str) -> Response:
     return await _infer(request, name, version)
 
 
-@oip_router.get("/v2/models/{name:path}/versions/{version}")
+@oip_router.get("/v2/models/{name:path}/versions/{version}", responses=_MODEL_ANSWERS)
 @oip_errors
 async def version_metadata(request: Request, name: str, version: str) -> Response:
     return await _metadata(request, name, version)
 
 
-@oip_router.get("/v2/models/{name:path}/ready")
+@oip_router.get("/v2/models/{name:path}/ready", responses=_READY_ANSWERS)
 @oip_errors
 async def model_ready(request: Request, name: str) -> Response:
     return await _model_ready(request, name, None)
 
 
-@oip_router.post("/v2/models/{name:path}/infer", **_INFER)
+@oip_router.post("/v2/models/{name:path}/infer", responses=_INFER_ANSWERS, **_INFER)
 @oip_errors
 async def infer(request: Request, name: str) -> Response:
     return await _infer(request, name, None)
 
 
-@oip_router.get("/v2/models/{name:path}")
+@oip_router.get("/v2/models/{name:path}", responses=_MODEL_ANSWERS)
 @oip_errors
 async def model_metadata(request: Request, name: str) -> Response:
     return await _metadata(request, name, None)
