@@ -41,6 +41,19 @@ TEI_TYPES = {"validation", "tokenizer", "empty", "overloaded", "unhealthy", "bac
 # Cohere's routes answer Cohere's {"id", "message"} with the one shape's "error" beside it (api/cohere.py), again
 # except a refusal before the route runs.
 COHERE = {"/v1/embed", "/v2/embed", "/v1/rerank", "/v2/rerank"}
+# The Open Inference Protocol's routes answer its {"error": str} (api/oip.py), except a refusal before the route runs
+# (401, 413, 405) and a path FastAPI cannot read (422 on a GET); its health routes and a model's readiness answer 503
+# with their own shapes ({"live"}, {"ready"}, {"name", "ready"}).
+OIP = {"/v2", "/v2/models/{name}", "/v2/models/{name}/ready", "/v2/models/{name}/infer",
+       "/v2/models/{name}/versions/{version}", "/v2/models/{name}/versions/{version}/ready",
+       "/v2/models/{name}/versions/{version}/infer"}
+HEALTH |= {"/v2/health/live", "/v2/health/ready"}
+
+
+def _oip_shaped(path: str, method: str, status: int) -> bool:
+    """An answer of the route itself (not of another method: 405 in the one shape) in the protocol's shape."""
+    return (path in OIP and method.upper() in ("GET", "POST") and status not in (401, 405, 413)
+            and not (status == 422 and method.upper() == "GET"))
 
 MODELS = Path(tempfile.gettempdir()) / "inferd-fuzz-models"  # only a name: the fake loader reads nothing
 
@@ -86,6 +99,13 @@ def one_error_shape(ctx: Any, response: Any, case: Any) -> bool | None:
         assert isinstance(body, dict) and set(body) == {"error", "error_type"}, body
         assert isinstance(body["error"], str) and body["error"] and body["error_type"] in TEI_TYPES, body
         assert "Traceback" not in body["error"], body
+        return True
+    if _oip_shaped(case.path, case.method, response.status_code):
+        if response.status_code == 503 and case.path.endswith("/ready"):
+            assert set(response.json()) == {"name", "ready"}, response.text
+            return True
+        assert isinstance(body, dict) and set(body) == {"error"} and isinstance(body["error"], str), body
+        assert body["error"] and "Traceback" not in body["error"], body
         return True
     if case.path in COHERE and case.method.upper() == "POST" and response.status_code not in (401, 413):
         assert isinstance(body, dict) and set(body) == {"id", "message", "error"}, body
@@ -135,6 +155,9 @@ def test_the_schema_declares_every_routes_bodies() -> None:
                 if status != "200" and path not in HEALTH:
                     ref = response["content"]["application/json"]["schema"]["$ref"]
                     tei = path in TEI and status not in ("401", "413")
-                    assert ref.endswith("/TEIError" if tei else "/ErrorResponse"), (method, path, status)
+                    expected = "/TEIError" if tei else "/ErrorResponse"
+                    if _oip_shaped(path, method, int(status)):
+                        expected = "/ModelReady" if status == "503" and path.endswith("/ready") else "/OIPErrorBody"
+                    assert ref.endswith(expected), (method, path, status)
     assert {"ErrorResponse", "PredictResponse", "EmbeddingsResponse", "Info", "Health"} <= set(
         doc["components"]["schemas"])
