@@ -28,8 +28,8 @@ from inferd.utils.metrics import Metrics
 
 log = logging.getLogger(__name__)
 
-# A line answered "not now" (429, 503, 504) runs again after this many seconds, at most this many times; then
-# its answer is its record.
+# A line answered "not now" (429: its owner's limits; 503, 504) runs again after this many seconds, as long as
+# some line of its chunk gets through; after this many rounds in a row with none, the answers are the records.
 RETRY_WAIT_S = 1.0
 RETRIES = 30
 # Seconds between expiry sweeps and metric refreshes.
@@ -152,17 +152,21 @@ class JobRunner:
         owner = batch["owner"]
         tenant = self.tenancy.tenants.get(owner) if owner else None
         pending = lines
-        for attempt in range(RETRIES + 1):
+        idle = 0
+        while pending:
             answered = await self.lines.run(pending, endpoint, tenant, batch["id"])
-            last = attempt == RETRIES
-            records.extend(r for r in answered if last or not r.retry)
-            retried = {r.number for r in answered if r.retry and not last}
-            pending = [line for line in pending if line.number in retried]
-            if not pending:
+            final = [r for r in answered if not r.retry]
+            idle = 0 if final else idle + 1
+            if idle > RETRIES:  # nothing got through for that long: the last answers are the records
+                records.extend(answered)
                 break
-            log.info("batch %s: %d lines of chunk %d answered 'not now' (%s); again in %g s", batch["id"],
-                     len(pending), claim.seq, sorted({r.status for r in answered if r.retry}), RETRY_WAIT_S)
-            await asyncio.sleep(RETRY_WAIT_S)
+            records.extend(final)
+            retried = {r.number for r in answered if r.retry}
+            pending = [line for line in pending if line.number in retried]
+            if pending:
+                log.info("batch %s: %d lines of chunk %d answered 'not now' (%s); again in %g s", batch["id"],
+                         len(pending), claim.seq, sorted({r.status for r in answered if r.retry}), RETRY_WAIT_S)
+                await asyncio.sleep(RETRY_WAIT_S)
         return records
 
     # -- finishing -------------------------------------------------------------------------------------------
