@@ -61,19 +61,29 @@ def default_cache_dir() -> Path:
     return Path(base) / "inferd"
 
 
+# Digests already read in this process, by folder and its files' sizes and modification times: backend auto opens
+# one model on several candidates in turn, and an all-mpnet-base-v2 folder is 420 MB to hash each time.
+_DIGESTS: dict[tuple[str, tuple[tuple[str, int, int], ...]], str] = {}
+
+
 def folder_digest(path: Path) -> str:
-    """sha256 over every file's relative path and content (hidden files and folders aside)."""
+    """sha256 over every file's relative path and content (hidden files and folders aside); read once per process
+    while no file's size or modification time changes."""
+    files = [(f, f.relative_to(path)) for f in sorted(p for p in path.rglob("*") if p.is_file())]
+    files = [(f, rel) for f, rel in files if not any(part.startswith(".") for part in rel.parts)]
+    stamp = tuple((str(rel), (st := f.stat()).st_size, st.st_mtime_ns) for f, rel in files)
+    known = _DIGESTS.get((str(path.resolve()), stamp))
+    if known is not None:
+        return known
     h = hashlib.sha256()
-    for file in sorted(p for p in path.rglob("*") if p.is_file()):
-        rel = file.relative_to(path)
-        if any(part.startswith(".") for part in rel.parts):
-            continue
+    for file, rel in files:
         h.update(str(rel).encode() + b"\0")
         with file.open("rb") as f:
             for block in iter(lambda f=f: f.read(1 << 20), b""):
                 h.update(block)
         h.update(b"\0")
-    return h.hexdigest()
+    _DIGESTS[(str(path.resolve()), stamp)] = digest = h.hexdigest()
+    return digest
 
 
 def versions(backend: str) -> dict[str, str]:
