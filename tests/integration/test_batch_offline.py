@@ -74,7 +74,8 @@ def server(module_serve: Any, tiny_model: Path, tmp_path_factory: pytest.TempPat
 @pytest.fixture(scope="module")
 def server_records(server: Server, input_file: Path) -> dict[str, Any]:
     """The server's batch job on the corpus: its output and error files' records, by custom_id (None for the line
-    that has none), uploaded and downloaded with the openai SDK, followed to the end with ``inferd jobs``."""
+    that has none, "duplicate" for the line repeating one), uploaded and downloaded with the openai SDK, followed
+    to the end with ``inferd jobs``; and the job's id ("batch_id")."""
     server.wait_ready(120, "/health/ready")
     client = openai.OpenAI(base_url=server.url + "/v1", api_key=KEY, timeout=30)
     uploaded = client.files.create(file=input_file.open("rb"), purpose="batch")
@@ -86,7 +87,8 @@ def server_records(server: Server, input_file: Path) -> dict[str, Any]:
                for line in client.files.content(file_id).text.splitlines()]
     assert len(records) == LINES
     return {r["custom_id"]: r for r in records if (r["error"] or {}).get("code") != "duplicate_custom_id"} | {
-        "duplicate": next(r for r in records if (r["error"] or {}).get("code") == "duplicate_custom_id")}
+        "duplicate": next(r for r in records if (r["error"] or {}).get("code") == "duplicate_custom_id"),
+        "batch_id": batch.id}
 
 
 def batch_command(tiny_model: Path, *args: str) -> list[str]:
@@ -157,6 +159,20 @@ def test_kill_9_mid_run_then_rerun_gives_every_line_once_equal_to_the_server_s_b
     assert [r["custom_id"] for r in jsonl_run] == expected_order()
     assert len({r["id"] for r in jsonl_run}) == LINES
     assert_same(jsonl_run, server_records)
+
+
+def test_inferd_jobs_lists_and_refuses_to_cancel_the_finished_job_on_a_real_server(
+        server: Server, server_records: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> None:
+    batch_id = server_records["batch_id"]
+    capsys.readouterr()
+    assert cli.main(["jobs", "--url", server.url, "--key", KEY, "list", "--json"]) == 0
+    (listed,) = [b for b in json.loads(capsys.readouterr().out)["data"] if b["id"] == batch_id]
+    assert listed["status"] == "completed"
+    assert listed["request_counts"] == {"total": LINES, "completed": LINES - 3, "failed": 3}
+    assert cli.main(["jobs", "cancel", batch_id, "--url", server.url, "--key", KEY]) == 1
+    assert f"409 batch {batch_id!r} is already completed" in capsys.readouterr().err
+    assert cli.main(["jobs", "show", batch_id, "--url", server.url, "--key", "not-the-key"]) == 1
+    assert "401" in capsys.readouterr().err
 
 
 def run_args(input_path: Path, out: Path, **kw: Any) -> argparse.Namespace:
