@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import logging
 import secrets
+import threading
 import time
 from typing import Any
 
@@ -45,6 +46,7 @@ class JobRunner:
         self.files = FileStore(settings.data_dir)
         self.worker = f"w-{secrets.token_hex(6)}"  # this process's leases
         self._store: Store | None = None
+        self._opening = threading.Lock()
         self._tasks: list[asyncio.Task[None]] = []
         self._wake = asyncio.Event()
         self._swept = 0.0
@@ -53,9 +55,10 @@ class JobRunner:
     # -- the store, opened on first use ----------------------------------------------------------------------
 
     def store(self) -> Store:
-        if self._store is None:
-            self._store = Store.at(self.settings.data_dir, self.settings.database_url)
-        return self._store
+        with self._opening:  # the first calls may come from several threads at once
+            if self._store is None:
+                self._store = Store.at(self.settings.data_dir, self.settings.database_url)
+            return self._store
 
     def _exists(self) -> bool:
         return self._store is not None or self.settings.database_url is not None \

@@ -328,9 +328,11 @@ class Store:
     # -- expiry --------------------------------------------------------------------------------------------
 
     def old(self, before: float) -> tuple[list[str], list[str]]:
-        """Files created before ``before``, and final batches finished before it (their ids)."""
+        """Files created before ``before`` (but a running batch's input), and final batches created before it."""
         with self.engine.connect() as conn:
-            old_files = [f for (f,) in conn.execute(select(files.c.id).where(files.c.created_at < before))]
+            in_use = select(batches.c.input_file_id).where(batches.c.status.in_(ACTIVE))
+            old_files = [f for (f,) in conn.execute(select(files.c.id).where(files.c.created_at < before,
+                                                                             files.c.id.not_in(in_use)))]
             old_batches = [b for (b,) in conn.execute(select(batches.c.id).where(
                 batches.c.status.in_(FINAL), batches.c.created_at < before))]
         return old_files, old_batches
