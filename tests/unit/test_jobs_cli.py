@@ -1,19 +1,24 @@
 """``inferd jobs list | show | cancel``: the requests it makes of /v1/batches and what it prints, against a stand-in
-answering in OpenAI's Batch API shapes (tests/integration/test_batch_offline.py drives it against a real server)."""
+answering in OpenAI's Batch API shapes (tests/integration/test_batch_offline.py drives it against a real server);
+the settings ``inferd batch`` runs with; check-config's mask on the jobs store's URL."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from conftest import free_port
+from conftest import ROOT, free_port
 
 from inferd import cli
 from inferd.jobs import cli as jobs_cli
+from inferd.jobs import offline
 from inferd.settings import Settings
+
+CONFIGS = ROOT / "configs"
 
 
 def job(n: int, status: str = "in_progress", done: int = 0, failed: int = 0, total: int = 10) -> dict[str, Any]:
@@ -133,3 +138,19 @@ def test_check_config_masks_the_jobs_database_url() -> None:
     data = cli.redacted(settings)
     assert data["jobs"]["database_url"] == "***" and "pa55" not in str(data)
     assert cli.redacted(Settings())["jobs"]["database_url"] is None  # unset stays visibly unset
+
+
+def test_batch_runs_without_keys_tenants_or_a_jobs_store_whatever_the_configuration(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # No port is open: keys would refuse every line, a tenant's limits would throttle the run.
+    tenants = tmp_path / "tenants.yaml"
+    tenants.write_text("tenants:\n- name: a\n  keys: [k-a]\n")
+    monkeypatch.setenv("INFERD_CONFIG_DIR", str(CONFIGS))
+    monkeypatch.setenv("INFERD__SERVER__TENANTS_FILE", str(tenants))
+    args = cli.build_parser().parse_args(["batch", "in.jsonl", "--out", "out.jsonl", "--model-path", "/m",
+                                          "--set", "server.api_keys=[k1]", "--set", "jobs.chunk_size=7"])
+    settings = offline.offline_settings(args)
+    assert (settings.server.api_keys, settings.server.tenants, settings.server.tenants_file) == ((), (), None)
+    assert not settings.jobs.enabled and settings.model.exit_on_load_failure
+    assert settings.model.path == "/m" and settings.jobs.chunk_size == 7  # the flags still apply
+    assert settings.server.log_level == "WARNING"  # the progress bar is the output

@@ -61,17 +61,20 @@ IN_FLIGHT = 2
 _RETRY_MAX_WAIT_S = 1.0
 # ... and after this many rounds in a row that answered nothing, its record says why (never a silent gap).
 _RETRY_ROUNDS = 600
-# No port, no key: the offline run is this process's only caller, and its own jobs store is not needed.
-_OFFLINE = {"jobs.enabled": False, "server.api_keys": (), "server.tenants": (), "server.tenants_file": None,
-            "model.exit_on_load_failure": True}
+# No jobs store of its own (the checkpoint is its state); a model that fails to load ends the run.
+_OFFLINE = {"jobs.enabled": False, "model.exit_on_load_failure": True}
 
 
 def offline_settings(args: argparse.Namespace) -> Settings:
-    """The settings the flags and files give, as a serverless run needs them (no keys, no jobs store)."""
+    """The settings the flags and files give, as a serverless run needs them: no jobs store, and no keys or
+    tenants (no port is open: the run is this process's only caller, and no tenant's limits apply to it)."""
     given = {**overrides(args, server=False), **_OFFLINE}
     if args.log_level is None:
         given["server.log_level"] = "WARNING"  # the progress bar is the run's output; warnings still show
-    return load_settings(args.env, given, config_dir=args.config_dir)
+    settings = load_settings(args.env, given, config_dir=args.config_dir)
+    # Set on the object: a None override means "not given" to the loader, so it could not clear tenants_file.
+    server = settings.server.model_copy(update={"api_keys": (), "tenants": (), "tenants_file": None})
+    return settings.model_copy(update={"server": server})
 
 
 def main(args: argparse.Namespace) -> int:
