@@ -9,10 +9,12 @@ them). Read once when the settings are built (the CLI, and again on SIGHUP), nev
 - **Vertex AI** sets ``AIP_HTTP_PORT`` (8080 unless the model's containerSpec.ports says otherwise),
   ``AIP_PREDICT_ROUTE`` and ``AIP_HEALTH_ROUTE`` (any of them tells inferd it runs there).
 
-Both need the server on every interface (0.0.0.0). The platform's own port variable wins over any other port
-(the platform sends its requests there, whatever the image's command or environment says: the project image's
-``--port 8000`` included); without it, a port or host named explicitly (``--port``, ``--host``,
-``INFERD__SERVER__PORT``, ``INFERD__SERVER__HOST``) is kept, and the platform's default port, 8080, taken otherwise.
+Both need the server on every interface (0.0.0.0). A ``--port`` or ``--host`` flag is kept: an operator's explicit
+choice, and each worker's own address under ``inferd fleet``, whose environment is the platform's too (on Vertex AI,
+give the model the port of the image's command: ``--container-ports``, so that AIP_HTTP_PORT names it). Otherwise
+the platform's port variable wins over ``INFERD__SERVER__PORT`` and the configuration (the platform sends its
+requests there), and without one, an ``INFERD__SERVER__PORT`` or ``INFERD__SERVER__HOST`` is kept and the platform's
+default port, 8080, taken.
 """
 
 from __future__ import annotations
@@ -42,12 +44,13 @@ def hosted(flags: Mapping[str, Any], environ: Mapping[str, str]) -> dict[str, An
     out = {**flags, "server.platform": platform}
     if flags.get("server.host") is None and not environ.get("INFERD__SERVER__HOST"):
         out["server.host"] = "0.0.0.0"  # noqa: S104 (the platforms reach the container from outside it)
-    variable = PORT_VARIABLES.get(platform)
-    named = environ.get(variable) if variable else None
-    if named:
-        out["server.port"] = _port(named, variable or "")
-    elif flags.get("server.port") is None and not environ.get("INFERD__SERVER__PORT"):
-        out["server.port"] = DEFAULT_PORT
+    if flags.get("server.port") is None:
+        variable = PORT_VARIABLES.get(platform)
+        named = environ.get(variable) if variable else None
+        if named:
+            out["server.port"] = _port(named, variable or "")
+        elif not environ.get("INFERD__SERVER__PORT"):
+            out["server.port"] = DEFAULT_PORT
     if platform == "vertex":
         for key, variable in (("server.platform_predict_route", "AIP_PREDICT_ROUTE"),
                               ("server.platform_health_route", "AIP_HEALTH_ROUTE")):

@@ -1,5 +1,5 @@
 """inferd/hosting.py: a managed platform named or detected from its variables, and the address and routes it
-dictates: the platform's own port variable wins over any other port; without it, an explicit port or host is kept."""
+dictates: a port flag is kept; otherwise the platform's port variable wins over the environment's port."""
 
 from __future__ import annotations
 
@@ -40,11 +40,11 @@ def test_vertex_takes_its_port_and_routes_from_its_variables_over_the_environmen
     assert out["server.platform_health_route"] == environ["AIP_HEALTH_ROUTE"]
 
 
-def test_the_platforms_port_variable_wins_over_a_port_flag_and_an_explicit_port_is_kept_without_it() -> None:
-    flags = {**NO_FLAGS, "server.port": 8000, "server.host": "127.0.0.1"}  # as the project image's CMD
+def test_a_port_flag_is_kept_over_the_platforms_variable_and_the_environments_port_is_not() -> None:
+    flags = {**NO_FLAGS, "server.port": 8000, "server.host": "127.0.0.1"}  # as a fleet's worker is started
     out = hosted(flags, {"AIP_HTTP_PORT": "7070"})
-    assert (out["server.host"], out["server.port"]) == ("127.0.0.1", 7070)
-    assert hosted({**flags, "server.platform": "sagemaker"}, {})["server.port"] == 8000
+    assert (out["server.host"], out["server.port"]) == ("127.0.0.1", 8000)
+    assert hosted(NO_FLAGS, {"AIP_HTTP_PORT": "7070", "INFERD__SERVER__PORT": "8000"})["server.port"] == 7070
     # Without the platform's own port variable, the environment's port and host stand (not overridden).
     out = hosted({**NO_FLAGS, "server.platform": "sagemaker"},
                  {"INFERD__SERVER__PORT": "9000", "INFERD__SERVER__HOST": "127.0.0.1"})
