@@ -44,6 +44,6 @@ STOPSIGNAL SIGTERM
 #   endpoints set no variable to detect; SAGEMAKER_BIND_TO_PORT, where set, is its port); it sends SIGKILL 30 s
 #   after SIGTERM, so lower INFERD__SERVER__DRAIN_TIMEOUT_S to 20 there.
 # - Google Vertex AI keeps this command and sets AIP_HTTP_PORT, AIP_PREDICT_ROUTE and AIP_HEALTH_ROUTE: inferd
-#   serve detects them, listens on AIP_HTTP_PORT (over --port below) and answers {"instances": [...]} with
-#   {"predictions": [...]} on the predict route, readiness on the health route.
+#   serve detects them and answers {"instances": [...]} with {"predictions": [...]} on the predict route, readiness
+#   on the health route. Upload the model with --container-ports=8000 so that AIP_HTTP_PORT is the --port below.
 CMD ["inferd", "serve", "--host", "0.0.0.0", "--port", "8000"]
