@@ -126,12 +126,14 @@ class Admission:
 
     # -- one request -----------------------------------------------------------------------------------
 
-    async def run(self, request: InferenceRequest, disconnected: Disconnected | None = None) -> TaskResult:
+    async def run(self, request: InferenceRequest, disconnected: Disconnected | None = None, *,
+                  admitted: bool = False) -> TaskResult:
         """One request's inputs (texts, or (query, document) pairs) through the model, one result each.
 
         The request was validated when it was built (core/request.py); here only what depends on the model:
         its task (``request.task``), its priority bound and queue, the size it allows (``dimensions``) and its
         prompts, all read from the description of the slot picked to run the request, before any work.
+        ``admitted``: the request's tenant was admitted by the caller, for the whole of a document's pieces.
         """
         if self.draining:
             raise EngineError(Kind.DRAINING, "the server is draining; retry on another instance")
@@ -140,13 +142,13 @@ class Admission:
             raise EngineError(Kind.WORKER_DEAD, "the inference worker is not running")
         served, pin = self.registry.resolve(request.model, request.task, version=request.version)
         try:
-            return await self._run_model(served, pin, request, disconnected)
+            return await self._run_model(served, pin, request, disconnected, admitted)
         except EngineError as exc:
             exc.model = served.name  # the request metrics' label: the model that refused it
             raise
 
     async def _run_model(self, served: ServedModel, pin: str | None, request: InferenceRequest,
-                         disconnected: Disconnected | None) -> TaskResult:
+                         disconnected: Disconnected | None, admitted_before: bool = False) -> TaskResult:
         batching, priority, timeout_ms = served.settings.batching, request.priority, request.timeout_ms
         if priority > batching.max_priority:
             raise EngineError(Kind.INVALID_INPUT, f"priority {priority} is above the highest allowed here, "
@@ -164,8 +166,10 @@ class Admission:
         tenant, admitted = request.tenant, None
         self._enter()
         try:
-            if tenant is not None:
-                # The tenant's own rules on the model chosen (core/tenants.py); its place is given back below.
+            if tenant is not None and not admitted_before:
+                # The tenant's own rules on the model chosen (core/tenants.py); its place is given back below. A
+                # document's pieces (core/pieces.py) come admitted once for the whole request: their tokens are
+                # charged here all the same, their waves are not each a request of the tenant's.
                 priority, admitted = tenant.admit(served.name, priority), tenant
             task = request.task
             if task is not None and slot.task != task:

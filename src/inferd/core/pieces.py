@@ -218,6 +218,22 @@ class Documents:
 
     async def _waves(self, request: InferenceRequest, inputs: list[Any], wave: int, in_flight: int,
                      deadline: float, disconnected: Callable[[], Awaitable[Any]] | None) -> list[TaskResult]:
+        """``inputs`` run as ``request``'s (pinned to the load that split them), ``wave`` at a time, ``in_flight``
+        waves at once. The tenant is admitted once for them all (its request rate and concurrency count requests,
+        not waves; a second wave would take a second place of its ``max_concurrent``); every wave charges its
+        pieces' tokens to the tenant's budget as any request does."""
+        tenant = request.tenant
+        if tenant is None:
+            return await self._each_wave(request, inputs, wave, in_flight, deadline, disconnected)
+        priority = tenant.admit(str(request.model), request.priority)
+        try:
+            return await self._each_wave(dataclasses.replace(request, priority=priority), inputs, wave, in_flight,
+                                         deadline, disconnected)
+        finally:
+            tenant.leave()
+
+    async def _each_wave(self, request: InferenceRequest, inputs: list[Any], wave: int, in_flight: int,
+                         deadline: float, disconnected: Callable[[], Awaitable[Any]] | None) -> list[TaskResult]:
         # One watcher of the client for every wave (each wave's would read the same connection).
         gone = None if disconnected is None else asyncio.ensure_future(disconnected())
 
@@ -234,7 +250,7 @@ class Documents:
                     raise deadline_passed()
                 part = dataclasses.replace(request, inputs=tuple(inputs[start:start + wave]), timeout_ms=left_ms,
                                            calibrate=request.calibrate and start == 0)
-                return await self.admission.run(part, None if gone is None else watch)
+                return await self.admission.run(part, None if gone is None else watch, admitted=True)
 
         try:
             async with asyncio.TaskGroup() as group:
