@@ -1,0 +1,124 @@
+"""The serving overhead in CPU: a server's CPU time per text against the same model's in-process CPU time per text.
+
+    python bench/serving_overhead.py [--runtime torch,openvino:bfloat16] [--duration 20] [--rounds 2]
+
+Both are read from the kernel's count of the process's CPU time (user + system, every thread: /proc/<pid>/stat for
+the server, getrusage for this process), so the load client's own CPU on a small machine counts for neither:
+
+- in process: this process loads the model on the runtime (the server's own loading code and settings), then
+  tokenises, runs and pools the corpus in sorted batches of ``--batch`` texts, as the ceiling of ``inferd bench``
+  does; CPU seconds over texts;
+- server: ``inferd serve`` (prod overlay) on the same runtime under a closed loop of ``--concurrency`` users, one
+  corpus text per request; the server process's CPU seconds over the texts it answered.
+
+Issue 43's target: server / in process <= 1.15. Rounds alternate the order of the two. The second half of the
+issue's item 5, a pipeline of an embedder and a reranker in one process against two on the same cores, is
+``inferd bench --phases pipeline --rerank-model <a cross-encoder folder>`` (inferd.bench.pipeline).
+``--duration 1 --rounds 1 --texts 64`` checks the script in about a minute.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from inferd import corpus as bench_corpus
+from inferd.bench.ceiling import load_handler as ceiling_handler
+from inferd.bench.ceiling import token_counts
+from inferd.bench.load import Target, TextSource, run_closed
+from inferd.bench.procs import start_inferd
+from inferd.core.loading import load_handler
+from inferd.core.spec import ModelSpec
+from inferd.settings import ModelSettings, resolve_model_path
+
+
+def process_cpu(pid: int) -> float:
+    """User + system CPU seconds of a process, every thread (fields 14 and 15 of /proc/<pid>/stat)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def own_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def runtime_env(runtime: str) -> dict[str, str]:
+    backend, _, dtype = runtime.partition(":")
+    return {"INFERD__MODEL__BACKEND": backend, "INFERD__MODEL__DTYPE": dtype or "float32"}
+
+
+def in_process(model: Path, runtime: str, texts: list[str], batch: int, cache: Path) -> dict[str, Any]:
+    backend, _, dtype = runtime.partition(":")
+    handler = load_handler(ModelSpec(model, "bench", backend=backend, dtype=dtype or "float32", device="cpu",
+                                     cache_dir=str(cache)))
+    try:
+        encoded = handler.preprocess(texts[:batch])
+        handler.postprocess(handler.infer(encoded))  # warm: allocators, the runtime's first shapes
+        cpu0, t0 = own_cpu(), time.perf_counter()
+        encoded = handler.preprocess(texts)
+        order = sorted(range(len(encoded)), key=lambda i: encoded[i].tokens)
+        for start in range(0, len(order), batch):
+            handler.postprocess(handler.infer([encoded[i] for i in order[start:start + batch]]))
+        cpu, wall = own_cpu() - cpu0, time.perf_counter() - t0
+    finally:
+        handler.close()
+    return {"texts": len(texts), "cpu_s": round(cpu, 3), "cpu_ms_per_text": round(1e3 * cpu / len(texts), 4),
+            "texts_per_s": round(len(texts) / wall, 1)}
+
+
+def served(model: Path, runtime: str, source: TextSource, args: argparse.Namespace, logs: Path,
+           cache: Path) -> dict[str, Any]:
+    server = start_inferd(logs, model, None, {**runtime_env(runtime), "INFERD__MODEL__CACHE_DIR": str(cache)},
+                          timeout=900)
+    try:
+        # A warm-up of its own first (connections, caches, the runtime's first shapes), so the CPU read around the
+        # counted loop is the counted texts' only.
+        run_closed(Target(server.url), source, args.concurrency, 1, min(3.0, args.duration), 0)
+        cpu0 = process_cpu(server.proc.pid)
+        result = run_closed(Target(server.url), source, args.concurrency, 1, args.duration, 0)
+        cpu = process_cpu(server.proc.pid) - cpu0
+    finally:
+        server.stop()
+    texts = int(result["texts"])
+    return {"texts": texts, "cpu_s": round(cpu, 3), "cpu_ms_per_text": round(1e3 * cpu / max(1, texts), 4),
+            "texts_per_s": result["texts_per_s"], "errors": result["errors"]}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", type=Path, default=None, help="a model folder (default: the packaged MiniLM)")
+    p.add_argument("--runtime", default="torch,openvino:bfloat16", help="backend[:dtype], comma list")
+    p.add_argument("--duration", type=float, default=20.0, help="seconds of the server's counted load")
+    p.add_argument("--concurrency", type=int, default=32)
+    p.add_argument("--batch", type=int, default=32, help="in process: texts per batch (the server's max batch)")
+    p.add_argument("--texts", type=int, default=2048, help="in process: corpus texts run")
+    p.add_argument("--rounds", type=int, default=2)
+    args = p.parse_args()
+    model = args.model or Path(resolve_model_path(ModelSettings()))
+    logs = Path(tempfile.mkdtemp(prefix="inferd-overhead-"))
+    cache = logs / "cache"  # one export per runtime, shared by both sides
+    texts = bench_corpus.texts()
+    handler_texts = texts[: args.texts]
+    source = TextSource(texts, token_counts(ceiling_handler(model), texts))
+    for runtime in args.runtime.split(","):
+        for r in range(args.rounds):
+            row: dict[str, Any] = {"runtime": runtime, "round": r + 1}
+            for name in ("in process", "server") if r % 2 == 0 else ("server", "in process"):
+                row[name] = (in_process(model, runtime, handler_texts, args.batch, cache) if name == "in process"
+                             else served(model, runtime, source, args, logs, cache))
+            row["server / in process"] = round(row["server"]["cpu_ms_per_text"] / row["in process"]["cpu_ms_per_text"],
+                                               3)
+            print(json.dumps(row), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
