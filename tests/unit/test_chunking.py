@@ -1,6 +1,7 @@
 """core/chunking.split with the tiny model's tokenizer: spans slice the original text exactly (Chinese, emoji,
 accents), no piece over budget, counts as the tokenizer counts the piece alone, paragraph boundaries kept,
-overlap shares tokens, and the handler's truncating tokenizer is neither obeyed nor changed."""
+overlap shares tokens, and the handler's truncating tokenizer is neither obeyed nor changed; a request's chunking
+options checked before any model; and how pieces' outputs merge into a document's (core/tasks/piece_merge.py)."""
 
 from __future__ import annotations
 
@@ -8,12 +9,16 @@ import itertools
 import random
 from pathlib import Path
 
+import numpy as np
 import pytest
 from tinymodel import CJK, WORDS
 from tokenizers import Tokenizer
 from transformers import AutoTokenizer
 
-from inferd.core.chunking import Piece, split
+from inferd.core.chunking import Chunking, Piece, split
+from inferd.core.errors import EngineError, Kind
+from inferd.core.outputs import SparseVector, TextOutputs
+from inferd.core.tasks.piece_merge import merge
 
 
 @pytest.fixture(scope="module")
@@ -85,3 +90,35 @@ def test_blank_text_has_no_pieces(tokenizer: Tokenizer) -> None:
     assert split("", tokenizer, max_tokens=10) == []
     assert split(" \n\t ", tokenizer, max_tokens=10) == []
     assert split("  hello  ", tokenizer, max_tokens=10) == [Piece(2, 7, 1)]
+
+
+@pytest.mark.parametrize(("chunking", "field"), [
+    (Chunking("sentences"), "chunking.mode"),
+    (Chunking(max_tokens=0), "chunking.max_tokens"),
+    (Chunking(overlap=-1), "chunking.overlap"),
+    (Chunking(max_tokens=8, overlap=8), "chunking.overlap"),
+])
+def test_model_free_rules_name_the_field(chunking: Chunking, field: str) -> None:
+    with pytest.raises(EngineError) as refused:
+        chunking.check()
+    assert refused.value.field == field and refused.value.kind is Kind.INVALID_INPUT
+
+
+def test_pieces_merge_dense_by_tokens_sparse_by_max_and_token_vectors_in_order() -> None:
+    a, b = np.array([1.0, 0.0], dtype=np.float32), np.array([0.0, 1.0], dtype=np.float32)
+    np.testing.assert_allclose(merge([a, b], [3, 1], unit=False), [0.75, 0.25])
+    np.testing.assert_allclose(merge([a, b], [3, 1], unit=True), np.array([3.0, 1.0]) / np.sqrt(10), rtol=1e-6)
+    first = TextOutputs(dense=a, sparse=SparseVector(np.array([2, 5]), np.array([0.5, 0.1], dtype=np.float32),
+                                                     ("x", "y")),
+                        multivector=np.ones((2, 2), dtype=np.float32))
+    second = TextOutputs(dense=b, sparse=SparseVector(np.array([5, 9]), np.array([0.4, 0.2], dtype=np.float32),
+                                                      ("y", "z")),
+                         multivector=np.zeros((3, 2), dtype=np.float32))
+    merged = merge([first, second], [1, 1], unit=True)
+    assert merged.sparse.indices.tolist() == [2, 5, 9] and merged.sparse.tokens == ("x", "y", "z")
+    np.testing.assert_allclose(merged.sparse.values, [0.5, 0.4, 0.2])
+    np.testing.assert_allclose(merged.multivector, np.concatenate([first.multivector, second.multivector]))
+    np.testing.assert_allclose(merged.dense, np.array([1.0, 1.0]) / np.sqrt(2), rtol=1e-6)
+    # A text that asked only some outputs merges only those.
+    only = merge([TextOutputs(sparse=first.sparse), TextOutputs(sparse=second.sparse)], [1, 1], unit=True)
+    assert only.kinds == ("sparse",)
