@@ -1,0 +1,78 @@
+"""backend auto's choice without a model: which candidates a machine offers and why the others are not tried, and the
+judge's walk over them (refused, busy, passed, what is left) against a fake switch."""
+
+from __future__ import annotations
+
+import pytest
+
+from inferd.core.backends.auto import AutoUpgrade, ModelChangeBusy, candidates
+
+AMX = {"avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_int8", "avx512_vnni"}
+ZEN3 = {"avx2"}
+
+
+def names(flags: set[str], **kw: object) -> tuple[list[str], dict[str, str]]:
+    todo, skipped = candidates(flags, openvino_installed=True, **kw)  # type: ignore[arg-type]
+    return [c.name for c in todo], skipped
+
+
+def test_the_machine_decides_the_candidates_fastest_first() -> None:
+    assert names(AMX, cuda=False)[0] == ["openvino-bfloat16", "openvino-float32-int8", "openvino-float32"]
+    todo, skipped = names(ZEN3, cuda=False)
+    assert todo == ["openvino-float32"]
+    assert "no native bf16" in skipped["openvino-bfloat16"]
+    assert "no int8 dot products" in skipped["openvino-float32-int8"]
+    todo, skipped = names(AMX, cuda=True)
+    assert todo == ["torch-float16"] and skipped["openvino-float32"].startswith("the model runs on a GPU")
+    todo, skipped = candidates(AMX, cuda=False, openvino_installed=False)
+    assert todo == [] and "openvino package is not installed" in skipped["openvino-float32"]
+
+
+def test_auto_candidates_narrow_and_order_the_choice_and_refuse_an_unknown_name() -> None:
+    todo, skipped = names(AMX, cuda=False, wanted=("openvino-float32", "openvino-bfloat16"))
+    assert todo == ["openvino-float32", "openvino-bfloat16"]
+    assert skipped["openvino-float32-int8"] == "not in model.auto_candidates"
+    # A candidate this machine cannot run keeps the machine's reason, wanted or not.
+    assert "no native bf16" in names(ZEN3, cuda=False, wanted=("openvino-bfloat16",))[1]["openvino-bfloat16"]
+    with pytest.raises(ValueError, match=r"model.auto_candidates \['onnx-float32'\]: choose among"):
+        names(AMX, cuda=False, wanted=("onnx-float32",))
+
+
+def test_the_judge_takes_the_first_candidate_that_passes_retrying_while_another_change_loads() -> None:
+    calls: list[str] = []
+    busy = [True]
+
+    def switch(runtime: dict[str, str]) -> None:
+        name = f"{runtime['backend']}-{runtime['dtype']}-{runtime['quantize']}"
+        calls.append(name)
+        if runtime["dtype"] == "bfloat16":
+            raise RuntimeError("openvino bfloat16 refused by the accuracy gate (half thresholds): cosine min 0.99")
+        if busy[0]:
+            busy[0] = False
+            raise ModelChangeBusy("another model change is in progress")
+
+    auto = AutoUpgrade(flags=AMX, openvino_installed=True)
+    auto.start("torch-float32", switch)
+    assert auto.wait(30)
+    said = auto.describe()
+    states = {c["candidate"]: (c["state"], c["reason"]) for c in said["candidates"]}
+    assert said["serving"] == "openvino-float32-int8" and said["state"] == "done"
+    assert states["openvino-bfloat16"][0] == "refused" and "accuracy gate" in states["openvino-bfloat16"][1]
+    assert states["openvino-float32-int8"] == ("serving", None)
+    assert states["openvino-float32"] == ("skipped", "openvino-float32-int8 passed first (faster)")
+    # The busy candidate was tried again, not refused; nothing after the one that passed was tried.
+    assert calls == ["openvino-bfloat16-none", "openvino-float32-int8", "openvino-float32-int8"]
+
+
+def test_nothing_passes_and_torch_stays_and_a_served_runtime_is_not_judged() -> None:
+    def refuse(runtime: dict[str, str]) -> None:
+        raise RuntimeError("refused by the accuracy gate")
+
+    auto = AutoUpgrade(flags=ZEN3, openvino_installed=True)
+    auto.start("torch-float32", refuse)
+    assert auto.wait(30) and auto.describe()["serving"] == "torch-float32"
+    assert {c["state"] for c in auto.describe()["candidates"]} == {"refused", "skipped"}
+    gpu = AutoUpgrade(flags=AMX, openvino_installed=True)
+    gpu.start("torch-float16", lambda runtime: pytest.fail("switched to the runtime it serves"), cuda=True)
+    assert gpu.wait(5) and gpu.describe()["state"] == "done"
+    assert {c["candidate"]: c["reason"] for c in gpu.describe()["candidates"]}["torch-float16"] == "serving already"
