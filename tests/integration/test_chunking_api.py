@@ -7,6 +7,7 @@ tokens) and a bge-m3-shaped model (dense, sparse and token vectors from one pass
 - a document of more pieces than the model's queue holds runs (in waves through the scheduler), and its pieces
   are answered by the result cache afterwards;
 - a model's default chunking (model.chunking) for requests that ask none;
+- Cohere's and TEI's answers hold the same pieces in their own shapes, and refuse in their own error shapes;
 - refusals naming the limit: overlap >= piece size, a piece larger than the window leaves, a document over its
   characters or pieces, a body over limits.max_body_bytes without chunking (accepted with it).
 """
@@ -166,3 +167,26 @@ def test_document_limits_and_the_body_limit(client: httpx.Client) -> None:
     assert "limits.max_body_bytes" in error["message"]
     data = _post(client, "/v1/embeddings", {"input": texts, "model": "dense", "chunking": {}})["data"]
     assert len(data) == 12
+
+
+def test_cohere_and_tei_answer_pieces_and_refusals_in_their_own_shapes(client: httpx.Client) -> None:
+    text = document(7, 10)
+    want = _post(client, "/v1/embeddings", {"input": [text, "short"], "model": "dense",
+                                            "chunking": {"mode": "pieces"}})["data"]
+    tei = _post(client, "/embed", {"inputs": [text, "short"], "chunking": {"mode": "pieces"}})
+    cohere = _post(client, "/v2/embed", {"texts": [text, "short"], "model": "dense", "embedding_types": ["float"],
+                                         "chunking": {"mode": "pieces"}})
+    for i, item in enumerate(want):
+        spans = [(p["start"], p["end"], p["tokens"]) for p in item["pieces"]]
+        assert [(p["start"], p["end"], p["tokens"]) for p in tei[i]] == spans
+        assert [(p["start"], p["end"], p["tokens"]) for p in cohere["pieces"][i]] == spans
+        vectors = [p["embedding"] for p in item["pieces"]]
+        np.testing.assert_allclose([p["embedding"] for p in tei[i]], vectors, atol=TOL)
+        np.testing.assert_allclose([p["embeddings"]["float"] for p in cohere["pieces"][i]], vectors, atol=TOL)
+    np.testing.assert_allclose(cohere["embeddings"]["float"], [d["embedding"] for d in want], atol=TOL)
+    refused = client.post("/embed", json={"inputs": text, "chunking": {"max_tokens": 8, "overlap": 8}})
+    assert refused.status_code == 422 and "overlap" in refused.json()["error"], refused.text
+    refused = client.post("/v2/embed", json={"texts": [text], "model": "dense", "chunking": {"max_tokens": 500}})
+    body = refused.json()
+    assert refused.status_code == 422 and body["error"]["param"] == "chunking.max_tokens", refused.text
+    assert "window" in body["message"]
