@@ -182,3 +182,40 @@ def test_the_job_metrics_count_lines_and_jobs(server: Server) -> None:
         text = client.get("/metrics").text
     assert metric_value(text, "inferd_job_lines_total", outcome="ok") == before + 50
     assert "inferd_job_lines_per_second" in text and "inferd_job_backlog_lines" in text
+
+
+@pytest.mark.parametrize(("fixture", "endpoint", "make"), [
+    ("reranker", "/v1/rerank", lambda i: {"query": f"query {i}", "documents": [f"doc {i}", f"other {i}", "third"]}),
+    ("classifier", "/v1/classify", lambda i: {"input": [f"a text {i}", f"another {i}"]}),
+])
+def test_rerank_and_classify_batches_answer_as_their_online_routes(request: pytest.FixtureRequest, fixture: str,
+                                                                   endpoint: str,
+                                                                   make: Callable[[int], dict]) -> None:
+    task_server: Server = request.getfixturevalue(fixture)  # the package's reranker and classifier servers
+    bodies = [make(i) for i in range(12)]
+    with task_server.client() as client:
+        file_id = upload(client, jsonl([line(f"r{i}", b, endpoint) for i, b in enumerate(bodies)])).json()["id"]
+        batch = wait_final(client, create(client, file_id, endpoint).json()["id"])
+        assert batch["request_counts"] == {"total": 12, "completed": 12, "failed": 0}, batch
+        for record in records(client, batch["output_file_id"]):
+            online = client.post(endpoint, json=bodies[int(record["custom_id"][1:])]).json()
+            got = record["response"]["body"]
+            assert got.keys() == online.keys()
+            # Everything but the id a route gives each answer (its request's) is the online answer's, the scores
+            # and probabilities to float32's rounding (the batches that computed them were made up differently).
+            _same({k: v for k, v in got.items() if k != "id"}, {k: v for k, v in online.items() if k != "id"})
+
+
+def _same(got: object, want: object) -> None:
+    if isinstance(want, dict):
+        assert isinstance(got, dict) and got.keys() == want.keys(), (got, want)
+        for key in want:
+            _same(got[key], want[key])
+    elif isinstance(want, list):
+        assert isinstance(got, list) and len(got) == len(want), (got, want)
+        for a, b in zip(got, want, strict=True):
+            _same(a, b)
+    elif isinstance(want, float):
+        assert got == pytest.approx(want, rel=1e-5, abs=1e-6)
+    else:
+        assert got == want
