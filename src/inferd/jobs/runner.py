@@ -125,8 +125,12 @@ class JobRunner:
             failed = len(records) - ok
             committed = await asyncio.to_thread(self.store().commit_chunk, batch["id"], claim.seq, self.worker,
                                                 name, ok, failed)
-        finally:
-            self._held.discard(key)
+        except asyncio.CancelledError:
+            raise  # stopping: stop() gives the chunk back at once
+        except BaseException:
+            self._held.discard(key)  # its lease runs out; any worker takes it then
+            raise
+        self._held.discard(key)
         if not committed:  # the lease ran out and another worker took the chunk: its results count, not these
             log.warning("batch %s: chunk %d was taken by another worker; its result here is dropped",
                         batch["id"], claim.seq)
