@@ -227,10 +227,19 @@ class RerankDocument(BaseModel):
     text: str
 
 
+class ScoredSpan(BaseModel):
+    """Which piece of a document split beside its query scored (chunking): ``document[start:end]``."""
+
+    start: int
+    end: int
+    pieces: int = Field(description="The pieces the document was scored in")
+
+
 class RerankResult(BaseModel):
     index: int
     relevance_score: float
     document: RerankDocument | None = None
+    span: ScoredSpan | None = Field(None, description="Present when the document was scored piece by piece")
 
 
 class RerankResponse(BaseModel):
@@ -244,6 +253,7 @@ class TEIRerankResult(BaseModel):
     index: int
     score: float
     text: str | None = None
+    span: ScoredSpan | None = Field(None, description="Present when the text was scored piece by piece")
 
 
 class ClassifyItem(BaseModel):
