@@ -144,3 +144,22 @@ def test_auto_stays_on_torch_saying_why_when_the_gate_refuses_every_candidate(
     log = server.log()
     assert "every candidate was refused or skipped: stays on torch-float32" in log
     assert "exporting" not in log  # the first test's verdict, from the cache: nothing exported or judged again
+
+
+def test_a_warm_start_serves_the_runtime_an_earlier_start_chose_from_its_first_answer(
+        serve, tiny_model: Path, cache: Path) -> None:
+    """The first test's choice (openvino-float32, with static int8 refused) is kept in the cache with its entry: the
+    same settings start on it at once, torch never loaded, nothing judged or exported."""
+    server = serve(env=auto_env(tiny_model, cache, INFERD__MODEL__AUTO_CANDIDATES=str([INT8, "openvino-float32"]),
+                                **STRICT_INT8), wait="/health/ready", timeout=60)
+    with server.client() as c:
+        first = c.post("/v1/embeddings", json={"input": ["hello"]})
+        info = c.get("/info").json()
+    assert first.status_code == 200 and first.headers["x-inferd-runtime"] == "openvino-float32"
+    assert info["auto"]["serving"] == "openvino-float32" and info["auto"]["state"] == "done"
+    assert [v["candidate"] for v in info["auto"]["candidates"]] == ["openvino-float32"]
+    assert info["models"][0]["backend_info"]["cache"] == "hit"
+    log = server.log()
+    assert "serving openvino-float32 at once, as an earlier start on this machine chose" in log
+    assert "exporting" not in log and "judging" not in log
+

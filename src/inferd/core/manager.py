@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TypeAlias, TypeVar
 
 from inferd.core import load_guard
-from inferd.core.backends.auto import AutoUpgrade, ModelChangeBusy
+from inferd.core.backends.auto import AutoUpgrade, ModelChangeBusy, by_name, remember, remembered
 from inferd.core.errors import (
     ManagerClosed,
     ModelNotReady,
@@ -151,7 +151,7 @@ class ModelManager:
         """Load the configured model (and canary); record failure instead of raising."""
         self.state = "loading"
         try:
-            slot = self._load(self._initial)
+            slot = self._first_load()
             canary = None
             c = self.settings.canary
             if c.path and c.weight > 0:
@@ -196,6 +196,21 @@ class ModelManager:
                                         "load_seconds": round(slot.load_seconds, 3)})
         self._changed()
         self._judge_runtimes(slot)
+
+    def _first_load(self) -> ModelSlot:
+        """The configured model; under backend auto, on the runtime a previous start chose for it where the cache
+        still holds it (a warm start: no torch first, nothing judged again), else on torch."""
+        name = remembered(self._initial) if self.auto is not None and self._initial.backend == "auto" else None
+        if name is not None and self.auto is not None:
+            try:
+                slot = self._load(dataclasses.replace(self._initial, **by_name(name).runtime()))
+            except ModelLoadError as exc:
+                log.warning("backend auto: the cached choice %s did not load (%s); starting on torch", name, exc)
+            else:
+                self.auto.adopt(name, "chosen by an earlier start on this machine (its cache entry, judged again)")
+                log.info("backend auto: serving %s at once, as an earlier start on this machine chose", name)
+                return slot
+        return self._load(self._initial)
 
     async def ensure_loaded(self) -> None:
         """Lazy mode: the first request loads the model, exactly once however many arrive together."""
@@ -405,6 +420,8 @@ class ModelManager:
                 slot.retire()
                 raise
             self._switch(slot)
+            d = slot.description
+            remember(base.spec, d.runtime, (d.backend_info or {}).get("cache_entry"))
             return slot
 
         try:

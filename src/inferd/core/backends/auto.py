@@ -21,16 +21,23 @@ metrics' ``inferd_auto_candidate``). A machine or model where nothing passes sta
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from importlib import util
+from pathlib import Path
 from typing import Any
 
-from inferd.core.backends.base import INT8_DOT_FLAGS, NATIVE_BF16_FLAGS, cpu_flags
+from inferd import __version__
+from inferd.core.backends.base import INT8_DOT_FLAGS, NATIVE_BF16_FLAGS, cpu_flags, kernel_flags
+from inferd.core.backends.factory import default_cache_dir, folder_digest, versions
 from inferd.core.description import runtime_label
+from inferd.core.spec import ModelSpec
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +103,51 @@ def candidates(flags: set[str], cuda: bool, wanted: Sequence[str] = (),
     return [c for c in order if c.name not in skipped], skipped
 
 
+def by_name(name: str) -> Candidate:
+    return next(c for c in ALL if c.name == name)
+
+
+# -- the remembered choice: a warm start loads the passed candidate at once, without torch first ------------------
+
+
+def _choice_file(spec: ModelSpec) -> Path:
+    """Where the choice for this model, machine and settings is kept: keyed by all a verdict depends on (the model's
+    content, the CPU's kernel flags, inferd's and the runtimes' versions, the gate and the candidates asked for)."""
+    key = {"model": folder_digest(spec.path), "cpu": kernel_flags(cpu_flags()), "inferd": __version__,
+           "libraries": versions("openvino"), "gate": spec.gate.model_dump(),
+           "candidates": list(spec.settings.auto_candidates), "max_seq_length": spec.max_seq_length,
+           "task": spec.task, "pooling": spec.pooling, "calibration_file": spec.calibration_file}
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24]
+    root = Path(spec.cache_dir).expanduser() if spec.cache_dir else default_cache_dir()
+    return root / f"auto-{digest}.json"
+
+
+def remember(spec: ModelSpec, name: str, entry: str | None) -> None:
+    """Keep the candidate that passed for this model and its cache entry (best effort: a read-only cache keeps
+    nothing, and the next start judges again)."""
+    try:
+        file = _choice_file(spec)
+        file.parent.mkdir(parents=True, exist_ok=True)
+        tmp = file.with_name(f".{file.name}.{os.getpid()}")
+        tmp.write_text(json.dumps({"candidate": name, "entry": entry}))
+        os.replace(tmp, file)
+    except OSError as exc:
+        log.info("backend auto: the choice of %s is not kept (%s)", name, exc)
+
+
+def remembered(spec: ModelSpec) -> str | None:
+    """The candidate a previous start chose for this model, machine and settings, if its cache entry is still there
+    (else loading it would export in the foreground: the start goes through torch and judges instead)."""
+    try:
+        kept = json.loads(_choice_file(spec).read_text())
+    except (OSError, ValueError):
+        return None
+    name, entry = kept.get("candidate"), kept.get("entry")
+    if name not in {c.name for c in ALL} or not entry or not (Path(entry) / "meta.json").is_file():
+        return None
+    return str(name)
+
+
 @dataclass
 class Verdict:
     candidate: str
@@ -157,6 +209,15 @@ class AutoUpgrade:
         thread = threading.Thread(target=self._run, args=(todo, switch, self._stop), name="inferd-auto", daemon=True)
         self._thread = thread
         thread.start()
+
+    def adopt(self, serving: str, why: str) -> None:
+        """The load started on ``serving`` at once (a previous start's choice, ``remembered``): nothing to judge."""
+        self.stop()
+        with self._lock:
+            self.serving, self.state = serving, "done"
+            self.started_at = self.finished_at = time.monotonic()
+            self.verdicts = [Verdict(serving, "serving", why)]
+        self._told()
 
     def stop(self) -> None:
         """End the judging (shutdown, or a new model): a candidate loading now is abandoned at its end."""
