@@ -150,20 +150,15 @@ async def run(args: argparse.Namespace, settings: Settings, memory_guard: Memory
     job = f"offline-{cp.input_sha256[:16]}"  # record ids are the job's and the line's: equal in a resumed run
     output = ParquetOutput(args.out, cp.parts) if parquet_output(args.out) else JsonlOutput(args.out, cp.out_bytes)
     lines = source.lines(cp.next_line, cp.in_offset)
-    bar = tqdm(total=total, initial=cp.lines_done, unit="line", file=sys.stderr, dynamic_ncols=True,
-               disable=args.no_progress, desc=args.out.name)
-    try:
-        if not cp.finished:
-            configure_logging(settings.server.log_level, settings.server.log_format)
-            app = create_app(settings, memory_guard=configure_process(settings))
-            async with app.router.lifespan_context(app):
+    if not cp.finished:
+        app = create_app(settings, memory_guard=memory_guard)
+        async with app.router.lifespan_context(app):  # the model loads here: the bar starts after it
+            with tqdm(total=total, initial=cp.lines_done, unit="line", file=sys.stderr, dynamic_ncols=True,
+                      disable=args.no_progress, desc=args.out.name) as bar:
                 cp = await _run_chunks(LineRunner(app), _chunks(lines, args.chunk_lines), endpoint, job,
-                                       duplicates,
-                                       cp, output, args.out, bar)
-        output.finish(cp.parts)
-        checkpoint.remove(args.out)
-    finally:
-        bar.close()
+                                       duplicates, cp, output, args.out, bar)
+    output.finish(cp.parts)
+    checkpoint.remove(args.out)
     print(f"inferd batch: {cp.lines_done} lines, {cp.lines_done - cp.failed} answered, {cp.failed} failed "
           f"-> {args.out}", file=sys.stderr)
     return 1 if cp.failed else 0
