@@ -20,7 +20,8 @@ from inferd.core.prompts import Prompt
 from inferd.core.tasks.kinds import EMBEDDING, SPARSE, TOKEN_STATES
 from inferd.core.tasks.task import Output
 from inferd.grpc.call import Call, streaming, unary
-from inferd.grpc.streams import Pin, ordered
+from inferd.grpc.status import Refused
+from inferd.grpc.streams import Answers, Pin, grouped, ordered
 from inferd.grpc.stubs import pb, rpc
 
 # One text per message: a refusal names the field itself.
@@ -37,11 +38,13 @@ def optional(message: Any, field: str) -> Any:
     return getattr(message, field) if message.HasField(field) else None
 
 
-def metadata(result: TaskResult, chars: int) -> Any:
-    """TEI's Metadata of one answer: its characters and tokens, and its stages' times (ns)."""
+def metadata(result: TaskResult, chars: int, tokens: int | None = None) -> Any:
+    """TEI's Metadata of one answer: its characters and tokens (``tokens``: of one text of the result), and its
+    stages' times (ns)."""
     t = result.timings
     ns = {k: int(t.get(k, 0.0) * 1e6) for k in ("preprocess_ms", "queue_ms", "inference_ms", "postprocess_ms")}
-    return pb.Metadata(compute_chars=chars, compute_tokens=result.prompt_tokens, total_time_ns=sum(ns.values()),
+    return pb.Metadata(compute_chars=chars, compute_tokens=result.prompt_tokens if tokens is None else tokens,
+                       total_time_ns=sum(ns.values()),
                        tokenization_time_ns=ns["preprocess_ms"], queue_time_ns=ns["queue_ms"],
                        inference_time_ns=ns["inference_ms"])
 
@@ -52,12 +55,24 @@ def window(s: Services) -> int:
     return 2 * s.settings.batching.max_batch_size
 
 
+def _alike(a: Any, b: Any) -> bool:
+    """Two EmbedRequests that ask the same of their texts (truncation, prompt, size, normalisation)."""
+    return (a.truncate == b.truncate and a.truncation_direction == b.truncation_direction
+            and optional(a, "prompt_name") == optional(b, "prompt_name")
+            and optional(a, "dimensions") == optional(b, "dimensions")
+            and optional(a, "normalize") == optional(b, "normalize"))
+
+
 class EmbedServicer(rpc.EmbedServicer):
     def __init__(self, app: Any) -> None:
         self.app, self.s = app, services_of(app)
 
-    async def _run(self, call: Call, message: Any, pin: Pin | None, output: Output | None = None) -> TaskResult:
-        texts = vectors.inputs_of([message.inputs], direction(message.truncation_direction), message.truncate)
+    async def _run(self, call: Call, message: Any, pin: Pin | None, output: Output | None = None,
+                   texts: list[str] | None = None) -> TaskResult:
+        """One engine request of ``message``'s text (or of ``texts``, sent with the options of ``message``)."""
+        names = NAMES if texts is None else Names("inputs", fields={"outputs": "model"})
+        texts = vectors.inputs_of(texts or [message.inputs], direction(message.truncation_direction),
+                                  message.truncate)
         options: dict[str, Any] = {"task": EMBEDDING.name, "prompt": Prompt(optional(message, "prompt_name"))}
         if output is not None:
             options["outputs"] = (output.name,)
@@ -66,7 +81,7 @@ class EmbedServicer(rpc.EmbedServicer):
         if pin is not None:
             options.update(pin.options())
         try:
-            result = await call.run(call.build(texts, NAMES, **options), NAMES)
+            result = await call.run(call.build(texts, names, **options), names)
         except APIError as exc:
             raise (pin.refusal(exc) if pin is not None else exc) from None
         if pin is not None:
@@ -103,9 +118,34 @@ class EmbedServicer(rpc.EmbedServicer):
     async def Embed(self, call: Call, message: Any) -> Any:  # noqa: N802 (the proto's names)
         return await self._dense(call, message)
 
+    async def _dense_group(self, call: Call, group: list[Any], pin: Pin) -> Answers[Any]:
+        """The messages' vectors from one engine request when they ask alike (everything but the text), else, or
+        when that request is refused, message by message: the refusal then ends the stream at its own message."""
+        first = group[0]
+        if len(group) > 1 and all(_alike(m, first) for m in group[1:]):
+            try:
+                result = await self._run(call, first, pin, texts=[m.inputs for m in group])
+                normalize = first.normalize if first.HasField("normalize") else True
+                rows = tei_vectors(result, optional(first, "dimensions"), normalize)
+                return [pb.EmbedResponse(embeddings=v.tolist(), metadata=metadata(result, len(m.inputs), n))
+                        for m, v, n in zip(group, rows, result.tokens, strict=True)], None
+            except (APIError, Refused):
+                pass  # found again below, at its own message
+        answers: list[Any] = []
+        for message in group:
+            try:
+                answers.append(await self._dense(call, message, pin))
+            except (APIError, Refused) as exc:
+                return answers, exc
+        return answers, None
+
     @streaming("/tei.v1.Embed/EmbedStream")
     async def EmbedStream(self, call: Call, messages: AsyncIterator[Any]) -> AsyncIterator[Any]:  # noqa: N802
-        async for answer in self._stream(call, messages, self._dense):
+        # Messages that arrive together run as one engine request (streams.grouped): TEI's one text per message
+        # costs a request per text otherwise.
+        pin = Pin(call)
+        async for answer in grouped(call, messages, lambda g: self._dense_group(call, g, pin), window(self.s),
+                                    self.s.settings.batching.max_batch_size):
             yield answer
 
     @unary("/tei.v1.Embed/EmbedSparse")

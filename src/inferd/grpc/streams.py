@@ -91,3 +91,75 @@ async def ordered(call: Call, messages: AsyncIterator[M], answer: Callable[[M], 
                 left.append(item)
         with contextlib.suppress(asyncio.CancelledError):
             await asyncio.gather(*left, return_exceptions=True)
+
+
+Answers = tuple[list[R], Exception | None]  # a group's answers in order, then the refusal that ends the stream
+
+
+async def grouped(call: Call, messages: AsyncIterator[M], answer: Callable[[list[M]], Awaitable[Answers[R]]],
+                  window: int, most: int) -> AsyncIterator[R]:
+    """The answers of the messages, in order, from ``answer`` run on groups of them: the messages that arrived
+    while the stream's previous groups were in the engine, at most ``most`` (one engine request: one tokenising
+    pass, one ticket, instead of one per text). At most two groups run at once and ``window`` messages are held;
+    at a low rate a group is one message, as ``ordered`` would run it. The first group runs alone (the pin)."""
+    room = asyncio.Semaphore(max(1, window))
+    running = asyncio.Semaphore(2)
+    held: list[M] = []
+    arrived = asyncio.Event()
+    done: list[BaseException | None] = []  # set once the client's side ends (None) or breaks (the error)
+    answers: asyncio.Queue[Any] = asyncio.Queue()
+
+    async def read() -> None:
+        try:
+            async for message in messages:
+                await room.acquire()
+                call.messages += 1
+                held.append(message)
+                arrived.set()
+        except Exception as exc:  # the client's stream broke: answered after what came before
+            done.append(exc)
+        else:
+            done.append(None)
+        arrived.set()
+
+    async def send() -> None:
+        first = True
+        while True:
+            await arrived.wait()
+            if not held:
+                failed: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+                failed.set_result(([], done[0]))
+                await answers.put(failed)
+                await answers.put(_END)
+                return
+            await running.acquire()
+            group, held[:] = held[:most], held[most:]
+            if not held and not done:
+                arrived.clear()
+            task = asyncio.ensure_future(answer(group))
+            task.add_done_callback(lambda _: running.release())
+            await answers.put(task)
+            if first:
+                first = False
+                await asyncio.wait([task])
+
+    workers = [asyncio.ensure_future(read()), asyncio.ensure_future(send())]
+    try:
+        while (item := await answers.get()) is not _END:
+            results, refusal = await item
+            for result in results:
+                room.release()
+                yield result
+            if refusal is not None:
+                raise refusal
+    finally:
+        for worker in workers:
+            worker.cancel()
+        left: list[Any] = list(workers)
+        while not answers.empty():
+            item = answers.get_nowait()
+            if isinstance(item, asyncio.Future):
+                item.cancel()
+                left.append(item)
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.gather(*left, return_exceptions=True)
