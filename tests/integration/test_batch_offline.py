@@ -228,8 +228,8 @@ def test_a_file_or_endpoint_it_cannot_run_is_refused_before_the_model_loads(
     assert not (tmp_path / "out.jsonl").exists()
 
 
-def test_a_finished_run_another_input_s_checkpoint_or_a_missing_input_is_refused(tmp_path: Path,
-                                                                                  input_file: Path) -> None:
+def test_a_finished_run_another_input_s_checkpoint_or_an_input_or_output_it_cannot_use_is_refused(
+        tmp_path: Path, input_file: Path) -> None:
     settings = make_settings("/nowhere", jobs={"enabled": False})
     out = tmp_path / "out.jsonl"
     out.write_bytes(b"{}\n")  # a finished run's output: no checkpoint beside it
@@ -240,3 +240,7 @@ def test_a_finished_run_another_input_s_checkpoint_or_a_missing_input_is_refused
         asyncio.run(offline.run(run_args(input_file, out), settings))
     with pytest.raises(BadFile, match="no such file"):
         asyncio.run(offline.run(run_args(tmp_path / "absent.jsonl", out), settings))
+    with pytest.raises(BadFile, match="is the input file"):
+        asyncio.run(offline.run(run_args(input_file, input_file), settings))
+    with pytest.raises(BadFile, match="no folder"):
+        asyncio.run(offline.run(run_args(input_file, tmp_path / "absent" / "out.jsonl"), settings))

@@ -82,8 +82,8 @@ def main(args: argparse.Namespace) -> int:
         settings = offline_settings(args)
         configure_logging(settings.server.log_level, settings.server.log_format)
         return asyncio.run(run(args, settings, configure_process(settings)))
-    except (ConfigError, ValueError, BadFile, CheckpointError, LoadFailed) as exc:
-        print(f"inferd batch: {exc}", file=sys.stderr)
+    except (ConfigError, ValueError, BadFile, CheckpointError, LoadFailed, OSError) as exc:
+        print(f"inferd batch: {exc}", file=sys.stderr)  # OSError: a file it could not read or write
         return 2
     except FileRefused as exc:
         print(f"inferd batch: {args.input}: {exc.message} ({exc.code})", file=sys.stderr)
@@ -144,6 +144,10 @@ async def run(args: argparse.Namespace, settings: Settings, memory_guard: Memory
         raise BadFile(f"{args.input}: no such file")
     if args.chunk_lines < 1:
         raise BadFile("--chunk-lines must be at least 1")
+    if args.out.resolve() == args.input.resolve():
+        raise BadFile(f"--out {args.out} is the input file; the output goes to a file of its own")
+    if not args.out.parent.is_dir():
+        raise BadFile(f"--out {args.out}: no folder {args.out.parent}")
     source = _Source(args.input, is_parquet(args.input), endpoint)
     total, duplicates = source.check(settings.jobs.max_line_bytes)
     cp = _start(args, source, total)
