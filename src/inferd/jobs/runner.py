@@ -72,7 +72,10 @@ class JobRunner:
 
     async def start(self) -> None:
         if self._exists():
-            await asyncio.to_thread(self.store)  # migrations at start-up
+            try:
+                await asyncio.to_thread(self.store)  # migrations at start-up
+            except Exception:  # a database down must not keep online traffic from being served: the loops retry
+                log.exception("batch jobs: the job store could not be opened; retrying in the background")
         self._tasks = [asyncio.create_task(self._loop(), name=f"jobs-{i}") for i in range(self.settings.concurrency)]
 
     async def stop(self) -> None:
