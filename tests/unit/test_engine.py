@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from enginekit import EngineKit, hold, until
+from enginekit import EngineKit, by_folder, hold, until
 from fakes import HashHandler, ShortHandler, loader_for, vector_for
 from settingskit import make_settings
 from starlette.testclient import TestClient
@@ -20,6 +20,8 @@ from inferd.api.app import create_app
 from inferd.api.services import services_of
 from inferd.core.engine import InferenceEngine
 from inferd.core.errors import ClientGone, EngineError, Kind
+from inferd.core.scheduler import Policy
+from inferd.settings import BatchingSettings, ModelEntry, ModelSettings
 
 
 def make_engine(tmp_path: Path, handler: HashHandler, **batching: Any) -> EngineKit:
@@ -288,3 +290,34 @@ def test_the_engine_builds_its_manager_with_the_callbacks_it_is_given(tmp_path: 
     EngineKit(make_settings(tmp_path), HashHandler(),
               on_change=lambda slots: changes.append([s.version for _, _, s in slots]))
     assert changes == [["1"]]
+
+
+def _served(tmp_path: Path, name: str, max_queue: int) -> ModelEntry:
+    (tmp_path / name).mkdir(exist_ok=True)
+    return ModelEntry(name=name, model=ModelSettings(name=name, path=str(tmp_path / name), warmup=False),
+                      batching=BatchingSettings(max_wait_ms=0.0, max_batch_size=8, max_queue=max_queue))
+
+
+def test_a_request_s_bound_is_the_largest_served_model_s_queue_as_the_models_change(tmp_path: Path):
+    """``limits.max_queue`` is the queue's kept figure, not a scan: it must follow a model added, re-bounded and
+    removed (SIGHUP), and a shadow lane's bound never counts."""
+    handlers = {"a": HashHandler(), "b": HashHandler()}
+    small, large = _served(tmp_path, "a", 8), _served(tmp_path, "b", 32)
+    kit = EngineKit(make_settings(models=(small, large)), by_folder(handlers))
+    engine = kit.engine
+    engine.queue.add_lane("b#shadow", Policy(), 500, shadow=True)
+
+    async def scenario() -> None:
+        assert engine.limits.max_queue == 32
+        with pytest.raises(EngineError) as refused:
+            engine.request(["x"] * 33)
+        assert refused.value.kind == Kind.INVALID_INPUT and "at most 32" in str(refused.value)
+        assert len((await engine.run(engine.request(["x"] * 32, model="b"))).outputs) == 32
+        await engine.reconfigure(make_settings(models=(small,)))
+        assert engine.limits.max_queue == 8
+        await engine.reconfigure(make_settings(models=(small, _served(tmp_path, "b", 16))))
+        assert engine.limits.max_queue == 16
+        await engine.reconfigure(make_settings(models=(_served(tmp_path, "a", 64), _served(tmp_path, "b", 16))))
+        assert engine.limits.max_queue == 64
+
+    kit.run(scenario)

@@ -28,12 +28,13 @@ from starlette.testclient import TestClient
 from inferd.api.app import create_app
 from inferd.core.backends.base import GraphRunner, all_threads, options_for, running_alone
 from inferd.core.backends.torch import TorchRunner
-from inferd.core.batcher import BatchQueue, Policy
+from inferd.core.batcher import BatchQueue
 from inferd.core.budgets import instance_counts, thread_budgets, with_budgets
 from inferd.core.capabilities import Capabilities
 from inferd.core.errors import EngineError, Kind
 from inferd.core.instances import Instance, Sharing, live_lane
 from inferd.core.outcomes import Outcome, Ticket, WorkItem
+from inferd.core.scheduler import Policy
 from inferd.core.slots import ModelSlot
 from inferd.core.spec import ModelSpec, spec_from_settings
 from inferd.core.worker import BatchWorker
@@ -225,7 +226,7 @@ def test_on_a_gpu_each_instance_runs_its_batch_and_the_copy_out_on_its_own_strea
     streams = [FakeStream(), FakeStream()]
     handler = StreamHandler(streams)
     slot = ModelSlot(handler, ModelSpec(tmp_path, "1"), 0.0)
-    queue = BatchQueue(claim=lambda b: b[0].group.acquire())
+    queue = BatchQueue(claim=lambda b: b[0].slot.acquire())
     queue.add_lane("m", Policy(max_batch_size=1, max_wait_ms=0.0), 64)
     handler.gates["g"] = threading.Event()
     instances = [Instance("m", i, 1, live_lane("m"), stream) for i, stream in enumerate(streams)]
@@ -451,7 +452,7 @@ def test_on_a_gpu_the_next_batch_is_taken_and_copied_while_the_current_one_runs(
     handler = StagingHandler()
     handler.gates["g"] = threading.Event()
     slot = ModelSlot(handler, ModelSpec(tmp_path, "1"), 0.0)
-    queue = BatchQueue(claim=lambda b: b[0].group.acquire())
+    queue = BatchQueue(claim=lambda b: b[0].slot.acquire())
     queue.add_lane("m", Policy(max_batch_size=1, max_wait_ms=0.0), 64)
     instance = Instance("m", 0, 1, live_lane("m"), compute, copy_stream=copy)
     loop = asyncio.new_event_loop()
@@ -482,7 +483,7 @@ def test_on_a_gpu_the_next_batch_is_taken_and_copied_while_the_current_one_runs(
 def test_without_a_copy_stream_nothing_is_staged(tmp_path: Path) -> None:
     handler = StagingHandler()
     slot = ModelSlot(handler, ModelSpec(tmp_path, "1"), 0.0)
-    queue = BatchQueue(claim=lambda b: b[0].group.acquire())
+    queue = BatchQueue(claim=lambda b: b[0].slot.acquire())
     queue.add_lane("m", Policy(max_batch_size=1, max_wait_ms=0.0), 64)
     loop = asyncio.new_event_loop()
     try:
@@ -530,7 +531,7 @@ def test_when_a_staging_worker_dies_the_batch_it_had_staged_is_failed_not_lost(t
     handler = Dying()
     handler.gates["g"] = threading.Event()
     slot = ModelSlot(handler, ModelSpec(tmp_path, "1"), 0.0)
-    queue = BatchQueue(claim=lambda b: b[0].group.acquire())
+    queue = BatchQueue(claim=lambda b: b[0].slot.acquire())
     queue.add_lane("m", Policy(max_batch_size=1, max_wait_ms=0.0), 64)
     loop = asyncio.new_event_loop()
     try:
@@ -592,7 +593,7 @@ def held_model(tmp_path: Path) -> Iterator[tuple[AloneHandler, ModelSlot, BatchQ
     """An AloneHandler whose ``hold:g`` texts wait for the test, its slot, a queue of batches of one, a loop."""
     handler = AloneHandler()
     handler.gates["g"] = threading.Event()
-    queue = BatchQueue(claim=lambda b: b[0].group.acquire())
+    queue = BatchQueue(claim=lambda b: b[0].slot.acquire())
     queue.add_lane("m", Policy(max_batch_size=1, max_wait_ms=0.0), 64)
     loop = asyncio.new_event_loop()
     try:

@@ -12,25 +12,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from inferd.core.batcher import (
-    BatchQueue,
-    Candidate,
-    Decision,
-    Lane,
-    Policy,
-    QueueClosed,
-    QueueFull,
-    choose_lane,
-    next_batch,
-)
+from inferd.core.batcher import BatchQueue, QueueClosed, QueueFull
 from inferd.core.capabilities import Capabilities
+from inferd.core.lanes import Lane, ReadyBatch, choose_lane
+from inferd.core.scheduler import Decision, Policy, next_batch
 
 _seq = itertools.count()
 
 
 @dataclass(eq=False)
 class Slot:
-    """A group as the scheduler sees a model slot (core/batcher.py Group): its identity and its capabilities."""
+    """A model slot as the scheduler sees it (core/scheduler.py Slot): its identity and its capabilities."""
 
     capabilities: Capabilities = field(default_factory=Capabilities)
 
@@ -40,7 +32,7 @@ _named: dict[str, Slot] = {}
 
 
 def slot(name: str) -> Slot:
-    """One group per name, as each lane's model has one slot."""
+    """One slot per name, as each lane's model has one."""
     return _named.setdefault(name, Slot())
 
 
@@ -50,7 +42,7 @@ class Item:
     priority: int = 0
     enqueued: float = 0.0
     deadline: float = math.inf
-    group: Slot = MAIN
+    slot: Slot = MAIN
     gone: bool = False
     seq: int = field(default_factory=lambda: next(_seq))
 
@@ -257,8 +249,8 @@ def test_waiting_never_outlasts_a_deadline():
     assert next_batch([item], 1.001, policy(max_wait_ms=50)).expired == [item]
 
 
-def test_a_batch_holds_one_group_only():
-    a1, b1, a2, b2 = Item(10, group=MAIN), Item(10, group=OTHER), Item(10, group=MAIN), Item(10, group=OTHER)
+def test_a_batch_holds_one_slot_only():
+    a1, b1, a2, b2 = Item(10, slot=MAIN), Item(10, slot=OTHER), Item(10, slot=MAIN), Item(10, slot=OTHER)
     d = next_batch([a1, b1, a2, b2], 1.0, policy())
     assert d.batch == [a1, a2]
     assert next_batch([b1, b2], 1.0, policy()).batch == [b1, b2]
@@ -286,7 +278,7 @@ def workloads(draw: st.DrawFn) -> list[Item]:
         timeout = draw(st.one_of(st.just(math.inf), st.floats(0.0001, 0.05)))
         out.append(Item(
             tokens=draw(st.integers(1, 3000)), priority=draw(st.integers(-3, 3)), enqueued=enqueued,
-            deadline=enqueued + timeout, group=draw(st.sampled_from([MAIN, OTHER])),
+            deadline=enqueued + timeout, slot=draw(st.sampled_from([MAIN, OTHER])),
             gone=draw(st.integers(0, 9)) == 0))
     return out
 
@@ -297,7 +289,7 @@ def check_decision(d: Decision, p: Policy, now: float) -> None:
         if len(d.batch) > 1:  # only a lone item may exceed the budget (the over-long one)
             assert cost(d.batch) <= p.max_batch_tokens
             assert sum(it.tokens for it in d.batch) >= p.min_padding_efficiency * cost(d.batch)
-        assert len({id(it.group) for it in d.batch}) == 1
+        assert len({id(it.slot) for it in d.batch}) == 1
         assert all(not it.gone and it.deadline > now for it in d.batch)
     assert all(it.deadline <= now for it in d.expired)
     assert all(it.gone for it in d.dropped)
@@ -386,30 +378,30 @@ def test_a_posted_chore_reaches_the_taker_even_with_nothing_queued():
     ran: list[str] = []
     queue.post(lambda: ran.append("freed"))
     decision = queue.take(timeout=1.0)
-    assert decision is not None and decision.empty and len(decision.chores) == 1
-    decision.chores[0]()
-    assert ran == ["freed"] and queue.take_chores() == []
+    assert decision is not None and decision.empty and len(decision.posted) == 1
+    decision.posted[0]()
+    assert ran == ["freed"] and queue.take_posted() == []
 
 
-def test_the_padding_floor_follows_the_group_a_backend_without_padding_cost_has_none():
-    # The same 0.46 mix: a group that says padding costs it nothing (varlen) batches it; one that pads does not.
+def test_the_padding_floor_follows_the_slot_a_backend_without_padding_cost_has_none():
+    # The same 0.46 mix: a slot that says padding costs it nothing (varlen) batches it; one that pads does not.
     free, paying = Slot(Capabilities(pads=False)), Slot(Capabilities(pads=True))
-    items = [Item(40, group=free), Item(36, group=free), Item(200, group=free)]
+    items = [Item(40, slot=free), Item(36, slot=free), Item(200, slot=free)]
     assert len(next_batch(items, 1.0, policy(min_padding_efficiency=0.8)).batch) == 3
-    items = [Item(40, group=paying), Item(36, group=paying), Item(200, group=paying)]
+    items = [Item(40, slot=paying), Item(36, slot=paying), Item(200, slot=paying)]
     assert len(next_batch(items, 1.0, policy(min_padding_efficiency=0.8)).batch) == 2
     # The token budget still holds without a floor.
-    items = [Item(40, group=free), Item(36, group=free), Item(200, group=free)]
+    items = [Item(40, slot=free), Item(36, slot=free), Item(200, slot=free)]
     assert len(next_batch(items, 1.0, policy(min_padding_efficiency=0.8, max_batch_tokens=450)).batch) == 2
 
 
 # -- lanes: one queue per model, chosen between by priority, then fair share -------------------------------
 
 def test_choose_lane_ranks_priority_then_least_served_then_deadline_then_order():
-    assert choose_lane([Candidate(0, 5.0, 1.0), Candidate(1, 9.0, 9.0)]) == 1  # priority first
-    assert choose_lane([Candidate(0, 5.0, 1.0), Candidate(0, 2.0, 9.0)]) == 1  # then the least served
-    assert choose_lane([Candidate(0, 2.0, 9.0), Candidate(0, 2.0, 1.0)]) == 1  # then the nearest deadline
-    assert choose_lane([Candidate(0, 2.0, 1.0), Candidate(0, 2.0, 1.0)]) == 0  # then configuration order
+    assert choose_lane([ReadyBatch(0, 5.0, 1.0), ReadyBatch(1, 9.0, 9.0)]) == 1  # priority first
+    assert choose_lane([ReadyBatch(0, 5.0, 1.0), ReadyBatch(0, 2.0, 9.0)]) == 1  # then the least served
+    assert choose_lane([ReadyBatch(0, 2.0, 9.0), ReadyBatch(0, 2.0, 1.0)]) == 1  # then the nearest deadline
+    assert choose_lane([ReadyBatch(0, 2.0, 1.0), ReadyBatch(0, 2.0, 1.0)]) == 0  # then configuration order
 
 
 def lanes_queue(**lanes: tuple[Policy, int, float]) -> BatchQueue:
@@ -424,11 +416,11 @@ def test_a_flooded_lane_cannot_starve_another_and_shares_follow_device_time():
     credit for its idle time), then, charged equal device time per batch, a and b alternate while both have
     work; a lane of share 2 gets two batches for each of the other's."""
     queue = lanes_queue(a=(policy(max_batch_size=4), 512, 1.0), b=(policy(max_batch_size=4), 512, 1.0))
-    queue.put([Item(5, group=slot("a"), seq=queue.next_seq()) for _ in range(200)], "a")
+    queue.put([Item(5, slot=slot("a"), seq=queue.next_seq()) for _ in range(200)], "a")
     first = queue.take(timeout=0)
     assert first is not None and first.lane == "a"
     queue.charge("a", 0.010)
-    queue.put([Item(5, group=slot("b"), seq=queue.next_seq()) for _ in range(8)], "b")  # levelled: no idle credit
+    queue.put([Item(5, slot=slot("b"), seq=queue.next_seq()) for _ in range(8)], "b")  # levelled: no idle credit
     order = []
     for _ in range(6):
         d = queue.take(timeout=0)
@@ -439,8 +431,8 @@ def test_a_flooded_lane_cannot_starve_another_and_shares_follow_device_time():
     assert queue.depth("a") == 200 - 4 * 5 and queue.depth("b") == 0
 
     weighted = lanes_queue(big=(policy(max_batch_size=1), 64, 2.0), small=(policy(max_batch_size=1), 64, 1.0))
-    weighted.put([Item(5, group=slot("big"), seq=weighted.next_seq()) for _ in range(30)], "big")
-    weighted.put([Item(5, group=slot("small"), seq=weighted.next_seq()) for _ in range(30)], "small")
+    weighted.put([Item(5, slot=slot("big"), seq=weighted.next_seq()) for _ in range(30)], "big")
+    weighted.put([Item(5, slot=slot("small"), seq=weighted.next_seq()) for _ in range(30)], "small")
     runs = []
     for _ in range(30):
         d = weighted.take(timeout=0)
@@ -453,8 +445,8 @@ def test_a_flooded_lane_cannot_starve_another_and_shares_follow_device_time():
 def test_priority_between_lanes_comes_before_fairness():
     queue = lanes_queue(a=(policy(max_batch_size=2), 64, 1.0), b=(policy(max_batch_size=2), 64, 1.0))
     queue.charge("b", 100.0)  # b has had far more of the device ...
-    queue.put([Item(5, group=slot("a"), seq=queue.next_seq()) for _ in range(2)], "a")
-    queue.put([Item(5, priority=5, group=slot("b"), seq=queue.next_seq())], "b")
+    queue.put([Item(5, slot=slot("a"), seq=queue.next_seq()) for _ in range(2)], "a")
+    queue.put([Item(5, priority=5, slot=slot("b"), seq=queue.next_seq())], "b")
     d = queue.take(timeout=0)
     assert d is not None and d.lane == "b"  # ... but its request asked for a higher priority
 
@@ -462,11 +454,11 @@ def test_priority_between_lanes_comes_before_fairness():
 def test_each_lane_keeps_its_own_rules_and_bound():
     queue = lanes_queue(small=(policy(max_batch_size=2), 4, 1.0), big=(policy(max_batch_size=8), 64, 1.0))
     with pytest.raises(QueueFull):
-        queue.put([Item(5, group=slot("small")) for _ in range(5)], "small")
-    queue.put([Item(5, group=slot("big"), seq=queue.next_seq()) for _ in range(8)], "big")  # the other's bound holds
+        queue.put([Item(5, slot=slot("small")) for _ in range(5)], "small")
+    queue.put([Item(5, slot=slot("big"), seq=queue.next_seq()) for _ in range(8)], "big")  # the other's bound holds
     d = queue.take(timeout=0)
     assert d is not None and (d.lane, len(d.batch)) == ("big", 8)
-    queue.put([Item(5, group=slot("small"), seq=queue.next_seq()) for _ in range(4)], "small")
+    queue.put([Item(5, slot=slot("small"), seq=queue.next_seq()) for _ in range(4)], "small")
     d = queue.take(timeout=0)
     assert d is not None and (d.lane, len(d.batch)) == ("small", 2)
     assert queue.max_queue("small") == 4 and queue.max_queue("big") == 64 and len(queue) == 2
@@ -474,15 +466,15 @@ def test_each_lane_keeps_its_own_rules_and_bound():
 
 def test_a_retired_lane_takes_nothing_new_runs_what_it_holds_then_goes():
     queue = lanes_queue(a=(policy(max_batch_size=2), 64, 1.0), b=(policy(), 64, 1.0))
-    queue.put([Item(5, group=slot("a"), seq=queue.next_seq()) for _ in range(3)], "a")
+    queue.put([Item(5, slot=slot("a"), seq=queue.next_seq()) for _ in range(3)], "a")
     queue.retire_lane("a")
     with pytest.raises(QueueClosed):
-        queue.put([Item(5, group=slot("a"))], "a")
+        queue.put([Item(5, slot=slot("a"))], "a")
     taken = [queue.take(timeout=0), queue.take(timeout=0)]
     assert [len(d.batch) for d in taken if d is not None] == [2, 1]  # nothing accepted is dropped
     assert queue.lane_names() == ["b"]
     queue.add_lane("a", policy(), 8)  # the model is back (SIGHUP): its lane serves again
-    queue.put([Item(5, group=slot("a"), seq=queue.next_seq())], "a")
+    queue.put([Item(5, slot=slot("a"), seq=queue.next_seq())], "a")
     assert queue.depth("a") == 1
 
 
@@ -538,3 +530,24 @@ def test_a_put_wakes_one_taker_of_its_lane_and_what_it_leaves_wakes_the_next():
     queue.close()
     takers[2].join(5.0)
     assert got[-1] is None
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["add", "shadow", "retire", "put", "drain"]),
+                          st.sampled_from(["a", "b", "c"]), st.integers(1, 100)), max_size=25))
+def test_the_largest_bound_is_the_largest_model_lane_s_as_lanes_change(steps: list[tuple[str, str, int]]):
+    # What InferenceEngine.limits reads per request without the lock: it must match a scan after every change.
+    queue = BatchQueue()
+    for op, name, bound in steps:
+        if op == "add":
+            queue.add_lane(name, policy(), bound)
+        elif op == "shadow":
+            queue.add_lane(f"{name}#shadow", policy(), bound, shadow=True)
+        elif op == "retire":
+            queue.retire_lane(name)
+        elif op == "put" and queue.lane_rules(name) is not None:
+            queue.put([Item(1, slot=slot(name), seq=queue.next_seq())], name)  # a retired lane with work stays
+        elif op == "drain":
+            queue.drain_all()
+        rules = [queue.lane_rules(n) for n in queue.lane_names() if not n.endswith("#shadow")]
+        assert queue.largest_bound == max((r[1] for r in rules if r is not None), default=0)

@@ -16,9 +16,10 @@ from fakes import HashHandler, vector_for
 from settingskit import make_settings
 
 from inferd.core.agreement import overlap_at_k
-from inferd.core.batcher import BatchQueue, Policy, QueueFull
+from inferd.core.batcher import BatchQueue, QueueFull
 from inferd.core.capabilities import Capabilities
 from inferd.core.errors import ModelLoadError, NoShadow, ShadowRefused, SpaceChanged
+from inferd.core.scheduler import Policy
 from inferd.core.shadow import (
     DriftReport,
     aggregate,
@@ -213,7 +214,7 @@ def test_sampling_by_routing_key_is_stable_and_near_the_weight() -> None:
 
 
 class Slot:
-    """The one model slot these items share, as the scheduler sees it (core/batcher.py Group)."""
+    """The one model slot these items share, as the scheduler sees it (core/scheduler.py Slot)."""
 
     capabilities = Capabilities()
 
@@ -222,9 +223,9 @@ SLOT = Slot()
 
 
 class Item:
-    def __init__(self, tokens: int, priority: int = 0, group: object = SLOT) -> None:
+    def __init__(self, tokens: int, priority: int = 0, slot: object = SLOT) -> None:
         self.tokens, self.priority, self.enqueued, self.deadline = tokens, priority, 0.0, math.inf
-        self.seq, self.group, self.gone = 0, group, False
+        self.seq, self.slot, self.gone = 0, slot, False
 
 
 def test_a_shadow_lane_runs_only_while_no_live_lane_holds_work() -> None:

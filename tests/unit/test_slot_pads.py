@@ -1,5 +1,5 @@
 """A slot says whether padding costs its model compute with its runner's one capabilities value (held, not copied
-apart): the scheduler's padding floor (core/batcher.py) follows it."""
+apart): the scheduler's padding floor (core/scheduler.py) follows it."""
 
 from __future__ import annotations
 

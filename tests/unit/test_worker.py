@@ -13,9 +13,10 @@ import pytest
 import torch
 from fakes import HashHandler, encode, vector_for
 
-from inferd.core.batcher import BatchQueue, Policy
+from inferd.core.batcher import BatchQueue
 from inferd.core.errors import Kind
 from inferd.core.outcomes import BatchReport, Failure, Outcome, Ticket, WorkItem
+from inferd.core.scheduler import Policy
 from inferd.core.slots import ModelSlot
 from inferd.core.spec import ModelSpec
 from inferd.core.worker import BatchWorker
@@ -43,7 +44,7 @@ def run_worker(handler: HashHandler, tmp_path: Path, loop: asyncio.AbstractEvent
                requests: list[list[str]], deadline_s: float = 60.0) -> tuple[list[Ticket], list[Outcome]]:
     """Queue the requests (paused, so they form one batch), let the worker run them, stop it."""
     slot = ModelSlot(handler, ModelSpec(tmp_path, "1"), 0.0)
-    queue = BatchQueue(claim=lambda b: b[0].group.acquire())
+    queue = BatchQueue(claim=lambda b: b[0].slot.acquire())
     queue.add_lane("m", Policy(max_batch_size=16, max_wait_ms=0.0), 64)
     outcomes: list[Outcome] = []
     delivered = threading.Event()

@@ -1,11 +1,8 @@
-"""The batch queue and its scheduling policy.
+"""The batch queue: bounded, thread-safe lanes (one per model) and the hand-out of their batches to the workers.
 
-``next_batch`` is a pure function of the pending items, the time and the policy: it decides which items
-run together, which have passed their deadline and which belong to requests that are gone. The queue
-only holds items and wakes the worker. Neither knows about HTTP or torch: an item is opaque work with a
-token cost, a priority, a deadline and a group (the model slot it must run on: ``Group``, what the scheduler needs
-of it). A group whose capabilities say it does not pad (a backend that computes real tokens only) gets no padding
-floor: padding costs it nothing.
+Each lane is scheduled by the pure ``next_batch`` (core/scheduler.py) under its own policy; when several have a batch
+ready, ``choose_lane`` (core/lanes.py) picks one. This module holds the lock, wakes the takers that can use new work,
+and takes what it hands out off the lanes. It knows nothing of HTTP or torch: an item is opaque work.
 """
 
 from __future__ import annotations
@@ -14,155 +11,11 @@ import itertools
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Generic, Protocol, TypeVar
+from dataclasses import dataclass
+from typing import Any
 
-from inferd.core.capabilities import Capabilities
-
-
-@dataclass(frozen=True)
-class Policy:
-    max_batch_size: int = 32
-    max_batch_tokens: int = 8192
-    max_wait_ms: float = 2.0
-    sort_window: int = 128
-    ageing_ms: float = 1000.0
-    # Real tokens / padded tokens a batch must keep: an item that would pad the batch below this waits for
-    # a batch of its own length. 0 = fill by count and token budget alone.
-    min_padding_efficiency: float = 0.0
-    # Wait (max_wait_ms) only for a companion the recent arrivals say is due within the wait: a lone request
-    # at low load runs at once instead of paying the whole wait for company that is not coming.
-    adaptive_wait: bool = True
-
-    @classmethod
-    def from_settings(cls, s: Any) -> Policy:
-        return cls(s.max_batch_size, s.max_batch_tokens, s.max_wait_ms, s.sort_window, s.ageing_ms,
-                   s.min_padding_efficiency, s.adaptive_wait)
-
-
-class Group(Protocol):
-    """What the scheduler needs of the model slot an item must run on (core/slots.py ModelSlot): items batch only
-    with their own group's (by identity), and its forward pass's capabilities decide the padding floor."""
-
-    @property
-    def capabilities(self) -> Capabilities: ...
-
-
-class Schedulable(Protocol):
-    tokens: int
-    priority: int
-    enqueued: float
-    deadline: float
-    seq: int
-
-    @property
-    def group(self) -> Group: ...
-
-    @property
-    def gone(self) -> bool: ...
-
-
-# The items a decision is of (the engine's WorkItem): the scheduler reads only what Schedulable says; the worker gets
-# its own items back, typed, their group the slot it must run on.
-Item = TypeVar("Item", bound=Schedulable)
-
-
-@dataclass
-class Decision(Generic[Item]):
-    batch: list[Item] = field(default_factory=list)
-    expired: list[Item] = field(default_factory=list)
-    dropped: list[Item] = field(default_factory=list)
-    # Seconds until the decision could change without new input; None = only new input changes it.
-    wait: float | None = None
-    # Not the scheduler's: callables the queue hands to the worker with the decision (BatchQueue.post).
-    chores: list[Any] = field(default_factory=list)
-    # The queue's: the lane (model) the batch is of.
-    lane: str = ""
-
-    @property
-    def empty(self) -> bool:
-        return not (self.batch or self.expired or self.dropped)
-
-
-def _rank(item: Schedulable, now: float, policy: Policy) -> tuple[float, int]:
-    # Higher priority first; waiting raises priority (ageing) so low priority still completes; FIFO within.
-    aged = item.priority + (now - item.enqueued) * 1000.0 / policy.ageing_ms
-    return (-aged, item.seq)
-
-
-def next_batch(pending: Sequence[Item], now: float, policy: Policy,
-               arrival_gap: float | None = None) -> Decision[Item]:
-    """``arrival_gap``: the recent mean seconds between requests (None: not known), for the adaptive wait."""
-    decision: Decision[Item] = Decision()
-    live: list[Item] = []
-    for item in pending:
-        if item.gone:
-            decision.dropped.append(item)
-        elif item.deadline <= now:
-            decision.expired.append(item)
-        else:
-            live.append(item)
-    if not live:
-        return decision
-    live.sort(key=lambda it: _rank(it, now, policy))
-    head = live[0]
-    if head.tokens >= policy.max_batch_tokens:
-        # Over budget on its own: it runs alone rather than hold back (or be held back by) others.
-        decision.batch = [head]
-        return decision
-    same_group = [it for it in live[1:] if it.group is head.group and it.tokens < policy.max_batch_tokens]
-    window = same_group[: policy.sort_window - 1]
-    # Length-aware grouping: nearest lengths to the head first; the head itself is the oldest/highest
-    # priority item, so long texts cannot starve.
-    window.sort(key=lambda it: abs(it.tokens - head.tokens))
-    batch = [head]
-    longest = real = head.tokens
-    floor = policy.min_padding_efficiency if head.group.capabilities.pads else 0.0
-    for item in window:
-        if len(batch) >= policy.max_batch_size:
-            break
-        widest = max(longest, item.tokens)
-        padded = widest * (len(batch) + 1)
-        if padded > policy.max_batch_tokens or real + item.tokens < floor * padded:
-            continue
-        batch.append(item)
-        longest = widest
-        real += item.tokens
-    could_grow = len(batch) < policy.max_batch_size and len(batch) == len(same_group) + 1
-    if could_grow and policy.max_wait_ms > 0:
-        # Everything compatible fits: wait for companions, but never past the oldest item's max wait, and
-        # (adaptive) not at all when the next request is not due before that: at one request per 20 ms the
-        # 2 ms wait was 2 ms added to every request, with nothing to batch it with.
-        ready_at = min(it.enqueued for it in batch) + policy.max_wait_ms / 1000.0
-        expected = (max(it.enqueued for it in live) + arrival_gap
-                    if policy.adaptive_wait and arrival_gap is not None else now)
-        if ready_at > now and expected < ready_at:
-            decision.wait = min(ready_at, min(it.deadline for it in live)) - now
-            return decision
-    decision.batch = batch
-    return decision
-
-
-# The adaptive wait's estimate of the gap between requests: the weight of the newest gap, and its cap.
-ARRIVAL_EWMA = 0.2
-ARRIVAL_GAP_CAP_S = 1.0
-
-
-@dataclass(frozen=True, slots=True)
-class Candidate:
-    """A lane's ready batch, as the choice between lanes sees it."""
-
-    priority: int  # the batch head's own priority (ageing ranks items within a lane, not lanes)
-    served: float  # the lane's device time so far, divided by its share (start-time fair queueing)
-    deadline: float  # the earliest deadline in the batch
-
-
-def choose_lane(candidates: Sequence[Candidate]) -> int:
-    """Which lane's batch runs next: the highest priority first, then the lane that has had the least device
-    time for its share (so a flooded model cannot starve another), then the nearest deadline, then the order
-    the lanes were configured in."""
-    return min(range(len(candidates)),
-               key=lambda i: (-candidates[i].priority, candidates[i].served, candidates[i].deadline, i))
+from inferd.core.lanes import Lane, ReadyBatch, choose_lane
+from inferd.core.scheduler import Decision, Policy, next_batch
 
 
 class QueueFull(Exception):
@@ -171,33 +24,6 @@ class QueueFull(Exception):
 
 class QueueClosed(Exception):
     pass
-
-
-@dataclass(eq=False)
-class Lane:
-    """One model's queue: its pending items, its batching policy and bound, and its share of the device."""
-
-    name: str
-    policy: Policy
-    max_queue: int
-    share: float = 1.0
-    pending: list[Any] = field(default_factory=list)
-    # Mean seconds between put() calls (one per request), exponentially weighted; None before two.
-    arrival_gap: float | None = None
-    last_put: float | None = None
-    # Device seconds this lane's batches took, divided by its share: the fair-queueing clock.
-    served: float = 0.0
-    retiring: bool = False  # its model is gone: it takes no new work and goes once empty
-    # A shadow lane (core/shadow.py): its batches run only while no live lane holds work, never counted.
-    shadow: bool = False
-
-    def note_arrival(self, now: float) -> None:
-        if self.last_put is not None:
-            # One long pause must not keep the wait off through the burst after it: a gap counts 1 s at most.
-            gap = min(now - self.last_put, ARRIVAL_GAP_CAP_S)
-            self.arrival_gap = gap if self.arrival_gap is None else (
-                ARRIVAL_EWMA * gap + (1 - ARRIVAL_EWMA) * self.arrival_gap)
-        self.last_put = now
 
 
 @dataclass
@@ -215,8 +41,8 @@ class BatchQueue:
     Each lane is scheduled by ``next_batch`` under its own policy; when several have a batch ready,
     ``choose_lane`` picks one. ``claim`` runs under the queue's lock on every batch ``take`` hands out, so
     whatever the batch needs (its model's reference) is held from the moment it is chosen: a ``remove`` that
-    finds nothing left to take out knows the batch has its claim. ``post`` hands a callable to the taker's
-    thread (chores).
+    finds nothing left to take out knows the batch has its claim. ``post`` hands a call to the taker's thread
+    (a slot's free must run on the worker, not on the event loop).
     """
 
     def __init__(self, claim: Callable[[list[Any]], None] | None = None) -> None:
@@ -231,7 +57,10 @@ class BatchQueue:
         self._seq = itertools.count()
         self._paused = False
         self._claim = claim
-        self._chores: list[Callable[[], None]] = []
+        self._posted: list[Callable[[], None]] = []
+        # The largest bound of a model's lane (not a shadow's, not a retiring one's), kept as lanes change so that
+        # a request's limits (InferenceEngine.limits, per request on the event loop) read it without the lock.
+        self._largest_bound = 0
 
     # -- lanes -----------------------------------------------------------------------------------------
 
@@ -243,6 +72,7 @@ class BatchQueue:
                 self._lanes[name] = Lane(name, policy, max_queue, share, shadow=shadow)
             else:
                 lane.policy, lane.max_queue, lane.share, lane.retiring = policy, max_queue, share, False
+            self._rebound()
             self._wake_all()
 
     def retire_lane(self, name: str) -> None:
@@ -253,6 +83,18 @@ class BatchQueue:
                 lane.retiring = True
                 if not lane.pending:
                     del self._lanes[name]
+                self._rebound()
+
+    def _rebound(self) -> None:
+        """Under the lock, after a lane's bound or state changed (rare: a model added, removed or reconfigured)."""
+        self._largest_bound = max((lane.max_queue for lane in self._lanes.values()
+                                   if not lane.shadow and not lane.retiring), default=0)
+
+    @property
+    def largest_bound(self) -> int:
+        """The largest ``max_queue`` of the models' lanes (0: none): the most items one request may hold here.
+        One int read, no lock: it is written whole under the lock whenever a lane changes."""
+        return self._largest_bound
 
     def lane_names(self) -> list[str]:
         with self._cond:
@@ -318,16 +160,16 @@ class BatchQueue:
             return removed
 
     def post(self, chore: Callable[[], None]) -> None:
-        """Run ``chore`` on the thread that calls ``take`` (it comes back as ``Decision.chores``)."""
+        """Run ``chore`` on the thread that calls ``take`` (it comes back in ``Decision.posted``)."""
         with self._cond:
-            self._chores.append(chore)
+            self._posted.append(chore)
             self._wake_all()
 
-    def take_chores(self) -> list[Callable[[], None]]:
-        """The chores not yet handed out (for the taker's own shutdown: nothing may be left undone)."""
+    def take_posted(self) -> list[Callable[[], None]]:
+        """The posted calls not yet handed out (for the taker's own shutdown: nothing may be left undone)."""
         with self._cond:
-            chores, self._chores = self._chores, []
-            return chores
+            posted, self._posted = self._posted, []
+            return posted
 
     def pause(self, paused: bool) -> None:
         """Hold batches back (items still expire and drop). For operators and for tests of backpressure."""
@@ -382,7 +224,7 @@ class BatchQueue:
             elif d.wait is not None:
                 waits.append(d.wait)
         if ready:
-            chosen = choose_lane([Candidate(batch[0].priority, lane.served, min(it.deadline for it in batch))
+            chosen = choose_lane([ReadyBatch(batch[0].priority, lane.served, min(it.deadline for it in batch))
                                   for lane, batch in ready])
             lane, decision.batch = ready[chosen]
             decision.lane = lane.name
@@ -391,11 +233,11 @@ class BatchQueue:
         return decision
 
     def take(self, timeout: float | None = None, *, lanes: Callable[[Lane], bool] | None = None,
-             chores: bool = True, stop: Callable[[], bool] | None = None) -> Decision[Any] | None:
+             runs_posted: bool = True, stop: Callable[[], bool] | None = None) -> Decision[Any] | None:
         """The next decision with something in it; None once closed and empty (or on timeout).
 
-        ``lanes``: only the lanes it accepts (a model instance's own; None: all); ``chores``: whether this taker
-        runs posted chores; ``stop``: checked on each wake, None once it says so and nothing is ready for it.
+        ``lanes``: only the lanes it accepts (a model instance's own; None: all); ``runs_posted``: whether this
+        taker runs posted calls; ``stop``: checked on each wake, None once it says so and nothing is ready for it.
         """
         give_up = None if timeout is None else time.monotonic() + timeout
         me = _Taker(lanes, threading.Condition(self._lock))
@@ -403,9 +245,9 @@ class BatchQueue:
             while True:
                 now = time.monotonic()
                 decision = self._decide(now, lanes)
-                if self._chores and chores:
-                    decision.chores, self._chores = self._chores, []
-                if not decision.empty or decision.chores:
+                if self._posted and runs_posted:
+                    decision.posted, self._posted = self._posted, []
+                if not decision.empty or decision.posted:
                     taken = {id(it) for it in (*decision.batch, *decision.expired, *decision.dropped)}
                     if taken:
                         for lane in self._lanes.values():

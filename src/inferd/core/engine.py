@@ -1,9 +1,10 @@
 """The inference engine: admission on the event loop, batch workers (model instances) on threads, a queue between.
 
-This module only wires them: the bounded queue and the pure scheduler (core/batcher.py), the admission
-side (core/admission.py: the model's checks, route, cache, enqueue, wait, drain) and the worker (core/worker.py: run
-batches, split on out-of-memory, free slots). The worker hands outcomes to admission, which applies them
-on the loop. ``InferenceEngine`` keeps the one surface the API, the CLI and the tests use.
+This module only wires them: the bounded queue (core/batcher.py) over the pure scheduler (core/scheduler.py), the
+admission side (core/admission.py: the model's checks, route, cache, enqueue, wait, drain) and the workers
+(core/workers.py, each a core/worker.py thread: run batches, split on out-of-memory, free slots). The workers hand
+outcomes to admission, which applies them on the loop. ``InferenceEngine`` keeps the one surface the API, the CLI
+and the tests use.
 
 The engine builds the ModelManager too: a slot must be freed on the worker thread and its cache entries
 forgotten on the loop, so the manager is handed those callbacks when it is built, not told them afterwards.
@@ -19,7 +20,7 @@ from contextlib import AbstractAsyncContextManager
 from typing import Any, TypeAlias
 
 from inferd.core.admission import Admission
-from inferd.core.batcher import BatchQueue, Policy
+from inferd.core.batcher import BatchQueue
 from inferd.core.budgets import with_budgets
 from inferd.core.cache import ResultCache
 from inferd.core.errors import ModelLoadError, ModelNotReady, ReloadInProgress
@@ -29,10 +30,11 @@ from inferd.core.outcomes import TaskResult, WorkItem
 from inferd.core.pieces import Documents
 from inferd.core.registry import ModelRegistry, ServedModel
 from inferd.core.request import InferenceRequest, Limits
+from inferd.core.scheduler import Policy
 from inferd.core.slots import ModelSlot
 from inferd.core.spec import ModelSpec
 from inferd.core.tasks.base import Handler
-from inferd.core.worker import Workers
+from inferd.core.workers import Workers
 from inferd.settings import ModelEntry, Settings
 from inferd.utils.metrics import Metrics
 
@@ -44,7 +46,7 @@ OnModelsChange: TypeAlias = Callable[[list[tuple[str, str, ModelSlot]]], None]
 
 def _claim(batch: list[WorkItem]) -> None:
     # Under the queue's lock, as the batch is chosen: its slot cannot be freed between take and run.
-    batch[0].group.acquire()
+    batch[0].slot.acquire()
 
 
 class InferenceEngine:
@@ -79,7 +81,7 @@ class InferenceEngine:
         view = settings.for_model(entry)
         manager = ModelManager(view, self._loader, on_change=lambda slots: self._changed(),
                                on_lazy_failure=self._on_lazy_failure if entry.model.exit_on_load_failure else None,
-                               reaper=self._on_worker,
+                               reaper=self._call_on_worker,
                                on_freed=functools.partial(self._slot_freed, entry.name))
         policy = Policy.from_settings(entry.batching)
         # Keyed by the slot's load, not its version string: the cache answers only for the model it serves.
@@ -142,9 +144,9 @@ class InferenceEngine:
         """Refuse new work, wait for what was accepted; past the timeout answer the rest (draining)."""
         return await self.admission.drain(timeout)
 
-    def _on_worker(self, chore: Callable[[], None]) -> None:
+    def _call_on_worker(self, call: Callable[[], None]) -> None:
         # A slot's free, on the worker thread (no slot is freed before the engine is built).
-        self.worker.on_worker(chore)
+        self.worker.on_worker(call)
 
     def _slot_freed(self, model: str, slot: ModelSlot, last_of_version: bool) -> None:
         served = self.registry.get(model)
@@ -239,10 +241,11 @@ class InferenceEngine:
 
     @property
     def limits(self) -> Limits:
-        """What any request may hold here, whichever model it names (core/request.py)."""
-        largest = max((self.queue.max_queue(name) for name in self.registry.names()), default=0)
+        """What any request may hold here, whichever model it names (core/request.py). Read per request: the
+        largest lane bound is a figure the queue keeps as lanes change, not a scan of the lanes under its lock."""
         limits = self.settings.limits
-        return Limits(limits.max_items_per_request, limits.max_chars_per_text, largest, limits.max_document_chars)
+        return Limits(limits.max_items_per_request, limits.max_chars_per_text, self.queue.largest_bound,
+                      limits.max_document_chars)
 
     def request(self, inputs: Any, **options: Any) -> InferenceRequest:
         """``InferenceRequest.build`` under this server's limits (raises EngineError)."""

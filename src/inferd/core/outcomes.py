@@ -63,7 +63,7 @@ class WorkItem:
     enqueued: float
     deadline: float
     seq: int
-    group: ModelSlot  # the load it must run on: the scheduler batches by it (core/batcher.py Group)
+    slot: ModelSlot  # the load it must run on: the scheduler batches by it (core/scheduler.py Slot)
 
     @property
     def gone(self) -> bool:

@@ -14,10 +14,10 @@ import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from inferd.core.batcher import Policy
 from inferd.core.cache import ResultCache
 from inferd.core.errors import EngineError, Kind
 from inferd.core.manager import ModelManager
+from inferd.core.scheduler import Policy
 from inferd.settings import ModelEntry, Settings
 
 

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from inferd.core.agreement import Bound, judge
-from inferd.core.batcher import Policy
+from inferd.core.scheduler import Policy
 from inferd.core.tasks.drift import Drift, Request, Worst
 from inferd.core.tasks.kinds import task_of
 

@@ -77,7 +77,7 @@ class ModelSlot:
         self.description = describe_load(handler, spec, self.load_id, load_seconds)
         self.task = self.description.task
         # What its forward pass can do: the runner's one value, held (not copied apart) for the scheduler's padding
-        # floor (core/batcher.py ``Group``) and the worker's batch alone on every thread, read once like the
+        # floor (core/scheduler.py ``Slot``) and the worker's batch alone on every thread, read once like the
         # description.
         self.capabilities: Capabilities = handler.capabilities
         # This load's int8/uint8 calibration vectors, measured on it the first time a request asks (a future,

@@ -14,7 +14,7 @@ the bucket has refilled past zero, so one large request is never refused for eve
 keeps the level, debt included.
 
 Fair share (VirtualClock, weighted by share): the batcher ranks a model's items by priority plus waiting time,
-one priority level per ageing period (core/batcher.py ``_rank``). Admission keeps a virtual clock per model: a
+one priority level per ageing period (core/scheduler.py ``_rank``). Admission keeps a virtual clock per model: a
 tenant's request starts at ``max(now, that tenant's last finish)``, capped at its present backlog's worth ahead,
 and finishes ``tokens × seconds-per-token / its fraction of the shares`` later. The item is queued at its priority
 lowered by how far ahead of now it starts, in ageing periods: exactly the rank it would have if it had arrived when

@@ -1,14 +1,14 @@
-"""The batch workers: each on its own thread takes the scheduler's decisions for its lanes and runs them.
+"""A batch worker: on its own thread it takes the scheduler's decisions for its lanes and runs them.
 
 It runs each batch through the handler of the slot the queue claimed for it, splits a batch that runs out
-of device memory in halves (so only what cannot fit fails), frees retired slots (the chores the manager
-posts: freeing closes a handler and empties the device cache, which must not block the event loop), and
+of device memory in halves (so only what cannot fit fails), runs the calls posted to its thread (the manager's
+slot frees: freeing closes a handler and empties the device cache, which must not block the event loop), and
 reports what happened as an outcome object (core/outcomes.py: ``BatchReport`` or ``Failure``) handed to
 ``deliver``. It never writes a request's outcome itself: the event loop applies the outcome, and stays
 the only writer of a ticket.
 
 A worker is one model instance (core/instances.py): it takes only its own model's lanes, under its own
-thread count and CUDA stream. ``Workers`` holds every model's instances and the shadow lanes' one.
+thread count and CUDA stream. Every model's instances together are core/workers.py.
 """
 
 from __future__ import annotations
@@ -24,14 +24,14 @@ from typing import Any
 import torch
 
 from inferd.core.backends.base import all_threads
-from inferd.core.batcher import BatchQueue, Decision
+from inferd.core.batcher import BatchQueue
 from inferd.core.errors import EngineError, Kind, deadline_passed
-from inferd.core.instances import Instance, Sharing, plan, shadow_instance
+from inferd.core.instances import Instance, Sharing
 from inferd.core.outcomes import BatchReport, Failure, Outcome, WorkItem, tickets_of
+from inferd.core.scheduler import Decision
 from inferd.core.shadow import SHADOW_SUFFIX
 from inferd.core.slots import ModelSlot
 from inferd.core.staging import same_batch
-from inferd.settings import ModelEntry
 from inferd.utils import tracing
 from inferd.utils.metrics import Metrics
 
@@ -47,12 +47,13 @@ def _failed() -> EngineError:
     return EngineError(Kind.FAILED, "inference failed for this batch")
 
 
-def run_chores(chores: list[Callable[[], None]]) -> None:
-    for chore in chores:
+def call_posted(calls: list[Callable[[], None]]) -> None:
+    """The calls posted to the worker's thread (a slot's free, a space check): one failing does not stop the rest."""
+    for call in calls:
         try:
-            chore()
+            call()
         except Exception:
-            log.exception("freeing a model failed")
+            log.exception("a call posted to the worker failed")
 
 
 def _any_lane(lane: Any) -> bool:
@@ -86,7 +87,7 @@ class BatchWorker:
 
     def start(self) -> None:
         name = "inferd-worker" + ("" if self.instance is None else f"-{self.instance.model}-{self.instance.label}")
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
         self._thread.start()
         self.metrics.worker_alive.set(1)
 
@@ -108,19 +109,20 @@ class BatchWorker:
         if self._thread is not None:
             self._thread.join(timeout)
         if self._thread is None or not self._thread.is_alive():
-            run_chores(self.queue.take_chores())  # frees posted as the worker stopped
+            call_posted(self.queue.take_posted())  # frees posted as the worker stopped
 
-    def on_worker(self, chore: Callable[[], None]) -> None:
-        """Run ``chore`` on the worker thread (a slot's free); here when this is the worker or there is none."""
+    def on_worker(self, call: Callable[[], None]) -> None:
+        """Run ``call`` on the worker thread (a slot's free); here when this is the worker or there is none."""
         thread = self._thread
         if thread is None or not thread.is_alive() or threading.current_thread() is thread:
-            run_chores([chore])
+            call_posted([call])
         else:
-            self.queue.post(chore)
+            self.queue.post(call)
 
     # -- the thread ------------------------------------------------------------------------------------
 
-    def _run(self) -> None:
+    def _serve(self) -> None:
+        """The thread: each decision handled in turn until the queue closes or the worker retires."""
         decision: Decision[WorkItem] | None = None
         try:
             if self.instance is not None:
@@ -142,11 +144,11 @@ class BatchWorker:
             in_hand = [] if decision is None else [*decision.batch, *decision.expired]
             in_hand += self._stop_stager()
             self.deliver(Failure(tickets_of([*in_hand, *self.queue.drain_all(lanes=self._serves)]), err))
-            run_chores(self.queue.take_chores())
+            call_posted(self.queue.take_posted())
             raise
 
     def _take(self) -> Decision[WorkItem] | None:
-        return self.queue.take(lanes=self._serves, chores=self._takes_chores,
+        return self.queue.take(lanes=self._serves, runs_posted=self.runs_posted,
                                stop=lambda: self._retired or self._dead)
 
     @property
@@ -197,7 +199,7 @@ class BatchWorker:
         instance = self.instance
         if not decision.batch or instance is None:
             return None
-        slot = decision.batch[0].group
+        slot = decision.batch[0].slot
         try:
             return slot.handler.stage([it.encoded for it in decision.batch], instance.copy_stream, instance.stream)
         except Exception:  # out of memory, say: the batch runs as it would have, unstaged
@@ -225,10 +227,10 @@ class BatchWorker:
     @staticmethod
     def _unclaim(decision: Decision[WorkItem]) -> None:
         if decision.batch:
-            decision.batch[0].group.release()  # the claim the queue took for the batch (core/batcher.py)
+            decision.batch[0].slot.release()  # the claim the queue took for the batch (core/batcher.py)
 
     @property
-    def _takes_chores(self) -> bool:
+    def runs_posted(self) -> bool:
         # Not the shadow instance: a model's free or a space check must not wait behind shadow batches.
         return self.instance is None or not self.instance.shadow
 
@@ -237,20 +239,20 @@ class BatchWorker:
         if expired:
             self.deliver(Failure(expired, deadline_passed()))
         if decision.batch:
-            slot = decision.batch[0].group
+            slot = decision.batch[0].slot
             live = not decision.lane.endswith(SHADOW_SUFFIX)  # shadow work stays out of the live metrics
             if self.instance is not None:
                 self.instance.apply_threads()
             sharing = self._sharing(slot)
             # Waits while a sibling runs alone on every thread: queue time for the batch, not this instance's busy.
-            alone = sharing is not None and sharing.enter(lambda: self.queue.depth(decision.lane) == 0)
+            wide = sharing is not None and sharing.enter(lambda: self.queue.depth(decision.lane) == 0)
             started = time.monotonic()
             try:
-                with all_threads(alone):
-                    report = self._run_batch(slot, decision.batch, live, staged)
+                with all_threads(wide):  # wide: on every thread of the model's instances, none of them busy
+                    report = self._compute(slot, decision.batch, live, staged)
             finally:
                 if sharing is not None:
-                    sharing.leave(alone)
+                    sharing.leave(wide)
                 slot.release()  # the claim the queue took for this batch; a retired slot is freed here
                 took = time.monotonic() - started
                 # The device time the lane's model took: the fair share between models (core/batcher.py).
@@ -260,7 +262,7 @@ class BatchWorker:
                 self.deliver(report)
             if live:
                 self.metrics.queue_depth.labels(slot.spec.name).set(self.queue.depth(decision.lane))
-        run_chores(decision.chores)
+        call_posted(decision.posted)
         if self.memory_guard is not None and decision.batch:
             with self._guard_lock:  # every instance's requests count into the one guard
                 self.memory_guard.tick(len({id(i.ticket) for i in decision.batch}))
@@ -284,7 +286,7 @@ class BatchWorker:
         for item in batch:
             waited.observe(max(0.0, started - item.enqueued))
 
-    def _run_batch(self, slot: ModelSlot, batch: list[WorkItem], live: bool = True,
+    def _compute(self, slot: ModelSlot, batch: list[WorkItem], live: bool = True,
                    staged: Any = None) -> BatchReport | None:
         # Requests that left since the batch was chosen are not computed for.
         batch = [it for it in batch if not it.ticket.closed]
@@ -361,93 +363,3 @@ class BatchWorker:
                                     "text or retry later")]
             log.exception("batch of %d failed", len(items))
             return [_failed()] * len(items)
-
-
-class Workers:
-    """Every model's instances and the shadow lanes' one, with the one surface the engine had of its worker."""
-
-    def __init__(self, queue: BatchQueue, metrics: Metrics, memory_guard: Any,
-                 deliver: Callable[[Outcome], None], device: str = "cpu") -> None:
-        self.queue = queue
-        self.metrics = metrics
-        self.memory_guard = memory_guard
-        self.deliver = deliver
-        self._by_model: dict[str, list[BatchWorker]] = {}
-        self._retired: list[BatchWorker] = []
-        self._guard_lock = threading.Lock()
-        self._started = False
-        self._shadow = self._worker(shadow_instance(device))
-
-    def _worker(self, instance: Instance) -> BatchWorker:
-        return BatchWorker(self.queue, self.metrics, self.memory_guard, self.deliver, instance, self._guard_lock)
-
-    def set_model(self, entry: ModelEntry, device: str = "cpu") -> None:
-        """A served model's instances as its (budget-resolved) entry says: added, or grown, shrunk, re-budgeted."""
-        wanted = plan(entry, device)
-        workers = self._by_model.setdefault(entry.name, [])
-        for worker, instance in zip(workers, wanted, strict=False):
-            worker.instance.threads = instance.threads  # type: ignore[union-attr]  # applied before its next batch
-        for instance in wanted[len(workers):]:
-            worker = self._worker(instance)
-            workers.append(worker)
-            if self._started:
-                worker.start()
-        while len(workers) > len(wanted):
-            self._retire(workers.pop())
-        sharing = Sharing() if len(workers) > 1 else None
-        for worker in workers:
-            worker.instance.sharing = sharing  # type: ignore[union-attr]
-
-    def remove_model(self, name: str) -> None:
-        for worker in self._by_model.pop(name, []):
-            self._retire(worker)
-
-    def _retire(self, worker: BatchWorker) -> None:
-        worker.retire()
-        self._retired.append(worker)
-
-    def all(self) -> list[BatchWorker]:
-        return [w for ws in self._by_model.values() for w in ws] + [self._shadow]
-
-    def instances(self, model: str) -> list[Instance]:
-        return [w.instance for w in self._by_model.get(model, []) if w.instance is not None]
-
-    @property
-    def shadow(self) -> Instance:
-        assert self._shadow.instance is not None
-        return self._shadow.instance
-
-    def start(self) -> None:
-        self._started = True
-        for worker in self.all():
-            worker.start()
-
-    @property
-    def alive(self) -> bool:
-        return all(w.alive for w in self.all())
-
-    @property
-    def error(self) -> str | None:
-        return next((w.error for w in self.all() if w.error is not None), None)
-
-    @property
-    def batches_run(self) -> int:
-        return sum(w.batches_run for w in [*self.all(), *self._retired])
-
-    def stop(self, timeout: float) -> None:
-        self.queue.close()
-        give_up = time.monotonic() + timeout
-        for worker in [*self.all(), *self._retired]:
-            if worker.thread is not None:
-                worker.thread.join(max(0.0, give_up - time.monotonic()))
-        if not any(w.thread is not None and w.thread.is_alive() for w in self.all()):
-            run_chores(self.queue.take_chores())  # frees posted as the workers stopped
-
-    def on_worker(self, chore: Callable[[], None]) -> None:
-        """Run ``chore`` on a live instance's thread (a slot's free); here when this is one, or there is none."""
-        threads = [w.thread for w in self.all() if w._takes_chores and w.thread is not None]  # noqa: SLF001
-        alive = [t for t in threads if t.is_alive()]
-        if not alive or threading.current_thread() in threads:
-            run_chores([chore])
-        else:
-            self.queue.post(chore)

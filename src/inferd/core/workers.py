@@ -1,0 +1,110 @@
+"""Every model's batch workers: its instances (core/instances.py plan), and the shadow lanes' one.
+
+``Workers`` adds, re-budgets and retires a model's instances as the list of models changes, and gives the engine the
+one surface it has of them: start, stop, whether all are alive, and running a posted call (a slot's free) on a
+worker's thread.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from inferd.core.batcher import BatchQueue
+from inferd.core.instances import Instance, Sharing, plan, shadow_instance
+from inferd.core.outcomes import Outcome
+from inferd.core.worker import BatchWorker, call_posted
+from inferd.settings import ModelEntry
+from inferd.utils.metrics import Metrics
+
+
+class Workers:
+    """Every model's instances and the shadow lanes' one, with the one surface the engine had of its worker."""
+
+    def __init__(self, queue: BatchQueue, metrics: Metrics, memory_guard: Any,
+                 deliver: Callable[[Outcome], None], device: str = "cpu") -> None:
+        self.queue = queue
+        self.metrics = metrics
+        self.memory_guard = memory_guard
+        self.deliver = deliver
+        self._by_model: dict[str, list[BatchWorker]] = {}
+        self._retired: list[BatchWorker] = []
+        self._guard_lock = threading.Lock()
+        self._started = False
+        self._shadow = self._worker(shadow_instance(device))
+
+    def _worker(self, instance: Instance) -> BatchWorker:
+        return BatchWorker(self.queue, self.metrics, self.memory_guard, self.deliver, instance, self._guard_lock)
+
+    def set_model(self, entry: ModelEntry, device: str = "cpu") -> None:
+        """A served model's instances as its (budget-resolved) entry says: added, or grown, shrunk, re-budgeted."""
+        wanted = plan(entry, device)
+        workers = self._by_model.setdefault(entry.name, [])
+        for worker, instance in zip(workers, wanted, strict=False):
+            worker.instance.threads = instance.threads  # type: ignore[union-attr]  # applied before its next batch
+        for instance in wanted[len(workers):]:
+            worker = self._worker(instance)
+            workers.append(worker)
+            if self._started:
+                worker.start()
+        while len(workers) > len(wanted):
+            self._retire(workers.pop())
+        sharing = Sharing() if len(workers) > 1 else None
+        for worker in workers:
+            worker.instance.sharing = sharing  # type: ignore[union-attr]
+
+    def remove_model(self, name: str) -> None:
+        for worker in self._by_model.pop(name, []):
+            self._retire(worker)
+
+    def _retire(self, worker: BatchWorker) -> None:
+        worker.retire()
+        self._retired.append(worker)
+
+    def all(self) -> list[BatchWorker]:
+        return [w for ws in self._by_model.values() for w in ws] + [self._shadow]
+
+    def instances(self, model: str) -> list[Instance]:
+        return [w.instance for w in self._by_model.get(model, []) if w.instance is not None]
+
+    @property
+    def shadow(self) -> Instance:
+        assert self._shadow.instance is not None
+        return self._shadow.instance
+
+    def start(self) -> None:
+        self._started = True
+        for worker in self.all():
+            worker.start()
+
+    @property
+    def alive(self) -> bool:
+        return all(w.alive for w in self.all())
+
+    @property
+    def error(self) -> str | None:
+        return next((w.error for w in self.all() if w.error is not None), None)
+
+    @property
+    def batches_run(self) -> int:
+        return sum(w.batches_run for w in [*self.all(), *self._retired])
+
+    def stop(self, timeout: float) -> None:
+        self.queue.close()
+        give_up = time.monotonic() + timeout
+        for worker in [*self.all(), *self._retired]:
+            if worker.thread is not None:
+                worker.thread.join(max(0.0, give_up - time.monotonic()))
+        if not any(w.thread is not None and w.thread.is_alive() for w in self.all()):
+            call_posted(self.queue.take_posted())  # frees posted as the workers stopped
+
+    def on_worker(self, call: Callable[[], None]) -> None:
+        """Run ``call`` on a live instance's thread (a slot's free); here when this is one, or there is none."""
+        threads = [w.thread for w in self.all() if w.runs_posted and w.thread is not None]
+        alive = [t for t in threads if t.is_alive()]
+        if not alive or threading.current_thread() in threads:
+            call_posted([call])
+        else:
+            self.queue.post(call)
