@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 # The settings' enumerations, declared once: the settings' types, the CLI's choices, the admin API's per-load
 # overrides and the backends' checks all read them from here.
 Backend = Literal["torch", "onnx", "openvino", "auto"]
-Dtype = Literal["auto", "float32", "float16", "bfloat16"]
+Dtype = Literal["auto", "float32", "float16", "bfloat16", "mixed"]
 Quantize = Literal["none", "int8-weights", "int8"]
 LoadMode = Literal["background", "eager", "lazy"]
 LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR"]
