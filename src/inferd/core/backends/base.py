@@ -172,6 +172,13 @@ def resolve_dtype(requested: str, backend: str, device: torch.device,
     if requested == "float16" and not cuda and backend != "torch":
         raise BackendError(f"model.dtype float16 is for CUDA; the {backend} backend runs on the CPU "
                            "(use bfloat16 or auto)")
+    if requested == "mixed" and backend in ("torch", "onnx"):
+        raise BackendError(f"model.dtype mixed (bf16, index arithmetic in float32) is OpenVINO's; the {backend} "
+                           "backend cannot keep chosen operations in float32 (use backend openvino)")
+    if requested == "mixed" and not cuda and not native_bf16(cpu_flags() if flags is None else flags):
+        why = "mixed configured, but the CPU has no native bf16 (avx512_bf16 or amx_bf16): OpenVINO runs float32"
+        log.warning("model.dtype %s", why)
+        return "float32", why
     if requested == "bfloat16" and backend == "onnx":
         raise BackendError("model.dtype bfloat16: ONNX Runtime has no bf16 kernels on the CPU "
                            "(use the openvino backend, or float32)")
@@ -213,7 +220,7 @@ def gate_kind(dtype: str, quantize: str) -> str:
     """Which thresholds apply: int8, half (bf16/fp16) or fp32."""
     if quantize != "none":
         return "int8"
-    return "half" if dtype in ("float16", "bfloat16") else "fp32"
+    return "half" if dtype in ("float16", "bfloat16", "mixed") else "fp32"
 
 
 def graph_inputs(ids: torch.Tensor, mask: torch.Tensor, token_type_ids: torch.Tensor | None,
