@@ -9,6 +9,7 @@ for explicitly).
 from __future__ import annotations
 
 import logging
+import tempfile
 import threading
 import warnings
 from collections.abc import Iterable
@@ -18,6 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from inferd.core.backends import precision
 from inferd.core.backends.base import BackendError, GraphRunner, eager_attention, running_alone
 from inferd.core.backends.torch import ExportWrapper
 from inferd.core.capabilities import Capabilities
@@ -27,7 +29,8 @@ log = logging.getLogger(__name__)
 GRAPH = "model.xml"
 # The file name optimum-intel gives an exported encoder: a model folder holding one is served as is.
 FOLDER_GRAPHS = ("openvino_model.xml", "openvino/openvino_model.xml", "model.xml")
-_PRECISION = {"float32": "f32", "bfloat16": "bf16", "float16": "f16"}
+# ``mixed``: bf16 with the graph's index arithmetic kept in float32 (backends/precision.py).
+_PRECISION = {"float32": "f32", "bfloat16": "bf16", "float16": "f16", "mixed": "bf16"}
 _ACTIVATIONS = ("Gelu", "Swish", "Relu")
 
 
@@ -126,14 +129,18 @@ class OpenVINORunner(GraphRunner):
         # instances run at once, each on its own threads.
         config: dict[str, Any] = {"INFERENCE_PRECISION_HINT": _PRECISION[self.dtype], "PERFORMANCE_HINT": "LATENCY",
                                   "NUM_STREAMS": str(self.streams), "INFERENCE_NUM_THREADS": threads}
+        source: Any = str(graph_path)
+        self._kept: set[str] = set()
+        if self.dtype == "mixed":
+            source, self._kept = self._mixed(core, graph_path)
         try:
-            self._compiled = core.compile_model(str(graph_path), "CPU", config)
+            self._compiled = core.compile_model(source, "CPU", config)
             # Several instances: the same graph compiled again as one stream of every thread, for a batch that is
             # its model's only work (core/instances.py Sharing): a lone request on one instance's one thread
             # took 1.3-1.6x as long as on two (bench/RESULTS.md, "Alone on every thread"). The weights are shared
             # between the two (+32 MB for MiniLM bf16, against 162 MB for the first).
             self._wide = None if self.streams == 1 else core.compile_model(
-                str(graph_path), "CPU", {**config, "NUM_STREAMS": "1"})
+                source, "CPU", {**config, "NUM_STREAMS": "1"})
         except RuntimeError as exc:
             raise BackendError(f"OpenVINO cannot compile {graph_path}: {exc}") from exc
         self.capabilities = Capabilities(widens=self._wide is not None)
@@ -148,9 +155,32 @@ class OpenVINORunner(GraphRunner):
                         self.dtype, self.dtype)
         return tuple(i.get_any_name() for i in self._compiled.inputs)
 
+    @staticmethod
+    def _mixed(core: Any, graph_path: Path) -> tuple[Any, set[str]]:
+        """The graph with its index arithmetic kept in float32 (backends/precision.py), read from the marked IR."""
+        with tempfile.TemporaryDirectory() as work:
+            simplified = precision.simplified(core, graph_path, Path(work))
+            xml, kept = precision.marked(simplified, core.read_model(str(simplified)))
+            graph = core.read_model(xml, _ov().Tensor(np.fromfile(simplified.with_suffix(".bin"), dtype=np.uint8)))
+        if precision.kept(graph) != kept:
+            raise BackendError(f"OpenVINO did not take the float32 marks of {graph_path}'s index arithmetic "
+                               f"(asked for {len(kept)}, read back {len(precision.kept(graph))})")
+        return graph, kept
+
     def _opened(self) -> dict[str, Any]:
         return {"inference_precision": self._precision, "streams": self.streams,
-                "threads_alone": self._threads if self.capabilities.widens else None}
+                "threads_alone": self._threads if self.capabilities.widens else None,
+                **({"kept_float32": sorted(self._kept)} if self.dtype == "mixed" else {})}
+
+    def runtime_precisions(self) -> dict[str, str]:
+        """What the compiled graph runs each operation in, by the operations it was made of (the plugin fuses
+        several into one): how a test sees the recipe applied."""
+        out = {}
+        for op in self._compiled.get_runtime_model().get_ops():
+            info = op.get_rt_info()
+            for name in info["originalLayersNames"].astype(str).split(","):
+                out[name] = info["runtimePrecision"].astype(str)
+        return out
 
     def _run(self, feed: dict[str, Any]) -> Any:
         if self._wide is not None and running_alone():
