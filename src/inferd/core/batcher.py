@@ -257,7 +257,7 @@ class BatchQueue:
                                 and any(ln.pending for ln in self._lanes.values() if ln.shadow)):
                             # The shadow instance held its batch back while live work waited, with no wait of
                             # its own (the live lanes are not its lanes): this taker emptied them, so wake it, or
-                            # it sleeps until the next put (a lost wakeup: shadow work stuck once load ended).
+                            # it would sleep until the next put: once live load ends, shadow work would wait for ever.
                             self._wake_all()
                         self._wake_for_pending()  # what this batch left behind: another idle taker's
                     if decision.batch and self._claim is not None:

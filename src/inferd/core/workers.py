@@ -21,7 +21,7 @@ from inferd.utils.metrics import Metrics
 
 
 class Workers:
-    """Every model's instances and the shadow lanes' one, with the one surface the engine had of its worker."""
+    """Every model's instances and the shadow lanes' one, behind the one surface the engine has of them."""
 
     def __init__(self, queue: BatchQueue, metrics: Metrics, memory_guard: Any,
                  deliver: Callable[[Outcome], None], device: str = "cpu") -> None:
