@@ -163,7 +163,7 @@ def test_an_openvino_model_of_two_instances_may_run_a_lone_batch_on_every_thread
     one = load_handler(spec(tiny_model, cache, "openvino", instances=1, threads=1))
     two = load_handler(spec(tiny_model, cache, "openvino", instances=2, threads=1))
     # The handler says so, from its runner: the worker reads it to let a batch that is the model's only work widen.
-    assert (one.capabilities.widens, two.capabilities.widens) == (False, True)
+    assert (one.capabilities.can_use_all_threads, two.capabilities.can_use_all_threads) == (False, True)
     assert two.backend_info["threads_alone"] == 2 and one.backend_info["threads_alone"] is None
     shared = embed(two, MIXED)
     with all_threads():

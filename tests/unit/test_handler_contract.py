@@ -195,7 +195,7 @@ def test_a_plugin_class_that_leaves_a_stage_unimplemented_is_refused_naming_it(t
 BATCH_PATH = ("core/batcher.py", "core/engine.py", "core/worker.py", "core/slots.py", "core/outcomes.py")
 # What a runner can do was copied attribute by attribute (runner -> handler -> description -> slot); it is one value
 # now (core/capabilities.py), and these names read apart from it would be copies again.
-CAPABILITY_FIELDS = ("pads", "widens", "stages")
+CAPABILITY_FIELDS = ("pads", "can_use_all_threads", "stages")
 
 
 def batch_path_breaches(sources: dict[str, str]) -> Iterator[str]:
@@ -225,6 +225,6 @@ def test_the_batch_path_scan_finds_a_probe_a_cast_and_a_copy() -> None:
         "floor = 0.5 if getattr(head.group, 'pads', True) else 0.0\n"     # a probe of the group
         "slot: Slot = batch[0].group  # type: ignore[assignment]\n"        # a cast back
         "self.pads = handler.pads\n"                                       # a copy, twice on one line
-        "ok = head.group.capabilities.pads and slot.capabilities.widens\n"  # read where needed: fine
+        "ok = head.slot.capabilities.pads and slot.capabilities.can_use_all_threads\n"  # read where needed: fine
     )}))
     assert sorted(f.split(": ", 1)[0] for f in found) == ["x.py:1", "x.py:2", "x.py:3", "x.py:3"]

@@ -559,7 +559,7 @@ class AloneHandler(HashHandler):
     """Records each batch's text, whether it ran alone (on every thread), and what else was inside at the time."""
 
     # As a model on an OpenVINO runner compiled for several instances.
-    capabilities = Capabilities(widens=True)
+    capabilities = Capabilities(can_use_all_threads=True)
 
     def __init__(self) -> None:
         super().__init__()
@@ -672,9 +672,9 @@ def test_an_openvino_model_of_several_instances_compiles_a_one_stream_twin_for_a
     ov.save_model(ov.Model([ops.convert(ops.multiply(ids, mask), ov.Type.f32)], [ids, mask]), tmp_path / "g.xml")
     feed = {"input_ids": np.full((2, 3), 5, np.int64), "attention_mask": np.ones((2, 3), np.int64)}
     one = OpenVINORunner(tmp_path / "g.xml", "hidden", "float32", "none", threads=2, streams=1)
-    assert not one.capabilities.widens and one.info["threads_alone"] is None
+    assert not one.capabilities.can_use_all_threads and one.info["threads_alone"] is None
     runner = OpenVINORunner(tmp_path / "g.xml", "hidden", "float32", "none", threads=2, streams=2)
-    assert runner.capabilities.widens and runner.info["threads_alone"] == 2
+    assert runner.capabilities.can_use_all_threads and runner.info["threads_alone"] == 2
     wide = runner._wide  # noqa: SLF001
     assert int(wide.get_property("NUM_STREAMS")) == 1 and int(wide.get_property("INFERENCE_NUM_THREADS")) == 2
     shared = runner._run(feed)  # noqa: SLF001

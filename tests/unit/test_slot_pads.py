@@ -30,4 +30,4 @@ def test_a_handler_without_a_runner_is_taken_to_pad(tmp_path: Path) -> None:
     handler = HashHandler()
     handler.load(ModelSpec(tmp_path, "1"), None)  # type: ignore[arg-type]
     assert ModelSlot(handler, ModelSpec(tmp_path, "1"), 0.0).capabilities == Capabilities()
-    assert Capabilities().pads is True and not Capabilities().widens and not Capabilities().stages
+    assert Capabilities().pads is True and not Capabilities().can_use_all_threads and not Capabilities().stages

@@ -18,7 +18,7 @@ class Capabilities:
     pads: bool = True
     # Whether a call inside ``all_threads`` (core/backends/base.py) runs on every thread of the model rather than
     # one instance's share (OpenVINO compiled for several instances; core/instances.py ``Sharing``).
-    widens: bool = False
+    can_use_all_threads: bool = False
     # Whether the padded inputs may be copied to the device ahead of the pass (torch on a CUDA device; ONNX Runtime
     # and OpenVINO take host memory).
     stages: bool = False

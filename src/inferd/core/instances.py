@@ -51,7 +51,7 @@ class Sharing:
 
     Instances of one thread each serve the most at many clients, but a lone request on one thread took 1.3-1.6x as
     long as on two (OpenVINO bf16; bench/RESULTS.md, "Alone on every thread"). So a batch that is its model's only work
-    (no sibling running, nothing of the model left queued) runs on every thread (a runner that ``widens``), and a
+    (no sibling running, nothing of the model left queued) runs on every thread (when ``can_use_all_threads``), and a
     sibling that takes a batch meanwhile waits for that one to end instead of running beside it, which would
     oversubscribe the cores. Widening is an opportunity, never a wait: a batch runs on its own share whenever any
     sibling is running.

@@ -270,7 +270,7 @@ class BatchWorker:
     def _sharing(self, slot: ModelSlot) -> Sharing | None:
         """The model's instances together, where its runner can run a batch on all of their threads."""
         sharing = self.instance.sharing if self.instance is not None else None
-        return sharing if sharing is not None and slot.capabilities.widens else None
+        return sharing if sharing is not None and slot.capabilities.can_use_all_threads else None
 
     def _count(self, model: str, batch: list[WorkItem], started: float, took: float) -> None:
         instance = self.instance

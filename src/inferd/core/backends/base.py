@@ -263,8 +263,8 @@ _alone = threading.local()
 @contextlib.contextmanager
 def all_threads(on: bool = True) -> Iterator[None]:
     """On an instance's worker thread: the runner calls inside may run on every thread of the model, not the
-    instance's share (a runner whose capabilities say it ``widens``; core/instances.py ``Sharing`` says when an
-    instance is alone)."""
+    instance's share (a runner whose capabilities say ``can_use_all_threads``; core/instances.py ``Sharing`` says
+    when an instance is alone)."""
     before = getattr(_alone, "on", False)
     _alone.on = on
     try:
@@ -288,7 +288,7 @@ class GraphRunner:
 
     backend = "graph"
     # Dynamic shapes, but every row runs to the batch's longest; host memory, so nothing is staged. OpenVINO's,
-    # compiled for several instances, widens (openvino.py).
+    # compiled for several instances, can use all threads (openvino.py).
     capabilities = Capabilities(pads=True)
 
     def __init__(self, graph_path: Path, head: str, dtype: str, quantize: str, threads: int = 0,

@@ -143,7 +143,7 @@ class OpenVINORunner(GraphRunner):
                 source, "CPU", {**config, "NUM_STREAMS": "1"})
         except RuntimeError as exc:
             raise BackendError(f"OpenVINO cannot compile {graph_path}: {exc}") from exc
-        self.capabilities = Capabilities(widens=self._wide is not None)
+        self.capabilities = Capabilities(can_use_all_threads=self._wide is not None)
         self._threads = threads
         # One request per calling thread (an instance's worker, or the gate's); results are copied out of it.
         self._requests = threading.local()
@@ -169,7 +169,7 @@ class OpenVINORunner(GraphRunner):
 
     def _opened(self) -> dict[str, Any]:
         return {"inference_precision": self._precision, "streams": self.streams,
-                "threads_alone": self._threads if self.capabilities.widens else None,
+                "threads_alone": self._threads if self.capabilities.can_use_all_threads else None,
                 **({"kept_float32": sorted(self._kept)} if self.dtype == "mixed" else {})}
 
     def runtime_precisions(self) -> dict[str, str]:

@@ -105,7 +105,7 @@ class TorchRunner:
     # than its instance's, as torch's count belongs to the calling thread, and one changed per batch left OpenMP
     # teams spinning on each other's cores (bench/RESULTS.md, "Alone on every thread"). On a CUDA device its
     # inputs are staged (``__init__``).
-    capabilities = Capabilities(pads=True, widens=False)
+    capabilities = Capabilities(pads=True, can_use_all_threads=False)
 
     def __init__(self, model: torch.nn.Module, device: torch.device, dtype: str = "float32",
                  info: dict[str, Any] | None = None, head: str = "hidden") -> None:
