@@ -8,13 +8,17 @@ route's for the same input (TEI's /embed, /embed_sparse, /embed_all, /predict, /
 10,000 texts over one EmbedStream come back in order, none lost; bad input (a malformed message, an oversize one, an
 unknown model, an empty text, a bad pair, an id out of the vocabulary) gets a gRPC status with a message and the
 server serves on; the key is checked as over HTTP; health and reflection list the services; calls are counted and
-logged as HTTP requests are; a stream open across a hot reload of its model is told why it ends.
+logged as HTTP requests are; a stream open across a hot reload of its model is told why it ends; and a call through
+``inferd fleet``'s nginx.conf (grpc_pass, rendered for this server as its one worker) answers as the worker does.
 """
 
 from __future__ import annotations
 
+import os
 import queue
 import shutil
+import signal
+import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -27,9 +31,12 @@ import yaml
 from conftest import ROOT, Server, free_port, metric_value, wait_for
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+from settingskit import make_settings
 from tinymodel import WORDS, _tiny_encoder_config, write_tiny_bert, write_tiny_classifier, write_tiny_cross_encoder
 from transformers import BertForMaskedLM
 
+from inferd.fleet import render
+from inferd.fleet.layout import plan
 from inferd.grpc.stubs import pb, rpc
 
 KEY = "grpc-key"
@@ -313,3 +320,44 @@ def test_a_stream_open_across_a_reload_of_its_model_is_told_why_it_ends(channel:
     fresh = rpc.EmbedStub(channel).EmbedStream(iter([pb.EmbedRequest(inputs="after")]),
                                                metadata=(*AUTH, ("x-model", "reloadable")))
     assert len(next(fresh).embeddings) == len(before.embeddings)
+
+
+# -- through the fleet's nginx ---------------------------------------------------------------------------------
+
+
+NGINX = shutil.which("nginx") or shutil.which("nginx", path="/usr/sbin:/usr/local/sbin")
+
+
+@pytest.mark.skipif(NGINX is None, reason="needs nginx (apt-get install nginx; .ci/run installs it)")
+def test_a_call_through_the_fleets_nginx_grpc_pass_answers_as_the_worker(
+        channel: grpc.Channel, server: Server, tmp_path: Path) -> None:
+    # inferd fleet's nginx.conf rendered for one worker: this module's server, by its own ports.
+    config = yaml.safe_load((Path(server.env["INFERD_CONFIG_DIR"]) / "dev.yaml").read_text())
+    listen = free_port()
+    settings = make_settings(layered="dev", environ={"INFERD__FLEET__WORKERS": "1", "INFERD__FLEET__GPUS": "",
+                                                     "INFERD__FLEET__GRPC_PORT": str(listen)})
+    ports = iter([server.port, free_port(), config["server"]["grpc_port"]])
+    layout = plan(settings, (), 1, port=lambda: next(ports))
+    user, warning = render.nginx_user(None, tmp_path)
+    fleet = render.Fleet(settings, layout, tmp_path, free_port(), str(NGINX), "key", user, warning)
+    for folder in ("nginx", "logs", "prometheus"):
+        (tmp_path / folder).mkdir()
+    (tmp_path / "nginx.conf").write_text(render.render_nginx(fleet))
+    nginx = subprocess.Popen([NGINX, "-p", f"{tmp_path}/nginx/", "-c", str(tmp_path / "nginx.conf"),
+                              "-e", str(tmp_path / "logs" / "nginx-error.log")], start_new_session=True)
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{listen}") as proxied:
+            grpc.channel_ready_future(proxied).result(timeout=30)
+            text = "through nginx"
+            direct = rpc.EmbedStub(channel).Embed(pb.EmbedRequest(inputs=text), metadata=AUTH)
+            via = rpc.EmbedStub(proxied).Embed(pb.EmbedRequest(inputs=text), metadata=AUTH, timeout=30)
+            _close(via.embeddings, direct.embeddings)
+            streamed = list(rpc.EmbedStub(proxied).EmbedStream(iter([pb.EmbedRequest(inputs=t) for t in TEXTS]),
+                                                               metadata=AUTH, timeout=30))
+            assert len(streamed) == len(TEXTS)
+            # The worker's own statuses pass through nginx as they are.
+            refused = _status(lambda: rpc.EmbedStub(proxied).Embed(pb.EmbedRequest(inputs="x"), timeout=30))
+            assert refused.code() is grpc.StatusCode.UNAUTHENTICATED
+    finally:
+        os.killpg(nginx.pid, signal.SIGQUIT)
+        nginx.wait(15)
