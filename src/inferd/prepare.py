@@ -2,10 +2,11 @@
 a Kubernetes Job writing a shared volume).
 
 For ``model.backend: auto`` it judges the candidates a server on this machine would judge, in the same order, and
-stops at the first the gate passes (core/backends/auto.py): a server started on that cache opens the passed graph
-from it and reads every refusal before it from the stored figures, exporting and judging nothing. For any other
-backend it is ``inferd export``. Each candidate is loaded as ``inferd export`` loads one (no warm-up); the entries'
-lock (core/backends/factory.py ``entry_lock``) lets several run at once on one cache without exporting twice.
+stops at the first the gate passes (core/backends/auto.py), keeping that choice in the cache: a server started on
+it with the same settings serves the passed graph from its first answer, loading no torch and judging nothing.
+For any other backend it is ``inferd export``. Each candidate is loaded as ``inferd export`` loads one (no
+warm-up); the entries' lock (core/backends/factory.py ``entry_lock``) lets several run at once on one cache without
+exporting twice.
 
 Exit status: 0 when the cache is ready (a candidate passed, or every one was refused by the gate or skipped on this
 machine: torch will serve at once, judging nothing); 1 when a candidate could not be made for another reason (a cache
@@ -21,7 +22,7 @@ import sys
 import time
 from typing import Any
 
-from inferd.core.backends.auto import candidates
+from inferd.core.backends.auto import candidates, remember
 from inferd.core.backends.base import cpu_flags
 from inferd.core.errors import ModelLoadError
 from inferd.core.loading import load_handler
@@ -73,6 +74,7 @@ def prepare(settings: Settings) -> int:
         print(f"inferd prepare: {candidate.name} {verdict['state']} in {verdict['seconds']} s", file=sys.stderr)
         if verdict["state"] == "passed":
             out["serves"] = candidate.name
+            remember(spec, candidate.name, verdict.get("cache_entry"))  # a server starts on it at once
             break
     out["candidates"].update({name: {"state": "skipped", "reason": why} for name, why in skipped.items()})
     failed = [name for name, v in out["candidates"].items() if v["state"] == "failed"]

@@ -34,8 +34,10 @@ def test_two_workers_on_one_cold_cache_export_the_model_once(tiny_model: Path, t
         logs = [fleet.log(w["name"]) for w in fleet.workers]
         exported = [log.count(f"exporting {tiny_model}") for log in logs]
         assert sorted(exported) == [0, 1], exported
-        entries = [p for p in cache.iterdir() if not p.name.startswith(".")]
-        assert len(entries) == 1 and (entries[0] / "meta.json").is_file()
+        # One entry, one export of the model beside it (every dtype's: factory.shared_export), lock files aside.
+        entries = [p for p in cache.iterdir() if p.is_dir() and not p.name.startswith(".")]
+        assert len(entries) == 2 and sum((p / "meta.json").is_file() for p in entries) == 1
+        assert sum(p.name.startswith("export-") for p in entries) == 1
         # Through nginx, either worker answers from the one entry.
         r = httpx.post(fleet.url + "/v1/embeddings", json={"input": ["hello"]}, timeout=30)
         assert r.status_code == 200 and r.headers["x-inferd-runtime"] == FP32

@@ -46,9 +46,12 @@ def test_two_prepares_on_one_cold_cache_export_once_and_both_say_ready(tiny_mode
         assert out["ready"] and out["serves"] == FP32 and out["candidates"][FP32]["state"] == "passed"
     # One built the entry; the other waited on its lock and read it: one miss, one hit, one entry on disk.
     assert sorted(out["candidates"][FP32]["cache"] for _, out, _ in results) == ["hit", "miss"]
-    entries = [p for p in (tmp_path / "cache").iterdir() if not p.name.startswith(".")]
+    entries = [p for p in (tmp_path / "cache").iterdir() if p.is_dir() and not p.name.startswith((".", "export-"))]
     assert len(entries) == 1 and (entries[0] / "meta.json").is_file()
     assert results[0][1]["candidates"][FP32]["cache_entry"] == results[1][1]["candidates"][FP32]["cache_entry"]
+    # The choice is kept for a server with the same settings to start on at once (core/backends/auto.py).
+    kept = [json.loads(p.read_text()) for p in (tmp_path / "cache").glob("auto-*.json")]
+    assert kept == [{"candidate": FP32, "entry": results[0][1]["candidates"][FP32]["cache_entry"]}]
 
 
 def test_prepare_fails_when_the_cache_cannot_be_written_and_refuses_an_unknown_candidate(
