@@ -106,13 +106,16 @@ def test_two_workers_share_a_postgresql_store_and_one_finishes_what_the_other_le
     try:
         with first.client() as client:
             batch_id = create(client, upload(client, jsonl(embedding_lines(n, "w"))).json()["id"]).json()["id"]
-        wait_for(lambda: _done(first, batch_id) >= n // 4, 240, "a quarter of the lines done")
+        wait_for(lambda: _done(first, batch_id) >= n // 4, 100, "a quarter of the lines done")
         ran_second_before = metric_value(httpx.get(second.url + "/metrics").text, "inferd_job_lines_total",
                                          outcome="ok")
         first.proc.send_signal(signal.SIGKILL)
         first.proc.wait(10)
         with second.client() as client:
-            batch = wait_final(client, batch_id, 300)
+            try:
+                batch = wait_final(client, batch_id, 150)  # within pytest's timeout: a failure says where it was
+            except AssertionError as exc:
+                raise AssertionError(f"{exc}\nthe survivor's log:\n{second.log()[-6000:]}") from None
             _exactly_once(client, batch, n, "w")
             ran_second = metric_value(client.get("/metrics").text, "inferd_job_lines_total", outcome="ok")
         assert ran_second > ran_second_before  # the survivor ran what was left
