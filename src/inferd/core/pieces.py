@@ -5,8 +5,8 @@ The pieces go through admission like any request's texts (core/admission.py): th
 piece it holds, a tenant's budget is charged every piece's tokens, the queue orders them by the request's priority
 and drops them at its deadline, and the scheduler batches them under the model's batching rules, so a document
 of ten thousand pieces runs in as many batches as the rules allow, never one. They are queued in waves of at most
-``PIECES_PER_WAVE``, two waves at a time, together at most the model's queue: the queue holds the next wave
-while the current one runs, and no document holds more of the queue than that.
+one batch (``wave_plan``), two waves at a time, together at most the model's queue: the queue holds the next wave
+while the current one runs, and other requests' texts queue behind at most two batches of a document.
 
 A document is split on the tokenizer of the model load that runs its pieces (they are pinned to it), with room
 kept for that load's special tokens and prompt. The answer of each document is either its pieces merged (mode
@@ -38,10 +38,19 @@ from inferd.core.tasks.kinds import task_of
 from inferd.core.tasks.piece_merge import merge
 from inferd.settings import LimitSettings
 
-# Pieces queued at once per wave: enough for several full batches (the scheduler keeps the model busy), few
-# enough that a huge document leaves room in the queue for everyone else's requests.
+# Pieces queued at once per wave: at most one full batch of the model's (batching.max_batch_size), two waves in
+# flight, so the worker always has the next batch of a document queued while one runs, and a short request that
+# arrives meanwhile waits behind at most two batches of it rather than the whole document: with waves of 256,
+# bench/long_docs.py measured short requests beside a stream of 10,000-token documents waiting for their waves.
 PIECES_PER_WAVE = 256
 WAVES_IN_FLIGHT = 2
+
+
+def wave_plan(batching: Any) -> tuple[int, int]:
+    """(pieces per wave, waves in flight) for a model's batching rules: the waves in flight together fit its queue
+    (a full queue would refuse the next one)."""
+    in_flight = min(WAVES_IN_FLIGHT, batching.max_queue)
+    return max(1, min(PIECES_PER_WAVE, batching.max_batch_size, batching.max_queue // in_flight)), in_flight
 
 
 @dataclass(frozen=True, eq=False)
@@ -132,10 +141,7 @@ class Documents:
             deadline = started + timeout_ms / 1e3
             # Pinned to this load: its tokenizer counted the pieces.
             pinned = dataclasses.replace(request, model=served.name, version=slot.version, chunking=None)
-            # The waves in flight together fit the model's queue (a full queue would refuse the next one).
-            max_queue = served.settings.batching.max_queue
-            in_flight = min(WAVES_IN_FLIGHT, max_queue)
-            wave = min(PIECES_PER_WAVE, max_queue // in_flight)
+            wave, in_flight = wave_plan(served.settings.batching)
             if late:
                 return await self._late(pinned, texts, pieces, slot, prompt, (wave, in_flight), deadline,
                                         disconnected)
@@ -171,8 +177,7 @@ class Documents:
                   for p in found]
         deadline = started + (request.timeout_ms or batching.default_timeout_ms) / 1e3
         pinned = dataclasses.replace(request, model=slot.description.name, version=slot.version, chunking=None)
-        in_flight = min(WAVES_IN_FLIGHT, batching.max_queue)
-        wave = min(PIECES_PER_WAVE, batching.max_queue // in_flight)
+        wave, in_flight = wave_plan(batching)
         results = await self._waves(pinned, inputs, wave, in_flight, deadline, disconnected)
         return long_rerank.scored(planned, results, chunking.mode, slot.description)
 
