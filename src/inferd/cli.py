@@ -117,6 +117,10 @@ def export(settings: Settings) -> int:
         print("inferd export: model.backend is torch, which needs no export (give --backend onnx or openvino)",
               file=sys.stderr)
         return 2
+    if settings.model.backend == "auto":
+        print("inferd export: model.backend is auto, whose candidates `inferd prepare` judges into the cache "
+              "(or give --backend onnx or openvino)", file=sys.stderr)
+        return 2
     try:
         handler = load_handler(dataclasses.replace(spec_from_settings(settings), warmup=False))
     except ModelLoadError as exc:
