@@ -10,7 +10,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from servers import ROOT
+
+from inferd import cli
 
 # One candidate keeps each export and gate to seconds; the gate on 32 texts.
 FP32 = "openvino-float32"
@@ -64,3 +67,12 @@ def test_prepare_fails_when_the_cache_cannot_be_written_and_refuses_an_unknown_c
     code, out, err = finish(start(prepare_env(tiny_model, tmp_path / "cache",
                                               INFERD__MODEL__AUTO_CANDIDATES='["openvino-float64"]')))
     assert code == 2 and "model.auto_candidates ['openvino-float64']: choose among" in err
+
+
+def test_export_refuses_backend_auto_naming_prepare(capsys: pytest.CaptureFixture[str],
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in [n for n in os.environ if n.startswith("INFERD")]:
+        monkeypatch.delenv(name)
+    assert cli.main(["export", "--backend", "auto"]) == 2
+    assert "inferd prepare" in capsys.readouterr().err
+
