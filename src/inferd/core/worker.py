@@ -1,11 +1,11 @@
 """A batch worker: on its own thread it takes the scheduler's decisions for its lanes and runs them.
 
-It runs each batch through the handler of the slot the queue claimed for it, splits a batch that runs out
-of device memory in halves (so only what cannot fit fails), runs the calls posted to its thread (the manager's
-slot frees: freeing closes a handler and empties the device cache, which must not block the event loop), and
-reports what happened as an outcome object (core/outcomes.py: ``BatchReport`` or ``Failure``) handed to
-``deliver``. It never writes a request's outcome itself: the event loop applies the outcome, and stays
-the only writer of a ticket.
+It runs each batch (core/batch_compute.py: the handler's pass, split in halves on out-of-memory so only what
+cannot fit fails) on the slot the queue claimed for it, on its instance's threads or, alone, on all of the model's.
+It runs the calls posted to its thread (the manager's slot frees: freeing closes a handler and empties the device
+cache, which must not block the event loop), and reports what happened as an outcome object (core/outcomes.py:
+``BatchReport`` or ``Failure``) handed to ``deliver``. It never writes a request's outcome itself: the event loop
+applies the outcome, and stays the only writer of a ticket.
 
 A worker is one model instance (core/instances.py): it takes only its own model's lanes, under its own
 thread count and CUDA stream. Every model's instances together are core/workers.py.
@@ -21,30 +21,18 @@ from collections.abc import Callable, Iterator
 from queue import Empty, SimpleQueue
 from typing import Any
 
-import torch
-
 from inferd.core.backends.base import all_threads
+from inferd.core.batch_compute import BatchComputer, failed_batch
 from inferd.core.batcher import BatchQueue
 from inferd.core.errors import EngineError, Kind, deadline_passed
 from inferd.core.instances import Instance, Sharing
-from inferd.core.outcomes import BatchReport, Failure, Outcome, WorkItem, tickets_of
+from inferd.core.outcomes import Failure, Outcome, WorkItem, tickets_of
 from inferd.core.scheduler import Decision
 from inferd.core.shadow import SHADOW_SUFFIX
 from inferd.core.slots import ModelSlot
-from inferd.core.staging import same_batch
-from inferd.utils import tracing
 from inferd.utils.metrics import Metrics
 
 log = logging.getLogger(__name__)
-batch_log = logging.getLogger("inferd.batch")
-
-
-def _is_oom(exc: BaseException) -> bool:
-    return isinstance(exc, torch.OutOfMemoryError)
-
-
-def _failed() -> EngineError:
-    return EngineError(Kind.FAILED, "inference failed for this batch")
 
 
 def call_posted(calls: list[Callable[[], None]]) -> None:
@@ -72,7 +60,8 @@ class BatchWorker:
         self.deliver = deliver
         self.instance = instance
         self.error: str | None = None  # why the thread died (for the log and /admin/models)
-        self.batches_run = 0
+        self.batches = BatchComputer(metrics, memory_guard,
+                                     instance.running if instance is not None else contextlib.nullcontext)
         self._thread: threading.Thread | None = None
         self._retired = False
         self._dead = False  # the worker died: its stager takes nothing more
@@ -133,7 +122,7 @@ class BatchWorker:
                 except Exception:
                     # A fault outside the handler (metrics, memory guard): fail this decision, keep serving.
                     log.exception("handling a batch failed; its requests fail, the worker carries on")
-                    self.deliver(Failure(tickets_of([*decision.batch, *decision.expired]), _failed()))
+                    self.deliver(Failure(tickets_of([*decision.batch, *decision.expired]), failed_batch()))
                 decision = None
         except BaseException as exc:  # the loop must never die silently: readiness reports it
             self.error = f"{type(exc).__name__}: {exc}"
@@ -249,7 +238,7 @@ class BatchWorker:
             started = time.monotonic()
             try:
                 with all_threads(wide):  # wide: on every thread of the model's instances, none of them busy
-                    report = self._compute(slot, decision.batch, live, staged)
+                    report = self.batches.compute(slot, decision.batch, live, staged)
             finally:
                 if sharing is not None:
                     sharing.leave(wide)
@@ -286,80 +275,6 @@ class BatchWorker:
         for item in batch:
             waited.observe(max(0.0, started - item.enqueued))
 
-    def _compute(self, slot: ModelSlot, batch: list[WorkItem], live: bool = True,
-                   staged: Any = None) -> BatchReport | None:
-        # Requests that left since the batch was chosen are not computed for.
-        batch = [it for it in batch if not it.ticket.closed]
-        if not batch:
-            return None
-        if staged is not None and not same_batch(staged, [it.encoded for it in batch]):
-            staged = None  # staged for the batch as it was taken: the smaller one is collated afresh
-        started = time.monotonic()
-        if not slot.usable:
-            # Cannot happen while requests keep their items' slot (core/admission.py); if it ever does,
-            # refuse rather than run on a model that is being freed.
-            log.error("a batch was handed out on a released model", extra={"version": slot.version})
-            err = EngineError(Kind.MODEL_UNLOADED, "the model this request was routed to was unloaded; retry")
-            return BatchReport(0, started, 0.0, 0.0, len(batch), [(it, err) for it in batch])
-        span = tracing.start_batch(batch)  # None when tracing is off (or none of its requests is traced)
-        timing = [0.0, 0.0]
-        results = self._infer_split(slot, batch, timing, staged)
-        infer_s, post_s = timing
-        n = len(batch)
-        longest = max(it.tokens for it in batch)
-        model, version = slot.spec.name, slot.version
-        real_tokens = sum(it.tokens for it in batch)
-        traced: dict[str, Any] = {}
-        if span is not None:
-            span.end(size=n, padded_tokens=longest * n, tokens=real_tokens, model=model, version=version,
-                     failed=sum(isinstance(r, EngineError) for r in results))
-            traced = {"trace_id": span.trace_id, "trace_ids": span.trace_ids}
-        m = self.metrics
-        if live:
-            m.batch_size.labels(model, version).observe(n)
-            m.batch_tokens.labels(model, version).observe(longest * n)
-            m.inference_duration.labels(model, version).observe(infer_s)
-            m.postprocess_duration.labels(model, version).observe(post_s)
-            queued = m.queue_duration.labels(model, version)
-            for item in batch:
-                queued.observe(started - item.enqueued)
-        self.batches_run += 1
-        batch_log.info("batch", extra={"batch_size": n, "batch_tokens": longest * n, "real_tokens": real_tokens,
-                                       "inference_ms": round(infer_s * 1e3, 3),
-                                       "postprocess_ms": round(post_s * 1e3, 3),
-                                       "duration_ms": round((time.monotonic() - started) * 1e3, 3),
-                                       "model": model, "version": version, **traced})
-        return BatchReport(self.batches_run, started, infer_s, post_s, n,
-                           list(zip(batch, results, strict=True)), span)
-
-    def _infer_split(self, slot: ModelSlot, items: list[WorkItem], timing: list[float],
-                     staged: Any = None) -> list[Any]:
-        """Run items as one batch (``staged``: their inputs already on the device); on out-of-memory split in
-        halves so only what cannot fit fails."""
-        handler = slot.handler
-        running = self.instance.running() if self.instance is not None else contextlib.nullcontext()
-        try:
-            with running:  # on a GPU, this instance's own stream: the postprocess's copy out waits for it alone
-                t0 = time.perf_counter()
-                outputs = handler.infer(staged if staged is not None else [it.encoded for it in items])
-                t1 = time.perf_counter()
-                results = handler.postprocess(outputs)
-            timing[0] += t1 - t0
-            timing[1] += time.perf_counter() - t1
-            if len(results) != len(items):
-                raise RuntimeError(f"handler returned {len(results)} results for a batch of {len(items)}")
-            return list(results)
-        except Exception as exc:
-            if _is_oom(exc):
-                self.metrics.oom.inc()
-                if self.memory_guard is not None:
-                    self.memory_guard.after_oom()
-                if len(items) > 1:
-                    mid = len(items) // 2
-                    log.warning("out of memory in a batch of %d; retrying in halves", len(items))
-                    return self._infer_split(slot, items[:mid], timing) + self._infer_split(
-                        slot, items[mid:], timing)
-                return [EngineError(Kind.OOM, "out of memory computing this input even alone; send a shorter "
-                                    "text or retry later")]
-            log.exception("batch of %d failed", len(items))
-            return [_failed()] * len(items)
+    @property
+    def batches_run(self) -> int:
+        return self.batches.batches_run
