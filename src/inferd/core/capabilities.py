@@ -3,7 +3,7 @@
 It is read where it is needed, never copied field by field: the scheduler's padding floor (core/scheduler.py, through
 the batch's slot), a batch alone on every thread of its model (core/worker.py), the next batch's inputs put on the
 device while this one runs (core/tasks/base.py ``ModelTask.stage``). A handler with no runner (a plug-in) has the
-defaults: it pads, it does not widen, it stages nothing. No torch here: the scheduler reads it too.
+defaults: it pads, it keeps to its instance's threads, it stages nothing. No torch here: the scheduler reads it too.
 """
 
 from __future__ import annotations

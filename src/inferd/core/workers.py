@@ -42,8 +42,8 @@ class Workers:
         """A served model's instances as its (budget-resolved) entry says: added, or grown, shrunk, re-budgeted."""
         wanted = plan(entry, device)
         workers = self._by_model.setdefault(entry.name, [])
-        for worker, instance in zip(workers, wanted, strict=False):
-            worker.instance.threads = instance.threads  # type: ignore[union-attr]  # applied before its next batch
+        for own, instance in zip(self.instances(entry.name), wanted, strict=False):
+            own.threads = instance.threads  # applied before its next batch
         for instance in wanted[len(workers):]:
             worker = self._worker(instance)
             workers.append(worker)
@@ -52,8 +52,8 @@ class Workers:
         while len(workers) > len(wanted):
             self._retire(workers.pop())
         sharing = Sharing() if len(workers) > 1 else None
-        for worker in workers:
-            worker.instance.sharing = sharing  # type: ignore[union-attr]
+        for own in self.instances(entry.name):
+            own.sharing = sharing
 
     def remove_model(self, name: str) -> None:
         for worker in self._by_model.pop(name, []):
