@@ -12,11 +12,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import secrets
 import threading
 import time
-from typing import Any
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
 
 from starlette.applications import Starlette
 
@@ -28,6 +31,7 @@ from inferd.settings import JobsSettings
 from inferd.utils.metrics import Metrics
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 # A line answered "not now" (429: its owner's limits; 503, 504) runs again after this many seconds, as long as
 # some line of its chunk gets through; after this many rounds in a row with none, the answers are the records.
@@ -47,6 +51,9 @@ class JobRunner:
         self.worker = f"w-{secrets.token_hex(6)}"  # this process's leases
         self._store: Store | None = None
         self._opening = threading.Lock()
+        # The store's and the disk's calls on threads of their own: a slow database never holds the default pool
+        # that online requests tokenise on.
+        self._pool = ThreadPoolExecutor(settings.concurrency + 2, thread_name_prefix="inferd-jobs")
         self._tasks: list[asyncio.Task[None]] = []
         self._wake = asyncio.Event()
         self._swept = 0.0
@@ -64,6 +71,9 @@ class JobRunner:
         return self._store is not None or self.settings.database_url is not None \
             or (self.settings.data_dir / "jobs.sqlite3").exists()
 
+    async def _io(self, fn: Callable[..., T], *args: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._pool, functools.partial(fn, *args))
+
     def wake(self) -> None:
         """Work was added: idle loops look at once."""
         self._wake.set()
@@ -73,7 +83,7 @@ class JobRunner:
     async def start(self) -> None:
         if self._exists():
             try:
-                await asyncio.to_thread(self.store)  # migrations at start-up
+                await self._io(self.store)  # migrations at start-up
             except Exception:  # a database down must not keep online traffic from being served: the loops retry
                 log.exception("batch jobs: the job store could not be opened; retrying in the background")
         self._tasks = [asyncio.create_task(self._loop(), name=f"jobs-{i}") for i in range(self.settings.concurrency)]
@@ -86,16 +96,17 @@ class JobRunner:
         if self._store is not None:
             store = self._store
             for batch_id, seq in list(self._held):  # another worker takes them now, not after the lease
-                await asyncio.to_thread(store.release_chunk, batch_id, seq, self.worker)
+                await self._io(store.release_chunk, batch_id, seq, self.worker)
             self._held.clear()
             store.close()
+        self._pool.shutdown(wait=False)
 
     # -- the loop --------------------------------------------------------------------------------------------
 
     async def _loop(self) -> None:
         while True:
             try:
-                claim = await asyncio.to_thread(self.store().claim, self.worker, self.settings.lease_s) \
+                claim = await self._io(lambda: self.store().claim(self.worker, self.settings.lease_s)) \
                     if self._exists() else None
                 if claim is None:
                     await self._sweep()
@@ -123,11 +134,11 @@ class JobRunner:
                 records = await self._records(claim)
             finally:
                 renewing.cancel()
-            name = await asyncio.to_thread(self.files.write_result, batch["id"], claim.seq, records)
+            name = await self._io(self.files.write_result, batch["id"], claim.seq, records)
             ok = sum(r.ok for r in records)
             failed = len(records) - ok
-            committed = await asyncio.to_thread(self.store().commit_chunk, batch["id"], claim.seq, self.worker,
-                                                name, ok, failed)
+            committed = await self._io(lambda: self.store().commit_chunk(batch["id"], claim.seq, self.worker, name,
+                                                                          ok, failed))
         except asyncio.CancelledError:
             raise  # stopping: stop() gives the chunk back at once
         except BaseException:
@@ -149,13 +160,13 @@ class JobRunner:
         a dead worker's chunk is free again within one lease."""
         while True:
             await asyncio.sleep(self.settings.lease_s / 3)
-            if not await asyncio.to_thread(self.store().renew, batch_id, seq, self.worker, self.settings.lease_s):
+            if not await self._io(lambda: self.store().renew(batch_id, seq, self.worker, self.settings.lease_s)):
                 return
 
     async def _records(self, claim: Claim) -> list[Record]:
         """Every line of the chunk's span as a record: bad lines' errors, and the valid lines' answers."""
         batch = claim.batch
-        data = await asyncio.to_thread(self.files.read_span, batch["input_file_id"], claim.start, claim.stop)
+        data = await self._io(self.files.read_span, batch["input_file_id"], claim.start, claim.stop)
         endpoint = endpoint_of(batch["endpoint"])
         lines, records = parse_all(split(data), claim.first_line, endpoint, batch["id"],
                                    frozenset(decoded(batch["duplicates"]) or ()))
@@ -182,8 +193,8 @@ class JobRunner:
     # -- finishing -------------------------------------------------------------------------------------------
 
     async def _finish_ready(self) -> None:
-        for batch in await asyncio.to_thread(self.store().to_finish):
-            await asyncio.to_thread(self._finish, batch)
+        for batch in await self._io(lambda: self.store().to_finish()):
+            await self._io(self._finish, batch)
 
     def _finish(self, batch: dict[str, Any]) -> None:
         """The batch's final state, with its output and error files (what its committed chunks hold)."""
@@ -230,13 +241,13 @@ class JobRunner:
             return
         self._swept = time.monotonic()
         await self._finish_ready()
-        await asyncio.to_thread(self._expire)
+        await self._io(self._expire)
         store = self.store()
-        counts = await asyncio.to_thread(store.counts)
+        counts = await self._io(store.counts)
         for state in ("validating", "in_progress", "finalizing", "cancelling", "completed", "failed", "expired",
                       "cancelled"):
             self.metrics.jobs.labels(state).set(counts.get(state, 0))
-        self.metrics.job_backlog.set(await asyncio.to_thread(store.backlog))
+        self.metrics.job_backlog.set(await self._io(store.backlog))
 
     def _expire(self) -> None:
         store = self.store()
