@@ -453,7 +453,7 @@ class ModelEntry(_Section):
     required: bool = True
     # The model a route of its task runs when a request names none (else the task's first model).
     default: bool = False
-    # Its share of the device when several models have work queued (the scheduler's weight, core/batcher.py).
+    # Its share of the device when several models have work queued (the scheduler's weight, core/lanes.py).
     share: float = Field(1.0, gt=0.0, le=100.0)
     # More names clients may send as ``model`` for it (OpenAI's ``text-embedding-3-small`` served by a local
     # embedder, so code written for OpenAI changes only its base URL); /v1/models lists them.
