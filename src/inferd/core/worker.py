@@ -244,7 +244,7 @@ class BatchWorker:
                     sharing.leave(wide)
                 slot.release()  # the claim the queue took for this batch; a retired slot is freed here
                 took = time.monotonic() - started
-                # The device time the lane's model took: the fair share between models (core/batcher.py).
+                # The device time the lane's model took: the fair share between models (core/lanes.py).
                 self.queue.charge(decision.lane, took)
                 self._count(slot.spec.name, decision.batch, started, took)
             if report is not None:
