@@ -23,15 +23,19 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
+from tokenizers import Tokenizer
 
+from inferd.core.capabilities import Capabilities
+from inferd.core.description import Loaded, TaskFacts
 from inferd.core.preprocess import Encoded
 from inferd.core.spec import ModelSpec
 from inferd.core.tasks.base import Handler
 
 DIM = 8
+H = TypeVar("H", bound=Handler)
 # A held batch gives up after this long, so a broken test cannot hang a server forever.
 HOLD_LIMIT_S = 60.0
 
@@ -59,14 +63,13 @@ def read_record(path: Path) -> list[list[str]]:
 
 
 class HashHandler(Handler):
-    """Implements the Handler contract with no model: vector_for(text) per text, one result per item."""
+    """Implements the Handler contract with no model: vector_for(text) per text, one result per item. What its load
+    says (``Loaded``) is read from these class members, which a subclass or a test sets before the load."""
 
-    name = "fake"
-    version = "1"
     dimension = DIM
     max_seq_length = 100_000
-    device = torch.device("cpu")
-    dtype = "float32"
+    capabilities = Capabilities()
+    tokenizer: Tokenizer | None = None
 
     def __init__(self) -> None:
         self.batches: list[list[str]] = []
@@ -76,8 +79,7 @@ class HashHandler(Handler):
         self.gates: dict[str, threading.Event] = {}
         self.closed = False
 
-    def load(self, spec: ModelSpec, device: torch.device) -> None:
-        self.name, self.version, self.device = spec.name, spec.version, device
+    def load(self, spec: ModelSpec, device: torch.device) -> Loaded:
         record, gate_dir = os.environ.get("FAKE_RECORD"), os.environ.get("FAKE_GATE_DIR")
         hold = os.environ.get("FAKE_LOAD_HOLD")
         give_up = time.monotonic() + HOLD_LIMIT_S
@@ -87,6 +89,13 @@ class HashHandler(Handler):
             time.sleep(0.05)
         self.record = Path(record) if record else None
         self.gate_dir = Path(gate_dir) if gate_dir else None
+        return Loaded(facts=self.facts(), max_seq_length=self.max_seq_length,
+                      device="cpu" if device is None else str(device), dtype="float32",
+                      capabilities=self.capabilities, tokenizer=self.tokenizer)
+
+    def facts(self) -> TaskFacts:
+        """What its load says of the model: its vectors' size (a subclass says more)."""
+        return TaskFacts(dimension=self.dimension)
 
     def preprocess(self, texts: list[str]) -> list[Encoded]:
         return [encode(t) for t in texts]
@@ -143,32 +152,32 @@ class PacedHandler(HashHandler):
         return out
 
 
+def opened(handler: H, spec: ModelSpec) -> H:
+    """The handler, opened on the CPU as a load opens it (``Handler.open``): what a slot is made of."""
+    handler.open(spec, torch.device("cpu"))
+    return handler
+
+
 def loader_for(handler: Handler) -> Callable[[ModelSpec], Handler]:
     """A ModelManager loader that 'loads' this very handler instance on the CPU."""
-
-    def load(spec: ModelSpec) -> Handler:
-        handler.load(spec, torch.device("cpu"))
-        return handler
-
-    return load
+    return lambda spec: opened(handler, spec)
 
 
 class FakeHandler(Handler):
     """What the model manager needs of a handler and no more (tests of the manager and of a load's guard); the
-    dimension is read from the folder's name ("dim48-...", else 32)."""
+    dimension is read from the folder's name ("dim48-...", else 32). It is opened as it is made, as a loader's
+    handler is."""
 
     def __init__(self, spec: ModelSpec) -> None:
         self.spec = spec
         self.version = spec.version
         name = spec.path.name
         self.dimension = int(name[3:name.index("-")]) if name.startswith("dim") else 32
-        self.max_seq_length = 128
-        self.device = "cpu"
-        self.dtype = "float32"
         self.closed = False
+        self.open(spec, torch.device("cpu"))
 
-    def load(self, spec: ModelSpec, device: Any) -> None:
-        pass
+    def load(self, spec: ModelSpec, device: Any) -> Loaded:
+        return Loaded(facts=TaskFacts(dimension=self.dimension), max_seq_length=128, device="cpu", dtype="float32")
 
     def preprocess(self, inputs: list[Any]) -> list[Any]:
         return inputs

@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from inferd.core.description import Loaded, TaskFacts
 from inferd.core.preprocess import Encoded
 from inferd.core.spec import ModelSpec
 from inferd.core.tasks.base import Handler
@@ -31,18 +32,11 @@ def vector_for(text: str) -> list[float]:
 
 
 class SlowHandler(Handler):
-    name = "slow"
-    version = "0"
-    dimension = DIM
-    max_seq_length = 512
-    device = torch.device("cpu")
-    dtype = "float32"
-
-    def load(self, spec: ModelSpec, device: torch.device) -> None:
-        self.name, self.version = spec.name, spec.version
+    def load(self, spec: ModelSpec, device: torch.device) -> Loaded:
         self.delay = float(os.environ.get("LIFECYCLE_DELAY_S", "0.3"))
         self.stall = float(os.environ.get("LIFECYCLE_STALL_S", "120"))
         self.hold = os.environ.get("LIFECYCLE_HOLD_FILE")
+        return Loaded(facts=TaskFacts(dimension=DIM), max_seq_length=512, device="cpu", dtype="float32")
 
     def preprocess(self, texts: list[str]) -> list[Encoded]:
         # One "token" per character, so infer can recover the text.

@@ -88,7 +88,7 @@ def test_queries_and_documents_equal_the_direct_computation(reference: Any, hand
         np.testing.assert_allclose(vectors, want, atol=1e-5, rtol=0)
     assert got[0].shape == (QUERY_LENGTH, DIM)  # expanded to the query length
     assert got[-1].shape == (DOCUMENT_LENGTH, DIM)  # cut to the document length, markers included
-    assert handler.describe().other["multivector_dimension"] == DIM
+    assert handler.loaded.facts.other["multivector_dimension"] == DIM
 
 
 def test_maxsim_rerank_equals_the_direct_computation(reference: Any, handler: Any) -> None:

@@ -116,7 +116,7 @@ def test_splade_equals_sparse_encoder(root: Path, form: str) -> None:
             np.testing.assert_allclose(got.values, row[ids], atol=1e-5, rtol=0)
         vocab = handler.tokenizer.id_to_token
         assert b.sparse.tokens == tuple(vocab(int(i)) for i in ids)
-    assert handler.describe().other["outputs"] == ["sparse"]
+    assert handler.loaded.facts.other["outputs"] == ["sparse"]
 
 
 def test_splade_prunes_as_configured_and_serves_a_bare_masked_lm_by_setting(root: Path) -> None:
@@ -160,7 +160,7 @@ def _m3_reference(folder: Path, text: str) -> dict[str, Any]:
 def test_m3_gives_any_subset_of_its_outputs_as_baai_computes_them(root: Path) -> None:
     folder = root / "m3"
     handler = _load(M3Handler, folder)
-    assert handler.describe().other["outputs"] == ["dense", "sparse", "multivector", "token_states"]
+    assert handler.loaded.facts.other["outputs"] == ["dense", "sparse", "multivector", "token_states"]
     subsets = [("dense", "sparse", "multivector"), ("sparse",), ("multivector", "dense"), ("sparse", "multivector")]
     asks = [asking(t, subsets[i % len(subsets)]) for i, t in enumerate(TEXTS)]
     got = _run(handler, asks)  # one batch, one pass, every text its own subset
@@ -211,7 +211,7 @@ def test_an_output_the_model_lacks_is_refused_by_name(root: Path, tmp_path: Path
     shutil.copytree(root / "m3", folder)
     (folder / "colbert_linear.pt").unlink()
     handler = _load(M3Handler, folder)
-    assert handler.describe().other["outputs"] == ["dense", "sparse", "token_states"]
+    assert handler.loaded.facts.other["outputs"] == ["dense", "sparse", "token_states"]
     with pytest.raises(InputError, match="asks for multivector; this model gives dense, sparse, token_states"):
         handler.preprocess([asking("hello", ("dense",)), asking("world", ("multivector",))])
     cfg = json.loads((folder / "config.json").read_text())

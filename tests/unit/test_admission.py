@@ -23,7 +23,7 @@ from settingskit import make_settings
 from inferd.api import vectors
 from inferd.core import admission
 from inferd.core.admission import token_estimate
-from inferd.core.description import TaskFacts
+from inferd.core.description import Loaded, TaskFacts
 from inferd.core.engine import InferenceEngine
 from inferd.core.errors import EngineError, Kind
 from inferd.core.outcomes import TaskResult
@@ -36,13 +36,13 @@ from inferd.core.tenants import Tenancy, current_tenant
 class Prompted(HashHandler):
     """A fake embedder whose load describes its own prompts and normalisation (the folder's name says which)."""
 
-    def load(self, spec: ModelSpec, device: torch.device) -> None:
-        super().load(spec, device)
+    def load(self, spec: ModelSpec, device: torch.device) -> Loaded:
         canary = spec.path.name == "canary"
         self.prompts = {"query": "C: " if canary else "A: "}
         self.normalize = canary
+        return super().load(spec, device)
 
-    def describe(self) -> TaskFacts:
+    def facts(self) -> TaskFacts:
         return TaskFacts(dimension=DIM, prompts=self.prompts, normalize=self.normalize)
 
 

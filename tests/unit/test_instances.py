@@ -21,7 +21,7 @@ import pytest
 import torch
 from conftest import wait_for
 from enginekit import EngineKit, ask, by_folder, until
-from fakes import HashHandler, encode, loader_for, vector_for
+from fakes import HashHandler, encode, loader_for, opened, vector_for
 from settingskit import make_settings
 from starlette.testclient import TestClient
 
@@ -225,7 +225,7 @@ def workers_on(queue: BatchQueue, instances: list[Instance]) -> Iterator[list[Ou
 def test_on_a_gpu_each_instance_runs_its_batch_and_the_copy_out_on_its_own_stream(tmp_path: Path) -> None:
     streams = [FakeStream(), FakeStream()]
     handler = StreamHandler(streams)
-    slot = ModelSlot(handler, ModelSpec(tmp_path, "1"), 0.0)
+    slot = ModelSlot(opened(handler, ModelSpec(tmp_path, "1")), ModelSpec(tmp_path, "1"), 0.0)
     queue = BatchQueue(claim=lambda b: b[0].slot.acquire())
     queue.add_lane("m", Policy(max_batch_size=1, max_wait_ms=0.0), 64)
     handler.gates["g"] = threading.Event()
@@ -451,7 +451,7 @@ def test_on_a_gpu_the_next_batch_is_taken_and_copied_while_the_current_one_runs(
     compute, copy = FakeCudaStream(), FakeCudaStream()
     handler = StagingHandler()
     handler.gates["g"] = threading.Event()
-    slot = ModelSlot(handler, ModelSpec(tmp_path, "1"), 0.0)
+    slot = ModelSlot(opened(handler, ModelSpec(tmp_path, "1")), ModelSpec(tmp_path, "1"), 0.0)
     queue = BatchQueue(claim=lambda b: b[0].slot.acquire())
     queue.add_lane("m", Policy(max_batch_size=1, max_wait_ms=0.0), 64)
     instance = Instance("m", 0, 1, live_lane("m"), compute, copy_stream=copy)
@@ -482,7 +482,7 @@ def test_on_a_gpu_the_next_batch_is_taken_and_copied_while_the_current_one_runs(
 
 def test_without_a_copy_stream_nothing_is_staged(tmp_path: Path) -> None:
     handler = StagingHandler()
-    slot = ModelSlot(handler, ModelSpec(tmp_path, "1"), 0.0)
+    slot = ModelSlot(opened(handler, ModelSpec(tmp_path, "1")), ModelSpec(tmp_path, "1"), 0.0)
     queue = BatchQueue(claim=lambda b: b[0].slot.acquire())
     queue.add_lane("m", Policy(max_batch_size=1, max_wait_ms=0.0), 64)
     loop = asyncio.new_event_loop()
@@ -530,7 +530,7 @@ def test_when_a_staging_worker_dies_the_batch_it_had_staged_is_failed_not_lost(t
 
     handler = Dying()
     handler.gates["g"] = threading.Event()
-    slot = ModelSlot(handler, ModelSpec(tmp_path, "1"), 0.0)
+    slot = ModelSlot(opened(handler, ModelSpec(tmp_path, "1")), ModelSpec(tmp_path, "1"), 0.0)
     queue = BatchQueue(claim=lambda b: b[0].slot.acquire())
     queue.add_lane("m", Policy(max_batch_size=1, max_wait_ms=0.0), 64)
     loop = asyncio.new_event_loop()
@@ -597,7 +597,7 @@ def held_model(tmp_path: Path) -> Iterator[tuple[AloneHandler, ModelSlot, BatchQ
     queue.add_lane("m", Policy(max_batch_size=1, max_wait_ms=0.0), 64)
     loop = asyncio.new_event_loop()
     try:
-        yield handler, ModelSlot(handler, ModelSpec(tmp_path, "1"), 0.0), queue, loop
+        yield handler, ModelSlot(opened(handler, ModelSpec(tmp_path, "1")), ModelSpec(tmp_path, "1"), 0.0), queue, loop
     finally:
         handler.gates["g"].set()
         loop.close()

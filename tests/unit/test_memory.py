@@ -16,11 +16,13 @@ import numpy as np
 import pytest
 import torch
 from enginekit import EngineKit, until
+from fakes import loader_for
 from fastapi.testclient import TestClient
 from settingskit import make_settings
 
 from inferd.api.app import create_app
 from inferd.core import memory
+from inferd.core.description import Loaded, TaskFacts
 from inferd.core.engine import InferenceEngine
 from inferd.core.errors import EngineError, Kind
 from inferd.core.memory import CudaStats, MemoryGuard, MemoryStats, ProcessStats, build_guard, configure_process
@@ -68,13 +70,6 @@ class FakeStats:
 class FakeHandler(Handler):
     """Embeds a text as [sum of its codes, its length]; runs out of memory on big batches or the marker."""
 
-    name = "fake"
-    version = "1"
-    dimension = 2
-    max_seq_length = 64
-    device = torch.device("cpu")
-    dtype = "float32"
-
     def __init__(self, oom_over: int | None = None, events: list | None = None) -> None:
         self.oom_over = oom_over
         self.events = events if events is not None else []
@@ -82,8 +77,8 @@ class FakeHandler(Handler):
         self.sizes: list[int] = []  # every batch tried
         self.served: list[int] = []  # the batches that fitted
 
-    def load(self, spec: Any, device: torch.device) -> None:
-        pass
+    def load(self, spec: Any, device: torch.device) -> Loaded:
+        return Loaded(facts=TaskFacts(dimension=2), max_seq_length=64, device="cpu", dtype="float32")
 
     def preprocess(self, texts: list[str]) -> list[Encoded]:
         return [Encoded([ord(c) for c in t], False) for t in texts]
@@ -325,7 +320,7 @@ def test_oom_over_http_is_507_and_the_service_stays_ready(tmp_path: Path) -> Non
     handler = FakeHandler(oom_over=4)
     settings = make_settings(tmp_path, **SUITE)
     guard = MemoryGuard(settings.memory, FakeStats(allocated=100, reserved=200))
-    app = create_app(settings, loader=lambda spec: handler, memory_guard=guard)
+    app = create_app(settings, loader=loader_for(handler), memory_guard=guard)
     with TestClient(app) as client:
         r = client.post("/predict", json={"texts": ["fine", MARKER]})
         assert r.status_code == 507, r.text

@@ -75,7 +75,7 @@ def test_each_pooling_mode_equals_sentence_transformers(bert: Path, tmp_path: Pa
     folder = (write_st_v6(tmp_path / "m", bert, pooling=mode, normalize=False) if fmt == "v6"
               else write_st_legacy(tmp_path / "m", bert, pooling=(mode,), normalize=False))
     handler = assert_same_as_sentence_transformers(folder)
-    assert handler.describe().pooling == mode and handler.normalize is False
+    assert handler.loaded.facts.pooling == mode and handler.normalize is False
 
 
 def test_v6_concatenated_pooling_dense_normalize_and_prompts_left_out(bert: Path, tmp_path: Path) -> None:
@@ -83,7 +83,7 @@ def test_v6_concatenated_pooling_dense_normalize_and_prompts_left_out(bert: Path
                          prompts={"query": "query: ", "document": "passage: "}, default_prompt_name="query",
                          similarity="dot")
     handler = assert_same_as_sentence_transformers(folder)
-    d = handler.describe()
+    d = handler.loaded.facts
     assert (d.dimension, d.pooling, d.normalize, d.other["include_prompt"]) == (16, "mean+lasttoken", True, False)
     assert d.similarity_fn_name == "dot" and d.other["dense"] == ["2_Dense: 64->16 Tanh"]
 
@@ -97,7 +97,7 @@ def test_v6_weighted_mean_with_prompts_kept_and_an_identity_dense(bert: Path, tm
 def test_legacy_concatenation_and_a_dense_module(bert: Path, tmp_path: Path) -> None:
     folder = write_st_legacy(tmp_path / "m", bert, pooling=("cls", "max", "mean"), dense=12)
     handler = assert_same_as_sentence_transformers(folder)
-    assert handler.describe().pooling == "cls+max+mean" and handler.similarity_fn_name == "cosine"
+    assert handler.loaded.facts.pooling == "cls+max+mean" and handler.similarity_fn_name == "cosine"
 
 
 def test_legacy_pickled_dense_loads_only_when_pickle_is_allowed(bert: Path, tmp_path: Path) -> None:

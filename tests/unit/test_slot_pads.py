@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from fakes import HashHandler
+from fakes import HashHandler, opened
 
 from inferd.core.capabilities import Capabilities
 from inferd.core.loading import load_handler
@@ -27,7 +27,6 @@ def test_a_slot_pads_as_its_runner_does(tiny_model: Path, unpadded: bool, pads: 
 
 
 def test_a_handler_without_a_runner_is_taken_to_pad(tmp_path: Path) -> None:
-    handler = HashHandler()
-    handler.load(ModelSpec(tmp_path, "1"), None)  # type: ignore[arg-type]
+    handler = opened(HashHandler(), ModelSpec(tmp_path, "1"))
     assert ModelSlot(handler, ModelSpec(tmp_path, "1"), 0.0).capabilities == Capabilities()
     assert Capabilities().pads is True and not Capabilities().can_use_all_threads and not Capabilities().stages

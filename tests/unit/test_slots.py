@@ -9,12 +9,12 @@ from typing import Any
 import pytest
 import torch
 from conftest import metric_value
-from fakes import DIM, HashHandler, loader_for
+from fakes import DIM, HashHandler, loader_for, opened
 from fastapi.testclient import TestClient
 from settingskit import make_settings
 
 from inferd.api.app import create_app
-from inferd.core.description import ModelDescription, TaskFacts
+from inferd.core.description import Loaded, ModelDescription, TaskFacts
 from inferd.core.errors import ModelLoadError
 from inferd.core.slots import ModelSlot
 from inferd.core.spec import ModelSpec
@@ -27,8 +27,8 @@ ADMIN = {"Authorization": "Bearer admin-key"}
 class BareHandler(Handler):
     """The smallest plug-in: load and the three stages, none of the members with defaults."""
 
-    def load(self, spec: ModelSpec, device: torch.device) -> None:
-        pass
+    def load(self, spec: ModelSpec, device: torch.device) -> Loaded:
+        return Loaded()
 
     def preprocess(self, texts: list[str]) -> list[Any]:
         return texts
@@ -42,7 +42,7 @@ class BareHandler(Handler):
 
 def test_a_plugin_handler_gets_the_defaults_in_its_description(tmp_path: Path) -> None:
     spec = ModelSpec(tmp_path / "m1", "v1")
-    d = ModelSlot(BareHandler(), spec, 1.23456).description
+    d = ModelSlot(opened(BareHandler(), spec), spec, 1.23456).description
     assert (d.name, d.version, d.path, d.task) == (spec.name, "v1", str(spec.path), "embedding")
     assert (d.backend, d.quantize, d.backend_info) == ("torch", "none", None)
     assert (d.dtype, d.device, d.max_seq_length, d.dimension) == (None, "", None, None)
@@ -51,21 +51,47 @@ def test_a_plugin_handler_gets_the_defaults_in_its_description(tmp_path: Path) -
 
 def test_the_task_s_facts_sit_beside_the_common_ones_and_cannot_replace_them(tmp_path: Path) -> None:
     class Describing(HashHandler):
-        def describe(self) -> TaskFacts:
+        def facts(self) -> TaskFacts:
             return TaskFacts(dimension=DIM, pooling="mean", other={"version": "not-the-load's", "kind": "hash"})
 
-    d = ModelSlot(Describing(), ModelSpec(tmp_path / "m1", "v1"), 0.0).description
+    spec = ModelSpec(tmp_path / "m1", "v1")
+    d = ModelSlot(opened(Describing(), spec), spec, 0.0).description
     assert (d.dimension, d.pooling, d.version) == (DIM, "mean", "v1")
     assert dict(d.facts) == {"kind": "hash"}  # a fact of the load itself is the load's to say
 
 
-def test_a_plugin_whose_describe_still_returns_a_dict_is_refused_naming_task_facts(tmp_path: Path) -> None:
-    class Untyped(HashHandler):
-        def describe(self) -> Any:
-            return {"dimension": DIM}
+class OldShape(HashHandler):
+    """A plug-in written to the contract before load returned a Loaded: it sets attributes and returns None."""
 
-    with pytest.raises(ModelLoadError, match=r"Untyped\.describe\(\) returned a dict; it returns a TaskFacts"):
-        ModelSlot(Untyped(), ModelSpec(tmp_path / "m1", "v1"), 0.0)
+    def load(self, spec: ModelSpec, device: torch.device) -> Any:
+        super().load(spec, device)
+        self.dtype = "float32"
+
+
+class UntypedFacts(HashHandler):
+    def facts(self) -> Any:
+        return {"dimension": DIM}
+
+
+@pytest.mark.parametrize(("handler", "named"), [
+    (OldShape, r"OldShape\.load\(\) returned NoneType; it returns a Loaded"),
+    (UntypedFacts, r"UntypedFacts\.load\(\) returned facts of type dict; it returns a Loaded, its facts a TaskFacts"),
+])
+def test_a_plugin_whose_load_returns_the_old_shape_is_refused_at_load_naming_it(
+        tmp_path: Path, handler: type[HashHandler], named: str) -> None:
+    made = handler()
+    with pytest.raises(ModelLoadError, match=named):
+        made.open(ModelSpec(tmp_path / "m1", "v1"), torch.device("cpu"))
+    assert made.closed  # what it loaded is dropped
+
+
+def test_a_server_whose_plugin_returns_the_old_shape_fails_its_load_and_logs_why(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    settings = make_settings(tmp_path / "m1", model={"version": "v1", "root": [str(tmp_path)]})
+    with TestClient(create_app(settings, loader=loader_for(OldShape()))) as client:
+        r = client.get("/health")
+        assert (r.status_code, r.json()["status"]) == (503, "failed")
+    assert "OldShape.load() returned NoneType; it returns a Loaded" in caplog.text
 
 
 def test_info_models_admin_and_metrics_show_the_description_built_at_load(tmp_path: Path) -> None:
@@ -73,7 +99,7 @@ def test_info_models_admin_and_metrics_show_the_description_built_at_load(tmp_pa
     settings = make_settings(tmp_path / "m1", model={"version": "v1", "root": [str(tmp_path)]},
                              server={"admin_key": "admin-key"})
     with TestClient(create_app(settings, loader=loader_for(handler))) as client:
-        handler.dtype = "changed after load"  # what is served was described at load: nothing reads it again
+        handler.dimension = DIM + 1  # what is served was described at load: nothing reads it again
         info = client.get("/info").json()
         (model,) = info["models"]
         assert {k: model[k] for k in ("name", "version", "task", "dimension", "dtype", "device", "backend",
@@ -96,7 +122,7 @@ def test_info_models_admin_and_metrics_show_the_description_built_at_load(tmp_pa
 def test_a_bare_plugin_handler_is_described_too(tmp_path: Path) -> None:
     settings = make_settings(tmp_path / "m1", model={"version": "v1", "root": [str(tmp_path)]},
                              server={"admin_key": "admin-key"})
-    with TestClient(create_app(settings, loader=lambda spec: BareHandler())) as client:
+    with TestClient(create_app(settings, loader=lambda spec: opened(BareHandler(), spec))) as client:
         r = client.get("/info")
         assert r.status_code == 200, r.text
         (model,) = r.json()["models"]
@@ -111,7 +137,7 @@ def test_the_reload_rules_read_the_serving_load_s_typed_description(tmp_path: Pa
         return ModelDescription("m", "v1", 1, str(tmp_path), facts.pop("task", "embedding"), **facts)
 
     # The default rule (a handler that declares no incompatibility): an embedding keeps its dimension.
-    plugin = HashHandler()
+    plugin = opened(HashHandler(), ModelSpec(tmp_path, "1"))
     assert plugin.incompatibility(serving(dimension=DIM), False) is None
     assert "embedding dimension is 8, the serving model's is 16" in str(plugin.incompatibility(serving(dimension=16),
                                                                                                 False))

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from fakes import HashHandler, encode, vector_for
+from fakes import HashHandler, encode, opened, vector_for
 
 from inferd.core.batcher import BatchQueue
 from inferd.core.errors import Kind
@@ -43,7 +43,7 @@ def loop() -> Iterator[asyncio.AbstractEventLoop]:
 def run_worker(handler: HashHandler, tmp_path: Path, loop: asyncio.AbstractEventLoop,
                requests: list[list[str]], deadline_s: float = 60.0) -> tuple[list[Ticket], list[Outcome]]:
     """Queue the requests (paused, so they form one batch), let the worker run them, stop it."""
-    slot = ModelSlot(handler, ModelSpec(tmp_path, "1"), 0.0)
+    slot = ModelSlot(opened(handler, ModelSpec(tmp_path, "1")), ModelSpec(tmp_path, "1"), 0.0)
     queue = BatchQueue(claim=lambda b: b[0].slot.acquire())
     queue.add_lane("m", Policy(max_batch_size=16, max_wait_ms=0.0), 64)
     outcomes: list[Outcome] = []

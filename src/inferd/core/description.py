@@ -13,6 +13,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from tokenizers import Tokenizer
+
+from inferd.core.capabilities import Capabilities
 from inferd.core.tasks.kinds import task_of
 
 
@@ -24,7 +27,7 @@ def runtime_label(backend: str, dtype: str | None, quantize: str) -> str:
 
 @dataclass(frozen=True, slots=True)
 class TaskFacts:
-    """What a handler says of the model it loaded (``Handler.describe``): its task's facts, typed, which the load's
+    """What a handler says of the model it loaded (``Loaded.facts``): its task's facts, typed, which the load's
     description (core/slots.py ``describe_load``) takes as they are, once. ``other`` holds the task's other facts (an
     embedding's Dense layers and ``outputs``, a reranker's activation, a plug-in's own), kept as they are; one that
     names a fact of the load itself (its version, backend, ...) is not taken."""
@@ -39,6 +42,24 @@ class TaskFacts:
     labels: tuple[str, ...] | None = None
     multi_label: bool = False
     other: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Loaded:
+    """What a handler's load found (``Handler.load`` returns it): the task's facts, and where and how its forward pass
+    runs. The slot (core/slots.py) takes it once and builds the load's description from it; nothing reads these back
+    from the handler. ``tokenizer`` is the fast tokenizer TEI's /tokenize and /decode and the long-document splitter
+    use (None: the handler has none to show)."""
+
+    facts: TaskFacts = field(default_factory=TaskFacts)
+    max_seq_length: int | None = None
+    device: str = ""  # where the weights are ("": not said)
+    dtype: str | None = None
+    backend: str = "torch"  # the runtime the forward pass runs on, as /info shows it
+    quantize: str = "none"
+    backend_info: Mapping[str, Any] | None = None
+    capabilities: Capabilities = field(default_factory=Capabilities)
+    tokenizer: Tokenizer | None = None
 
 
 @dataclass(frozen=True, slots=True)

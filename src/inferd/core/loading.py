@@ -37,7 +37,7 @@ def load_handler(spec: ModelSpec) -> Handler:
     check_confined(spec.path, spec.files_roots)
     handler = handler_for(spec_task(spec), spec.path, spec.pooling)
     load_guard.stage("loading the model")
-    handler.load(spec, resolve_device(spec.device))
+    handler.open(spec, resolve_device(spec.device))
     try:
         load_guard.stage("warm-up")
         if spec.warmup:

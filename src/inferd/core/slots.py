@@ -21,8 +21,7 @@ from typing import Any
 import torch
 
 from inferd.core.capabilities import Capabilities
-from inferd.core.description import ModelDescription, TaskFacts
-from inferd.core.errors import ModelLoadError
+from inferd.core.description import Loaded, ModelDescription
 from inferd.core.spec import ModelSpec
 from inferd.core.tasks.base import Handler
 
@@ -35,17 +34,14 @@ _load_ids = itertools.count(1)
 _COMMON = frozenset(f.name for f in fields(ModelDescription)) - {"facts"}
 
 
-def describe_load(handler: Handler, spec: ModelSpec, load_id: int, load_seconds: float) -> ModelDescription:
-    """The one place a load's description is built: the handler's declared members (core/tasks/base.py gives
-    each its default) and its task's facts (``describe()``, a TaskFacts), each taken as it is."""
-    told = handler.describe()
-    if not isinstance(told, TaskFacts):  # a plug-in written to the contract before describe() was typed
-        raise ModelLoadError(f"{type(handler).__name__}.describe() returned a {type(told).__name__}; it returns a "
-                             "TaskFacts (inferd.core.description: docs/handler.md)")
+def describe_load(loaded: Loaded, task: str, spec: ModelSpec, load_id: int, load_seconds: float) -> ModelDescription:
+    """The one place a load's description is built: what the load found (``Handler.load``'s ``Loaded``) and its
+    task's facts, each taken as they are."""
+    told = loaded.facts  # a TaskFacts: Handler.open refused anything else
     matryoshka = told.matryoshka_dimensions
     return ModelDescription(
-        name=spec.name, version=spec.version, load_id=load_id, path=str(spec.path), task=handler.task,
-        # As describe() says it: a multi-vector handler's own ``dimension`` is its token vectors', not a pooled one's.
+        name=spec.name, version=spec.version, load_id=load_id, path=str(spec.path), task=task,
+        # As the facts say it: a multi-vector handler's own ``dimension`` is its token vectors', not a pooled one's.
         dimension=None if told.dimension is None else int(told.dimension),
         normalize=told.normalize, pooling=told.pooling,
         prompts=None if told.prompts is None else MappingProxyType(dict(told.prompts)),
@@ -53,10 +49,9 @@ def describe_load(handler: Handler, spec: ModelSpec, load_id: int, load_seconds:
         matryoshka_dimensions=tuple(matryoshka) if isinstance(matryoshka, list | tuple) else matryoshka,
         similarity_fn_name=told.similarity_fn_name,
         labels=None if told.labels is None else tuple(told.labels), multi_label=bool(told.multi_label),
-        max_seq_length=handler.max_seq_length, dtype=handler.dtype,
-        device="" if handler.device is None else str(handler.device),
-        backend=handler.backend, quantize=handler.quantize,
-        backend_info=None if handler.backend_info is None else dict(handler.backend_info),
+        max_seq_length=loaded.max_seq_length, dtype=loaded.dtype, device=loaded.device,
+        backend=loaded.backend, quantize=loaded.quantize,
+        backend_info=None if loaded.backend_info is None else dict(loaded.backend_info),
         load_seconds=round(load_seconds, 3),
         facts=MappingProxyType({k: v for k, v in told.other.items() if k not in _COMMON}))
 
@@ -73,13 +68,14 @@ class ModelSlot:
         # Where the free runs (None: on the thread that drops the last reference) and who hears of it.
         self._reaper = reaper
         self._on_freed = on_freed
-        # Read once: describing a slot must not touch a handler that a concurrent swap may be freeing.
-        self.description = describe_load(handler, spec, self.load_id, load_seconds)
+        # What the load found, taken once: describing a slot must not touch a handler that a concurrent swap may be
+        # freeing. ``loaded.tokenizer`` serves TEI's /tokenize and the long-document splitter.
+        self.loaded = handler.loaded
+        self.description = describe_load(self.loaded, handler.task, spec, self.load_id, load_seconds)
         self.task = self.description.task
         # What its forward pass can do: the runner's one value, held (not copied apart) for the scheduler's padding
-        # floor (core/scheduler.py ``Slot``) and the worker's batch alone on every thread, read once like the
-        # description.
-        self.capabilities: Capabilities = handler.capabilities
+        # floor (core/scheduler.py ``Slot``) and the worker's batch alone on every thread.
+        self.capabilities: Capabilities = self.loaded.capabilities
         # This load's int8/uint8 calibration vectors, measured on it the first time a request asks (a future,
         # on the event loop: core/admission.py); they go with the slot.
         self.calibration: Any = None

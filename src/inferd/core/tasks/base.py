@@ -23,8 +23,7 @@ from tokenizers import Tokenizer
 
 from inferd.core.backends.base import Runner, options_for
 from inferd.core.backends.factory import open_backend
-from inferd.core.capabilities import Capabilities
-from inferd.core.description import ModelDescription, TaskFacts
+from inferd.core.description import Loaded, ModelDescription, TaskFacts
 from inferd.core.errors import ModelLoadError
 from inferd.core.families import family_of
 from inferd.core.outputs import token_vectors_refusal
@@ -45,35 +44,21 @@ BUILTIN_TASKS = tuple(TASKS)
 
 class Handler(ABC):
     """The contract. A subclass implements ``load``, ``preprocess``, ``infer`` and ``postprocess``; every other
-    member has a default, which a subclass overrides by assigning it (on the class or in ``load``).
+    member has a default, which a subclass overrides by assigning it on the class.
 
-    ``task`` and ``inputs`` left as they are serve embeddings of texts. ``describe()`` returns the task's facts
-    about the loaded model (a TaskFacts: an embedding's size, a classifier's labels) that its description
-    (core/description.py) takes as they are; ``incompatibility(serving, allow_change)`` says why this model may not
-    replace or sit beside the serving one (its description), or None. The defaults hold an embedding handler to the
-    dimension rule.
+    ``task`` and ``inputs`` left as they are serve embeddings of texts. ``load`` returns what it found, a ``Loaded``
+    (core/description.py: the task's facts about the model, such as an embedding's size or a classifier's labels, and
+    where its forward pass runs), which ``open`` checks and holds as ``loaded`` and the slot takes once;
+    ``incompatibility(serving, allow_change)`` says why this model may not replace or sit beside the serving one (its
+    description), or None. The defaults hold an embedding handler to the dimension rule.
     """
 
     task: str = "embedding"
     inputs: str = "texts"  # or "pairs": (query, document) tuples
-    name: str = ""
-    version: str = ""
-    max_seq_length: int | None = None
-    device: torch.device | None = None  # where ``load`` put the weights (None: not said)
-    dtype: str | None = None
-    # The runtime the forward pass runs on, as /info shows it.
-    backend: str = "torch"
-    quantize: str = "none"
-    backend_info: dict[str, Any] | None = None
-    # An embedding's vector size, its pooling and whether its vectors are unit length (None: not said).
-    dimension: int | None = None
-    pooling: str | None = None
-    normalize: bool | None = None
-    # The fast tokenizer, for TEI's /tokenize and /decode (None: the handler has none to show).
-    tokenizer: Tokenizer | None = None
+    _loaded: Loaded | None = None
 
     @abstractmethod
-    def load(self, spec: ModelSpec, device: torch.device) -> None: ...
+    def load(self, spec: ModelSpec, device: torch.device) -> Loaded: ...
 
     @abstractmethod
     def preprocess(self, inputs: list[Any]) -> list[Encoded]: ...
@@ -84,12 +69,26 @@ class Handler(ABC):
     @abstractmethod
     def postprocess(self, outputs: Any) -> list[Any]: ...
 
+    def open(self, spec: ModelSpec, device: torch.device) -> Loaded:
+        """``load``, and what it returned checked and held as ``loaded``: a plug-in written to the contract before
+        ``load`` returned a ``Loaded`` (it returned None and set attributes) is refused, naming what it returned."""
+        found = self.load(spec, device)
+        wrong = (f"returned {type(found).__name__}" if not isinstance(found, Loaded) else
+                 f"returned facts of type {type(found.facts).__name__}" if not isinstance(found.facts, TaskFacts) else
+                 None)
+        if wrong is not None:
+            self.close()
+            raise ModelLoadError(f"{type(self).__name__}.load() {wrong}; it returns a Loaded, its facts a TaskFacts "
+                                 "(inferd.core.description: docs/handler.md)")
+        self._loaded = found
+        return found
+
     @property
-    def capabilities(self) -> Capabilities:
-        """What the forward pass can do (padding cost, every thread, staging: core/capabilities.py), read where it is
-        needed; a handler with a runner gives its runner's. By default (no runner): it pads, does not widen and
-        stages nothing."""
-        return Capabilities()
+    def loaded(self) -> Loaded:
+        """What ``open`` found; a handler not yet opened has found nothing."""
+        if self._loaded is None:
+            raise ModelLoadError(f"{type(self).__name__} is not loaded")
+        return self._loaded
 
     def close(self) -> None:  # noqa: B027 (a default, not a stage left out)
         """Drop the weights (a handler that holds none has nothing to do)."""
@@ -109,17 +108,12 @@ class Handler(ABC):
         document; None (the default): this handler's documents are not split."""
         return None
 
-    def describe(self) -> TaskFacts:
-        """The task's facts about the loaded model; by default an embedding handler's ``dimension``, and the
-        ``pooling`` and ``normalize`` it set."""
-        return TaskFacts(**task_of(self.task).facts(self.dimension), pooling=self.pooling, normalize=self.normalize)
-
     def incompatibility(self, serving: ModelDescription, allow_change: bool) -> str | None:
         """Why this model may not replace the serving one; by default an embedding handler is held to the
         dimension rule (its vectors are stored: ``Task.stored_vectors``) and any other task's model is accepted."""
         if not task_of(self.task).stored_vectors:
             return None
-        return dimension_refusal(self.dimension, serving, allow_change)
+        return dimension_refusal(self.loaded.facts.dimension, serving, allow_change)
 
 
 def dimension_refusal(dimension: int | None, serving: ModelDescription, allow_change: bool) -> str | None:
@@ -217,20 +211,31 @@ class ModelTask(Handler):
     multi_label: bool = False
     # An embedding model's outputs (core/outputs.py OUTPUTS): a dense vector unless the model gives others.
     outputs: tuple[str, ...] = ("dense",)
+    # An embedding's vector size, its pooling and whether its vectors are unit length (None: not said).
+    dimension: int | None = None
+    pooling: str | None = None
+    normalize: bool | None = None
+    # The fast tokenizer the load shows (``Loaded.tokenizer``); None: none to show.
+    tokenizer: Tokenizer | None = None
     runner: Runner
     device: torch.device
 
-    def open_runner(self, spec: ModelSpec, device: torch.device, safetensors: bool) -> None:
+    def open_runner(self, spec: ModelSpec, device: torch.device, safetensors: bool) -> Loaded:
+        """The runner opened, and what the load found: the last step of every built-in ``load``."""
         if spec.backend not in ("torch", "auto") and spec.device == "auto":
             device = torch.device("cpu")  # ONNX Runtime and OpenVINO run on the CPU here, GPU or not
-        self.runner = open_backend(spec.path, options_for(spec, self.task, self.head), device, self, safetensors)
-        self.device = self.runner.device
-        self.dtype = self.runner.dtype
-        self.backend, self.quantize, self.backend_info = self.runner.backend, self.runner.quantize, self.runner.info
+        self.runner = runner = open_backend(spec.path, options_for(spec, self.task, self.head), device, self,
+                                            safetensors)
+        self.device = runner.device
+        return Loaded(facts=self.facts(), max_seq_length=self.max_seq_length, device=str(runner.device),
+                      dtype=runner.dtype, backend=runner.backend, quantize=runner.quantize,
+                      backend_info=None if runner.info is None else dict(runner.info),
+                      capabilities=runner.capabilities, tokenizer=self.tokenizer)
 
-    @property
-    def capabilities(self) -> Capabilities:
-        return self.runner.capabilities  # the runner's own value, read through: never a copy of it
+    def facts(self) -> TaskFacts:
+        """The task's facts about the loaded model (``Loaded.facts``); by default an embedding's ``dimension``,
+        ``pooling`` and ``normalize``."""
+        return TaskFacts(**task_of(self.task).facts(self.dimension), pooling=self.pooling, normalize=self.normalize)
 
     def collate(self, batch: list[Encoded]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         if isinstance(batch, StagedBatch):  # padded and copied to the device while the batch before it ran
@@ -242,7 +247,7 @@ class ModelTask(Handler):
     def stage(self, batch: list[Encoded], copy: Any, compute: Any) -> list[Encoded]:
         """The padded batch copied to the GPU on ``copy``, where the runner ``stages`` (torch's on a CUDA device
         only: ONNX Runtime and OpenVINO take host memory)."""
-        if not self.capabilities.stages:
+        if not self.runner.capabilities.stages:
             return batch
         tensors, event = to_device(self.collate(batch), self.device, copy)
         return StagedBatch(batch, tensors, event, compute)

@@ -29,7 +29,7 @@ class ClassificationHandler(SequenceClassifier):
         self.multi_label = getattr(self.config, "problem_type", None) == "multi_label_classification"
         self.encoder = TextEncoder(self.tokenizer, self.max_seq_length, self.truncate)
 
-    def describe(self) -> TaskFacts:
+    def facts(self) -> TaskFacts:
         return TaskFacts(labels=tuple(self.labels), multi_label=self.multi_label)
 
     def incompatibility(self, serving: ModelDescription, allow_change: bool) -> str | None:

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from tokenizers import Tokenizer, normalizers
 
-from inferd.core.description import ModelDescription, TaskFacts
+from inferd.core.description import Loaded, ModelDescription, TaskFacts
 from inferd.core.errors import ModelLoadError
 from inferd.core.families import default_pooling
 from inferd.core.outputs import TextOutputs
@@ -257,13 +257,11 @@ class EmbeddingHandler(ModelTask):
     pooling_modes: tuple[str, ...] = ("mean",)
     _head: torch.nn.Module | None = None
 
-    def load(self, spec: ModelSpec, device: torch.device) -> None:
+    def load(self, spec: ModelSpec, device: torch.device) -> Loaded:
         # The modules first: a folder of modules inferd cannot run (a Router's has no config.json) is named so.
         folder = st_folder.read_folder(spec.path, spec.allow_pickle)
         safetensors = check_weights(spec.path, spec.allow_pickle)
         config, tokenizer = load_tokenizer(spec.path)
-        self.name = spec.name
-        self.version = spec.version
         hidden = int(config.hidden_size)
         limit = length_limit(config, tokenizer, None)
         self.max_seq_length = min(spec.max_seq_length or folder.max_seq_length or limit, limit)
@@ -281,9 +279,9 @@ class EmbeddingHandler(ModelTask):
         self.tokenizer, self.encoder = folder_encoder(tokenizer, folder, self.max_seq_length, spec, self.prompts,
                                                       exclude_prompt=not folder.include_prompt)
         self.max_token_vectors = spec.max_token_vectors
-        self.open_runner(spec, device, safetensors)  # last: see ModelTask
+        return self.open_runner(spec, device, safetensors)  # last: see ModelTask
 
-    def describe(self) -> TaskFacts:
+    def facts(self) -> TaskFacts:
         # Its token states are an output beside the dense vector (the gate measures the dense one: ``outputs``).
         return TaskFacts(dimension=self.dimension, pooling=self.pooling, normalize=self.normalize,
                          similarity_fn_name=self.similarity_fn_name, matryoshka_dimensions=self.matryoshka,

@@ -10,13 +10,12 @@ raw column the rerank routes read (TEI's ``raw_scores``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
 
-from inferd.core.capabilities import Capabilities
-from inferd.core.description import TaskFacts
+from inferd.core.description import Loaded, TaskFacts
 from inferd.core.errors import ModelLoadError
 from inferd.core.outputs import TextOutputs, maxsim
 from inferd.core.preprocess import Encoded, TextInput
@@ -39,6 +38,14 @@ class ScoredPair(Encoded):
         return len(self.ids) + self.query.tokens
 
 
+def _document(text: str) -> TextInput:
+    """A document asking for its token vectors, cut as its request chose (a TextInput's side and truncate: read by
+    type, as core/outputs.py reads a text's choices)."""
+    if isinstance(text, TextInput):
+        return TextInput(str(text), direction=text.direction, truncate=text.truncate, outputs=_ASK)
+    return TextInput(str(text), outputs=_ASK)
+
+
 class LateInteractionRerankHandler(Handler):
     """MaxSim scores of (query, document) pairs from a multi-vector model (``inner``: its embedding handler)."""
 
@@ -49,26 +56,16 @@ class LateInteractionRerankHandler(Handler):
         self.inner = inner
         self._room: int | None = None
 
-    def load(self, spec: ModelSpec, device: torch.device) -> None:
-        self.inner.load(spec, device)
-        gives = tuple(self.inner.describe().other.get("outputs") or ())
+    def load(self, spec: ModelSpec, device: torch.device) -> Loaded:
+        inner = self.inner.open(spec, device)
+        gives = tuple(inner.facts.other.get("outputs") or ())
         if "multivector" not in gives:
             self.inner.close()
             raise ModelLoadError(f"{spec.path} gives no token vectors ({', '.join(gives) or 'dense'} only): a "
                                  "model served as a late-interaction reranker needs a multi-vector output")
-        # What describes the load is the inner handler's (each declared on Handler, with its default).
-        inner = self.inner
-        self.name, self.version, self.max_seq_length = inner.name, inner.version, inner.max_seq_length
-        self.device, self.dtype, self.tokenizer = inner.device, inner.dtype, inner.tokenizer
-        self.backend, self.quantize, self.backend_info = inner.backend, inner.quantize, inner.backend_info
-
-    @property
-    def capabilities(self) -> Capabilities:
-        return self.inner.capabilities  # its passes are the inner model's
-
-    def describe(self) -> TaskFacts:
-        return TaskFacts(other={"scoring": "maxsim",
-                                "multivector_dimension": self.inner.describe().other.get("multivector_dimension")})
+        # The load is the inner handler's (its passes, device and tokenizer); the facts are a reranker's.
+        return replace(inner, facts=TaskFacts(other={
+            "scoring": "maxsim", "multivector_dimension": inner.facts.other.get("multivector_dimension")}))
 
     def document_room(self, query: str) -> int | None:
         """A document is encoded apart from its query, up to the model's document length: what an endless text
@@ -81,8 +78,7 @@ class LateInteractionRerankHandler(Handler):
 
     def preprocess(self, pairs: list[tuple[str, str]]) -> list[Encoded]:
         queries = {q: i for i, q in enumerate(dict.fromkeys(str(q) for q, _ in pairs))}
-        docs = [TextInput(str(d), direction=getattr(d, "direction", "right"), truncate=getattr(d, "truncate", None),
-                          outputs=_ASK) for _, d in pairs]
+        docs = [_document(d) for _, d in pairs]
         # encode_texts, not preprocess: the answer is a score per pair, not the token vectors, so their limit
         # (limits.max_multivector_tokens) is not this request's.
         encoded = self.inner.encode_texts([TextInput(q, outputs=_ASK, role="query") for q in queries] + docs)

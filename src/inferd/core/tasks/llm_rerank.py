@@ -19,7 +19,7 @@ import torch
 from tokenizers import Tokenizer
 
 from inferd.core.backends.base import Runner
-from inferd.core.description import ModelDescription, TaskFacts
+from inferd.core.description import Loaded, ModelDescription, TaskFacts
 from inferd.core.errors import ModelLoadError
 from inferd.core.families import family_of
 from inferd.core.preprocess import Encoded, InputError
@@ -82,7 +82,7 @@ class LLMRerankHandler(ModelTask):
     inputs = "pairs"
     head = "hidden"
 
-    def load(self, spec: ModelSpec, device: torch.device) -> None:
+    def load(self, spec: ModelSpec, device: torch.device) -> Loaded:
         safetensors = check_weights(spec.path, spec.allow_pickle)
         config, tokenizer = load_tokenizer(spec.path)
         family_kind = family_of(spec.path).kind
@@ -96,7 +96,6 @@ class LLMRerankHandler(ModelTask):
         if getattr(config, "final_logit_softcapping", None):
             raise ModelLoadError(f"{spec.path}: logits soft-capped by the model: the yes/no score is not linear "
                                  "in its last hidden state")
-        self.name, self.version = spec.name, spec.version
         self.max_seq_length = length_limit(config, tokenizer, spec.max_seq_length or CARD_MAX_LENGTH)
         self.pad_id = tokenizer.pad_token_id or 0
         self.tokenizer: Tokenizer = tokenizer.backend_tokenizer
@@ -120,9 +119,9 @@ class LLMRerankHandler(ModelTask):
         self._pairs.no_padding()
         self._pairs.enable_truncation(room)  # the card cuts the formatted pair's end: the document's
         self.instruction = spec.settings.rerank_instruction or INSTRUCTION
-        self.open_runner(spec, device, safetensors)  # last: see ModelTask
+        return self.open_runner(spec, device, safetensors)  # last: see ModelTask
 
-    def describe(self) -> TaskFacts:
+    def facts(self) -> TaskFacts:
         return TaskFacts(other={"activation": "Sigmoid", "scoring": "llm-yes-no", "instruction": self.instruction})
 
     def incompatibility(self, serving: ModelDescription, allow_change: bool) -> str | None:

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from inferd.core.description import TaskFacts
+from inferd.core.description import Loaded, TaskFacts
 from inferd.core.errors import ModelLoadError
 from inferd.core.families import family_of
 from inferd.core.outputs import SparseVector, TextOutputs, asked, sparse_from_weights
@@ -69,7 +69,7 @@ class M3Handler(TokenVectorTask):
     inputs = "texts"
     head = "tokens"
 
-    def load(self, spec: ModelSpec, device: torch.device) -> None:
+    def load(self, spec: ModelSpec, device: torch.device) -> Loaded:
         folder = st_folder.read_folder(spec.path, spec.allow_pickle)
         safetensors = check_weights(spec.path, spec.allow_pickle)
         family = family_of(spec.path)
@@ -87,7 +87,6 @@ class M3Handler(TokenVectorTask):
                                  "weight is one")
         self.outputs = ("dense",) + (("sparse",) if self.sparse_linear is not None else ()) + (
             ("multivector",) if self.colbert_linear is not None else ())
-        self.name, self.version = spec.name, spec.version
         self.max_token_vectors = spec.max_token_vectors
         limit = length_limit(config, tokenizer, None)
         self.max_seq_length = min(spec.max_seq_length or folder.max_seq_length or limit, limit)
@@ -106,12 +105,12 @@ class M3Handler(TokenVectorTask):
         self.prompts, self.default_prompt_name = folder.prompts, folder.default_prompt_name
         self.tokenizer, self.encoder = folder_encoder(tokenizer, folder, self.max_seq_length, spec, self.prompts,
                                                       exclude_prompt=not folder.include_prompt)
-        self.open_runner(spec, device, safetensors)
+        return self.open_runner(spec, device, safetensors)
 
     def head_module(self, model: torch.nn.Module) -> torch.nn.Module:
         return TokenHeads(model, self.sparse_linear, self.colbert_linear)
 
-    def describe(self) -> TaskFacts:
+    def facts(self) -> TaskFacts:
         return TaskFacts(
             dimension=self.dimension, pooling="+".join(self.pooling_modes), normalize=self.normalize,
             similarity_fn_name="cosine", prompts=dict(self.prompts), default_prompt_name=self.default_prompt_name,

@@ -28,13 +28,13 @@ import numpy as np
 import torch
 from tokenizers import Tokenizer
 
-from inferd.core.description import TaskFacts
+from inferd.core.description import Loaded, ModelDescription, TaskFacts
 from inferd.core.errors import ModelLoadError
 from inferd.core.outputs import TextOutputs, asked, is_query
 from inferd.core.preprocess import Encoded, InputError, TextEncoder
 from inferd.core.spec import ModelSpec
 from inferd.core.tasks import st_folder
-from inferd.core.tasks.base import TokenVectorTask, check_weights, length_limit, load_tokenizer
+from inferd.core.tasks.base import TokenVectorTask, check_weights, dimension_refusal, length_limit, load_tokenizer
 from inferd.core.tasks.embedding import PooledHead
 from inferd.core.tasks.heads import TokenHeads
 
@@ -117,7 +117,7 @@ class ColbertHandler(TokenVectorTask):
     head = "tokens"
     outputs = ("multivector",)
 
-    def load(self, spec: ModelSpec, device: torch.device) -> None:
+    def load(self, spec: ModelSpec, device: torch.device) -> Loaded:
         self.colbert = folder = read_colbert(spec.path, spec.allow_pickle)
         safetensors = check_weights(spec.path, spec.allow_pickle)
         config, tokenizer = load_tokenizer(spec.path)
@@ -129,7 +129,6 @@ class ColbertHandler(TokenVectorTask):
             size = d.out_features
         self.dimension = size
         self.projection = PooledHead(list(folder.dense)).eval()
-        self.name, self.version = spec.name, spec.version
         self.max_token_vectors = spec.max_token_vectors
         limit = length_limit(config, tokenizer, None)
         self.max_seq_length = min(max(folder.query_length, folder.document_length), limit)
@@ -154,17 +153,21 @@ class ColbertHandler(TokenVectorTask):
             role: TextEncoder(tok, min(length, limit) - (1 if role in self.prefix_ids else 0), spec.truncate)
             for role, length, tok in (("query", folder.query_length, Tokenizer.from_str(self.tokenizer.to_str())),
                                       ("document", folder.document_length, self.tokenizer))}
-        self.open_runner(spec, device, safetensors)
+        return self.open_runner(spec, device, safetensors)
 
     def head_module(self, model: torch.nn.Module) -> torch.nn.Module:
         return TokenHeads(model, None, self.projection, keep_hidden=False)
 
-    def describe(self) -> TaskFacts:
+    def facts(self) -> TaskFacts:
         f = self.colbert
         return TaskFacts(similarity_fn_name="maxsim", other={
             "outputs": list(self.outputs), "multivector_dimension": self.dimension, "query_prefix": f.query_prefix,
             "document_prefix": f.document_prefix, "query_length": f.query_length,
             "document_length": f.document_length, "do_query_expansion": f.do_query_expansion})
+
+    def incompatibility(self, serving: ModelDescription, allow_change: bool) -> str | None:
+        # Its vectors are stored as an embedding's are, at its token vectors' size (its facts name no pooled one).
+        return dimension_refusal(self.dimension, serving, allow_change)
 
     def _mark(self, enc: Encoded, role: str) -> Marked:
         ids = list(enc.ids)

@@ -48,7 +48,7 @@ class RerankHandler(SequenceClassifier):
         self._activate = ACTIVATIONS[self.activation]
         self.encoder = PairEncoder(self.tokenizer, self.max_seq_length, self.truncate)
 
-    def describe(self) -> TaskFacts:
+    def facts(self) -> TaskFacts:
         return TaskFacts(other={"activation": self.activation})
 
     def incompatibility(self, serving: ModelDescription, allow_change: bool) -> str | None:

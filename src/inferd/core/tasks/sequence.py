@@ -7,6 +7,7 @@ import numpy as np
 import torch
 
 from inferd.core.backends.base import Runner
+from inferd.core.description import Loaded
 from inferd.core.errors import ModelLoadError
 from inferd.core.families import family_of
 from inferd.core.preprocess import Encoded
@@ -21,11 +22,10 @@ class SequenceClassifier(ModelTask):
 
     head = "logits"
 
-    def load(self, spec: ModelSpec, device: torch.device) -> None:
+    def load(self, spec: ModelSpec, device: torch.device) -> Loaded:
         safetensors = check_weights(spec.path, spec.allow_pickle)
         config, tokenizer = load_tokenizer(spec.path)
         self.config = config
-        self.name, self.version = spec.name, spec.version
         self.max_seq_length = length_limit(config, tokenizer, spec.max_seq_length)
         self.pad_id = tokenizer.pad_token_id or 0
         if family_of(spec.path).kind == "decoder":
@@ -42,7 +42,7 @@ class SequenceClassifier(ModelTask):
         # and sentence-transformers do: a model trained without them must not see them.
         self.segments = "token_type_ids" in getattr(tokenizer, "model_input_names", ())
         self.configure(spec)
-        self.open_runner(spec, device, safetensors)  # last: see ModelTask
+        return self.open_runner(spec, device, safetensors)  # last: see ModelTask
 
     def configure(self, spec: ModelSpec) -> None:
         raise NotImplementedError

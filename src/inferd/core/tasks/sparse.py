@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from inferd.core.description import TaskFacts
+from inferd.core.description import Loaded, TaskFacts
 from inferd.core.errors import ModelLoadError
 from inferd.core.outputs import SparseVector, TextOutputs
 from inferd.core.preprocess import Encoded
@@ -71,7 +71,7 @@ class SparseHandler(ModelTask):
     outputs = ("sparse",)
     splade = st_folder.Splade()
 
-    def load(self, spec: ModelSpec, device: torch.device) -> None:
+    def load(self, spec: ModelSpec, device: torch.device) -> Loaded:
         folder = st_folder.read_folder(spec.path, spec.allow_pickle)
         if folder.pooling is not None and spec.pooling == "splade":
             raise ModelLoadError("model.pooling: splade, but the folder's Pooling module pools hidden states; SPLADE "
@@ -82,7 +82,6 @@ class SparseHandler(ModelTask):
         if not any(a.endswith("ForMaskedLM") for a in archs):
             raise ModelLoadError(f"SPLADE needs a masked-LM model (*ForMaskedLM); config.json names {archs or 'none'}")
         self.splade = folder.splade or st_folder.Splade()
-        self.name, self.version = spec.name, spec.version
         limit = length_limit(config, tokenizer, None)
         self.max_seq_length = min(spec.max_seq_length or folder.max_seq_length or limit, limit)
         self.dimension = int(config.vocab_size)
@@ -93,12 +92,12 @@ class SparseHandler(ModelTask):
         self.vocab = vocabulary(tokenizer, self.dimension)
         self.prompts, self.default_prompt_name = folder.prompts, folder.default_prompt_name
         self.tokenizer, self.encoder = folder_encoder(tokenizer, folder, self.max_seq_length, spec, self.prompts)
-        self.open_runner(spec, device, safetensors)
+        return self.open_runner(spec, device, safetensors)
 
     def head_module(self, model: torch.nn.Module) -> torch.nn.Module:
         return SpladeHead(model, self.splade.strategy, self.splade.activation)
 
-    def describe(self) -> TaskFacts:
+    def facts(self) -> TaskFacts:
         return TaskFacts(
             dimension=self.dimension, pooling="splade", normalize=False, similarity_fn_name="dot",
             prompts=dict(self.prompts), default_prompt_name=self.default_prompt_name,
