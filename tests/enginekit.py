@@ -81,7 +81,7 @@ def by_folder(handlers: Mapping[str, Handler]) -> Loader:
 
     def load(spec: ModelSpec) -> Handler:
         handler = handlers[Path(spec.path).name]
-        handler.load(spec, CPU)
+        handler.open(spec, CPU)
         return handler
 
     return load
@@ -92,7 +92,7 @@ def per_load(make: Callable[[ModelSpec], Handler]) -> Loader:
 
     def load(spec: ModelSpec) -> Handler:
         handler = make(spec)
-        handler.load(spec, CPU)
+        handler.open(spec, CPU)
         return handler
 
     return load
