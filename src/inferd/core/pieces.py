@@ -153,9 +153,9 @@ class Documents:
                     disconnected: Callable[[], Awaitable[Any]] | None) -> TaskResult:
         """Late chunking (core/late_chunking.py): windows of whole pieces run as inputs asking for their token
         states, each piece pooled from its window's; answered as mode ``pieces`` is."""
-        window = slot.description.max_seq_length or slot.handler.max_seq_length or 0
+        window = slot.description.max_seq_length or slot.loaded.max_seq_length or 0
         async with self._threads:
-            late = await asyncio.to_thread(late_chunking.plan, texts, pieces, slot.handler.tokenizer, prompt, window)
+            late = await asyncio.to_thread(late_chunking.plan, texts, pieces, slot.loaded.tokenizer, prompt, window)
         inputs = [piece_input(request.inputs[d], text) for d, text in late.inputs]
         asking = dataclasses.replace(request, outputs=(TOKEN_STATES.name,))
         wave = late_chunking.wave_size(window, self.limits.max_multivector_tokens, waves[0])
@@ -182,8 +182,8 @@ class Documents:
         return long_rerank.scored(planned, results, chunking.mode, slot.description)
 
     def _piece_size(self, slot: ModelSlot, chunking: Chunking, prompt: str) -> int:
-        tokenizer = slot.handler.tokenizer
-        window = slot.description.max_seq_length or slot.handler.max_seq_length
+        tokenizer = slot.loaded.tokenizer
+        window = slot.description.max_seq_length or slot.loaded.max_seq_length
         if tokenizer is None or window is None:
             raise EngineError(Kind.INVALID_INPUT, f"model {slot.description.name!r} cannot split documents: it has "
                               "no tokenizer or no window to count pieces by", "chunking_unsupported",
@@ -208,7 +208,7 @@ class Documents:
         out: list[list[Piece]] = []
         total = 0
         for i, text in enumerate(texts):
-            found = split(text, slot.handler.tokenizer, max_tokens=size, overlap=overlap)
+            found = split(text, slot.loaded.tokenizer, max_tokens=size, overlap=overlap)
             if len(found) > self.limits.max_document_pieces:
                 raise EngineError(Kind.TOO_LONG, f"splits into {len(found)} pieces of at most {size} tokens; the "
                                   f"limit is {self.limits.max_document_pieces} per document "
