@@ -84,7 +84,7 @@ def plan(pairs: Sequence[tuple[Any, Any]], slot: ModelSlot, chunking: Chunking, 
     """The pieces of every pair's document (refusing a query with no room, pieces larger than the room, and a
     document or request over the pieces limits)."""
     handler = slot.handler
-    tokenizer = handler.tokenizer
+    tokenizer = slot.loaded.tokenizer
     rooms: dict[str, int | None] = {}
     out: list[list[Piece]] = []
     was_split: list[bool] = []
