@@ -88,7 +88,7 @@ class ServedTokenizer:
         kept = self.s.tokenizers
         tok = kept.get(self.slot.load_id)
         if tok is None:
-            own = self.slot.handler.tokenizer
+            own = self.slot.loaded.tokenizer
             if own is None:
                 raise refusal(Kind.WRONG_TASK, "this model has no tokenizer to show", "no_tokenizer")
             tok = Tokenizer.from_str(own.to_str())
