@@ -126,7 +126,7 @@ def export(settings: Settings) -> int:
     except ModelLoadError as exc:
         print(f"inferd export: {exc}", file=sys.stderr)
         return 1
-    info = dict(handler.backend_info or {})
+    info = dict(handler.loaded.backend_info or {})
     handler.close()
     print(json.dumps(info, indent=2))
     return 0

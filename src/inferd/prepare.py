@@ -41,7 +41,7 @@ def judge(spec: ModelSpec, runtime: dict[str, str]) -> dict[str, Any]:
     except ModelLoadError as exc:
         state = "refused" if GATE_REFUSAL in str(exc) else "failed"
         return {"state": state, "reason": str(exc), "seconds": round(time.monotonic() - started, 3)}
-    info = dict(handler.backend_info or {})
+    info = dict(handler.loaded.backend_info or {})
     handler.close()
     return {"state": "passed", "seconds": round(time.monotonic() - started, 3), "cache": info.get("cache"),
             "cache_entry": info.get("cache_entry"), "gate": info.get("gate")}
