@@ -42,7 +42,7 @@ def main() -> None:
         bf16 = load_handler(ModelSpec(folder, "1", name="mpnet", device="cpu", warmup=False, backend="openvino",
                                       dtype="bfloat16", cache_dir=cache, gate={"half_cosine_min": 0.99}))
         print(f"cold start {time.time() - started:.1f} s", file=sys.stderr)
-        print(json.dumps(bf16.backend_info["gate"], indent=1, default=str))
+        print(json.dumps(bf16.loaded.backend_info["gate"], indent=1, default=str))
         fp32 = load_handler(ModelSpec(folder, "1", name="mpnet", device="cpu", warmup=False))
         texts = corpus_texts(512, seed=99)
         a, b = vectors(fp32, texts), vectors(bf16, texts)

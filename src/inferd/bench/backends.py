@@ -235,8 +235,8 @@ def run_phase(args: argparse.Namespace, model: Path, texts: Sequence[str], sourc
         if not reference.size and c == configs[0]:
             reference = np.asarray(handlers[c.name].infer(handlers[c.name].preprocess(corpus)), dtype=np.float64)
         rows[c.name]["accuracy"] = accuracy(handlers[c.name], corpus, reference)
-        rows[c.name]["gate"] = (handlers[c.name].backend_info.get("gate") or {}).get("figures")
-        rows[c.name]["dtype"] = handlers[c.name].dtype
+        rows[c.name]["gate"] = (handlers[c.name].loaded.backend_info.get("gate") or {}).get("figures")
+        rows[c.name]["dtype"] = handlers[c.name].loaded.dtype
         say(f"backends: {c.name}: accuracy {rows[c.name]['accuracy']}")
 
     externals: list[tuple[str, Callable[[], ServerProc]]] = []
