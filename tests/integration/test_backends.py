@@ -65,13 +65,13 @@ def shapes(h: EmbeddingHandler) -> dict[str, np.ndarray]:
 def test_fp32_graphs_match_torch_at_every_batch_shape(tiny_model: Path, cache: Path, reference: EmbeddingHandler,
                                                       backend: str) -> None:
     h = load_handler(spec(tiny_model, cache, backend))
-    assert (h.backend, h.dtype, h.quantize) == (backend, "float32", "none")
+    assert (h.loaded.backend, h.loaded.dtype, h.loaded.quantize) == (backend, "float32", "none")
     assert max(e.tokens for e in h.preprocess(AT_LIMIT)) == h.max_seq_length
     want, got = shapes(reference), shapes(h)
     for name in want:
         assert cos(want[name], got[name]).min() >= 0.9999, name
         np.testing.assert_allclose(got[name], want[name], atol=1e-4)
-    gate = h.backend_info["gate"]
+    gate = h.loaded.backend_info["gate"]
     assert gate["kind"] == "fp32" and gate["passed"] and gate["figures"]["cosine_min"] >= 0.9999
     assert set(gate["figures"]["shapes"]) == {"1", "32 sorted", "32 mixed", "padded to a long text"}
 
@@ -89,13 +89,13 @@ def test_reduced_precision_passes_its_gate_and_stays_batch_invariant(
     if dtype == "bfloat16" and not native_bf16(cpu_flags()):
         # OpenVINO's plugin would compile float32 under a bf16 label here: float32 it is, judged as float32.
         dtype, kind = "float32", "fp32"
-        assert "OpenVINO runs float32" in h.backend_info["dtype_reason"]
-    assert (h.backend, h.dtype, h.quantize) == (backend, dtype, quantize)
-    gate = h.backend_info["gate"]
+        assert "OpenVINO runs float32" in h.loaded.backend_info["dtype_reason"]
+    assert (h.loaded.backend, h.loaded.dtype, h.loaded.quantize) == (backend, dtype, quantize)
+    gate = h.loaded.backend_info["gate"]
     assert gate["kind"] == kind and gate["passed"]
     assert gate["figures"]["cosine_min"] >= least
     if backend == "openvino":  # what the plugin compiled, read back from it
-        assert h.backend_info["inference_precision"] == ("bf16" if dtype == "bfloat16" else "f32")
+        assert h.loaded.backend_info["inference_precision"] == ("bf16" if dtype == "bfloat16" else "f32")
     want, got = shapes(reference), shapes(h)
     for name in want:
         assert cos(want[name], got[name]).min() >= least, name
@@ -121,8 +121,8 @@ def test_int8_keeps_the_feed_forward_down_projections_in_float(tiny_model: Path,
 def test_a_warm_start_loads_the_cached_graph_without_torch(tiny_model: Path, tmp_path: Path,
                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     cold = load_handler(spec(tiny_model, tmp_path, "openvino"))
-    assert cold.backend_info["cache"] == "miss"
-    entry = Path(cold.backend_info["cache_entry"])
+    assert cold.loaded.backend_info["cache"] == "miss"
+    entry = Path(cold.loaded.backend_info["cache_entry"])
     assert (entry / "model.xml").is_file() and (entry / factory.META).is_file()
 
     def no_torch(*_: object, **__: object) -> None:
@@ -130,8 +130,8 @@ def test_a_warm_start_loads_the_cached_graph_without_torch(tiny_model: Path, tmp
 
     monkeypatch.setattr(factory, "load_model", no_torch)
     warm = load_handler(spec(tiny_model, tmp_path, "openvino"))
-    assert warm.backend_info["cache"] == "hit" and warm.backend_info["cache_entry"] == str(entry)
-    assert warm.backend_info["gate"]["figures"] == cold.backend_info["gate"]["figures"]
+    assert warm.loaded.backend_info["cache"] == "hit" and warm.loaded.backend_info["cache_entry"] == str(entry)
+    assert warm.loaded.backend_info["gate"]["figures"] == cold.loaded.backend_info["gate"]["figures"]
     np.testing.assert_array_equal(embed(warm, MIXED), embed(cold, MIXED))
     # No temporary folder left behind: the entry, the export every dtype shares, their (empty) lock files.
     left = sorted(p.name for p in tmp_path.iterdir() if not p.name.endswith(".lock"))
@@ -145,10 +145,10 @@ def test_one_openvino_export_serves_every_dtype_and_quantisation(tiny_model: Pat
     from inferd.core.backends import openvino
 
     small = (("texts", 32), ("calibration_texts", 16))  # the gate's least: three of them here
-    first = load_handler(spec(tiny_model, tmp_path, "openvino", dtype="bfloat16", gate=small)).backend_info
+    first = load_handler(spec(tiny_model, tmp_path, "openvino", dtype="bfloat16", gate=small)).loaded.backend_info
     monkeypatch.setattr(openvino, "export", lambda *a, **k: pytest.fail("exported a second time"))
-    fp32 = load_handler(spec(tiny_model, tmp_path, "openvino", gate=small)).backend_info
-    int8 = load_handler(spec(tiny_model, tmp_path, "openvino", "int8", gate=small)).backend_info
+    fp32 = load_handler(spec(tiny_model, tmp_path, "openvino", gate=small)).loaded.backend_info
+    int8 = load_handler(spec(tiny_model, tmp_path, "openvino", "int8", gate=small)).loaded.backend_info
     assert [b["cache"] for b in (first, fp32, int8)] == ["miss"] * 3
     assert len({b["cache_entry"] for b in (first, fp32, int8)}) == 3
     assert fp32["gate"]["kind"] == "fp32" and int8["gate"]["kind"] == "int8"
@@ -163,8 +163,8 @@ def test_an_openvino_model_of_two_instances_may_run_a_lone_batch_on_every_thread
     one = load_handler(spec(tiny_model, cache, "openvino", instances=1, threads=1))
     two = load_handler(spec(tiny_model, cache, "openvino", instances=2, threads=1))
     # The handler says so, from its runner: the worker reads it to let a batch that is the model's only work widen.
-    assert (one.capabilities.can_use_all_threads, two.capabilities.can_use_all_threads) == (False, True)
-    assert two.backend_info["threads_alone"] == 2 and one.backend_info["threads_alone"] is None
+    assert (one.loaded.capabilities.can_use_all_threads, two.loaded.capabilities.can_use_all_threads) == (False, True)
+    assert two.loaded.backend_info["threads_alone"] == 2 and one.loaded.backend_info["threads_alone"] is None
     shared = embed(two, MIXED)
     with all_threads():
         alone = embed(two, MIXED)  # on the one-stream twin of both instances' threads
@@ -174,10 +174,10 @@ def test_an_openvino_model_of_two_instances_may_run_a_lone_batch_on_every_thread
 
 def test_a_changed_model_folder_is_exported_again(tiny_model: Path, tmp_path: Path) -> None:
     model = Path(shutil.copytree(tiny_model, tmp_path / "model"))
-    first = load_handler(spec(model, tmp_path / "cache", "onnx")).backend_info
+    first = load_handler(spec(model, tmp_path / "cache", "onnx")).loaded.backend_info
     config = json.loads((model / "config.json").read_text())
     (model / "config.json").write_text(json.dumps(config, indent=1))  # same model, other bytes
-    second = load_handler(spec(model, tmp_path / "cache", "onnx")).backend_info
+    second = load_handler(spec(model, tmp_path / "cache", "onnx")).loaded.backend_info
     assert second["cache"] == "miss" and second["cache_entry"] != first["cache_entry"]
 
 
@@ -198,7 +198,7 @@ def test_the_gate_refuses_a_too_strict_threshold_with_its_figures_and_the_cache_
     # The figures were kept: the same graph under the default thresholds is served without a new export.
     monkeypatch.setattr(factory, "load_model", lambda *a, **k: pytest.fail("exported twice"))
     h = load_handler(spec(tiny_model, tmp_path, "openvino", "int8-weights"))
-    assert h.backend_info["cache"] == "hit" and h.backend_info["gate"]["passed"]
+    assert h.loaded.backend_info["cache"] == "hit" and h.loaded.backend_info["gate"]["passed"]
 
 
 def test_each_cpu_kind_gets_its_own_verdict_and_int8_without_dot_products_says_so(
@@ -206,11 +206,11 @@ def test_each_cpu_kind_gets_its_own_verdict_and_int8_without_dot_products_says_s
     """The gate's figures depend on the CPU's kernels: a cache filled where int8 has dot-product instructions
     is not trusted where it has none, and there static int8 carries its warning (/info, refusal)."""
     monkeypatch.setattr(factory, "cpu_flags", lambda: {"fpu", "avx2", "avx512f", "avx512_vnni"})
-    vnni = load_handler(spec(tiny_model, tmp_path, "openvino", "int8")).backend_info
+    vnni = load_handler(spec(tiny_model, tmp_path, "openvino", "int8")).loaded.backend_info
     assert vnni["cache"] == "miss" and vnni["cpu"] == ["avx2", "avx512_vnni", "avx512f"]
     assert "quantize_warning" not in vnni
     monkeypatch.setattr(factory, "cpu_flags", lambda: {"fpu", "avx2"})
-    avx2 = load_handler(spec(tiny_model, tmp_path, "openvino", "int8")).backend_info
+    avx2 = load_handler(spec(tiny_model, tmp_path, "openvino", "int8")).loaded.backend_info
     assert avx2["cache"] == "miss" and avx2["cache_entry"] != vnni["cache_entry"] and avx2["cpu"] == ["avx2"]
     assert "no int8 dot-product instructions" in avx2["quantize_warning"]
     monkeypatch.setattr(factory, "load_model", lambda *a, **k: pytest.fail("exported a third time"))
@@ -229,7 +229,7 @@ def test_auto_static_int8_keeps_bf16_float_parts_only_if_the_gate_passes_them(
     flags = {"fpu", "avx2", "avx512f", "avx512_vnni", "avx512_bf16"}
     monkeypatch.setattr(base, "cpu_flags", lambda: flags)
     monkeypatch.setattr(factory, "cpu_flags", lambda: flags)
-    bf16 = load_handler(spec(tiny_model, tmp_path, "openvino", "int8", dtype="auto")).backend_info
+    bf16 = load_handler(spec(tiny_model, tmp_path, "openvino", "int8", dtype="auto")).loaded.backend_info
     assert (bf16["dtype"], bf16["cache"], bf16["gate"]["kind"]) == ("bfloat16", "miss", "int8")
     assert "bf16 float parts, float32 if the accuracy gate refuses them" in bf16["dtype_reason"]
     meta_file = Path(bf16["cache_entry"]) / "meta.json"
@@ -237,7 +237,7 @@ def test_auto_static_int8_keeps_bf16_float_parts_only_if_the_gate_passes_them(
     meta["gate"]["figures"]["cosine_min"] = 0.66
     meta_file.write_text(json.dumps(meta))
     with caplog.at_level("WARNING"):
-        fp32 = load_handler(spec(tiny_model, tmp_path, "openvino", "int8", dtype="auto")).backend_info
+        fp32 = load_handler(spec(tiny_model, tmp_path, "openvino", "int8", dtype="auto")).loaded.backend_info
     assert (fp32["dtype"], fp32["cache"], fp32["gate"]["passed"]) == ("float32", "miss", True)
     assert fp32["cache_entry"] != bf16["cache_entry"]
     assert fp32["dtype_reason"].startswith("auto: static int8's bf16 float parts were refused by the gate")
@@ -245,7 +245,7 @@ def test_auto_static_int8_keeps_bf16_float_parts_only_if_the_gate_passes_them(
     assert "with bf16 float parts refused by the accuracy gate" in caplog.text
     # Both verdicts are cached: the next start goes to the float32 entry without exporting anything.
     monkeypatch.setattr(factory, "load_model", lambda *a, **k: pytest.fail("exported again"))
-    again = load_handler(spec(tiny_model, tmp_path, "openvino", "int8", dtype="auto")).backend_info
+    again = load_handler(spec(tiny_model, tmp_path, "openvino", "int8", dtype="auto")).loaded.backend_info
     assert (again["dtype"], again["cache"], again["cache_entry"]) == ("float32", "hit", fp32["cache_entry"])
     # Where both are refused, the refusal names the float32 attempt, the last one made.
     with pytest.raises(BackendError, match=r"openvino float32 int8 refused by the accuracy gate"):
@@ -281,7 +281,7 @@ def test_a_graph_the_model_folder_holds_is_served_as_is(tiny_model: Path, refere
                                                         tmp_path: Path, backend: str) -> None:
     folder = foreign_graph(tiny_model, tiny_model, tmp_path, backend)  # its own weights: a good graph
     h = load_handler(spec(folder, tmp_path / "cache", backend))
-    assert h.backend_info["from_model_folder"] and h.backend_info["gate"]["passed"]
+    assert h.loaded.backend_info["from_model_folder"] and h.loaded.backend_info["gate"]["passed"]
     assert Path(h.runner.graph_path).parent == folder  # type: ignore[attr-defined]
     assert cos(embed(h, MIXED), embed(reference, MIXED)).min() >= 0.9999
 
@@ -433,8 +433,8 @@ def test_an_8k_context_model_on_openvino_is_judged_and_warmed_up_on_its_own_leng
 
     h = load_handler(spec(long_modernbert, tmp_path, "openvino"))
     assert h.max_seq_length == 8192
-    figures = h.backend_info["gate"]["figures"]
-    assert figures["nonfinite"] == 0 and h.backend_info["gate"]["passed"]
+    figures = h.loaded.backend_info["gate"]["figures"]
+    assert figures["nonfinite"] == 0 and h.loaded.backend_info["gate"]["passed"]
     # Its longest batch is its longest input (a built-in text, or a long document of LONG_TOKENS), not 8,192.
     longest = max(e.tokens for e in gate_module.encode_set(h, gate_module.builtin_texts(64)))  # type: ignore[arg-type]
     assert figures["ran"]["longest"] == longest < 1024
@@ -468,6 +468,6 @@ def test_a_modernbert_cross_encoder_capped_below_its_card_passes_the_openvino_ga
     h = load_handler(ModelSpec(path=folder, name="tiny", version="1", device="cpu", backend="openvino",
                                cache_dir=str(tmp_path / "cache"), gate=SMALL, warmup=False, max_seq_length=256))
     assert (h.task, h.max_seq_length) == ("rerank", 256)  # type: ignore[attr-defined]
-    info = h.backend_info
+    info = h.loaded.backend_info
     assert info["gate"]["passed"] and info["gate"]["figures"]["nonfinite"] == 0
     assert info["gate"]["figures"]["ran"]["longest"] <= 256 and info["gate"]["figures"]["spearman_mean"] > 0.999

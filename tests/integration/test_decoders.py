@@ -122,7 +122,7 @@ def test_each_listed_decoder_family_embeds_as_sentence_transformers(tmp_path: Pa
 def test_the_llm_reranker_equals_its_model_card(root: Path, name: str) -> None:
     assert detect_task(root / name) == "rerank"
     handler = _handler(root / name)
-    assert handler.describe().other["scoring"] == "llm-yes-no"
+    assert handler.loaded.facts.other["scoring"] == "llm-yes-no"
     rng = random.Random(5)
     pairs = [("which river runs past the city", _sentence(rng, n)) for n in (1, 6, 30, 90)]
     pairs.append(("a dog", "the cat"))
@@ -233,7 +233,7 @@ GRAPH_TOL = 1e-4
 
 def _exported(path: Path, backend: str, cache: Path) -> Any:
     handler = _handler(path, backend=backend, cache_dir=str(cache), gate={"texts": 32})
-    assert handler.backend == backend and handler.backend_info["gate"]["passed"]
+    assert handler.loaded.backend == backend and handler.loaded.backend_info["gate"]["passed"]
     return handler
 
 
@@ -280,7 +280,7 @@ def test_a_decoder_on_openvino_bf16_is_served_only_through_its_gate(root: Path, 
     except ModelLoadError as exc:  # refused: the message names the figures that missed their bounds
         assert "Figures against torch fp32" in str(exc), str(exc)
         return
-    assert handler.backend_info["gate"]["passed"] and handler.backend_info["gate"]["kind"] == "half"
+    assert handler.loaded.backend_info["gate"]["passed"] and handler.loaded.backend_info["gate"]["kind"] == "half"
     if name == "embedder":
         got = _outputs(handler, TEXTS)
         want = _outputs(_handler(root / name), TEXTS)

@@ -138,7 +138,7 @@ def test_openvino_fp32_equals_sentence_transformers(root: Path, tmp_path: Path, 
     folder = root / f"{family}-v6"
     handler = _openvino(folder, tmp_path, "float32")
     try:
-        assert handler.backend == "openvino" and handler.backend_info["gate"]["passed"]
+        assert handler.loaded.backend == "openvino" and handler.loaded.backend_info["gate"]["passed"]
         _check(handler, _reference(folder), 1e-4)
     finally:
         handler.close()
@@ -153,7 +153,7 @@ def test_openvino_bf16_is_served_only_through_its_gate(root: Path, tmp_path: Pat
         assert "cosine" in str(exc) or "overlap" in str(exc), str(exc)
         return
     try:
-        gate = handler.backend_info["gate"]
+        gate = handler.loaded.backend_info["gate"]
         assert gate["passed"]
         got, want = _vectors(handler, TEXTS), _reference(folder)
         cosine = (got * want).sum(axis=1) / np.linalg.norm(got, axis=1) / np.linalg.norm(want, axis=1)

@@ -123,7 +123,7 @@ def test_it_exports_and_answers_as_sentence_transformers(gemma: Path, expected: 
                                                          backend: str) -> None:
     # 64 of the gate's texts (its smallest useful set) keep the export's judging short.
     got, handler = _vectors(gemma, backend=backend, cache_dir=str(tmp_path), gate={"texts": 64})
-    info = handler.backend_info
+    info = handler.loaded.backend_info
     assert info["backend"] == backend and info["gate"]["passed"]
     assert info["gate"]["figures"]["cosine_min"] >= 0.9999
     np.testing.assert_allclose(got, expected, atol=1e-4, rtol=0)

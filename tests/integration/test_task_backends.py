@@ -124,7 +124,7 @@ def test_rerank_on_every_backend_equals_the_cross_encoder_or_is_refused_by_its_g
         return
     if (backend, dtype) == ("openvino", "bfloat16") and not native_bf16(cpu_flags()):
         dtype = "float32"  # OpenVINO would compile float32 here anyway: it is said, and served, as float32
-    assert (h.backend, h.dtype, h.quantize, h.runner.head) == (backend, dtype, quantize, "logits")
+    assert (h.loaded.backend, h.loaded.dtype, h.loaded.quantize, h.runner.head) == (backend, dtype, quantize, "logits")
     if backend == "torch":
         assert h.runner.capabilities.pads is (unpadded == "false")
     batched, alone = scores_of(h, rerank_pairs())
@@ -132,7 +132,7 @@ def test_rerank_on_every_backend_equals_the_cross_encoder_or_is_refused_by_its_g
     if (dtype, quantize) == ("float32", "none"):
         np.testing.assert_allclose(batched, cross_encoder_scores, atol=TOL, rtol=0)
         if backend != "torch":
-            gate = h.backend_info["gate"]
+            gate = h.loaded.backend_info["gate"]
             assert gate["kind"] == "fp32" and gate["passed"]
             assert gate["figures"]["spearman_mean"] >= 0.9999 and gate["figures"]["score_diff_max"] <= 1e-4
         return
@@ -140,7 +140,7 @@ def test_rerank_on_every_backend_equals_the_cross_encoder_or_is_refused_by_its_g
     ranks = [spearman(batched[k:k + 8], cross_encoder_scores[k:k + 8]) for k in range(0, len(batched), 8)]
     assert min(ranks) >= 0.9, ranks
     if backend != "torch":
-        figures = h.backend_info["gate"]["figures"]
+        figures = h.loaded.backend_info["gate"]["figures"]
         assert figures["spearman_mean"] >= 0.995 and figures["top3_agreement"] >= 0.95
 
 
@@ -182,8 +182,8 @@ def test_a_loosened_score_gate_serves_what_the_default_refuses(models: Path, cac
     loose = load_or_refusal(spec(models / "ce", cache, "rerank", config, gate=(
         ("rerank_spearman_min", 0.0), ("rerank_top3_min", 0.0), ("int8_score_diff_max", 1.0))))
     assert not isinstance(loose, BackendError), str(loose)
-    assert loose.backend_info["cache"] == "hit"
-    assert loose.backend_info["gate"]["thresholds"]["rerank_spearman_min"] == 0.0
+    assert loose.loaded.backend_info["cache"] == "hit"
+    assert loose.loaded.backend_info["gate"]["thresholds"]["rerank_spearman_min"] == 0.0
 
 
 def test_the_server_serves_rerank_on_openvino_and_shows_the_score_gate(models: Path, cache: Path,

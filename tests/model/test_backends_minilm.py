@@ -78,7 +78,7 @@ def test_fp32_graphs_match_torch_at_every_batch_shape(model_path: Path, minilm_c
     want, got = torch_shapes, shapes(h)
     for name in want:
         assert cos(want[name], got[name]).min() >= 0.9999, name
-    figures = h.backend_info["gate"]["figures"]
+    figures = h.loaded.backend_info["gate"]["figures"]
     assert figures["cosine_min"] >= 0.9999 and figures["overlap_at_10"] >= 0.99
     # Batch invariance: a text alone gives the vector it gets among 31 others.
     assert cos(np.stack([embed(h, [t])[0] for t in MIXED[:8]]), got["32 mixed"][:8]).min() >= 0.99999
@@ -103,8 +103,8 @@ def test_openvino_reduced_precision_passes_its_gate(model_path: Path, minilm_cac
         assert warning is not None, str(exc)
         assert "refused by the accuracy gate (int8 thresholds)" in str(exc) and f"Note: {warning}" in str(exc)
         return
-    assert h.backend_info.get("quantize_warning") == warning
-    gate = h.backend_info["gate"]
+    assert h.loaded.backend_info.get("quantize_warning") == warning
+    gate = h.loaded.backend_info["gate"]
     assert gate["passed"] and gate["figures"]["cosine_min"] >= least_min
     assert gate["figures"]["cosine_mean"] >= least_mean and gate["figures"]["overlap_at_10"] >= 0.95
     want, got = torch_shapes, shapes(h)

@@ -60,7 +60,7 @@ def scores(cross_encoder: Path, cache: Path, pairs: list[tuple[str, str]], **set
                                cache_dir=str(cache), warmup=False, max_seq_length=LIMIT, **settings))
     try:
         got = np.concatenate([h.infer(h.preprocess(pairs[k:k + 16]))[:, 0] for k in range(0, len(pairs), 16)])
-        return got, dict(h.backend_info)
+        return got, dict(h.loaded.backend_info)
     finally:
         h.close()
 

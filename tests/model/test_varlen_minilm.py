@@ -60,7 +60,8 @@ def test_the_texts_cover_the_shapes(handler: EmbeddingHandler) -> None:
 
 def test_the_torch_backend_runs_minilm_unpadded_by_default(handler: EmbeddingHandler) -> None:
     assert isinstance(handler.runner, VarlenRunner) and handler.runner.capabilities.pads is False
-    assert handler.backend_info["unpadded"] is True and handler.backend_info["unpadded_reason"].startswith("auto")
+    info = handler.loaded.backend_info
+    assert info["unpadded"] is True and info["unpadded_reason"].startswith("auto")
 
 
 def test_fp32_matches_the_padded_forward_at_every_shape(handler: EmbeddingHandler, padded: TorchRunner,
