@@ -58,7 +58,7 @@ def _handler(path: Path, **kw: Any) -> Any:
 
 def test_mixed_keeps_the_bucket_arithmetic_in_float32_and_passes_the_gate(mpnet: Path, tmp_path: Path) -> None:
     handler = _handler(mpnet, dtype="mixed", cache_dir=str(tmp_path), gate=GATE)
-    info = handler.backend_info
+    info = handler.loaded.backend_info
     assert info["dtype"] == "mixed" and info["inference_precision"] == "bf16"
     assert info["gate"]["kind"] == "half" and info["gate"]["passed"]
     kept = info["kept_float32"]
