@@ -11,11 +11,11 @@ import itertools
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Generic
 
 from inferd.core.lanes import Lane, ReadyBatch, choose_lane
-from inferd.core.scheduler import Decision, Policy, next_batch
+from inferd.core.scheduler import Item, Policy, next_batch
 
 
 class QueueFull(Exception):
@@ -24,6 +24,22 @@ class QueueFull(Exception):
 
 class QueueClosed(Exception):
     pass
+
+
+@dataclass
+class Handout(Generic[Item]):
+    """What ``take`` hands a worker: one lane's batch (claimed), the expired and dropped items of every lane it
+    serves, and the calls posted to its thread."""
+
+    batch: list[Item] = field(default_factory=list)
+    expired: list[Item] = field(default_factory=list)
+    dropped: list[Item] = field(default_factory=list)
+    lane: str = ""  # the lane (model) the batch is of
+    posted: list[Callable[[], None]] = field(default_factory=list)
+
+    @property
+    def empty(self) -> bool:
+        return not (self.batch or self.expired or self.dropped)
 
 
 @dataclass
@@ -160,7 +176,7 @@ class BatchQueue:
             return removed
 
     def post(self, chore: Callable[[], None]) -> None:
-        """Run ``chore`` on the thread that calls ``take`` (it comes back in ``Decision.posted``)."""
+        """Run ``chore`` on the thread that calls ``take`` (it comes back in ``Handout.posted``)."""
         with self._cond:
             self._posted.append(chore)
             self._wake_all()
@@ -201,10 +217,10 @@ class BatchQueue:
         for name in [n for n, lane in self._lanes.items() if lane.retiring and not lane.pending]:
             del self._lanes[name]
 
-    def _decide(self, now: float, lanes: Callable[[Lane], bool] | None = None) -> Decision[Any]:
-        """One decision across the lanes ``lanes`` accepts (None: all): their expired and dropped items, and one
-        lane's batch."""
-        decision: Decision[Any] = Decision()
+    def _decide(self, now: float, lanes: Callable[[Lane], bool] | None = None) -> tuple[Handout[Any], float | None]:
+        """One hand-out across the lanes ``lanes`` accepts (None: all): their expired and dropped items, and one
+        lane's batch; with the seconds until it could change without new input (None: only new input changes it)."""
+        handout: Handout[Any] = Handout()
         ready: list[tuple[Lane, list[Any]]] = []
         waits = []
         # Shadow work waits while any live lane holds work, even work waiting for companions: it never delays it.
@@ -213,8 +229,8 @@ class BatchQueue:
             if not lane.pending or (lanes is not None and not lanes(lane)):
                 continue
             d = next_batch(lane.pending, now, lane.policy, lane.arrival_gap)
-            decision.expired += d.expired
-            decision.dropped += d.dropped
+            handout.expired += d.expired
+            handout.dropped += d.dropped
             if d.batch and lane.shadow and live_waiting:
                 continue  # the live lanes' batches or waits decide when to look again
             if d.batch and not self._paused:
@@ -226,15 +242,14 @@ class BatchQueue:
         if ready:
             chosen = choose_lane([ReadyBatch(batch[0].priority, lane.served, min(it.deadline for it in batch))
                                   for lane, batch in ready])
-            lane, decision.batch = ready[chosen]
-            decision.lane = lane.name
-        elif waits:
-            decision.wait = max(0.0, min(waits))
-        return decision
+            lane, handout.batch = ready[chosen]
+            handout.lane = lane.name
+            return handout, None
+        return handout, max(0.0, min(waits)) if waits else None
 
     def take(self, timeout: float | None = None, *, lanes: Callable[[Lane], bool] | None = None,
-             runs_posted: bool = True, stop: Callable[[], bool] | None = None) -> Decision[Any] | None:
-        """The next decision with something in it; None once closed and empty (or on timeout).
+             runs_posted: bool = True, stop: Callable[[], bool] | None = None) -> Handout[Any] | None:
+        """The next hand-out with something in it; None once closed and empty (or on timeout).
 
         ``lanes``: only the lanes it accepts (a model instance's own; None: all); ``runs_posted``: whether this
         taker runs posted calls; ``stop``: checked on each wake, None once it says so and nothing is ready for it.
@@ -244,11 +259,11 @@ class BatchQueue:
         with self._cond:
             while True:
                 now = time.monotonic()
-                decision = self._decide(now, lanes)
+                handout, wait = self._decide(now, lanes)
                 if self._posted and runs_posted:
-                    decision.posted, self._posted = self._posted, []
-                if not decision.empty or decision.posted:
-                    taken = {id(it) for it in (*decision.batch, *decision.expired, *decision.dropped)}
+                    handout.posted, self._posted = self._posted, []
+                if not handout.empty or handout.posted:
+                    taken = {id(it) for it in (*handout.batch, *handout.expired, *handout.dropped)}
                     if taken:
                         for lane in self._lanes.values():
                             lane.pending = [it for it in lane.pending if id(it) not in taken]
@@ -260,15 +275,14 @@ class BatchQueue:
                             # it would sleep until the next put: once live load ends, shadow work would wait for ever.
                             self._wake_all()
                         self._wake_for_pending()  # what this batch left behind: another idle taker's
-                    if decision.batch and self._claim is not None:
-                        self._claim(decision.batch)
-                    return decision
+                    if handout.batch and self._claim is not None:
+                        self._claim(handout.batch)
+                    return handout
                 if self._closed and not any(lanes is None or lanes(lane) for lane in self._lanes.values()
                                             if lane.pending):
                     return None
                 if stop is not None and stop():
                     return None
-                wait = decision.wait
                 if give_up is not None:
                     if now >= give_up:
                         return None

@@ -10,7 +10,7 @@ core/lanes.py.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -71,10 +71,6 @@ class Decision(Generic[Item]):
     dropped: list[Item] = field(default_factory=list)
     # Seconds until the decision could change without new input; None = only new input changes it.
     wait: float | None = None
-    # Not the scheduler's: calls posted to run on the taker's thread (BatchQueue.post), handed over with the decision.
-    posted: list[Callable[[], None]] = field(default_factory=list)
-    # The queue's: the lane (model) the batch is of.
-    lane: str = ""
 
     @property
     def empty(self) -> bool:

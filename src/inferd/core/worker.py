@@ -1,4 +1,4 @@
-"""A batch worker: on its own thread it takes the scheduler's decisions for its lanes and runs them.
+"""A batch worker: on its own thread it takes the queue's hand-outs for its lanes and runs them.
 
 It runs each batch (core/batch_compute.py: the handler's pass, split in halves on out-of-memory so only what
 cannot fit fails) on the slot the queue claimed for it, on its instance's threads or, alone, on all of the model's.
@@ -23,11 +23,10 @@ from typing import Any
 
 from inferd.core.backends.base import all_threads
 from inferd.core.batch_compute import BatchComputer, failed_batch
-from inferd.core.batcher import BatchQueue
+from inferd.core.batcher import BatchQueue, Handout
 from inferd.core.errors import EngineError, Kind, deadline_passed
 from inferd.core.instances import Instance, Sharing
 from inferd.core.outcomes import Failure, Outcome, WorkItem, tickets_of
-from inferd.core.scheduler import Decision
 from inferd.core.shadow import SHADOW_SUFFIX
 from inferd.core.slots import ModelSlot
 from inferd.utils.metrics import Metrics
@@ -65,7 +64,7 @@ class BatchWorker:
         self._thread: threading.Thread | None = None
         self._retired = False
         self._dead = False  # the worker died: its stager takes nothing more
-        # The stager's hand-over (core/staging.py): a decision and its staged inputs, and room for one ahead.
+        # The stager's hand-over (core/staging.py): a handout and its staged inputs, and room for one ahead.
         self._handoff: SimpleQueue[Any] = SimpleQueue()
         self._handoff_lock = threading.Lock()  # a hand-over and the worker's death never interleave
         self._room = threading.Semaphore(1)
@@ -111,32 +110,32 @@ class BatchWorker:
     # -- the thread ------------------------------------------------------------------------------------
 
     def _serve(self) -> None:
-        """The thread: each decision handled in turn until the queue closes or the worker retires."""
-        decision: Decision[WorkItem] | None = None
+        """The thread: each handout handled in turn until the queue closes or the worker retires."""
+        handout: Handout[WorkItem] | None = None
         try:
             if self.instance is not None:
                 self.instance.enter_thread()
-            for decision, staged in self._decisions():
+            for handout, staged in self._handouts():
                 try:
-                    self._handle(decision, staged)
+                    self._handle(handout, staged)
                 except Exception:
-                    # A fault outside the handler (metrics, memory guard): fail this decision, keep serving.
+                    # A fault outside the handler (metrics, memory guard): fail this handout, keep serving.
                     log.exception("handling a batch failed; its requests fail, the worker carries on")
-                    self.deliver(Failure(tickets_of([*decision.batch, *decision.expired]), failed_batch()))
-                decision = None
+                    self.deliver(Failure(tickets_of([*handout.batch, *handout.expired]), failed_batch()))
+                handout = None
         except BaseException as exc:  # the loop must never die silently: readiness reports it
             self.error = f"{type(exc).__name__}: {exc}"
             self.metrics.worker_alive.set(0)
             log.critical("inference worker died", exc_info=True)
             err = EngineError(Kind.WORKER_DEAD, "the inference worker stopped")
             # The batch in hand and the one staged as well as the queue: none of their requests may wait for ever.
-            in_hand = [] if decision is None else [*decision.batch, *decision.expired]
+            in_hand = [] if handout is None else [*handout.batch, *handout.expired]
             in_hand += self._stop_stager()
             self.deliver(Failure(tickets_of([*in_hand, *self.queue.drain_all(lanes=self._serves)]), err))
             call_posted(self.queue.take_posted())
             raise
 
-    def _take(self) -> Decision[WorkItem] | None:
+    def _take(self) -> Handout[WorkItem] | None:
         return self.queue.take(lanes=self._serves, runs_posted=self.runs_posted,
                                stop=lambda: self._retired or self._dead)
 
@@ -145,12 +144,12 @@ class BatchWorker:
         """Whether the next batch is taken and put on the device while this one runs (a GPU's live instance)."""
         return self.instance is not None and self.instance.copy_stream is not None and not self.instance.shadow
 
-    def _decisions(self) -> Iterator[tuple[Decision[WorkItem], Any]]:
-        """The decisions to run, each with its staged inputs (None: none staged). Without staging, taken one at
+    def _handouts(self) -> Iterator[tuple[Handout[WorkItem], Any]]:
+        """The handouts to run, each with its staged inputs (None: none staged). Without staging, taken one at
         a time as the worker is free; with it, the stager thread takes the next one as this one starts."""
         if not self._stages:
-            while (decision := self._take()) is not None:
-                yield decision, None
+            while (handout := self._take()) is not None:
+                yield handout, None
             return
         stager = threading.Thread(target=self._stage_loop, name=f"{threading.current_thread().name}-stager",
                                   daemon=True)
@@ -162,35 +161,35 @@ class BatchWorker:
             yield got
 
     def _stage_loop(self) -> None:
-        """The stager: takes the instance's next decision and copies its inputs to the device on the copy stream,
+        """The stager: takes the instance's next handout and copies its inputs to the device on the copy stream,
         one batch ahead of the worker at most."""
         try:
             while True:
                 self._room.acquire()
-                decision = None if self._dead else self._take()
-                if decision is None:
+                handout = None if self._dead else self._take()
+                if handout is None:
                     break
-                staged = self._stage(decision)
+                staged = self._stage(handout)
                 with self._handoff_lock:
                     if not self._dead:
-                        self._handoff.put((decision, staged))
+                        self._handoff.put((handout, staged))
                         continue
                 # The worker died while this was taken: it is answered here, never held.
-                self._unclaim(decision)
-                self.deliver(Failure(tickets_of([*decision.batch, *decision.expired]),
+                self._unclaim(handout)
+                self.deliver(Failure(tickets_of([*handout.batch, *handout.expired]),
                                      EngineError(Kind.WORKER_DEAD, "the inference worker stopped")))
                 break
             self._handoff.put(None)
         except BaseException as exc:
             self._handoff.put(exc)
 
-    def _stage(self, decision: Decision[WorkItem]) -> Any:
+    def _stage(self, handout: Handout[WorkItem]) -> Any:
         instance = self.instance
-        if not decision.batch or instance is None:
+        if not handout.batch or instance is None:
             return None
-        slot = decision.batch[0].slot
+        slot = handout.batch[0].slot
         try:
-            return slot.handler.stage([it.encoded for it in decision.batch], instance.copy_stream, instance.stream)
+            return slot.handler.stage([it.encoded for it in handout.batch], instance.copy_stream, instance.stream)
         except Exception:  # out of memory, say: the batch runs as it would have, unstaged
             log.warning("staging a batch on the device failed; it runs unstaged", exc_info=True)
             return None
@@ -214,47 +213,47 @@ class BatchWorker:
         return items
 
     @staticmethod
-    def _unclaim(decision: Decision[WorkItem]) -> None:
-        if decision.batch:
-            decision.batch[0].slot.release()  # the claim the queue took for the batch (core/batcher.py)
+    def _unclaim(handout: Handout[WorkItem]) -> None:
+        if handout.batch:
+            handout.batch[0].slot.release()  # the claim the queue took for the batch (core/batcher.py)
 
     @property
     def runs_posted(self) -> bool:
         # Not the shadow instance: a model's free or a space check must not wait behind shadow batches.
         return self.instance is None or not self.instance.shadow
 
-    def _handle(self, decision: Decision[WorkItem], staged: Any = None) -> None:
-        expired = tickets_of(decision.expired)
+    def _handle(self, handout: Handout[WorkItem], staged: Any = None) -> None:
+        expired = tickets_of(handout.expired)
         if expired:
             self.deliver(Failure(expired, deadline_passed()))
-        if decision.batch:
-            slot = decision.batch[0].slot
-            live = not decision.lane.endswith(SHADOW_SUFFIX)  # shadow work stays out of the live metrics
+        if handout.batch:
+            slot = handout.batch[0].slot
+            live = not handout.lane.endswith(SHADOW_SUFFIX)  # shadow work stays out of the live metrics
             if self.instance is not None:
                 self.instance.apply_threads()
             sharing = self._sharing(slot)
             # Waits while a sibling runs alone on every thread: queue time for the batch, not this instance's busy.
-            wide = sharing is not None and sharing.enter(lambda: self.queue.depth(decision.lane) == 0)
+            wide = sharing is not None and sharing.enter(lambda: self.queue.depth(handout.lane) == 0)
             started = time.monotonic()
             try:
                 with all_threads(wide):  # wide: on every thread of the model's instances, none of them busy
-                    report = self.batches.compute(slot, decision.batch, live, staged)
+                    report = self.batches.compute(slot, handout.batch, live, staged)
             finally:
                 if sharing is not None:
                     sharing.leave(wide)
                 slot.release()  # the claim the queue took for this batch; a retired slot is freed here
                 took = time.monotonic() - started
                 # The device time the lane's model took: the fair share between models (core/lanes.py).
-                self.queue.charge(decision.lane, took)
-                self._count(slot.spec.name, decision.batch, started, took)
+                self.queue.charge(handout.lane, took)
+                self._count(slot.spec.name, handout.batch, started, took)
             if report is not None:
                 self.deliver(report)
             if live:
-                self.metrics.queue_depth.labels(slot.spec.name).set(self.queue.depth(decision.lane))
-        call_posted(decision.posted)
-        if self.memory_guard is not None and decision.batch:
+                self.metrics.queue_depth.labels(slot.spec.name).set(self.queue.depth(handout.lane))
+        call_posted(handout.posted)
+        if self.memory_guard is not None and handout.batch:
             with self._guard_lock:  # every instance's requests count into the one guard
-                self.memory_guard.tick(len({id(i.ticket) for i in decision.batch}))
+                self.memory_guard.tick(len({id(i.ticket) for i in handout.batch}))
 
     def _sharing(self, slot: ModelSlot) -> Sharing | None:
         """The model's instances together, where its runner can run a batch on all of their threads."""
