@@ -29,7 +29,7 @@ TEXTS = ["a dog", "the cat sat on the mat and looked at the bird in the tree for
          "river " * 30, "one two three", "light and sound and water " * 8]
 
 
-def write_embeddinggemma(folder: Path, seed: int = 3, bidirectional: bool = True) -> Path:
+def write_embeddinggemma(folder: Path, seed: int = 3) -> Path:
     """EmbeddingGemma's layout on a tiny random Gemma3 text model: Transformer, mean Pooling, Dense up, Dense down
     (no bias, identity activation), Normalize."""
     from sentence_transformers.models import Dense
@@ -37,7 +37,7 @@ def write_embeddinggemma(folder: Path, seed: int = 3, bidirectional: bool = True
 
     folder.mkdir(parents=True, exist_ok=True)
     vocab = write_qwen_tokenizer(folder, append_eos=True, max_positions=128, padding_side="right")
-    config = qwen3_config(vocab, 128, seed, "gemma3_text", use_bidirectional_attention=bidirectional,
+    config = qwen3_config(vocab, 128, seed, "gemma3_text", use_bidirectional_attention=True,
                           sliding_window=WINDOW, layer_types=["sliding_attention", "full_attention"])
     AutoModel.from_config(config).eval().save_pretrained(folder)
     modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
@@ -106,11 +106,13 @@ def test_the_masks_built_outside_equal_the_models_own(gemma: Path) -> None:
     assert float((wrong[real] - own[real]).abs().max()) > 1e-3
 
 
-def test_a_causal_gemma_keeps_its_own_masks(tmp_path: Path) -> None:
+def test_a_causal_gemma_keeps_its_own_masks() -> None:
     from transformers import AutoModel
 
-    folder = write_embeddinggemma(tmp_path / "causal", bidirectional=False)
-    assert not masks.bidirectional(AutoModel.from_pretrained(folder))
+    for bidirectional, expected in ((False, False), (True, True)):
+        config = qwen3_config(64, 128, 0, "gemma3_text", use_bidirectional_attention=bidirectional,
+                              sliding_window=WINDOW, layer_types=["sliding_attention", "full_attention"])
+        assert masks.bidirectional(AutoModel.from_config(config)) is expected
 
 
 def test_it_serves_on_torch_as_sentence_transformers(gemma: Path, expected: np.ndarray) -> None:
