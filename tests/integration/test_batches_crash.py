@@ -24,7 +24,10 @@ import pytest
 from batchkit import create, embedding_lines, jsonl, records, upload, wait_final
 from conftest import Server, metric_value, wait_for
 from servers import free_port, start_server
+from sqlalchemy import select
 from tinymodel import write_tiny_bert
+
+from inferd.jobs.store import Store, chunks
 
 PG_BIN = Path("/usr/lib/postgresql/15/bin")
 LINES = 20_000
@@ -122,3 +125,23 @@ def test_two_workers_share_a_postgresql_store_and_one_finishes_what_the_other_le
     finally:
         first.stop(signal.SIGKILL)
         second.stop()
+
+
+def test_a_server_stopped_mid_job_gives_its_running_chunks_back(tmp_path: Path) -> None:
+    """SIGTERM (a rollout's stop): the chunks it was running go back to pending at once, for any worker, instead
+    of waiting out their lease (600 s here)."""
+    model = write_tiny_bert(tmp_path / "bert", seed=23)
+    server = start_server(tmp_path, _env(model, tmp_path / "data", INFERD__JOBS__LEASE_S="600"), wait="/health/ready")
+    try:
+        with server.client() as client:
+            batch_id = create(client, upload(client, jsonl(embedding_lines(LINES, "s"))).json()["id"]).json()["id"]
+        wait_for(lambda: _done(server, batch_id) >= 256, 120, "a chunk done")
+    finally:
+        assert server.stop() == 0
+    store = Store.at(tmp_path / "data", None)
+    try:
+        with store.engine.connect() as conn:
+            states = Counter(state for (state,) in conn.execute(select(chunks.c.state)))
+    finally:
+        store.close()
+    assert states["running"] == 0 and states["pending"] > 0, states
