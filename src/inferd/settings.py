@@ -183,9 +183,10 @@ class GateSettings(_Section):
 
 class ChunkingSettings(_Section):
     """An embedding model's default ``chunking`` (docs/long-documents.md): a request that sends none has its texts
-    longer than the window split into pieces and answered as ``mode`` says, rather than cut or refused."""
+    longer than the window split into pieces and pooled, rather than cut or refused. Pooled only: every route
+    (/similarity, /predict, gRPC, batch jobs too) then still answers a vector per text; pieces are asked per request."""
 
-    mode: Literal["pooled", "pieces"] = "pooled"
+    mode: Literal["pooled"] = "pooled"
     max_tokens: int | None = Field(None, gt=0)
     overlap: int = Field(0, ge=0)
 
