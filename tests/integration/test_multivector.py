@@ -120,7 +120,7 @@ def test_the_projection_runs_inside_the_exported_graph_behind_the_gate(folder: P
     # OpenVINO in test_sparse.py.
     converted = load_handler(ModelSpec(folder, "1", device="cpu", warmup=False, backend="onnx",
                                        cache_dir=str(tmp_path), gate={"texts": 32}))
-    figures = converted.backend_info["gate"]["figures"]
+    figures = converted.loaded.backend_info["gate"]["figures"]
     assert figures["maxsim_spearman"] == 1.0 and figures["maxsim_top3"] == 1.0 and figures["sparse_top10"] is None
     texts = [as_query(QUERIES[0]), *DOCUMENTS]
     for want, got in zip(_vectors(handler, texts), _vectors(converted, texts), strict=True):

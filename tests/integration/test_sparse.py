@@ -230,7 +230,7 @@ def test_the_heads_run_inside_the_exported_graph_behind_the_gate(root: Path, tmp
                     else (root / "m3", ("dense", "sparse", "multivector")))
     torch_handler = _load(kind, folder)
     converted = _load(kind, folder, backend=backend, cache_dir=str(cache), gate={"texts": 32})
-    gate = converted.backend_info["gate"]
+    gate = converted.loaded.backend_info["gate"]
     assert gate["passed"] and gate["figures"]["sparse_top10"] == 1.0
     assert gate["figures"]["weight_diff_max"] < 1e-4
     assert (gate["figures"]["maxsim_spearman"] is None) == (kind is SparseHandler)
