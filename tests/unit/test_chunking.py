@@ -18,7 +18,8 @@ from transformers import AutoTokenizer
 from inferd.core.chunking import Chunking, Piece, split
 from inferd.core.errors import EngineError, Kind
 from inferd.core.outputs import SparseVector, TextOutputs
-from inferd.core.tasks.piece_merge import merge
+from inferd.core.tasks.embedding_task import DENSE, MULTIVECTOR, SPARSE, TOKEN_STATES
+from inferd.core.tasks.piece_merge import merge, mergeable
 
 
 @pytest.fixture(scope="module")
@@ -122,3 +123,8 @@ def test_pieces_merge_dense_by_tokens_sparse_by_max_and_token_vectors_in_order()
     # A text that asked only some outputs merges only those.
     only = merge([TextOutputs(sparse=first.sparse), TextOutputs(sparse=second.sparse)], [1, 1], unit=True)
     assert only.kinds == ("sparse",)
+
+
+def test_token_states_do_not_merge_so_a_model_s_default_leaves_them_whole() -> None:
+    assert mergeable((DENSE.name, SPARSE.name, MULTIVECTOR.name))
+    assert not mergeable((TOKEN_STATES.name,)) and not mergeable((DENSE.name, TOKEN_STATES.name))

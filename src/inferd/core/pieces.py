@@ -35,7 +35,7 @@ from inferd.core.request import InferenceRequest
 from inferd.core.slots import ModelSlot
 from inferd.core.tasks.embedding_task import TOKEN_STATES
 from inferd.core.tasks.kinds import task_of
-from inferd.core.tasks.piece_merge import merge
+from inferd.core.tasks.piece_merge import merge, mergeable
 from inferd.settings import LimitSettings
 
 # Pieces queued at once per wave: at most one full batch of the model's (batching.max_batch_size), two waves in
@@ -93,7 +93,7 @@ class Documents:
     def with_default(self, request: InferenceRequest) -> InferenceRequest:
         """``request`` with its model's default chunking (model.chunking) when it asks none itself; the model is
         resolved as admission resolves it (an unknown one is refused the same way)."""
-        if request.chunking is not None or request.pairs:
+        if request.chunking is not None or request.pairs or not mergeable(request.outputs):
             return request
         try:
             served, _ = self.registry.resolve(request.model, request.task, version=request.version)

@@ -17,6 +17,7 @@ import numpy as np
 
 from inferd.core.outputs import SparseVector, TextOutputs, sparse_from_weights
 from inferd.core.tasks.embedding_task import DENSE, MULTIVECTOR, SPARSE
+from inferd.core.tasks.kinds import OUTPUTS
 from inferd.core.tasks.task import Output
 
 
@@ -49,6 +50,12 @@ def joined_tokens(values: Sequence[np.ndarray], weights: Sequence[int], unit: bo
 
 MERGES: dict[Output, Callable[[Sequence[Any], Sequence[int], bool], Any]] = {
     DENSE: pooled_dense, SPARSE: max_sparse, MULTIVECTOR: joined_tokens}
+
+
+def mergeable(outputs: Sequence[str]) -> bool:
+    """Whether every output asked (by name) merges from pieces (a text's token states, /embed_all's, do not: they
+    are the text's own tokens)."""
+    return all(OUTPUTS.get(name) in MERGES for name in outputs)
 
 
 def merge(outputs: Sequence[Any], weights: Sequence[int], unit: bool) -> Any:
