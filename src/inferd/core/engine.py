@@ -45,7 +45,7 @@ OnModelsChange: TypeAlias = Callable[[list[tuple[str, str, ModelSlot]]], None]
 
 
 def _claim(batch: list[WorkItem]) -> None:
-    # Under the queue's lock, as the batch is chosen: its slot cannot be freed between take and run.
+    # Under the queue's lock, as the batch is chosen: its slot cannot be freed between its hand-out and its pass.
     batch[0].slot.acquire()
 
 
@@ -63,7 +63,7 @@ class InferenceEngine:
         self._loader = loader
         self._on_change: OnModelsChange = on_change or (lambda slots: None)
         self._on_lazy_failure = on_lazy_failure
-        # One lane per model (add_model), each with its own rules; one worker takes batches across them.
+        # One lane per model (``_build``), each with its own rules; a model's instances take its lane's batches.
         self.queue = BatchQueue(claim=_claim)
         self.registry = ModelRegistry()
         for entry in settings.served():
@@ -71,7 +71,7 @@ class InferenceEngine:
         self.admission = Admission(self.registry, settings, metrics, self.queue, worker_alive=lambda: self.alive)
         # Requests that ask for chunking: their documents' pieces go through admission as ordinary inputs.
         self.documents = Documents(self.admission, self.registry, settings.limits)
-        # Each model's instances, and the shadow lanes' own (core/worker.py Workers).
+        # Each model's instances, and the shadow lanes' own (core/workers.py).
         self.worker = Workers(self.queue, metrics, memory_guard, deliver=self.admission.deliver,
                               device=settings.served()[0].model.device)
         for served in self.registry:
@@ -132,7 +132,7 @@ class InferenceEngine:
         return self.admission.in_flight
 
     def stop(self, timeout: float = 5.0) -> None:
-        # After a timed-out drain the worker is stuck in a batch; waiting longer would only delay exit.
+        # After a timed-out drain a worker is stuck in a batch; waiting longer would only delay exit.
         self.worker.stop(0.1 if self.admission.abandoned else timeout)
 
     def close(self) -> None:
