@@ -11,10 +11,12 @@ from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat
 from starlette.responses import Response
 
+from inferd.api.answers import raw_body, responses
 from inferd.api.bodies import json_response, read_body
 from inferd.api.errors import APIError, refusal
-from inferd.api.schemas import AdminModels, ModelChange, raw_body, request_body, responses
+from inferd.api.schemas import request_body
 from inferd.api.services import admin_auth, services
+from inferd.api.state_schemas import AdminModels, ModelChange
 from inferd.core.errors import (
     Kind,
     LoadCancelled,

@@ -18,6 +18,7 @@ from starlette.responses import Response
 
 from inferd import __version__
 from inferd.api.admin import admin_router
+from inferd.api.answers import raw_body, responses
 from inferd.api.batch_files import files_router, runner_of
 from inferd.api.batches import batches_router
 from inferd.api.catalog import catalog_router
@@ -32,7 +33,6 @@ from inferd.api.middleware import BodyLimitMiddleware, RequestContextMiddleware
 from inferd.api.oip import oip_health_router, oip_router
 from inferd.api.openai import openai_router
 from inferd.api.platforms import platform_routers
-from inferd.api.schemas import raw_body, responses
 from inferd.api.security import require_keys
 from inferd.api.services import Services, services, services_of
 from inferd.api.tei import tei_router

@@ -18,9 +18,9 @@ from fastapi import APIRouter, Depends, Query, Request
 from starlette.responses import Response
 
 from inferd.api import uploads
+from inferd.api.answers import raw_body, responses
 from inferd.api.bodies import json_response
 from inferd.api.errors import APIError
-from inferd.api.schemas import raw_body, responses
 from inferd.api.services import inference_auth
 from inferd.core.tenants import current_tenant
 from inferd.jobs.files import new_id

@@ -19,10 +19,11 @@ from fastapi import APIRouter, Depends, Query, Request
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.responses import Response
 
+from inferd.api.answers import raw_body, responses
 from inferd.api.batch_files import owned_file, owner, runner
 from inferd.api.bodies import json_response, read_body
 from inferd.api.errors import APIError
-from inferd.api.schemas import raw_body, request_body, responses
+from inferd.api.schemas import request_body
 from inferd.api.services import inference_auth
 from inferd.jobs.files import new_id
 from inferd.jobs.lines import FileRefused, duplicates_in, endpoint_of, split

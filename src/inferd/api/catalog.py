@@ -14,13 +14,10 @@ from fastapi import APIRouter, Depends, Request
 from starlette.responses import Response
 
 from inferd import __version__
+from inferd.api.answers import responses
 from inferd.api.bodies import json_response
-from inferd.api.schemas import (
-    Info,
-    ModelList,
-    responses,
-)
 from inferd.api.services import Services, inference_auth, services
+from inferd.api.state_schemas import Info, ModelList
 from inferd.core.description import ModelDescription
 from inferd.core.registry import ServedModel
 from inferd.core.tasks.kinds import CLASSIFICATION, EMBEDDING, RERANK, task_of

@@ -28,6 +28,7 @@ from fastapi import APIRouter, Depends, Request
 from starlette.responses import Response
 
 from inferd.api import documents, vectors
+from inferd.api.answers import RerankResponse, responses
 from inferd.api.bodies import json_response
 from inferd.api.client_schemas import (
     CohereEmbedRequest,
@@ -38,11 +39,7 @@ from inferd.api.engine_call import INFERENCE_ERRORS, build, read_request, requir
 from inferd.api.errors import APIError, Names, error_body
 from inferd.api.middleware import context
 from inferd.api.rerank_chunking import chunking_of, with_span
-from inferd.api.schemas import (
-    RerankResponse,
-    request_body,
-    responses,
-)
+from inferd.api.schemas import request_body
 from inferd.api.services import inference_auth
 from inferd.core import quantize
 from inferd.core.outcomes import TaskResult

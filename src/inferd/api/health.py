@@ -8,13 +8,11 @@ from typing import Any
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
+from inferd.api.answers import responses
 from inferd.api.bodies import json_response
 from inferd.api.errors import refusal
-from inferd.api.schemas import (
-    Health,
-    responses,
-)
 from inferd.api.services import services
+from inferd.api.state_schemas import Health
 from inferd.core.errors import Kind
 from inferd.core.registry import ServedModel
 

@@ -16,10 +16,11 @@ from fastapi import APIRouter, Depends, Request
 from starlette.responses import Response
 
 from inferd.api import documents, hybrid, vectors
+from inferd.api.answers import EncodeResponse, responses
 from inferd.api.bodies import json_response
 from inferd.api.engine_call import INFERENCE_ERRORS, build, read_request, run, served_name
 from inferd.api.errors import Names
-from inferd.api.schemas import EncodeRequest, EncodeResponse, request_body, responses
+from inferd.api.schemas import EncodeRequest, request_body
 from inferd.api.services import inference_auth, services
 from inferd.core.outputs import TextOutputs
 from inferd.core.preprocess import TextInput

@@ -9,6 +9,7 @@ from typing import Any
 from fastapi import APIRouter, Depends, Request
 from starlette.responses import Response
 
+from inferd.api.answers import ClassifyResponse, PredictResponse, responses
 from inferd.api.bodies import json_response
 from inferd.api.engine_call import (
     INFERENCE_ERRORS,
@@ -22,14 +23,7 @@ from inferd.api.engine_call import (
 from inferd.api.errors import APIError, Names
 from inferd.api.middleware import context
 from inferd.api.rerank_chunking import chunking_of
-from inferd.api.schemas import (
-    ClassifyRequest,
-    ClassifyResponse,
-    PredictRequest,
-    PredictResponse,
-    request_body,
-    responses,
-)
+from inferd.api.schemas import ClassifyRequest, PredictRequest, request_body
 from inferd.api.services import inference_auth
 from inferd.api.tei_predict import is_tei_predict, tei_predict
 from inferd.core.long_rerank import span_of

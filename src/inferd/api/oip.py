@@ -27,6 +27,7 @@ from pydantic import BaseModel
 from starlette.responses import Response
 
 from inferd import __version__
+from inferd.api.answers import ErrorResponse
 from inferd.api.engine_call import INFERENCE_ERRORS, build, run
 from inferd.api.errors import APIError
 from inferd.api.health import readiness
@@ -38,7 +39,6 @@ from inferd.api.oip_tensors import (
     read_infer,
     write_infer,
 )
-from inferd.api.schemas import ErrorResponse
 from inferd.api.services import inference_auth, services
 
 # Probes hold no key (as /health); the rest is the inference keys' business.

@@ -11,15 +11,11 @@ from fastapi import APIRouter, Depends, Request
 from starlette.responses import Response
 
 from inferd.api import documents, vectors
+from inferd.api.answers import EmbeddingsResponse, responses
 from inferd.api.bodies import json_response
 from inferd.api.engine_call import INFERENCE_ERRORS, build, read_request, require_task, run, served_name
 from inferd.api.errors import APIError, Names
-from inferd.api.schemas import (
-    EmbeddingsRequest,
-    EmbeddingsResponse,
-    request_body,
-    responses,
-)
+from inferd.api.schemas import EmbeddingsRequest, request_body
 from inferd.api.services import inference_auth
 from inferd.core.outcomes import TaskResult
 from inferd.core.prompts import Prompt

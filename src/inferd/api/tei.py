@@ -36,10 +36,7 @@ from inferd.api.client_schemas import (
 from inferd.api.engine_call import INFERENCE_ERRORS, build, read_request, require_task, run
 from inferd.api.errors import APIError, Names, refusal
 from inferd.api.rerank_chunking import chunking_of, with_span
-from inferd.api.schemas import (
-    TEIRerankRequest,
-    request_body,
-)
+from inferd.api.schemas import TEIRerankRequest, request_body
 from inferd.api.services import inference_auth, services
 from inferd.api.tei_predict import tei_predict
 from inferd.api.tei_shape import (

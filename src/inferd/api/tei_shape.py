@@ -14,6 +14,7 @@ from fastapi import Request
 from starlette.responses import Response
 
 from inferd.api import vectors
+from inferd.api.answers import ErrorResponse, TEIRerankResult
 from inferd.api.client_schemas import (
     TEIError,
     TEIPrediction,
@@ -21,10 +22,6 @@ from inferd.api.client_schemas import (
     direction,
 )
 from inferd.api.errors import APIError, refusal, tei_type
-from inferd.api.schemas import (
-    ErrorResponse,
-    TEIRerankResult,
-)
 from inferd.core.errors import Kind
 from inferd.core.outcomes import TaskResult
 from inferd.core.preprocess import TextInput

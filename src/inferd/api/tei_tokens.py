@@ -26,9 +26,7 @@ from inferd.api.client_schemas import (
 )
 from inferd.api.engine_call import build
 from inferd.api.errors import Names, engine_refusal, excerpt, refusal
-from inferd.api.schemas import (
-    request_body,
-)
+from inferd.api.schemas import request_body
 from inferd.api.services import Services, inference_auth, services
 from inferd.api.tei_shape import DECODED, TOKENS, tei_errors, tei_inputs, tei_responses
 from inferd.core.description import ModelDescription
