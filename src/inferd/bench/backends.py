@@ -18,6 +18,7 @@ as a separate server, with each of its engines, under the same load.
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import tempfile
 import time
@@ -150,8 +151,24 @@ def in_process(handler: Any, texts: Sequence[str], batch_size: int = 32, min_sec
 # -- infinity ---------------------------------------------------------------------------------------------
 
 
+def st_pooling(model: Path) -> str:
+    """``mean`` or ``cls``: the sentence-transformers folder's pooling, as infinity's ``--pooling-method`` names it
+    (``auto`` where the folder does not say). Its optimum engine pools the CLS token unless told: the graph folder
+    it loads has no sentence-transformers files (all-MiniLM-L6-v2, a mean-pooling model, answered cosine 0.28 to
+    sentence-transformers without it)."""
+    try:
+        modules = json.loads((model / "modules.json").read_text())
+        pooling = next(m for m in modules if m.get("type", "").endswith("Pooling"))
+        config = json.loads((model / pooling["path"] / "config.json").read_text())
+    except (OSError, ValueError, StopIteration, KeyError):
+        return "auto"
+    if config.get("pooling_mode_mean_tokens") or config.get("pooling_mode") == "mean":
+        return "mean"
+    return "cls" if config.get("pooling_mode_cls_token") or config.get("pooling_mode") == "cls" else "auto"
+
+
 def start_infinity(exe: Path, engine: str, model: Path, logs: Path, threads: int | None,
-                   timeout: float = 600.0) -> ServerProc:
+                   timeout: float = 600.0, pooling: str = "auto") -> ServerProc:
     """``infinity_emb v2`` on a free port, one model, batches of up to 32; returns once /health answers."""
     from inferd.bench.procs import _base_env, _spawn, free_port
 
@@ -165,7 +182,7 @@ def start_infinity(exe: Path, engine: str, model: Path, logs: Path, threads: int
     cwd = model.resolve() if engine == "optimum" else None
     cmd = [str(exe), "v2", "--model-id", "." if cwd else str(model), "--served-model-name", "model",
            "--engine", engine, "--device", "cpu", "--batch-size", "32", "--host", "127.0.0.1", "--port", str(port),
-           "--url-prefix", "", "--no-model-warmup", "--log-level", "warning"]
+           "--url-prefix", "", "--no-model-warmup", "--log-level", "warning", "--pooling-method", pooling]
     server = _spawn(f"infinity-{engine}", cmd, env, port, logs, cwd=cwd)
     server.wait_ready("/health", timeout)
     return server
@@ -243,7 +260,8 @@ def run_phase(args: argparse.Namespace, model: Path, texts: Sequence[str], sourc
     if args.infinity is not None:
         for engine in (e.strip() for e in args.infinity_engines.split(",") if e.strip()):
             externals.append((f"infinity {engine}", lambda e=engine: start_infinity(
-                args.infinity, e, (args.infinity_onnx_model if e == "optimum" else None) or model, logs, threads)))
+                args.infinity, e, (args.infinity_onnx_model if e == "optimum" else None) or model, logs, threads,
+                pooling=st_pooling(model))))
             rows[f"infinity {engine}"] = {"config": {"server": "infinity", "engine": engine}, "rounds": []}
     servers: list[tuple[str, Callable[[], ServerProc], Target]] = [
         (c.name, lambda c=c: start_inferd(logs, model, threads, {**base, **c.env(cache)}, timeout=600),
