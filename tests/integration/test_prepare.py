@@ -45,7 +45,7 @@ def test_two_prepares_on_one_cold_cache_export_once_and_both_say_ready(tiny_mode
     first, second = start(env), start(env)
     results = [finish(first), finish(second)]
     for code, out, err in results:
-        assert code == 0, err[-3000:]
+        assert code == 0, (out.get("candidates"), err[-3000:])
         assert out["ready"] and out["serves"] == FP32 and out["candidates"][FP32]["state"] == "passed"
     # One built the entry; the other waited on its lock and read it: one miss, one hit, one entry on disk.
     assert sorted(out["candidates"][FP32]["cache"] for _, out, _ in results) == ["hit", "miss"]
