@@ -19,6 +19,7 @@ from inferd.core.loading import load_handler
 from inferd.core.outputs import maxsim, maxsim_scores
 from inferd.core.preprocess import InputError, TextInput
 from inferd.core.spec import ModelSpec
+from inferd.core.tasks.late_rerank import LateInteractionRerankHandler
 from inferd.core.tasks.multivector import ColbertHandler
 from tests.tinymodel import write_tiny_colbert
 
@@ -125,3 +126,23 @@ def test_the_projection_runs_inside_the_exported_graph_behind_the_gate(folder: P
     texts = [as_query(QUERIES[0]), *DOCUMENTS]
     for want, got in zip(_vectors(handler, texts), _vectors(converted, texts), strict=True):
         np.testing.assert_allclose(got, want, atol=1e-4, rtol=0)
+
+
+def test_the_late_interaction_reranker_cuts_each_document_as_its_request_chose(folder: Path, handler: Any) -> None:
+    reranker = load_handler(ModelSpec(folder, "1", device="cpu", warmup=False, task="rerank"))
+    try:
+        assert isinstance(reranker, LateInteractionRerankHandler)
+        long = " ".join([DOCUMENTS[0]] * 3 + [DOCUMENTS[1]] * 3)  # longer than the document length, its ends unlike
+        (right, left, plain) = reranker.preprocess([(QUERIES[0], TextInput(long)),
+                                                    (QUERIES[0], TextInput(long, direction="left")),
+                                                    (QUERIES[0], long)])
+        ask = ("multivector",)
+        want_left, want_right = handler.encode_texts([TextInput(long, direction="left", outputs=ask),
+                                                      TextInput(long, outputs=ask)])
+        assert (left.ids, right.ids, plain.ids) == (want_left.ids, want_right.ids, want_right.ids)
+        assert left.ids != right.ids  # the side is the document's own choice, not the model's default
+        with pytest.raises(InputError):  # truncate: false refuses the text rather than cut it
+            reranker.preprocess([(QUERIES[0], TextInput(long, truncate=False))])
+        assert reranker.loaded.facts.other == {"scoring": "maxsim", "multivector_dimension": DIM}
+    finally:
+        reranker.close()
