@@ -17,10 +17,11 @@ def names(flags: set[str], **kw: object) -> tuple[list[str], dict[str, str]]:
 
 
 def test_the_machine_decides_the_candidates_fastest_first() -> None:
-    assert names(AMX, cuda=False)[0] == ["openvino-bfloat16", "openvino-float32-int8", "openvino-float32"]
+    assert names(AMX, cuda=False)[0] == ["openvino-bfloat16", "openvino-mixed", "openvino-float32-int8",
+                                         "openvino-float32"]
     todo, skipped = names(ZEN3, cuda=False)
     assert todo == ["openvino-float32"]
-    assert "no native bf16" in skipped["openvino-bfloat16"]
+    assert "no native bf16" in skipped["openvino-bfloat16"] and "no native bf16" in skipped["openvino-mixed"]
     assert "no int8 dot products" in skipped["openvino-float32-int8"]
     todo, skipped = names(AMX, cuda=True)
     assert todo == ["torch-float16"] and skipped["openvino-float32"].startswith("the model runs on a GPU")
@@ -45,8 +46,8 @@ def test_the_judge_takes_the_first_candidate_that_passes_retrying_while_another_
     def switch(runtime: dict[str, str]) -> None:
         name = f"{runtime['backend']}-{runtime['dtype']}-{runtime['quantize']}"
         calls.append(name)
-        if runtime["dtype"] == "bfloat16":
-            raise RuntimeError("openvino bfloat16 refused by the accuracy gate (half thresholds): cosine min 0.99")
+        if runtime["dtype"] in ("bfloat16", "mixed"):
+            raise RuntimeError(f"openvino {runtime['dtype']} refused by the accuracy gate (half thresholds)")
         if busy[0]:
             busy[0] = False
             raise ModelChangeBusy("another model change is in progress")
@@ -61,7 +62,8 @@ def test_the_judge_takes_the_first_candidate_that_passes_retrying_while_another_
     assert states["openvino-float32-int8"] == ("serving", None)
     assert states["openvino-float32"] == ("skipped", "openvino-float32-int8 passed first (faster)")
     # The busy candidate was tried again, not refused; nothing after the one that passed was tried.
-    assert calls == ["openvino-bfloat16-none", "openvino-float32-int8", "openvino-float32-int8"]
+    assert states["openvino-mixed"][0] == "refused"
+    assert calls == ["openvino-bfloat16-none", "openvino-mixed-none", "openvino-float32-int8", "openvino-float32-int8"]
 
 
 def test_nothing_passes_and_torch_stays_and_a_served_runtime_is_not_judged() -> None:

@@ -7,6 +7,8 @@ when its last request lets go: no request is dropped):
 
 - OpenVINO bf16, where the CPU multiplies bf16 in hardware (avx512_bf16 or amx_bf16): MiniLM 363.6 texts/s against
   torch's 181-204 on a 2-core EPYC with AVX512-BF16 (issue 43);
+- OpenVINO mixed precision, where bf16 is refused by the gate for a float operation that becomes an integer (all-
+  mpnet-base-v2's relative-position buckets): bf16 with those kept in float32 (backends/precision.py);
 - OpenVINO static int8 (float32 parts), where the CPU has int8 dot products (avx512_vnni, avx_vnni, amx_int8; without
   them int8 is no faster and less exact: backends/base.py ``INT8_DOT_FLAGS``);
 - OpenVINO float32, which computes what torch computes (the float32 gate), on every CPU;
@@ -63,10 +65,13 @@ class Candidate:
 
 
 OV_BF16 = Candidate("openvino", "bfloat16")
+# bf16 with the graph's index arithmetic kept in float32 (backends/precision.py): all-mpnet-base-v2's bf16 loss is
+# its relative-position bucket arithmetic, not the matrix products (bf16 cosine min 0.9958, mixed 0.99982).
+OV_MIXED = Candidate("openvino", "mixed")
 OV_INT8 = Candidate("openvino", "float32", "int8")
 OV_FP32 = Candidate("openvino", "float32")
 TORCH_FP16 = Candidate("torch", "float16")
-ALL = (OV_BF16, OV_INT8, OV_FP32, TORCH_FP16)
+ALL = (OV_BF16, OV_MIXED, OV_INT8, OV_FP32, TORCH_FP16)
 
 
 def candidates(flags: set[str], cuda: bool, wanted: Sequence[str] = (),
@@ -82,17 +87,18 @@ def candidates(flags: set[str], cuda: bool, wanted: Sequence[str] = (),
         openvino_installed = util.find_spec("openvino") is not None
     skipped: dict[str, str] = {}
     if cuda:
-        for c in (OV_BF16, OV_INT8, OV_FP32):
+        for c in (OV_BF16, OV_MIXED, OV_INT8, OV_FP32):
             skipped[c.name] = "the model runs on a GPU; OpenVINO runs on the CPU"
     else:
         skipped[TORCH_FP16.name] = "float16 is for a GPU; this model runs on the CPU"
         if not openvino_installed:
-            for c in (OV_BF16, OV_INT8, OV_FP32):
+            for c in (OV_BF16, OV_MIXED, OV_INT8, OV_FP32):
                 skipped[c.name] = "the openvino package is not installed (pip install 'inferd[fast]')"
         else:
             if not any(f in flags for f in NATIVE_BF16_FLAGS):
-                skipped[OV_BF16.name] = (f"the CPU has no native bf16 ({' or '.join(NATIVE_BF16_FLAGS)}): bf16 is "
-                                         "emulated there, slower than float32")
+                for c in (OV_BF16, OV_MIXED):
+                    skipped[c.name] = (f"the CPU has no native bf16 ({' or '.join(NATIVE_BF16_FLAGS)}): bf16 is "
+                                       "emulated there, slower than float32")
             if not any(f in flags for f in INT8_DOT_FLAGS):
                 skipped[OV_INT8.name] = (f"the CPU has no int8 dot products ({', '.join(INT8_DOT_FLAGS)}): static "
                                          "int8 runs no faster than float32 there and loses accuracy")
