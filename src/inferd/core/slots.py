@@ -30,7 +30,7 @@ log = logging.getLogger(__name__)
 _load_ids = itertools.count(1)
 
 
-# What the load itself says, whatever a handler's ``describe()`` claims among its other facts.
+# What the load itself says, whatever a handler's facts (``Loaded.facts.other``) claim beside the task's.
 _COMMON = frozenset(f.name for f in fields(ModelDescription)) - {"facts"}
 
 
