@@ -204,8 +204,8 @@ class ModelSettings(_Section):
     # once and switch to the fastest runtime the accuracy gate passes, judged in the background (core/backends/auto.py).
     backend: Backend = "torch"
     quantize: Quantize = "none"
-    # backend auto's candidates, fastest first, as <backend>-<dtype>[-int8] (openvino-bfloat16, openvino-float32-int8,
-    # openvino-float32); empty: every one this machine offers. Only lossless: [openvino-float32].
+    # backend auto's candidates, fastest first, as <backend>-<dtype>[-int8] (openvino-bfloat16, openvino-mixed,
+    # openvino-float32-int8, openvino-float32); empty: every one this machine offers. Only lossless: [openvino-float32].
     auto_candidates: tuple[str, ...] = ()
     # The torch backend on real tokens only (core/backends/varlen.py); auto: BERT encoders on the CPU.
     unpadded: bool | Literal["auto"] = "auto"
