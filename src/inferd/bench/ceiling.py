@@ -23,7 +23,7 @@ def load_handler(model_path: Path, device: str = "auto", torch_threads: int | No
     if torch_threads:
         torch.set_num_threads(torch_threads)
     handler = EmbeddingHandler()
-    handler.load(ModelSpec(path=model_path, name=model_path.name, version="bench", device=device),
+    handler.open(ModelSpec(path=model_path, name=model_path.name, version="bench", device=device),
                  resolve_device(device))
     handler.warmup()
     return handler
