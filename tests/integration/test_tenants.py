@@ -95,7 +95,7 @@ def fake(tmp_path_factory: pytest.TempPathFactory, module_serve: Callable[..., S
         "FAKE_RECORD": str(tmp / "record.jsonl"), "FAKE_GATE_DIR": str(tmp / "gates"),
     }, wait="/health/ready")
     fake = Fake(server, tmp)
-    for i in range(8):  # the model's seconds per token, measured from its answers (core/tenants.py FairClock)
+    for i in range(8):  # the model's seconds per token, measured from its answers (core/fair_share.py FairClock)
         assert fake.post(STEADY, f"warm {i}".ljust(TEXT, "w")).status_code == 200
     yield fake
     fake.http.close()

@@ -1,4 +1,5 @@
-"""core/tenants.py alone: keys, limits, charges, the fair clock and the table's reload (no server)."""
+"""Tenants alone (core/tenants.py, tenant.py, fair_share.py): keys, limits, charges, the fair clock and the
+table's reload (no server)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ import pytest
 import yaml
 
 from inferd.core.errors import EngineError, Kind
-from inferd.core.tenants import DEFAULT_TENANT, Tenancy, duration
+from inferd.core.tenant import duration
+from inferd.core.tenants import DEFAULT_TENANT, Tenancy
 from inferd.settings import Settings
 from inferd.utils.metrics import Metrics
 

@@ -15,7 +15,8 @@ from starlette.requests import Request
 
 from inferd.api.errors import APIError
 from inferd.api.middleware import EXTRA_HEADERS, context
-from inferd.core.tenants import Tenancy, Tenant, current_tenant
+from inferd.core.tenant import Tenant
+from inferd.core.tenants import Tenancy, current_tenant
 
 
 def bearer_token(request: Request) -> str | None:

@@ -1,6 +1,6 @@
 """TEI's /tokenize and /decode: the served model's tokenizer, untruncated, in TEI's shapes and error shape.
 
-No model runs, yet both are a tenant's requests as any other (core/tenants.py ``Tenant.admit``): the model they
+No model runs, yet both are a tenant's requests as any other (core/tenant.py ``Tenant.admit``): the model they
 show must be on its allow-list, and they count towards its requests per second and concurrent requests. Their
 tokens are not charged to its budget, which counts the tokens a model ran; what bounds /tokenize's answer instead is
 ``limits.max_tokenize_tokens``, checked on the token count before the answer is built.

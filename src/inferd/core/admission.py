@@ -35,7 +35,7 @@ from inferd.core.shadow_mirror import ShadowMirror
 from inferd.core.slots import ModelSlot
 from inferd.core.tasks.embedding_task import DEFAULT_OUTPUTS
 from inferd.core.tasks.kinds import task_of
-from inferd.core.tenants import Tenant
+from inferd.core.tenant import Tenant
 from inferd.core.tokenizing import Tokenizing, chars
 from inferd.settings import Settings
 from inferd.utils import tracing
@@ -49,7 +49,7 @@ _SPECIAL_TOKENS = 3
 
 
 def token_estimate(inputs: list[Any], window: int | None) -> int:
-    """The tokens ``inputs`` are reserved from a tenant's budget before they are tokenised (core/tenants.py
+    """The tokens ``inputs`` are reserved from a tenant's budget before they are tokenised (core/tenant.py
     reserve): a token per character plus the special tokens, at most the model's window per input (a longer one
     is cut, or refused uncharged) and a text's own ``max_tokens``. A bound for WordPiece (BERT, MiniLM: every token
     but the specials spans a character or more), so such a request is never refused once tokenised; a byte-level
@@ -167,7 +167,7 @@ class Admission:
         self._enter()
         try:
             if tenant is not None and not admitted_before:
-                # The tenant's own rules on the model chosen (core/tenants.py); its place is given back below. A
+                # The tenant's own rules on the model chosen (core/tenant.py); its place is given back below. A
                 # document's pieces (core/pieces.py) come admitted once for the whole request: their tokens are
                 # charged here all the same, their waves are not each a request of the tenant's.
                 priority, admitted = tenant.admit(served.name, priority), tenant
@@ -240,7 +240,7 @@ class Admission:
     async def _run_on(self, served: ServedModel, slot: ModelSlot, inputs: list[Any], tenant: Tenant | None,
                       priority: int, timeout_ms: float | None, disconnected: Disconnected | None) -> TaskResult:
         # Reserved from the tenant's budget before tokenising, so requests tokenising at once see each other's
-        # (core/tenants.py); settled against the real count as it is queued, given back if it never is.
+        # (core/tenant.py); settled against the real count as it is queued, given back if it never is.
         reserved = 0 if tenant is None else tenant.reserve(token_estimate(inputs, slot.description.max_seq_length))
         version, name, batching = slot.version, served.name, served.settings.batching
         t0 = time.perf_counter()
@@ -270,7 +270,7 @@ class Admission:
         tokens = sum(e.tokens for e in encoded)
         # A tenant's work is charged the tokens the model will run (its reservation settled, or refused if it ran
         # past it into a spent budget), and queued at its priority lowered by how far ahead of its share it is
-        # (core/tenants.py). ``done`` settles the charge once it leaves the queue.
+        # (core/tenant.py). ``done`` settles the charge once it leaves the queue.
         rank = priority if tenant is None else tenant.queue(name, tokens, now, priority, batching.ageing_ms / 1e3,
                                                             reserved)
         # A fractional priority: the batcher adds waiting time to it (ageing), which is all a rank needs.

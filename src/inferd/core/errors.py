@@ -24,7 +24,7 @@ class Kind(StrEnum):
     MODEL_UNLOADED = "model_unloaded"  # the model this request was routed to went away under it
     WORKER_DEAD = "worker_dead"  # the inference worker stopped
     OVERLOADED = "overloaded"  # the queue is full
-    RATE_LIMITED = "rate_limited"  # the caller's tenant is over one of its limits (core/tenants.py)
+    RATE_LIMITED = "rate_limited"  # the caller's tenant is over one of its limits (core/tenant.py)
     CONFLICT = "conflict"  # a model change the model's state refuses (another in progress, no canary, ...)
     DRAINING = "draining"  # the server is shutting down
     DEADLINE = "deadline"  # the request's deadline passed while it was queued

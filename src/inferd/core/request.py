@@ -23,7 +23,7 @@ from inferd.core.errors import EngineError, Kind
 from inferd.core.outputs import OUTPUTS
 from inferd.core.preprocess import InputError, check_texts
 from inferd.core.prompts import INPUT_TYPE_PROMPTS, Prompt
-from inferd.core.tenants import Tenant
+from inferd.core.tenant import Tenant
 
 # A text (a core/preprocess.py TextInput carries its own cut side, truncate and max_tokens), or a
 # (query, document) pair for a reranker.

@@ -45,7 +45,8 @@ from inferd.api.errors import APIError, error_response, excerpt
 from inferd.api.middleware import new_request_id
 from inferd.api.schemas import ClassifyRequest, EmbeddingsRequest, EncodeRequest
 from inferd.core.request import MAX_TIMEOUT_MS
-from inferd.core.tenants import Tenant, current_tenant
+from inferd.core.tenant import Tenant
+from inferd.core.tenants import current_tenant
 from inferd.utils.logger import request_id_var
 
 log = logging.getLogger(__name__)
