@@ -21,9 +21,10 @@ from settingskit import make_settings
 
 from inferd import cli
 from inferd.api.errors import _TYPES
-from inferd.fleet import render
+from inferd.fleet import files, host, render, worker_config
+from inferd.fleet.files import RenderError
+from inferd.fleet.host import find_nginx
 from inferd.fleet.layout import plan, visible_gpus
-from inferd.fleet.render import RenderError, find_nginx
 from inferd.fleet.runner import supervisor_env
 from inferd.settings import Settings
 
@@ -113,12 +114,12 @@ def test_fleet_settings_from_the_environment() -> None:
 
 def test_fill_repeats_blocks_and_refuses_unknown_placeholders() -> None:
     text = "a {{x}}\n#@each worker\nserver {{name}} {{x}};\n#@end\nz\n"
-    assert render.fill(text, {"x": 1}, {"worker": [{"name": "w0"}, {"name": "w1"}]}) == \
+    assert files.fill(text, {"x": 1}, {"worker": [{"name": "w0"}, {"name": "w1"}]}) == \
         "a 1\nserver w0 1;\nserver w1 1;\nz\n"
     with pytest.raises(RenderError, match="y"):
-        render.fill("{{y}}", {})
+        files.fill("{{y}}", {})
     with pytest.raises(RenderError, match="gpu"):
-        render.fill("#@each gpu\n{{x}}\n#@end\n", {"x": 1})
+        files.fill("#@each gpu\n{{x}}\n#@end\n", {"x": 1})
 
 
 def test_nginx_error_pages_speak_inferds_error_shape() -> None:
@@ -149,7 +150,7 @@ def test_nginx_never_marks_a_worker_failed_and_caps_no_connections(tmp_path: Pat
 
 
 def test_missing_nginx_says_how_to_install_it(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(render.shutil, "which", lambda *a, **k: None)
+    monkeypatch.setattr(host.shutil, "which", lambda *a, **k: None)
     with pytest.raises(RenderError) as info:
         find_nginx(None)
     assert "apt-get install nginx" in str(info.value) and "\n" not in str(info.value)
@@ -157,7 +158,7 @@ def test_missing_nginx_says_how_to_install_it(monkeypatch: pytest.MonkeyPatch) -
 
 def test_missing_nginx_exits_2_with_one_line(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
                                              tmp_path: Path) -> None:
-    monkeypatch.setattr(render.shutil, "which", lambda *a, **k: None)
+    monkeypatch.setattr(host.shutil, "which", lambda *a, **k: None)
     assert cli.main(["fleet", "--run-dir", str(tmp_path / "run"), "--port", "18999"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "apt-get install nginx" in err
@@ -284,7 +285,7 @@ def test_a_rollout_of_one_model_rewrites_that_models_entry_only(tmp_path: Path) 
 
     entries = [{"name": "embedder", "path": "/m/a", "version": "1", "canary": {"path": None}},
                {"name": "reranker", "path": "/m/r", "version": "1", "canary": {"path": None}}]
-    render.write_worker_config(tmp_path, "dev", {"model": {"path": "/unused"}, "models": entries})
+    worker_config.write_worker_config(tmp_path, "dev", {"model": {"path": "/unused"}, "models": entries})
 
     class Run:
         path, meta, admin_key = tmp_path, {"env": "dev"}, "k"
@@ -294,7 +295,7 @@ def test_a_rollout_of_one_model_rewrites_that_models_entry_only(tmp_path: Path) 
                      [{"active": {"model": "reranker", "path": "/m/r2", "version": "2"}}])
     rollout._persist(Change("canary", "/m/e2", "c", 0.1, model="embedder"),
                      [{"canary": {"model": "embedder", "path": "/m/e2", "version": "c"}, "weight": 0.1}])
-    data = render.read_worker_config(tmp_path)
+    data = worker_config.read_worker_config(tmp_path)
     embedder, reranker = data["models"]
     assert (reranker["path"], reranker["version"]) == ("/m/r2", "2")
     assert (embedder["path"], embedder["version"], embedder["canary"]) == (

@@ -16,8 +16,8 @@ import yaml
 
 from inferd.fleet.control import RunDir
 from inferd.fleet.layout import Layout, WorkerSlot
-from inferd.fleet.render import read_worker_config, write_worker_config
 from inferd.fleet.rollout import Change, ChangeFailed, Rollout, change_lock
+from inferd.fleet.worker_config import read_worker_config, write_worker_config
 
 KEY = "admin-key"
 

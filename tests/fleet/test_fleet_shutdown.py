@@ -15,9 +15,10 @@ import httpx
 import pytest
 from settingskit import make_settings
 
+from inferd.fleet.host import nginx_user
 from inferd.fleet.layout import Layout, WorkerSlot, free_port
 from inferd.fleet.render import Fleet as Rendered
-from inferd.fleet.render import nginx_user, write_run_dir
+from inferd.fleet.run_dir import write_run_dir
 
 from .fleetkit import NGINX, ClosedLoop, Fleet, requires_nginx
 

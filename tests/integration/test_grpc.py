@@ -35,7 +35,7 @@ from settingskit import make_settings
 from tinymodel import WORDS, _tiny_encoder_config, write_tiny_bert, write_tiny_classifier, write_tiny_cross_encoder
 from transformers import BertForMaskedLM
 
-from inferd.fleet import render
+from inferd.fleet import host, render
 from inferd.fleet.layout import plan
 from inferd.grpc.stubs import pb, rpc
 
@@ -338,7 +338,7 @@ def test_a_call_through_the_fleets_nginx_grpc_pass_answers_as_the_worker(
                                                      "INFERD__FLEET__GRPC_PORT": str(listen)})
     ports = iter([server.port, free_port(), config["server"]["grpc_port"]])
     layout = plan(settings, (), 1, port=lambda: next(ports))
-    user, warning = render.nginx_user(None, tmp_path)
+    user, warning = host.nginx_user(None, tmp_path)
     fleet = render.Fleet(settings, layout, tmp_path, free_port(), str(NGINX), "key", user, warning)
     for folder in ("nginx", "logs", "prometheus"):
         (tmp_path / folder).mkdir()

@@ -12,9 +12,9 @@ import pytest
 
 from inferd.fleet.control import RunDir
 from inferd.fleet.layout import Layout, WorkerSlot
-from inferd.fleet.render import read_worker_config, write_worker_config
 from inferd.fleet.rollout import ChangeFailed
 from inferd.fleet.shadow import ShadowChange, ShadowRollout
+from inferd.fleet.worker_config import read_worker_config, write_worker_config
 from inferd.settings import GateSettings
 
 KEY = "admin-key"

@@ -18,7 +18,7 @@ import httpx
 from inferd.config import ConfigError, load_settings
 from inferd.config_flags import add_config_flags, overrides
 from inferd.fleet.control import FleetNotFound, RunDir, find_run_dir, format_status, status
-from inferd.fleet.render import RenderError
+from inferd.fleet.files import RenderError
 from inferd.fleet.rollout import Change, ChangeFailed, Rollout, change_lock
 from inferd.fleet.shadow import ShadowChange, ShadowRollout
 from inferd.settings import Settings

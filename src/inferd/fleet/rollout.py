@@ -20,7 +20,7 @@ import httpx
 
 from inferd.fleet.control import RunDir, models
 from inferd.fleet.layout import WorkerSlot
-from inferd.fleet.render import read_worker_config, write_worker_config
+from inferd.fleet.worker_config import read_worker_config, write_worker_config
 
 ACTIONS = ("reload", "canary", "promote", "rollback")
 

@@ -23,22 +23,12 @@ from types import FrameType
 from typing import Any, TextIO
 
 from inferd.fleet.control import RunDir, pid_alive, pointer_path, status
+from inferd.fleet.files import RenderError
+from inferd.fleet.host import find_nginx, nginx_user, supervisor_bin
 from inferd.fleet.layout import free_port, plan, usable_cores, visible_gpus
-from inferd.fleet.render import (
-    Fleet,
-    RenderError,
-    check_run_dir,
-    find_nginx,
-    new_admin_key,
-    nginx_user,
-    redact,
-    render_nginx,
-    render_supervisord,
-    supervisor_bin,
-    worker_settings,
-    write_health,
-    write_run_dir,
-)
+from inferd.fleet.render import Fleet, render_nginx, render_supervisord
+from inferd.fleet.run_dir import check_run_dir, new_admin_key, write_health, write_run_dir
+from inferd.fleet.worker_config import redact, worker_settings
 from inferd.settings import Settings
 
 HEALTH_EVERY_S = 2.0
