@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from inferd.bench.backends import Config, parse_configs, render, summarise
+from inferd.bench.backends import Config, parse_configs
+from inferd.bench.backends_report import render, summarise
 from inferd.bench.run import build_parser
 
 

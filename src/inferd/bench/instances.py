@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from inferd.bench.backends import why_failed
+from inferd.bench.backends_report import why_failed
 from inferd.bench.load import Target, TextSource, _phase, _run, closed_loop
 from inferd.bench.procs import ServerFailed, start_inferd
 

@@ -21,7 +21,7 @@ from typing import Any
 
 import yaml
 
-from inferd.bench.backends import why_failed
+from inferd.bench.backends_report import why_failed
 from inferd.bench.load import Target, TextSource, _phase, _run, closed_loop
 from inferd.bench.procs import ROOT, ServerFailed, ServerProc, start_inferd
 from inferd.bench.rerank import DOCUMENTS_PER_REQUEST, QUERY

@@ -20,7 +20,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from inferd.bench.backends import Config, parse_configs, start_infinity, why_failed
+from inferd.bench.backends import Config, parse_configs
+from inferd.bench.backends_report import why_failed
+from inferd.bench.infinity import start_infinity
 from inferd.bench.load import Target, TextSource, run_closed
 from inferd.bench.procs import ServerFailed, ServerProc, Starts, start_inferd
 

@@ -351,8 +351,8 @@ def write_outputs(results: dict[str, Any], out: Path, plot: bool) -> None:
         results["files"]["plot"] = str(write_plot(results, out / "latency_throughput.png"))
     results["files"]["markdown"] = str(out / "RESULTS.md")
     results["files"]["json"] = str(out / "results.json")
-    from inferd.bench.backends import backends_markdown
-    from inferd.bench.backends import write_plot as write_backends_plot
+    from inferd.bench.backends_report import backends_markdown
+    from inferd.bench.backends_report import write_plot as write_backends_plot
     from inferd.bench.fleet import fleet_markdown
     from inferd.bench.pipeline import pipeline_markdown
 
