@@ -33,7 +33,7 @@ class ModelSpec:
     ``max_token_vectors``: ``limits.max_multivector_tokens``, which a multi-vector model checks a request's token
     counts against once tokenised, before it queues (core/tasks/base.py TokenVectorTask).
 
-    The settings are declared once, in settings.py, and read from ``spec.settings``; those every load reads
+    The settings are declared once, in inferd.settings, and read from ``spec.settings``; those every load reads
     (``spec.device``, ``spec.backend``, ``spec.pooling``, ...) are properties of the spec too. Keyword arguments
     override settings by name (``ModelSpec(path, "1", device="cpu", warmup=False)``), validated as the
     configuration would be.
