@@ -24,6 +24,9 @@ from inferd.core.loading import load_handler
 from inferd.core.spec import ModelSpec
 from inferd.corpus import texts as corpus_texts
 
+CONFIGS: dict[str, dict[str, str]] = {"torch fp32": {}, "openvino bf16": {"backend": "openvino", "dtype": "bfloat16"},
+                                      "openvino mixed": {"backend": "openvino", "dtype": "mixed"}}
+
 
 def load(folder: Any, cache: str, **kw: Any) -> tuple[Any, dict[str, Any]]:
     started = time.perf_counter()
@@ -42,13 +45,15 @@ def main() -> int:
     p.add_argument("--seconds", type=float, default=20.0, help="in-process measurement per configuration and round")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--texts", type=int, default=256, help="corpus texts per in-process pass")
+    p.add_argument("--configs", default=",".join(CONFIGS), help=f"comma list of {', '.join(CONFIGS)}")
+    p.add_argument("--cache", help="export cache to keep between runs (default: a temporary one, cold starts)")
     args = p.parse_args()
     folder = mpnet_folder()
-    configs = {"torch fp32": {}, "openvino bf16": {"backend": "openvino", "dtype": "bfloat16"},
-               "openvino mixed": {"backend": "openvino", "dtype": "mixed"}}
+    configs = {name: CONFIGS[name] for name in args.configs.split(",")}
     handlers: dict[str, Any] = {}
     report: dict[str, Any] = {}
-    with tempfile.TemporaryDirectory() as cache:
+    with tempfile.TemporaryDirectory() as temporary:
+        cache = args.cache or temporary
         for name, kw in configs.items():
             handler, report[name] = load(folder, cache, **kw)
             print(name, json.dumps(report[name], default=str)[:800], file=sys.stderr, flush=True)
