@@ -271,6 +271,24 @@ def test_the_key_is_checked_as_over_http_and_health_and_reflection_are_open(chan
     listed = {s.name for s in answer.list_services_response.service}
     assert {"tei.v1.Info", "tei.v1.Embed", "tei.v1.Predict", "tei.v1.Rerank", "tei.v1.Tokenize",
             "grpc.health.v1.Health"} <= listed
+    # Reflection describes what it lists (grpcurl needs the file): inferd's messages live in a pool of their own.
+    for symbol in ("tei.v1.Embed", "grpc.health.v1.Health"):
+        [found] = reflection.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(
+            file_containing_symbol=symbol)]))
+        assert found.WhichOneof("message_response") == "file_descriptor_response", (symbol, found)
+
+
+def test_tei_clients_own_stubs_call_inferd_in_the_same_process(channel: grpc.Channel, http: httpx.Client) -> None:
+    """tei-client ships stubs generated from text-embeddings-inference's own proto into protobuf's default pool;
+    inferd's (the same package, tei.v1) must neither collide with them in one process nor differ on the wire."""
+    from tei_client.stubs import tei_pb2 as theirs
+    from tei_client.stubs import tei_pb2_grpc as their_rpc
+
+    got = their_rpc.EmbedStub(channel).Embed(theirs.EmbedRequest(inputs=TEXTS[0]), metadata=AUTH)
+    want = http.post("/embed", json={"inputs": TEXTS[0]}).json()[0]
+    assert np.allclose(np.array(got.embeddings), np.array(want), atol=TOL)
+    info = their_rpc.InfoStub(channel).Info(theirs.InfoRequest(), metadata=AUTH)
+    assert info.model_type == theirs.ModelType.MODEL_TYPE_EMBEDDING
 
 
 def test_calls_are_counted_and_logged_as_http_requests(channel: grpc.Channel, server: Server,

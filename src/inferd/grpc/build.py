@@ -45,19 +45,32 @@ def build(out: Path = SRC) -> Path:
     missing = [name for name in _GENERATED if not (gen / name).exists()]
     if missing:
         raise RuntimeError(f"protoc wrote no {', '.join(missing)} in {gen}")
+    (gen / "_pool.py").write_text(_POOL_MODULE)
+    _own_pool(gen / "tei_pb2.py")
     _own_pool(gen / "oip_pb2.py")
     return gen
 
 
+# Both protos' messages live in one descriptor pool of inferd's own, not protobuf's default pool: their packages are
+# other clients' too (``tei.v1`` is tei-client's, ``inference`` tritonclient's), and a process importing both into the
+# default pool (a test calling inferd with tei-client's or tritonclient's gRPC client, an application embedding inferd
+# beside one) fails on the first duplicate symbol. Reflection serves from this pool (grpc/server.py).
+_POOL_MODULE = '''"""The descriptor pool of inferd's generated gRPC messages (python -m inferd.grpc.build): do not edit."""
+from google.protobuf import descriptor_pool
+
+POOL = descriptor_pool.DescriptorPool()
+'''
+
+
 def _own_pool(module: Path) -> None:
-    """The Open Inference Protocol's messages in a descriptor pool of their own: its package, ``inference``, is
-    tritonclient's too, and a process importing both into the default pool (a test calling inferd with
-    tritonclient.grpc, an application embedding inferd beside a Triton client) fails on duplicate symbols."""
+    """``module``'s messages added to inferd's own pool (_gen/_pool.py) instead of the default one."""
     source = module.read_text()
     default = "_descriptor_pool.Default().AddSerializedFile("
-    if source.count(default) != 1:
+    anchor = "from google.protobuf import descriptor_pool as _descriptor_pool\n"
+    if source.count(default) != 1 or source.count(anchor) != 1:
         raise RuntimeError(f"{module}: protoc's output no longer adds its file to the default pool once")
-    module.write_text(source.replace(default, "_descriptor_pool.DescriptorPool().AddSerializedFile("))
+    source = source.replace(anchor, anchor + "from inferd.grpc._gen._pool import POOL as _INFERD_POOL\n")
+    module.write_text(source.replace(default, "_INFERD_POOL.AddSerializedFile("))
 
 
 def main() -> int:

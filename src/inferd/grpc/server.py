@@ -23,7 +23,7 @@ from typing import Any
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
+from grpc_reflection.v1alpha import reflection, reflection_pb2
 from starlette.requests import Request
 
 from inferd.api.health import readiness
@@ -31,7 +31,7 @@ from inferd.api.services import services_of
 from inferd.grpc.embed import EmbedServicer
 from inferd.grpc.parsing import ParseMessages
 from inferd.grpc.scores import PredictServicer, RerankServicer
-from inferd.grpc.stubs import SERVICES, rpc
+from inferd.grpc.stubs import POOL, SERVICES, rpc
 from inferd.grpc.tokens import InfoServicer, TokenizeServicer
 
 log = logging.getLogger(__name__)
@@ -48,6 +48,15 @@ def tei_services(server: grpc.aio.Server, app: Any) -> Sequence[str]:
     rpc.add_RerankServicer_to_server(RerankServicer(app), server)
     rpc.add_TokenizeServicer_to_server(TokenizeServicer(app), server)
     return SERVICES
+
+
+def _reflected() -> Any:
+    """inferd's own descriptor pool (grpc/build.py: its packages are tei-client's and tritonclient's too), holding the
+    health and reflection services' files as well, so reflection describes every service it lists."""
+    for module in (health_pb2, reflection_pb2):
+        with contextlib.suppress(TypeError):  # already added by an earlier server in this process
+            POOL.AddSerializedFile(module.DESCRIPTOR.serialized_pb)
+    return POOL
 
 
 class GrpcServer:
@@ -67,7 +76,8 @@ class GrpcServer:
         self.health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         self.names = ("", *names)
-        reflection.enable_server_reflection((*names, health.SERVICE_NAME, reflection.SERVICE_NAME), self.server)
+        reflection.enable_server_reflection((*names, health.SERVICE_NAME, reflection.SERVICE_NAME), self.server,
+                                            pool=_reflected())
         self._watch: asyncio.Task[None] | None = None
         self._serving: bool | None = None
 

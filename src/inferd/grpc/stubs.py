@@ -10,6 +10,7 @@ from __future__ import annotations
 try:
     from inferd.grpc._gen import tei_pb2 as pb
     from inferd.grpc._gen import tei_pb2_grpc as rpc
+    from inferd.grpc._gen._pool import POOL
 except ImportError as exc:  # pragma: no cover - depends on the install step, not on the code
     raise ImportError(
         "inferd's gRPC stubs are missing (src/inferd/grpc/_gen/): they are generated at install time; run "
@@ -19,4 +20,4 @@ except ImportError as exc:  # pragma: no cover - depends on the install step, no
 PACKAGE = "tei.v1"
 SERVICES = tuple(service.full_name for service in pb.DESCRIPTOR.services_by_name.values())
 
-__all__ = ["PACKAGE", "SERVICES", "pb", "rpc"]
+__all__ = ["PACKAGE", "POOL", "SERVICES", "pb", "rpc"]
