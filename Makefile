@@ -13,7 +13,7 @@ COMPILE = $(PY) -m compileall -q -j 0 "$$($(PY) -c 'import sysconfig; print(sysc
 $(PY):
 	$(PYTHON) -m venv $(VENV)
 
-$(VENV)/.runtime: $(PY) requirements.txt pyproject.toml src/inferd/grpc/proto/tei.proto src/inferd/grpc/proto/oip.proto
+$(VENV)/.runtime: $(PY) requirements.txt pyproject.toml src/inferd/grpc/proto/tei.proto src/inferd/grpc/proto/oip.proto src/inferd/grpc/build.py
 	$(PIP) -r requirements.txt
 	$(PIP) --no-deps -e .
 	$(PY) -m inferd.grpc.build
