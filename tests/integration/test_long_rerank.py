@@ -35,6 +35,7 @@ from inferd.core.chunking import split
 
 ROOT = Path(__file__).resolve().parents[2]
 QUERY = ["river", "mountain", "city", "house"]
+MAX_BODY = 64_000  # limits.max_body_bytes here: the three documents of a request fit it, four times them do not
 FILLER = "the a an is are was be to of and in on for with that this it as at by from or not but all".split()
 
 
@@ -83,7 +84,8 @@ def server(models: Path, tmp_path_factory: pytest.TempPathFactory, module_serve:
     shutil.copy(ROOT / "configs" / "base.yaml", config / "base.yaml")
     (config / "dev.yaml").write_text(yaml.safe_dump({"models": [
         {"name": "late", "path": str(models / "colbert"), "task": "rerank"},
-        {"name": "ce", "path": str(models / "ce"), "task": "rerank"}]}))
+        {"name": "ce", "path": str(models / "ce"), "task": "rerank"}],
+        "limits": {"max_body_bytes": MAX_BODY, "max_document_body_bytes": 8 * MAX_BODY}}))
     return module_serve({"INFERD_CONFIG_DIR": str(config), "INFERD__MODEL__LOAD_MODE": "eager"},
                         wait="/health/ready", timeout=180)
 
@@ -199,3 +201,19 @@ def test_an_llm_reranker_s_pieces_fit_beside_its_query_and_template(tmp_path: Pa
         assert cut.truncated
     finally:
         handler.close()
+
+
+def test_a_rerank_body_over_the_short_text_limit_is_taken_when_it_asks_for_chunking(client: httpx.Client) -> None:
+    """The rerank routes take documents' bodies (limits.max_document_body_bytes) as the embedding routes do; a body
+    that asks for no chunking is still held to limits.max_body_bytes, refused naming it."""
+    docs = documents() * 4
+    query = " ".join(QUERY)
+    assert MAX_BODY < len(yaml.safe_dump(docs)) < 8 * MAX_BODY
+    for path, body in (("/v1/rerank", {"query": query, "documents": docs, "model": "late"}),
+                       ("/v2/rerank", {"query": query, "documents": docs, "model": "late"}),
+                       ("/rerank", {"query": query, "texts": docs, "model": "late"})):
+        refused = client.post(path, json=body)
+        assert refused.status_code == 413, (path, refused.text)
+        assert "limits.max_body_bytes" in refused.text
+        taken = client.post(path, json={**body, "chunking": {}})
+        assert taken.status_code == 200, (path, taken.text)

@@ -179,6 +179,7 @@ async def rerank(request: Request) -> Response:
     scored (api/rerank_chunking.py)."""
     require_task(request, "rerank")
     body, engine_request = await read_request(request, CohereRerankRequest, lambda b: _rerank_request(request, b))
+    await documents.check_body_size(request, body.chunking)
     result = await run(request, engine_request, _RERANK)
     order = sorted(range(len(body.documents)), key=lambda i: -float(result.outputs[i][0]))
     if body.top_n is not None:

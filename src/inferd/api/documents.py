@@ -22,8 +22,11 @@ from inferd.core.chunking import Chunking
 from inferd.core.outcomes import TaskResult
 from inferd.core.pieces import DocumentPieces
 
-# The routes that take ``chunking``, whose bodies may be up to limits.max_document_body_bytes.
-DOCUMENT_PATHS = ("/v1/embeddings", "/v1/embed", "/v2/embed", "/embed", "/v1/encode")
+# The routes that take ``chunking``, whose bodies may be up to limits.max_document_body_bytes: the embedding routes,
+# and the rerank routes, whose documents are split beside their query (api/rerank_chunking.py). /predict is not
+# among them: its path is TEI's /predict too, whose bodies take no chunking.
+DOCUMENT_PATHS = ("/v1/embeddings", "/v1/embed", "/v2/embed", "/embed", "/v1/encode", "/rerank", "/v1/rerank",
+                  "/v2/rerank")
 
 
 
@@ -34,7 +37,7 @@ def chunking_of(options: ChunkingOptions | None) -> Chunking | None:
     return Chunking(options.mode, options.max_tokens, options.overlap)
 
 
-async def check_body_size(request: Request, chunking: ChunkingOptions | None) -> None:
+async def check_body_size(request: Request, chunking: object | None) -> None:
     """A chunked request's route takes bodies up to limits.max_document_body_bytes (api/app.py); any other
     body stays under limits.max_body_bytes, refused here (413) as the middleware refuses it elsewhere."""
     if chunking is not None:

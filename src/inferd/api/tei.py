@@ -168,6 +168,7 @@ async def rerank(request: Request) -> Response:
     # As the other task routes: a server without a reranker refuses the route itself before reading the body.
     require_task(request, "rerank")
     body, engine_request = await read_request(request, TEIRerankRequest, lambda b: _rerank_request(request, b))
+    await documents.check_body_size(request, body.chunking)
     result = await run(request, engine_request, _RERANK)
     out = []
     for i, score in tei_ranks(result, body.raw_scores):
