@@ -119,6 +119,18 @@ def test_higher_priority_runs_first():
     assert d.batch == [high]
 
 
+def test_background_work_never_rides_in_a_batch_led_by_live_work():
+    """A batch job's lines (the lowest priority) fill batches of their own: a live request leads its batch with the
+    other live requests only, not with up to max_batch_size - 1 job lines it would then wait for."""
+    job = [Item(10, priority=-100, enqueued=0.0) for _ in range(40)]
+    live = [Item(10, priority=0, enqueued=1.0), Item(12, priority=-99, enqueued=1.0)]
+    d = next_batch([*job, *live], 1.0, policy())
+    assert d.batch == live
+    # Alone (or once they lead), background items batch together as any others do.
+    d = next_batch(job, 1.0, policy())
+    assert d.batch == job[:32]
+
+
 def test_fifo_within_a_priority_level():
     items = [Item(10, enqueued=0.0) for _ in range(5)]
     order = []

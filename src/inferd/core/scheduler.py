@@ -77,6 +77,16 @@ class Decision(Generic[Item]):
         return not (self.batch or self.expired or self.dropped)
 
 
+# Background work: the lowest priority a request may ask (core/request.py PRIORITIES; batch jobs' lines run at it,
+# jobs/lines.py). It never rides in a batch led by anything above it: filled with background items, a live
+# request's batch would wait for (and run as) a full batch of them. It leads batches of its own, filled as usual.
+BACKGROUND = -100
+
+
+def _rides_with(item: Schedulable, head: Schedulable) -> bool:
+    return item.priority > BACKGROUND or head.priority <= BACKGROUND
+
+
 def _rank(item: Schedulable, now: float, policy: Policy) -> tuple[float, int]:
     # Higher priority first; waiting raises priority (ageing) so low priority still completes; FIFO within.
     aged = item.priority + (now - item.enqueued) * 1000.0 / policy.ageing_ms
@@ -103,7 +113,8 @@ def next_batch(pending: Sequence[Item], now: float, policy: Policy,
         # Over budget on its own: it runs alone rather than hold back (or be held back by) others.
         decision.batch = [head]
         return decision
-    same_slot = [it for it in live[1:] if it.slot is head.slot and it.tokens < policy.max_batch_tokens]
+    same_slot = [it for it in live[1:]
+                 if it.slot is head.slot and it.tokens < policy.max_batch_tokens and _rides_with(it, head)]
     window = same_slot[: policy.sort_window - 1]
     # Length-aware grouping: nearest lengths to the head first; the head itself is the oldest/highest
     # priority item, so long texts cannot starve.
