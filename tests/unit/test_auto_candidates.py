@@ -17,7 +17,7 @@ def names(flags: set[str], **kw: object) -> tuple[list[str], dict[str, str]]:
 
 
 def test_the_machine_decides_the_candidates_fastest_first() -> None:
-    assert names(AMX, cuda=False)[0] == ["openvino-bfloat16", "openvino-mixed", "openvino-float32-int8",
+    assert names(AMX, cuda=False)[0] == ["openvino-mixed", "openvino-bfloat16", "openvino-float32-int8",
                                          "openvino-float32"]
     todo, skipped = names(ZEN3, cuda=False)
     assert todo == ["openvino-float32"]
@@ -63,7 +63,7 @@ def test_the_judge_takes_the_first_candidate_that_passes_retrying_while_another_
     assert states["openvino-float32"] == ("skipped", "openvino-float32-int8 passed first (faster)")
     # The busy candidate was tried again, not refused; nothing after the one that passed was tried.
     assert states["openvino-mixed"][0] == "refused"
-    assert calls == ["openvino-bfloat16-none", "openvino-mixed-none", "openvino-float32-int8", "openvino-float32-int8"]
+    assert calls == ["openvino-mixed-none", "openvino-bfloat16-none", "openvino-float32-int8", "openvino-float32-int8"]
 
 
 def test_nothing_passes_and_torch_stays_and_a_served_runtime_is_not_judged() -> None:
