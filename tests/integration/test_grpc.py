@@ -379,3 +379,27 @@ def test_a_call_through_the_fleets_nginx_grpc_pass_answers_as_the_worker(
     finally:
         os.killpg(nginx.pid, signal.SIGQUIT)
         nginx.wait(15)
+
+
+def test_a_stream_open_when_the_server_drains_is_told_why_it_ends(channel: grpc.Channel, server: Server) -> None:
+    """Last in this module: it drains the module's server. A stream open at the SIGTERM keeps the answers it had; the
+    first message the drain refuses ends it UNAVAILABLE naming the drain (retry elsewhere), never a silent cut."""
+    sent: queue.Queue[Any] = queue.Queue()
+    answers = rpc.EmbedStub(channel).EmbedStream(iter(sent.get, None), metadata=AUTH, timeout=60)
+    sent.put(pb.EmbedRequest(inputs="before"))
+    assert len(next(answers).embeddings) > 0
+    server.proc.send_signal(signal.SIGTERM)
+    ended: grpc.RpcError | None = None
+    try:
+        for i in range(2000):  # one message at a time until the drain refuses one
+            sent.put(pb.EmbedRequest(inputs=f"during {i}"))
+            try:
+                assert len(next(answers).embeddings) > 0
+            except grpc.RpcError as exc:
+                ended = exc
+                break
+    finally:
+        sent.put(None)
+    assert ended is not None, "the stream outlived the drain"
+    assert ended.code() is grpc.StatusCode.UNAVAILABLE, (ended.code(), ended.details())
+    assert "drain" in ended.details(), ended.details()
