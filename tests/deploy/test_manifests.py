@@ -16,7 +16,7 @@ import grpc
 import httpx
 import pytest
 import yaml
-from conftest import Server, free_port
+from conftest import Server, free_port, wait_for
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -121,9 +121,12 @@ def test_probes_hit_inferds_health_routes_on_its_port(built: dict[str, Docs], na
     # Readiness over gRPC: the standard health service of the whole server ("" unless the probe names one).
     ready = c["readinessProbe"]["grpc"]
     assert ready["port"] == ports["grpc"] and ready.get("service", "") == ""
+    # The health service follows readiness within grpc/server.py's HEALTH_EVERY_S (0.5 s): this server has just
+    # turned ready over HTTP, so the probe's target is asked until it says SERVING (a kubelet probes every period).
     with grpc.insecure_channel(f"127.0.0.1:{pod_server.env['INFERD__SERVER__GRPC_PORT']}") as channel:
-        answer = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=""), timeout=10)
-    assert answer.status == health_pb2.HealthCheckResponse.SERVING
+        health = health_pb2_grpc.HealthStub(channel)
+        wait_for(lambda: health.Check(health_pb2.HealthCheckRequest(service=""), timeout=10).status
+                 == health_pb2.HealthCheckResponse.SERVING, timeout=10, what="gRPC health SERVING", every=0.1)
 
 
 def test_the_startup_budget_covers_a_model_load(built: dict[str, Docs]) -> None:
