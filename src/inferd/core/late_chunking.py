@@ -31,7 +31,7 @@ from tokenizers import Encoding, Tokenizer
 from inferd.core.chunking import Piece, backend
 from inferd.core.description import ModelDescription
 from inferd.core.errors import EngineError, Kind
-from inferd.core.outcomes import TaskResult
+from inferd.core.outcomes import TaskResult, merged_timings
 from inferd.core.outputs import TextOutputs
 from inferd.core.tasks.embedding_task import DEFAULT_OUTPUTS, TOKEN_STATES
 from inferd.core.tasks.piece_merge import pooled_dense
@@ -213,9 +213,6 @@ def merged(late: Late, results: list[TaskResult], description: ModelDescription,
         answers.append(make(found, vectors, pooled))
         counts.append(sum(tokens[at:at + len(plan_)]))
         at += len(plan_)
-    timings: dict[str, float] = {}
-    for r in results:
-        for key, value in r.timings.items():
-            timings[key] = max(timings.get(key, 0), value) if key == "batch_size" else timings.get(key, 0) + value
+    timings = merged_timings(results)
     return TaskResult(answers, counts, description, timings, results[0].calibration)
 

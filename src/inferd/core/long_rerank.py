@@ -23,7 +23,7 @@ import numpy as np
 from inferd.core.chunking import Chunking, Piece, split
 from inferd.core.errors import EngineError, Kind
 from inferd.core.late_chunking import untruncated
-from inferd.core.outcomes import TaskResult
+from inferd.core.outcomes import TaskResult, merged_timings
 from inferd.core.slots import ModelSlot
 
 # How a document's pieces' scores make its score.
@@ -145,8 +145,5 @@ def scored(plan_: Plan, results: list[TaskResult], mode: str, description: Any) 
             answers.append(mine[0])
         counts.append(sum(tokens[at:at + len(found)]))
         at += len(found)
-    timings: dict[str, float] = {}
-    for r in results:
-        for key, value in r.timings.items():
-            timings[key] = max(timings.get(key, 0), value) if key == "batch_size" else timings.get(key, 0) + value
+    timings = merged_timings(results)
     return TaskResult(answers, counts, description, timings, results[0].calibration)

@@ -152,3 +152,13 @@ class TaskResult:
 def tickets_of(items: list[WorkItem]) -> list[Ticket]:
     """The distinct tickets behind some items (a multi-text request has several items)."""
     return list({id(i.ticket): i.ticket for i in items}.values())
+
+
+def merged_timings(results: list[TaskResult]) -> dict[str, float]:
+    """The stage timings of one request answered by several (a document's pieces or windows): each stage's seconds
+    added up, the batch size the largest any of them ran in."""
+    timings: dict[str, float] = {}
+    for r in results:
+        for key, value in r.timings.items():
+            timings[key] = max(timings.get(key, 0), value) if key == "batch_size" else timings.get(key, 0) + value
+    return timings

@@ -27,7 +27,7 @@ from inferd.core import late_chunking, long_rerank
 from inferd.core.admission import Admission
 from inferd.core.chunking import LATE, Chunking, Piece, backend, split
 from inferd.core.errors import EngineError, Kind, deadline_passed
-from inferd.core.outcomes import TaskResult
+from inferd.core.outcomes import TaskResult, merged_timings
 from inferd.core.preprocess import TextInput
 from inferd.core.prompts import prompt_text
 from inferd.core.registry import ModelRegistry
@@ -282,8 +282,5 @@ class Documents:
             answers.append(pooled if chunking.mode == "pooled" else DocumentPieces(found, mine, pooled))
             counts.append(sum(tokens[at:at + len(found)]))
             at += len(found)
-        timings: dict[str, float] = {}
-        for r in results:
-            for key, value in r.timings.items():
-                timings[key] = max(timings.get(key, 0), value) if key == "batch_size" else timings.get(key, 0) + value
+        timings = merged_timings(results)
         return TaskResult(answers, counts, results[0].description, timings, results[0].calibration)

@@ -55,7 +55,7 @@ def build(out: Path = SRC) -> Path:
 # other clients' too (``tei.v1`` is tei-client's, ``inference`` tritonclient's), and a process importing both into the
 # default pool (a test calling inferd with tei-client's or tritonclient's gRPC client, an application embedding inferd
 # beside one) fails on the first duplicate symbol. Reflection serves from this pool (grpc/server.py).
-_POOL_MODULE = '''"""The descriptor pool of inferd's generated gRPC messages (python -m inferd.grpc.build): do not edit."""
+_POOL_MODULE = '''"""inferd's gRPC messages' descriptor pool (written by python -m inferd.grpc.build): do not edit."""
 from google.protobuf import descriptor_pool
 
 POOL = descriptor_pool.DescriptorPool()
