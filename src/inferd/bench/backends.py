@@ -38,7 +38,7 @@ from inferd.settings import BACKENDS, DTYPES, QUANTIZE
 
 DEFAULT_CONFIGS = ("torch,torch:padded,torch:bfloat16,onnx,onnx:int8,openvino,openvino:bfloat16,"
                    "openvino:int8-weights,openvino:int8")
-_SHORT = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "auto": "auto"}
+_SHORT = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "auto": "auto", "mixed": "mixed"}
 
 
 @dataclass(frozen=True)
