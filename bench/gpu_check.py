@@ -210,7 +210,7 @@ def oom_child(model: Path, fraction: float) -> int:
         engine.start()
         try:
             engine.queue.pause(True)
-            tasks = [asyncio.create_task(engine.run(engine.request([t]))) for t in long_texts]
+            tasks = [asyncio.create_task(engine.process(engine.request([t]))) for t in long_texts]
             while len(engine.queue) < len(long_texts):
                 await asyncio.sleep(0.001)
             engine.queue.pause(False)
@@ -226,14 +226,14 @@ def oom_child(model: Path, fraction: float) -> int:
             torch.cuda.set_per_process_memory_fraction(torch.cuda.memory_allocated() / (
                 torch.cuda.get_device_properties(0).total_memory) * 1.001)
             try:
-                await engine.run(engine.request([long_texts[0]]))
+                await engine.process(engine.request([long_texts[0]]))
                 alone = 200
             except EngineError as exc:
                 from inferd.api.errors import KINDS
 
                 alone = KINDS[exc.kind].status  # core says what went wrong; the API table says the status
             torch.cuda.set_per_process_memory_fraction(1.0)
-            after = await engine.run(engine.request(["short text after the storm"]))
+            after = await engine.process(engine.request(["short text after the storm"]))
             return {"requests": len(results), "ok": len(ok), "oom": oom, "batch_sizes": sorted(set(sizes)),
                     "min_cosine": cosine_min(got, reference), "alone_status": alone,
                     "alive_after": engine.alive, "after_ok": len(after.outputs) == 1}

@@ -65,7 +65,7 @@ async def until(condition: Callable[[], Any], timeout: float = 10.0, what: str =
 
 def ask(engine: InferenceEngine, texts: Any, **options: Any) -> asyncio.Future[TaskResult]:
     """One request to the engine, as a task of the running loop."""
-    return asyncio.ensure_future(engine.run(engine.request(texts, **options)))
+    return asyncio.ensure_future(engine.process(engine.request(texts, **options)))
 
 
 async def hold(engine: InferenceEngine, handler: HashHandler, name: str, **options: Any) -> asyncio.Future[TaskResult]:

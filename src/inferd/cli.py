@@ -1,5 +1,5 @@
 """``inferd serve | check-config | bench | fleet | export | prepare | jobs | batch``: flags map onto Settings, then
-``run(settings)`` (``jobs`` and ``batch``: jobs/cli.py)."""
+``start_server(settings)`` (``jobs`` and ``batch``: jobs/cli.py)."""
 
 from __future__ import annotations
 
@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
         return prepare(settings)
     global _reread
     _reread = functools.partial(settings_from_args, args)
-    return run(settings)
+    return start_server(settings)
 
 
 def export(settings: Settings) -> int:
@@ -132,7 +132,7 @@ def export(settings: Settings) -> int:
     return 0
 
 
-def run(settings: Settings) -> int:
+def start_server(settings: Settings) -> int:
     from inferd.server import serve
 
     code = serve(settings, reread=_reread)

@@ -203,10 +203,10 @@ def test_parquet_in_and_out_stopped_between_a_part_and_its_checkpoint(
 
     monkeypatch.setattr(checkpoint, "save", save_then_stop)
     with pytest.raises(Stopped):
-        asyncio.run(offline.run(run_args(source, out), settings))
+        asyncio.run(offline.batch_file(run_args(source, out), settings))
     assert len(list((tmp_path / "out.parquet.parts").glob("*.parquet"))) == 3
     monkeypatch.setattr(checkpoint, "save", save)
-    assert asyncio.run(offline.run(run_args(source, out), settings)) == 0
+    assert asyncio.run(offline.batch_file(run_args(source, out), settings)) == 0
     got = read_records(out)
     assert [r["custom_id"] for r in got] == [r["custom_id"] for r in rows]
     assert_same(got, server_records)
@@ -224,7 +224,7 @@ def test_a_file_or_endpoint_it_cannot_run_is_refused_before_the_model_loads(
     source.write_bytes(content)
     settings = make_settings("/nowhere", jobs={"enabled": False, "max_line_bytes": 1024})
     with pytest.raises(FileRefused, match=says):
-        asyncio.run(offline.run(run_args(source, tmp_path / "out.jsonl", **kw), settings))
+        asyncio.run(offline.batch_file(run_args(source, tmp_path / "out.jsonl", **kw), settings))
     assert not (tmp_path / "out.jsonl").exists()
 
 
@@ -234,13 +234,13 @@ def test_a_finished_run_another_input_s_checkpoint_or_an_input_or_output_it_cann
     out = tmp_path / "out.jsonl"
     out.write_bytes(b"{}\n")  # a finished run's output: no checkpoint beside it
     with pytest.raises(BadFile, match="exists and no checkpoint is beside it"):
-        asyncio.run(offline.run(run_args(input_file, out), settings))
+        asyncio.run(offline.batch_file(run_args(input_file, out), settings))
     checkpoint.save(out, checkpoint.Checkpoint("0" * 64, 5, "/v1/embeddings", 1))
     with pytest.raises(checkpoint.CheckpointError, match="belongs to another run"):
-        asyncio.run(offline.run(run_args(input_file, out), settings))
+        asyncio.run(offline.batch_file(run_args(input_file, out), settings))
     with pytest.raises(BadFile, match="no such file"):
-        asyncio.run(offline.run(run_args(tmp_path / "absent.jsonl", out), settings))
+        asyncio.run(offline.batch_file(run_args(tmp_path / "absent.jsonl", out), settings))
     with pytest.raises(BadFile, match="is the input file"):
-        asyncio.run(offline.run(run_args(input_file, input_file), settings))
+        asyncio.run(offline.batch_file(run_args(input_file, input_file), settings))
     with pytest.raises(BadFile, match="no folder"):
-        asyncio.run(offline.run(run_args(input_file, tmp_path / "absent" / "out.jsonl"), settings))
+        asyncio.run(offline.batch_file(run_args(input_file, tmp_path / "absent" / "out.jsonl"), settings))

@@ -64,14 +64,14 @@ def with_canary(tmp_path: Path, scenario: Callable[[InferenceEngine, str], Await
 
 def test_the_canary_answers_with_its_own_prompt_and_its_description_travels_with_the_result(tmp_path: Path) -> None:
     async def scenario(engine: InferenceEngine, name: str) -> None:
-        result = await engine.run(engine.request(["text"], task="embedding", prompt=Prompt("query")))
+        result = await engine.process(engine.request(["text"], task="embedding", prompt=Prompt("query")))
         # Prompted with the canary's prompt, by the load that ran it; shaped by that load's description.
         assert result.outputs == [vector_for("C: text")]
         assert (result.version, result.description.normalize, dict(result.description.prompts or {})) == (
             "v2", True, {"query": "C: "})
         # A pinned version runs on that load, whatever the canary's weight: name@version, or the bare version.
         for model in (f"{name}@v1", "v1"):
-            pinned = await engine.run(engine.request(["text"], model=model, prompt=Prompt("query")))
+            pinned = await engine.process(engine.request(["text"], model=model, prompt=Prompt("query")))
             assert (pinned.outputs, pinned.version, pinned.description.normalize) == (
                 [vector_for("A: text")], "v1", False)
 
@@ -87,9 +87,9 @@ def test_a_request_the_served_models_cannot_answer_is_refused_naming_what_is_ser
                 (engine.request(["t"], model=name, task="rerank"), Kind.MODEL_NOT_FOUND, "model"),
                 (engine.request(["t"], prompt=Prompt("passage")), Kind.INVALID_INPUT, "prompt_name")):
             with pytest.raises(EngineError) as caught:
-                await engine.run(request)
+                await engine.process(request)
             assert (caught.value.kind, caught.value.field) == (kind, field), caught.value.message
-        assert "v1 and v2" in (await _refusal(engine.run(engine.request(["t"], model=f"{name}@v7")))).message
+        assert "v1 and v2" in (await _refusal(engine.process(engine.request(["t"], model=f"{name}@v7")))).message
         async with engine.hold() as slot:  # what TEI's /tokenize shows: the running load, held while it is read
             assert slot.description.version == "v2"
         with pytest.raises(EngineError) as caught:
@@ -108,7 +108,7 @@ async def _refusal(call: Awaitable[Any]) -> EngineError:
 
 def test_a_result_is_cut_and_quantised_by_the_description_it_carries(tmp_path: Path) -> None:
     async def scenario(engine: InferenceEngine, name: str) -> None:
-        result = await engine.run(engine.request(["a", "b"], model=f"{name}@v1"))
+        result = await engine.process(engine.request(["a", "b"], model=f"{name}@v1"))
         raw = np.asarray(result.outputs, dtype=np.float32)
         # The active model (normalize false) cuts its vectors as they are; the same numbers from a load that
         # normalises are renormalised after the cut, as that model's own smaller vectors would be.
@@ -118,7 +118,7 @@ def test_a_result_is_cut_and_quantised_by_the_description_it_carries(tmp_path: P
         np.testing.assert_allclose(np.linalg.norm(cut, axis=1), 1.0, rtol=1e-6)
         np.testing.assert_allclose(cut, raw[:, :4] / np.linalg.norm(raw[:, :4], axis=1, keepdims=True), rtol=1e-6)
         # int8 ranges come from the calibration vectors the result carries: those of the load that computed it.
-        calibrated = await engine.run(engine.request(["a"], model=f"{name}@v1", calibrate=True))
+        calibrated = await engine.process(engine.request(["a"], model=f"{name}@v1", calibrate=True))
         assert calibrated.calibration is not None and calibrated.calibration.shape[1] == DIM
         assert vectors.ranges_for(calibrated, 4).shape == (2, 4)
 
@@ -150,7 +150,7 @@ def test_requests_tokenising_at_once_cannot_take_a_token_budget_past_one_request
     text = "long " * 1000  # 5,000 characters: past the size tokenised on the event loop
 
     async def main() -> list[Any]:
-        sent = [asyncio.ensure_future(engine.run(engine.request([text], tenant=tenant))) for _ in range(40)]
+        sent = [asyncio.ensure_future(engine.process(engine.request([text], tenant=tenant))) for _ in range(40)]
         await asyncio.to_thread(handler.entered.wait, 20)
         for _ in range(10):  # every request admitted or refused before any is tokenised
             await asyncio.sleep(0)
@@ -181,7 +181,7 @@ def test_a_request_is_charged_to_the_tenant_it_carries(tmp_path: Path) -> None:
 
     async def main() -> TaskResult:
         current_tenant.set(b)
-        return await engine.run(engine.request(["hello world"], tenant=a))
+        return await engine.process(engine.request(["hello world"], tenant=a))
 
     kit.run(main)
     name = engine.registry.names()[0]
@@ -202,7 +202,7 @@ def test_a_request_reads_its_model_s_bound_from_the_model_resolved(tmp_path: Pat
     async def main() -> TaskResult:
         request = engine.request(["a", "b", "c"], calibrate=True)  # the server's limits are the engine's own
         engine.queue.max_queue = looked_up  # type: ignore[method-assign]
-        return await engine.run(request)
+        return await engine.process(request)
 
     result = kit.run(main)
     assert len(result.outputs) == 3 and result.calibration is not None

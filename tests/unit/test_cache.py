@@ -89,8 +89,8 @@ def test_engine_answers_repeated_texts_from_the_cache_without_computing_them(tmp
     engine = kit.engine
 
     async def scenario() -> None:
-        first = await engine.run(engine.request(["the cat", "a dog"]))
-        again = await engine.run(engine.request(["a dog", "new text", "the cat"]))
+        first = await engine.process(engine.request(["the cat", "a dog"]))
+        again = await engine.process(engine.request(["a dog", "new text", "the cat"]))
         # Only the new text reached the model the second time; the answer is whole and in order.
         assert [t for b in handler.batches for t in b].count("a dog") == 1
         assert [t for b in handler.batches for t in b].count("new text") == 1
@@ -100,7 +100,7 @@ def test_engine_answers_repeated_texts_from_the_cache_without_computing_them(tmp
         assert again.timings["cache_hits"] == 2
         # An input error in the uncached part names the position in the request, not in what was sent on.
         with pytest.raises(EngineError) as refused:
-            await engine.run(engine.request(["the cat", "a dog", "x" * 200]))
+            await engine.process(engine.request(["the cat", "a dog", "x" * 200]))
         err = refused.value
         assert (err.kind, err.code, err.index) == (Kind.TOO_LONG, "too_many_tokens", 2)
 

@@ -37,7 +37,7 @@ def test_a_document_runs_in_waves_admitted_once_and_charged_per_piece(tmp_path: 
 
     async def scenario() -> tuple:
         request = engine.request([text], tenant=tenant, chunking=Chunking("pieces", max_tokens=10))
-        return await engine.run(request)
+        return await engine.process(request)
 
     result = kit.run(scenario)
     (doc,) = result.outputs

@@ -33,7 +33,7 @@ def ran(monkeypatch: pytest.MonkeyPatch) -> list[Settings]:
         calls.append(settings)
         return 7
 
-    monkeypatch.setattr(cli, "run", fake_run)
+    monkeypatch.setattr(cli, "start_server", fake_run)
     return calls
 
 
@@ -42,9 +42,9 @@ def check_config(capsys: pytest.CaptureFixture[str], *args: str) -> dict:
     return yaml.safe_load(capsys.readouterr().out)
 
 
-def test_serve_passes_the_effective_settings_to_run(ran: list[Settings]) -> None:
+def test_serve_passes_the_effective_settings_to_start_server(ran: list[Settings]) -> None:
     rc = cli.main(["serve", "--port", "9123", "--load-mode", "lazy", "--model-path", "/m", "--dtype", "bfloat16"])
-    assert rc == 7  # run's return value is the exit status
+    assert rc == 7  # start_server's return value is the exit status
     (settings,) = ran
     assert settings.server.port == 9123
     assert settings.model.load_mode == "lazy"

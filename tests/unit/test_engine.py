@@ -41,8 +41,8 @@ def test_multi_text_requests_are_split_batched_with_others_and_reassembled_in_or
 
     async def scenario() -> None:
         held = await hold(engine, handler, "g")
-        ta = asyncio.ensure_future(engine.run(engine.request(a)))
-        tb = asyncio.ensure_future(engine.run(engine.request(b)))
+        ta = asyncio.ensure_future(engine.process(engine.request(a)))
+        tb = asyncio.ensure_future(engine.process(engine.request(b)))
         await until(lambda: len(engine.queue) == len(a) + len(b))
         handler.gates["g"].set()
         ra, rb, _ = await asyncio.gather(ta, tb, held)
@@ -63,7 +63,7 @@ def test_a_failing_batch_fails_only_its_own_requests_and_the_worker_survives(tmp
 
     async def scenario() -> None:
         held = await hold(engine, handler, "g")
-        tasks = [asyncio.ensure_future(engine.run(engine.request([t]))) for t in ("before", "fail:boom", "after")]
+        tasks = [asyncio.ensure_future(engine.process(engine.request([t]))) for t in ("before", "fail:boom", "after")]
         await until(lambda: len(engine.queue) == 3)
         handler.gates["g"].set()
         before, failed, after = await asyncio.gather(*tasks, return_exceptions=True)
@@ -71,7 +71,7 @@ def test_a_failing_batch_fails_only_its_own_requests_and_the_worker_survives(tmp
         assert isinstance(failed, EngineError) and failed.kind is Kind.FAILED
         assert before.outputs == [vector_for("before")] and after.outputs == [vector_for("after")]
         assert engine.alive
-        assert (await engine.run(engine.request(["later"]))).outputs == [vector_for("later")]
+        assert (await engine.process(engine.request(["later"]))).outputs == [vector_for("later")]
 
     kit.run(scenario)
 
@@ -83,13 +83,13 @@ def test_a_batch_with_the_wrong_number_of_results_fails_alone(tmp_path: Path):
 
     async def scenario() -> None:
         held = await hold(engine, handler, "g")
-        pair = [asyncio.ensure_future(engine.run(engine.request([t]))) for t in ("one", "two")]
+        pair = [asyncio.ensure_future(engine.process(engine.request([t]))) for t in ("one", "two")]
         await until(lambda: len(engine.queue) == 2)
         handler.gates["g"].set()
         outcomes = await asyncio.gather(*pair, return_exceptions=True)
         assert [getattr(o, "kind", None) for o in outcomes] == [Kind.FAILED, Kind.FAILED]
         assert (await held).outputs == [vector_for("hold:g")]
-        assert (await engine.run(engine.request(["alone"]))).outputs == [vector_for("alone")]
+        assert (await engine.process(engine.request(["alone"]))).outputs == [vector_for("alone")]
 
     kit.run(scenario)
 
@@ -103,12 +103,12 @@ def test_a_deadline_passing_while_queued_answers_504_at_once_and_never_computes(
         held = await hold(engine, handler, "g")
         # The worker stays busy: the answer must come from the deadline, not from the worker coming back.
         with pytest.raises(EngineError) as info:
-            await engine.run(engine.request(["too late"], timeout_ms=30))
+            await engine.process(engine.request(["too late"], timeout_ms=30))
         assert info.value.kind is Kind.DEADLINE  # counted as a rejection where it becomes a 504 (api/errors.py)
         assert len(engine.queue) == 0  # its item left the queue with it
         handler.gates["g"].set()
         await held
-        assert (await engine.run(engine.request(["in time"], timeout_ms=5000))).outputs == [vector_for("in time")]
+        assert (await engine.process(engine.request(["in time"], timeout_ms=5000))).outputs == [vector_for("in time")]
         assert "too late" not in computed(handler)
 
     kit.run(scenario)
@@ -122,7 +122,7 @@ def test_a_client_gone_while_queued_is_dropped_counted_and_never_computed(tmp_pa
     async def scenario() -> None:
         held = await hold(engine, handler, "g")
         gone = asyncio.Event()
-        victim = asyncio.ensure_future(engine.run(engine.request(["victim"]), disconnected=gone.wait))
+        victim = asyncio.ensure_future(engine.process(engine.request(["victim"]), disconnected=gone.wait))
         await until(lambda: len(engine.queue) == 1)
         gone.set()
         with pytest.raises(ClientGone):
@@ -142,10 +142,10 @@ def test_a_full_queue_refuses_with_retry_after_and_accepted_work_completes(tmp_p
 
     async def scenario() -> None:
         held = await hold(engine, handler, "g")
-        accepted = [asyncio.ensure_future(engine.run(engine.request([f"q{i}"]))) for i in range(4)]
+        accepted = [asyncio.ensure_future(engine.process(engine.request([f"q{i}"]))) for i in range(4)]
         await until(lambda: len(engine.queue) == 4)
         with pytest.raises(EngineError) as info:
-            await engine.run(engine.request(["one too many"]))
+            await engine.process(engine.request(["one too many"]))
         assert info.value.kind is Kind.OVERLOADED  # a 503 with Retry-After (api/errors.py)
         handler.gates["g"].set()
         results = await asyncio.gather(held, *accepted)
@@ -161,9 +161,9 @@ def test_a_request_larger_than_the_whole_queue_is_refused_as_invalid(tmp_path: P
 
     async def scenario() -> None:
         with pytest.raises(EngineError) as info:
-            await engine.run(engine.request([f"t{i}" for i in range(5)]))
+            await engine.process(engine.request([f"t{i}" for i in range(5)]))
         assert (info.value.kind, info.value.code) == (Kind.INVALID_INPUT, "too_many_items")
-        assert len((await engine.run(engine.request([f"t{i}" for i in range(4)]))).outputs) == 4
+        assert len((await engine.process(engine.request([f"t{i}" for i in range(4)]))).outputs) == 4
 
     kit.run(scenario)
 
@@ -176,7 +176,7 @@ def test_an_oversize_text_runs_alone_or_is_refused_when_configured(tmp_path: Pat
 
     async def scenario() -> None:
         held = await hold(engine, handler, "g")
-        tasks = [asyncio.ensure_future(engine.run(engine.request([t]))) for t in ("s1", long_text, "s2", "s3")]
+        tasks = [asyncio.ensure_future(engine.process(engine.request([t]))) for t in ("s1", long_text, "s2", "s3")]
         await until(lambda: len(engine.queue) == 4)
         handler.gates["g"].set()
         await asyncio.gather(held, *tasks)
@@ -189,7 +189,7 @@ def test_an_oversize_text_runs_alone_or_is_refused_when_configured(tmp_path: Pat
 
     async def refused() -> None:
         with pytest.raises(EngineError) as info:
-            await strict.engine.run(strict.engine.request(["ok", long_text]))
+            await strict.engine.process(strict.engine.request(["ok", long_text]))
         assert (info.value.kind, info.value.code, info.value.index) == (Kind.TOO_LONG, "too_many_tokens", 1)
 
     strict.run(refused)
@@ -214,7 +214,7 @@ def test_the_worker_survives_an_error_outside_the_handler(tmp_path: Path):
 
     async def scenario() -> None:
         for text in ("first", "second"):
-            assert (await engine.run(engine.request([text]))).outputs == [vector_for(text)]
+            assert (await engine.process(engine.request([text]))).outputs == [vector_for(text)]
         assert engine.alive
 
     kit.run(scenario)
@@ -229,8 +229,8 @@ def test_a_dead_worker_answers_every_waiting_request_and_health_says_so(tmp_path
 
     async def doomed(engine: InferenceEngine) -> None:
         held = await hold(engine, handler, "g")
-        dying = asyncio.ensure_future(engine.run(engine.request(["die:now"])))
-        behind = asyncio.ensure_future(engine.run(engine.request(["behind"])))
+        dying = asyncio.ensure_future(engine.process(engine.request(["die:now"])))
+        behind = asyncio.ensure_future(engine.process(engine.request(["behind"])))
         await until(lambda: len(engine.queue) == 2)
         handler.gates["g"].set()
         assert (await held).outputs == [vector_for("hold:g")]
@@ -260,10 +260,10 @@ def test_dimensions_other_than_the_model_s_are_refused_before_any_work(tmp_path:
 
     async def scenario() -> None:
         with pytest.raises(EngineError) as refused:
-            await engine.run(engine.request(["a"], dimensions=handler.dimension + 1))
+            await engine.process(engine.request(["a"], dimensions=handler.dimension + 1))
         assert (refused.value.kind, refused.value.field) == (Kind.INVALID_INPUT, "dimensions")
         assert f"{handler.dimension}-dimensional" in str(refused.value) and handler.batches == []
-        assert (await engine.run(engine.request(["a"], dimensions=handler.dimension))).outputs == [vector_for("a")]
+        assert (await engine.process(engine.request(["a"], dimensions=handler.dimension))).outputs == [vector_for("a")]
 
     kit.run(scenario)
 
@@ -283,7 +283,7 @@ def test_the_engine_builds_its_manager_with_the_callbacks_it_is_given(tmp_path: 
 
     async def scenario() -> None:
         with pytest.raises(EngineError):
-            await engine.run(engine.request(["a"]))
+            await engine.process(engine.request(["a"]))
         assert len(failures) == 1 and "no model here" in failures[0] and changes == []
 
     kit.run(scenario)
@@ -312,7 +312,7 @@ def test_a_request_s_bound_is_the_largest_served_model_s_queue_as_the_models_cha
         with pytest.raises(EngineError) as refused:
             engine.request(["x"] * 33)
         assert refused.value.kind == Kind.INVALID_INPUT and "at most 32" in str(refused.value)
-        assert len((await engine.run(engine.request(["x"] * 32, model="b"))).outputs) == 32
+        assert len((await engine.process(engine.request(["x"] * 32, model="b"))).outputs) == 32
         await engine.reconfigure(make_settings(models=(small,)))
         assert engine.limits.max_queue == 8
         await engine.reconfigure(make_settings(models=(small, _served(tmp_path, "b", 16))))

@@ -78,7 +78,7 @@ def test_a_batch_taken_from_the_queue_keeps_its_model_until_it_has_run(tmp_path:
 
     async def scenario() -> None:
         gone = asyncio.Event()
-        victim = asyncio.ensure_future(engine.run(engine.request(["victim"]), disconnected=gone.wait))
+        victim = asyncio.ensure_future(engine.process(engine.request(["victim"]), disconnected=gone.wait))
         await until(taken.is_set)
         await asyncio.to_thread(manager.reload, str(tmp_path / "b"), "v2")
         gone.set()
@@ -88,7 +88,7 @@ def test_a_batch_taken_from_the_queue_keeps_its_model_until_it_has_run(tmp_path:
         go.set()
         await until(lambda: old.closed)  # freed once the batch is done with it
         assert True not in old.closed_at_infer
-        assert (await engine.run(engine.request(["next"]))).outputs == [vector_for("b" + "next")]
+        assert (await engine.process(engine.request(["next"]))).outputs == [vector_for("b" + "next")]
 
     kit.run(scenario)
 
@@ -119,15 +119,15 @@ def test_only_the_event_loop_writes_a_requests_outcome(tmp_path: Path, monkeypat
 
     async def scenario() -> None:
         loop_thread = threading.get_ident()
-        ok = await engine.run(engine.request(["one", "two", "three"]))
+        ok = await engine.process(engine.request(["one", "two", "three"]))
         assert ok.outputs == [vector_for("a" + t) for t in ("one", "two", "three")]
         for texts, kind in ((["fail:x"], Kind.FAILED), (["oom:x"], Kind.OOM)):
             with pytest.raises(EngineError) as info:
-                await engine.run(engine.request(texts))
+                await engine.process(engine.request(texts))
             assert info.value.kind is kind
         held = await hold(engine, handler, "g")
         with pytest.raises(EngineError) as info:  # expires while queued behind the held batch
-            await engine.run(engine.request(["late"], timeout_ms=30))
+            await engine.process(engine.request(["late"], timeout_ms=30))
         assert info.value.kind is Kind.DEADLINE
         handler.gates["g"].set()
         await held
@@ -143,7 +143,7 @@ def test_a_models_last_release_frees_it_on_the_worker_not_the_event_loop(tmp_pat
     old.gates["g"] = threading.Event()
 
     async def scenario() -> None:
-        held = asyncio.ensure_future(engine.run(engine.request(["hold:g"])))
+        held = asyncio.ensure_future(engine.process(engine.request(["hold:g"])))
         await until(lambda: old.batches)
         await asyncio.to_thread(manager.reload, str(tmp_path / "b"), "v2")
         assert not old.closed  # a request still runs on it
@@ -161,7 +161,7 @@ def test_the_cache_never_answers_with_another_models_vectors(tmp_path: Path):
     engine, manager = kit.engine, kit.engine.manager
 
     async def vector(text: str) -> tuple[str, list[float]]:
-        result = await engine.run(engine.request([text]))
+        result = await engine.process(engine.request([text]))
         return result.version, [float(v) for v in result.outputs[0]]  # a cache hit is a numpy array
 
     async def scenario() -> None:
@@ -200,7 +200,7 @@ def test_tokenising_in_the_thread_pool_runs_one_request_at_a_time(tmp_path: Path
     long_texts = [[f"{i} " + "w" * 5000] for i in range(3)]  # past the inline limit: the thread pool
 
     async def scenario() -> None:
-        tasks = [asyncio.ensure_future(engine.run(engine.request(t))) for t in long_texts]
+        tasks = [asyncio.ensure_future(engine.process(engine.request(t))) for t in long_texts]
         await until(lambda: engine.in_flight == 3 and state["entered"] >= 1)
         await asyncio.sleep(0.2)  # room for the others to start tokenising, if they could
         assert state["entered"] == 1

@@ -50,7 +50,7 @@ def test_the_kit_loads_every_served_model_and_runs_its_engine_once(tmp_path: Pat
     assert kit.loaded == [handler] and kit.engine.manager.state == "ready"
 
     async def answered() -> list[float]:
-        return (await kit.engine.run(kit.engine.request(["a"]))).outputs
+        return (await kit.engine.process(kit.engine.request(["a"]))).outputs
 
     assert kit.run(answered) == [vector_for("a")]
     with pytest.raises(RuntimeError, match="build another EngineKit"):

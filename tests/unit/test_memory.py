@@ -256,7 +256,7 @@ def engine_with(tmp_path: Path, handler: FakeHandler, source: FakeStats, **overr
 async def _all_in_one_batch(engine: InferenceEngine, texts: list[str]) -> list[Any]:
     """Submit one request per text while the queue is held, so they all meet in one batch."""
     engine.queue.pause(True)
-    tasks = [asyncio.create_task(engine.run(engine.request([t]))) for t in texts]
+    tasks = [asyncio.create_task(engine.process(engine.request([t]))) for t in texts]
     await until(lambda: len(engine.queue) >= len(texts))
     engine.queue.pause(False)
     return await asyncio.gather(*tasks, return_exceptions=True)
@@ -296,7 +296,7 @@ def test_injected_oom_splits_and_every_other_request_succeeds(tmp_path: Path) ->
     async def scenario() -> tuple[list[Any], Any, bool]:
         results = await _all_in_one_batch(engine, texts)
         alive = engine.alive
-        after = await engine.run(engine.request(["still serving"]))
+        after = await engine.process(engine.request(["still serving"]))
         return results, after, alive
 
     results, after, alive = kit.run(scenario)

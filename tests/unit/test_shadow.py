@@ -295,7 +295,7 @@ def test_shadow_never_changes_a_live_answer_and_reports_the_drift(tmp_path: Path
 
     async def scenario() -> None:
         for k in range(0, 12, 3):
-            result = await engine.run(engine.request(texts[k:k + 3]))
+            result = await engine.process(engine.request(texts[k:k + 3]))
             assert result.outputs == [vector_for(t) for t in texts[k:k + 3]] and result.version == "1"
         shadow = manager.shadow
         assert shadow is not None
@@ -320,7 +320,7 @@ def test_the_candidate_computes_a_request_in_batches_no_larger_than_the_shadow_c
     texts = [f"text {i}" for i in range(10)]
 
     async def scenario() -> None:
-        assert (await engine.run(engine.request(texts))).outputs == [vector_for(t) for t in texts]
+        assert (await engine.process(engine.request(texts))).outputs == [vector_for(t) for t in texts]
         shadow = engine.manager.shadow
         assert shadow is not None
         await until(lambda: shadow.report.computed == 1)
@@ -340,11 +340,11 @@ def test_shadow_work_is_shed_first_when_its_lane_is_full_and_never_refuses_live_
     async def scenario() -> None:
         active = handlers["active"]
         active.gates["g"] = handlers["same"].gates["g"] = threading.Event()
-        held = asyncio.ensure_future(engine.run(engine.request(["hold:g"])))
+        held = asyncio.ensure_future(engine.process(engine.request(["hold:g"])))
         await until(lambda: any("hold:g" in b for b in active.batches))
         # The worker is held: live requests queue; each answered one mirrors into the shadow lane (bound 256),
         # which cannot run while live work waits.
-        live = [asyncio.ensure_future(engine.run(engine.request([f"t{i}"]))) for i in range(6)]
+        live = [asyncio.ensure_future(engine.process(engine.request([f"t{i}"]))) for i in range(6)]
         await asyncio.sleep(0.05)
         active.gates["g"].set()
         results = await asyncio.gather(held, *live)
@@ -371,7 +371,7 @@ def test_shadow_work_that_does_not_fit_its_lane_is_shed_and_counted(tmp_path: Pa
     async def scenario() -> None:
         # 300 texts: the live answer is exact; the mirror cannot fit the shadow lane's 256 and is shed.
         batch = [f"x{i}" for i in range(300)]
-        assert (await engine.run(engine.request(batch))).outputs == [vector_for(t) for t in batch]
+        assert (await engine.process(engine.request(batch))).outputs == [vector_for(t) for t in batch]
         shadow = manager.shadow
         assert shadow is not None
         await until(lambda: shadow.report.shed == 1)
@@ -395,7 +395,7 @@ def test_promotion_follows_the_verdict_unless_forced(tmp_path: Path) -> None:
             manager.promote_shadow(min_items=10)
         assert few.value.code == "shadow_insufficient"
         for i in range(12):
-            await engine.run(engine.request([f"sentence {i}"]))
+            await engine.process(engine.request([f"sentence {i}"]))
         shadow = manager.shadow
         assert shadow is not None
         await until(lambda: shadow.report.computed == 12)

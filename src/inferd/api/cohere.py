@@ -35,7 +35,7 @@ from inferd.api.client_schemas import (
     CohereEmbedResponse,
     CohereRerankRequest,
 )
-from inferd.api.engine_call import INFERENCE_ERRORS, build, read_request, require_task, run, served_name
+from inferd.api.engine_call import INFERENCE_ERRORS, ask_engine, build, read_request, require_task, served_name
 from inferd.api.errors import APIError, Names, error_body
 from inferd.api.middleware import context
 from inferd.api.rerank_chunking import chunking_of, with_span
@@ -98,7 +98,7 @@ async def _embed(request: Request, version: int) -> Response:
     require_task(request, "embedding")
     body, engine_request = await read_request(request, CohereEmbedRequest, lambda b: _embed_request(request, b))
     await documents.check_body_size(request, body.chunking)
-    result = await run(request, engine_request, _EMBED)
+    result = await ask_engine(request, engine_request, _EMBED)
     pooled, pieces = documents.taken_apart(result)
     v, by_type = _by_type(pooled, body)
     floats_only = version == 1 and body.embedding_types is None
@@ -180,7 +180,7 @@ async def rerank(request: Request) -> Response:
     require_task(request, "rerank")
     body, engine_request = await read_request(request, CohereRerankRequest, lambda b: _rerank_request(request, b))
     await documents.check_body_size(request, body.chunking)
-    result = await run(request, engine_request, _RERANK)
+    result = await ask_engine(request, engine_request, _RERANK)
     order = sorted(range(len(body.documents)), key=lambda i: -float(result.outputs[i][0]))
     if body.top_n is not None:
         order = order[: body.top_n]

@@ -1,6 +1,6 @@
 """What every inference route shares: the engine's request built while the body is parsed (``read_request``,
 ``build``: core/request.py's rules, refusals named in the route's own words by api/errors.py Names), the task a
-route serves, the one engine call (``run``), and the name of the model that answered.
+route serves, the one engine call (``ask_engine``), and the name of the model that answered.
 
 The route modules of each client family (api/openai.py, api/cohere.py, api/tei*.py, api/inferd_routes.py,
 api/inferd_encode.py) build on these and never on each other; none reaches into a model's manager or slots: what a
@@ -78,7 +78,7 @@ def model_task(request: Request, model: str | None) -> Task:
     return task_of(name) if name else EMBEDDING
 
 
-async def run(request: Request, engine_request: InferenceRequest, names: Names) -> TaskResult:
+async def ask_engine(request: Request, engine_request: InferenceRequest, names: Names) -> TaskResult:
     """The one engine call: its refusals in the error shape (APIError, named by ``names``); a client gone
     propagates as ClientGone (api/errors.py answers it 499)."""
     s = services(request)
@@ -86,7 +86,7 @@ async def run(request: Request, engine_request: InferenceRequest, names: Names) 
         # Only when the operator asked for it: request text is user data and stays out of logs by default.
         context(request.scope)["inputs"] = list(engine_request.inputs)
     try:
-        result = await s.engine.run(engine_request, disconnected=lambda: _disconnected(request))
+        result = await s.engine.process(engine_request, disconnected=lambda: _disconnected(request))
     except EngineError as exc:
         if exc.model is not None:
             context(request.scope)["model"] = exc.model

@@ -18,7 +18,7 @@ from starlette.responses import Response
 from inferd.api import documents, hybrid, vectors
 from inferd.api.answers import EncodeResponse, responses
 from inferd.api.bodies import json_response
-from inferd.api.engine_call import INFERENCE_ERRORS, build, read_request, run, served_name
+from inferd.api.engine_call import INFERENCE_ERRORS, ask_engine, build, read_request, served_name
 from inferd.api.errors import Names
 from inferd.api.schemas import EncodeRequest, request_body
 from inferd.api.services import inference_auth, services
@@ -83,7 +83,7 @@ async def encode(request: Request) -> Response:
     ``{"object": "list", "data": [{"index", "dense"?, "sparse"?, "multivector"?}], "model", "usage"}``."""
     body, engine_request = await read_request(request, EncodeRequest, lambda b: _request(request, b))
     await documents.check_body_size(request, body.chunking)
-    result = await run(request, engine_request, _names(body))
+    result = await ask_engine(request, engine_request, _names(body))
     pooled, pieces = documents.taken_apart(result)
     outputs = hybrid.outputs_of(pooled, body.outputs)
     # Pieces' outputs are answered too (mode pieces): the response's bounds hold over all of them.

@@ -13,11 +13,11 @@ from inferd.api.answers import ClassifyResponse, PredictResponse, responses
 from inferd.api.bodies import json_response
 from inferd.api.engine_call import (
     INFERENCE_ERRORS,
+    ask_engine,
     build,
     model_task,
     read_request,
     require_task,
-    run,
     served_name,
 )
 from inferd.api.errors import APIError, Names
@@ -47,7 +47,7 @@ async def predict(request: Request) -> Response:
     if await is_tei_predict(request):
         return await tei_predict(request)
     body, engine_request = await read_request(request, PredictRequest, lambda b: _predict_request(request, b))
-    result = await run(request, engine_request, _PREDICT)
+    result = await ask_engine(request, engine_request, _PREDICT)
     extra: dict[str, Any] = {}
     if engine_request.pairs:
         outputs = [float(o[0]) for o in result.outputs]  # each pair's score ([score, raw] rows)
@@ -113,7 +113,7 @@ async def classify(request: Request) -> Response:
     """vLLM's classify: ``{"input": str | [str]}`` → a label and the probability of each label per text."""
     require_task(request, "classification")
     body, engine_request = await read_request(request, ClassifyRequest, lambda b: _classify_request(request, b))
-    result = await run(request, engine_request, _classify_names(body))
+    result = await ask_engine(request, engine_request, _classify_names(body))
     labels = list(result.description.labels or ())
     data = [{"index": i, "label": labels[int(p.argmax())], "probs": [float(x) for x in p],
              "num_classes": len(labels), "object": "classification"} for i, p in enumerate(result.outputs)]

@@ -28,7 +28,7 @@ from starlette.responses import Response
 
 from inferd import __version__
 from inferd.api.answers import ErrorResponse
-from inferd.api.engine_call import INFERENCE_ERRORS, build, run
+from inferd.api.engine_call import INFERENCE_ERRORS, ask_engine, build
 from inferd.api.errors import APIError
 from inferd.api.health import readiness
 from inferd.api.oip_tasks import check_version, description_of, plan, served_model, signature_of, versions_of
@@ -202,7 +202,7 @@ async def _infer(request: Request, name: str, version: str | None) -> Response:
     body = read_infer(raw, request.headers.get(HEADER_LENGTH))
     planned = plan(request, body, name, version)
     names = planned.signature.names
-    result = await run(request, build(request, planned.inputs, names, **planned.options), names)
+    result = await ask_engine(request, build(request, planned.inputs, names, **planned.options), names)
     content, header_length = write_infer(*planned.answer(result))
     if header_length is None:
         return Response(content, media_type="application/json")

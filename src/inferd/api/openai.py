@@ -13,7 +13,7 @@ from starlette.responses import Response
 from inferd.api import documents, vectors
 from inferd.api.answers import EmbeddingsResponse, responses
 from inferd.api.bodies import json_response
-from inferd.api.engine_call import INFERENCE_ERRORS, build, read_request, require_task, run, served_name
+from inferd.api.engine_call import INFERENCE_ERRORS, ask_engine, build, read_request, require_task, served_name
 from inferd.api.errors import APIError, Names
 from inferd.api.schemas import EmbeddingsRequest, request_body
 from inferd.api.services import inference_auth
@@ -31,7 +31,7 @@ async def embeddings(request: Request) -> Response:
     require_task(request, "embedding")
     body, engine_request = await read_request(request, EmbeddingsRequest, lambda b: _request(request, b))
     await documents.check_body_size(request, body.chunking)
-    result = await run(request, engine_request, _names(body))
+    result = await ask_engine(request, engine_request, _names(body))
     pooled, pieces = documents.taken_apart(result)
     data = [{"object": "embedding", "index": i, "embedding": v} for i, v in enumerate(_embeddings(pooled, body))]
     if pieces is not None:  # chunking's mode "pieces": each document's pieces beside its pooled vector

@@ -33,7 +33,7 @@ from inferd.api.client_schemas import (
     TEISimilarityRequest,
     direction,
 )
-from inferd.api.engine_call import INFERENCE_ERRORS, build, read_request, require_task, run
+from inferd.api.engine_call import INFERENCE_ERRORS, ask_engine, build, read_request, require_task
 from inferd.api.errors import APIError, Names, refusal
 from inferd.api.rerank_chunking import chunking_of, with_span
 from inferd.api.schemas import TEIRerankRequest, request_body
@@ -84,7 +84,7 @@ async def embed(request: Request) -> Response:
     chunking's mode "pieces", each input's pieces instead: ``[[{"start", "end", "tokens", "embedding"}]]``."""
     body, engine_request = await read_request(request, TEIEmbedRequest, lambda b: _embed_request(request, b))
     await documents.check_body_size(request, body.chunking)
-    result = await run(request, engine_request, _embed_names(body))
+    result = await ask_engine(request, engine_request, _embed_names(body))
     pooled, pieces = documents.taken_apart(result)
     if pieces is None:
         return json_response(tei_vectors(pooled, body.dimensions, body.normalize))
@@ -102,7 +102,7 @@ async def similarity(request: Request) -> Response:
     try:
         _, engine_request = await read_request(request, TEISimilarityRequest,
                                                lambda b: _similarity_request(request, b))
-        result = await run(request, engine_request, _SIMILARITY)
+        result = await ask_engine(request, engine_request, _SIMILARITY)
     except APIError as exc:
         raise _similarity_param(exc) from None
     v = vectors.quantize.unit(np.vstack([np.asarray(o, dtype=np.float32) for o in result.outputs]))
@@ -169,7 +169,7 @@ async def rerank(request: Request) -> Response:
     require_task(request, "rerank")
     body, engine_request = await read_request(request, TEIRerankRequest, lambda b: _rerank_request(request, b))
     await documents.check_body_size(request, body.chunking)
-    result = await run(request, engine_request, _RERANK)
+    result = await ask_engine(request, engine_request, _RERANK)
     out = []
     for i, score in tei_ranks(result, body.raw_scores):
         item: dict[str, Any] = {"index": i, "score": score}

@@ -19,7 +19,7 @@ from starlette.responses import Response
 from inferd.api import hybrid, vectors
 from inferd.api.bodies import json_response
 from inferd.api.client_schemas import TEIEmbedAllRequest, TEIEmbedSparseRequest, direction
-from inferd.api.engine_call import INFERENCE_ERRORS, build, read_request, run
+from inferd.api.engine_call import INFERENCE_ERRORS, ask_engine, build, read_request
 from inferd.api.errors import Names
 from inferd.api.schemas import request_body
 from inferd.api.services import inference_auth, services
@@ -69,7 +69,7 @@ _ANSWERS: dict[Output, Callable[[list[TextOutputs], LimitSettings], Response]] =
 
 async def _outputs(request: Request, schema: type[TEIEmbedSparseRequest], output: Output) -> Response:
     body, engine_request = await read_request(request, schema, lambda b: _request(request, b, output))
-    outputs = hybrid.outputs_of(await run(request, engine_request, _names(body)), (output.name,))
+    outputs = hybrid.outputs_of(await ask_engine(request, engine_request, _names(body)), (output.name,))
     return _ANSWERS[output](outputs, services(request).settings.limits)
 
 

@@ -17,7 +17,7 @@ from inferd.api.client_schemas import (
     TEIPredictRequest,
     direction,
 )
-from inferd.api.engine_call import build, read_request, run
+from inferd.api.engine_call import ask_engine, build, read_request
 from inferd.api.errors import Names, refusal
 from inferd.api.rerank_chunking import chunking_of, with_span
 from inferd.api.services import services
@@ -93,7 +93,7 @@ async def tei_predict(request: Request) -> Response:
     reranker's pair score under its ``LABEL_0``-style label for pairs)."""
     body, engine_request = await read_request(request, TEIPredictRequest, lambda b: _request(request, b))
     names = _names(body)
-    result = await run(request, engine_request, names)
+    result = await ask_engine(request, engine_request, names)
     rows = scored(body, result) if engine_request.pairs else classified(body, result)
     params = body.parameters
     if params is not None and params.top_k is not None:

@@ -126,8 +126,8 @@ class Admission:
 
     # -- one request -----------------------------------------------------------------------------------
 
-    async def run(self, request: InferenceRequest, disconnected: Disconnected | None = None, *,
-                  admitted: bool = False) -> TaskResult:
+    async def serve_inputs(self, request: InferenceRequest, disconnected: Disconnected | None = None, *,
+                           admitted: bool = False) -> TaskResult:
         """One request's inputs (texts, or (query, document) pairs) through the model, one result each.
 
         The request was validated when it was built (core/request.py); here only what depends on the model:

@@ -224,15 +224,15 @@ class InferenceEngine:
 
     # -- requests (event loop) -------------------------------------------------------------------------
 
-    async def run(self, request: InferenceRequest, disconnected: Callable[[], Awaitable[Any]] | None = None
-                  ) -> TaskResult:
+    async def process(self, request: InferenceRequest, disconnected: Callable[[], Awaitable[Any]] | None = None
+                      ) -> TaskResult:
         """The one call: a request built by ``request`` (validated) through the model it names (or its task's
         default), one result per input, with the description of the model load that computed them. Raises
-        EngineError, or ClientGone when ``disconnected`` returns first (core/admission.py Admission.run)."""
+        EngineError, or ClientGone when ``disconnected`` returns first (core/admission.py Admission.serve_inputs)."""
         request = self.documents.with_default(request)
         if request.chunking is not None:
-            return await self.documents.run(request, disconnected)
-        return await self.admission.run(request, disconnected)
+            return await self.documents.serve_pieces(request, disconnected)
+        return await self.admission.serve_inputs(request, disconnected)
 
     def hold(self, model: str | None = None, task: str | None = None) -> AbstractAsyncContextManager[ModelSlot]:
         """A slot of the named (or ``task``'s default) model, held while the block runs; raises EngineError

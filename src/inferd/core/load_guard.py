@@ -117,7 +117,7 @@ def commit() -> None:
         guard.commit()
 
 
-def run(guard: LoadGuard, work: Callable[[], T]) -> T:
+def guarded(guard: LoadGuard, work: Callable[[], T]) -> T:
     """Run ``work`` under ``guard`` in a thread of its own; answer its result, or raise as soon as the guard is
     cancelled or its timeout passes (the work, abandoned, stops at its next stage)."""
     done = threading.Event()

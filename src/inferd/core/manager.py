@@ -332,7 +332,7 @@ class ModelManager:
         with self._lock:
             self._loading = guard
         try:
-            return load_guard.run(guard, work)
+            return load_guard.guarded(guard, work)
         finally:
             with self._lock:
                 mine = self._loading is guard  # else cancel_load took the lock's release upon itself

@@ -105,8 +105,8 @@ class Documents:
         chunking = Chunking(default.mode, default.max_tokens, default.overlap).check()
         return dataclasses.replace(request, chunking=chunking)
 
-    async def run(self, request: InferenceRequest, disconnected: Callable[[], Awaitable[Any]] | None
-                  ) -> TaskResult:
+    async def serve_pieces(self, request: InferenceRequest, disconnected: Callable[[], Awaitable[Any]] | None
+                           ) -> TaskResult:
         """``request``'s texts (``request.chunking`` set) split, run as pieces, merged back per document."""
         chunking = request.chunking
         assert chunking is not None
@@ -255,7 +255,7 @@ class Documents:
                     raise deadline_passed()
                 part = dataclasses.replace(request, inputs=tuple(inputs[start:start + wave]), timeout_ms=left_ms,
                                            calibrate=request.calibrate and start == 0)
-                return await self.admission.run(part, None if gone is None else watch, admitted=True)
+                return await self.admission.serve_inputs(part, None if gone is None else watch, admitted=True)
 
         try:
             async with asyncio.TaskGroup() as group:

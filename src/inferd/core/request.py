@@ -2,7 +2,7 @@
 
 Every wire API (api/openai.py, api/cohere.py, api/tei*.py, api/inferd_routes.py) translates its body into an
 ``InferenceRequest`` with ``InferenceRequest.build`` while it parses the body, so a refused body (a million texts,
-a text of a megabyte) never outlives parsing, and hands it to ``engine.run``. ``build`` runs every rule that needs
+a text of a megabyte) never outlives parsing, and hands it to ``engine.process``. ``build`` runs every rule that needs
 no model, and is the only way to make one: admission trusts what it is given and checks only what depends on the
 model that runs it (its task, the sizes it allows, its prompts, its queue and priority bounds).
 

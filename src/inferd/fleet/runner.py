@@ -126,7 +126,7 @@ class Runner:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
 
-    def run(self) -> int:
+    def supervise(self) -> int:
         fleet = self.fleet
         conf = fleet.run_dir / "supervisord.conf"
         pointer = pointer_path(fleet.settings.fleet.port)
@@ -217,4 +217,4 @@ def run_fleet(settings: Settings, run_dir: Path | None, print_only: bool, out: T
     runner.say(f"{fleet.layout.summary()}; nginx on http://{s.host}:{s.port} (least_conn); "
                f"run folder {fleet.run_dir}")
     out.write(fleet.layout.table() + "\n")
-    return runner.run()
+    return runner.supervise()

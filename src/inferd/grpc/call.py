@@ -98,12 +98,12 @@ class Call:
         except EngineError as exc:
             raise engine_refusal(exc, names, self.s.metrics) from None
 
-    async def run(self, request: InferenceRequest, names: Names) -> TaskResult:
-        """The one engine call, as api/engine_call.py's run: the result's model, version and timings logged."""
+    async def ask_engine(self, request: InferenceRequest, names: Names) -> TaskResult:
+        """The one engine call, as api/engine_call.py's ask_engine: the result's model, version and timings logged."""
         if self.s.settings.server.log_inputs:
             self.ctx["inputs"] = list(request.inputs)
         try:
-            result = await self.s.engine.run(request)
+            result = await self.s.engine.process(request)
         except EngineError as exc:
             if exc.model is not None:
                 self.ctx["model"] = exc.model

@@ -81,7 +81,7 @@ class EmbedServicer(rpc.EmbedServicer):
         if pin is not None:
             options.update(pin.options())
         try:
-            result = await call.run(call.build(texts, names, **options), names)
+            result = await call.ask_engine(call.build(texts, names, **options), names)
         except APIError as exc:
             raise (pin.refusal(exc) if pin is not None else exc) from None
         if pin is not None:

@@ -124,7 +124,7 @@ class OIPServicer(rpc.GRPCInferenceServiceServicer):
             raise _refused(exc) from None
         names = planned.signature.names
         # The call's deadline (grpc/call.py) unless the request's timeout parameter names one.
-        result = await call.run(call.build(planned.inputs, names, **planned.options), names)
+        result = await call.ask_engine(call.build(planned.inputs, names, **planned.options), names)
         head, chosen = planned.answer(result)
         out = pb.ModelInferResponse(model_name=head["model_name"], model_version=head["model_version"],
                                     id=head.get("id", ""))

@@ -45,7 +45,7 @@ class PredictServicer(rpc.PredictServicer):
             inputs, task, names = vectors.inputs_of(sequence, side, message.truncate), CLASSIFICATION, _TEXT
         options: dict[str, Any] = {"task": task.name, **(pin.options() if pin is not None else {})}
         try:
-            result = await call.run(call.build(inputs, names, **options), names)
+            result = await call.ask_engine(call.build(inputs, names, **options), names)
         except APIError as exc:
             raise (pin.refusal(exc) if pin is not None else exc) from None
         if pin is not None:
@@ -92,7 +92,7 @@ class RerankServicer(rpc.RerankServicer):
     async def _rank(self, call: Call, query: str, texts: list[str], first: Any,
                     pairs: list[tuple[str, Any]]) -> Any:
         request = call.build(pairs, _RERANK, task=RERANK.name)
-        result: TaskResult = await call.run(request, _RERANK)
+        result: TaskResult = await call.ask_engine(request, _RERANK)
         ranks = [pb.Rank(index=i, score=score, text=texts[i] if first.return_text else None)
                  for i, score in tei_ranks(result, first.raw_scores)]
         return pb.RerankResponse(ranks=ranks, metadata=metadata(result, len(query) + sum(map(len, texts))))

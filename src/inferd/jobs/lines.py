@@ -13,9 +13,9 @@ Interface (the server's runner, jobs/runner.py, and ``inferd batch`` build on it
   POST, url equal to the batch's endpoint, body valid under the online route's schema); a bad line is a ``Record``
   (an error record naming what is wrong), never dropped. ``parse_all(raws, first, endpoint, job, duplicates)`` does
   a list (a chunk), refusing the lines ``duplicates_in(all_raws)`` names: a ``custom_id`` an earlier line has.
-- ``LineRunner(app).run(lines, endpoint, tenant) -> list[Record]``: each line given to the app's own route for the
-  endpoint (the route function a POST reaches: the same body parsing, validation and engine call, so a body equals
-  what the online endpoint answers), all at once so the scheduler packs them, each at the endpoint's lowest
+- ``LineRunner(app).route_lines(lines, endpoint, tenant) -> list[Record]``: each line given to the app's own route
+  for the endpoint (the route function a POST reaches: the same body parsing, validation and engine call, so a body
+  equals what the online endpoint answers), all at once so the scheduler packs them, each at the endpoint's lowest
   priority and the longest deadline, as ``tenant`` (the tenant a key check would have set).
 - ``Record``: one output line in OpenAI's batch output shape, ``{"id", "custom_id", "response": {"status_code",
   "request_id", "body"}, "error"}``; ``ok`` says which file it belongs to (output or error), ``retry`` that the
@@ -246,8 +246,8 @@ class LineRunner:
     def __init__(self, app: Starlette) -> None:
         self.app = app
 
-    async def run(self, lines: Sequence[Line], endpoint: Endpoint, tenant: Tenant | None,
-                  job: str = "") -> list[Record]:
+    async def route_lines(self, lines: Sequence[Line], endpoint: Endpoint, tenant: Tenant | None,
+                          job: str = "") -> list[Record]:
         return list(await asyncio.gather(*(self._one(endpoint.route, line, endpoint, tenant, job) for line in lines)))
 
     async def _one(self, route: Callable[[Request], Awaitable[Response]], line: Line, endpoint: Endpoint,

@@ -81,7 +81,7 @@ def main(args: argparse.Namespace) -> int:
     try:
         settings = offline_settings(args)
         configure_logging(settings.server.log_level, settings.server.log_format)
-        return asyncio.run(run(args, settings, configure_process(settings)))
+        return asyncio.run(batch_file(args, settings, configure_process(settings)))
     except (ConfigError, ValueError, BadFile, CheckpointError, LoadFailed, OSError) as exc:
         print(f"inferd batch: {exc}", file=sys.stderr)  # OSError: a file it could not read or write
         return 2
@@ -137,7 +137,7 @@ def _start(args: argparse.Namespace, source: _Source, total: int) -> Checkpoint:
     return found
 
 
-async def run(args: argparse.Namespace, settings: Settings, memory_guard: MemoryGuard | None = None) -> int:
+async def batch_file(args: argparse.Namespace, settings: Settings, memory_guard: MemoryGuard | None = None) -> int:
     """The run ``args`` asks for (IN, --out, --endpoint, --chunk-lines, --restart, --no-progress); its exit status."""
     endpoint = endpoint_of(args.endpoint)
     if not args.input.is_file():
@@ -232,7 +232,7 @@ async def _answer(runner: LineRunner, lines: Sequence[Line], endpoint: Endpoint,
     pending = list(lines)
     wait, idle = 0.02, 0
     while pending:
-        records = await runner.run(pending, endpoint, None, job)
+        records = await runner.route_lines(pending, endpoint, None, job)
         final = [r for r in records if not r.retry]
         answered += final
         again = {r.number for r in records if r.retry}

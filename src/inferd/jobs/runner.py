@@ -175,7 +175,7 @@ class JobRunner:
         pending = lines
         idle = 0
         while pending:
-            answered = await self.lines.run(pending, endpoint, tenant, batch["id"])
+            answered = await self.lines.route_lines(pending, endpoint, tenant, batch["id"])
             final = [r for r in answered if not r.retry]
             idle = 0 if final else idle + 1
             if idle > RETRIES:  # nothing got through for that long: the last answers are the records
