@@ -131,6 +131,34 @@ def test_background_work_never_rides_in_a_batch_led_by_live_work():
     assert d.batch == job[:32]
 
 
+def test_background_batches_stay_small_while_live_requests_arrive():
+    """A live request that arrives while a job's batch runs waits for it: while live requests came within
+    background_quiet_s, background batches keep to the background bounds; after that quiet, they fill."""
+    job = [Item(10, priority=-100, enqueued=0.0) for _ in range(40)]
+    p = policy(background_max_batch_size=4, background_max_batch_tokens=1000, background_quiet_s=1.0)
+    assert next_batch(job, 5.0, p, last_live=4.5).batch == job[:4]
+    assert next_batch(job, 5.0, p, last_live=3.9).batch == job[:32]  # quiet for over a second
+    assert next_batch(job, 5.0, p, last_live=None).batch == job[:32]  # never any live work
+    # The token bound too: 100-token lines, 1000 padded tokens at most.
+    long_job = [Item(100, priority=-100) for _ in range(20)]
+    small = next_batch(long_job, 5.0, policy(background_max_batch_tokens=1000, background_quiet_s=1.0), last_live=4.9)
+    assert len(small.batch) == 10 and cost(small.batch) <= 1000
+    # Live work itself keeps the full bounds.
+    live = [Item(10, enqueued=0.0) for _ in range(40)]
+    assert next_batch(live, 5.0, p, last_live=5.0).batch == live[:32]
+
+
+def test_the_queue_notes_live_puts_and_background_batches_shrink_after_one():
+    queue = BatchQueue()
+    queue.add_lane("m", policy(background_max_batch_size=3, background_quiet_s=60.0), max_queue=100)
+    queue.put([Item(10, priority=-100) for _ in range(10)], "m")
+    assert len(queue.take(timeout=1.0).batch) == 10  # background only so far: full batches
+    queue.put([Item(10, priority=-100) for _ in range(10)], "m")
+    queue.put([Item(10, priority=0)], "m")
+    assert [it.priority for it in queue.take(timeout=1.0).batch] == [0]
+    assert len(queue.take(timeout=1.0).batch) == 3  # a live request just came: the job's batches are small
+
+
 def test_fifo_within_a_priority_level():
     items = [Item(10, enqueued=0.0) for _ in range(5)]
     order = []

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Generic
 
 from inferd.core.lanes import Lane, ReadyBatch, choose_lane
-from inferd.core.scheduler import Item, Policy, next_batch
+from inferd.core.scheduler import Item, Policy, is_background, next_batch
 
 
 class QueueFull(Exception):
@@ -153,7 +153,10 @@ class BatchQueue:
                 if busy:
                     target.served = max(target.served, min(busy))
             target.pending.extend(items)
-            target.note_arrival(time.monotonic())
+            now = time.monotonic()
+            target.note_arrival(now)
+            if items and not is_background(items[0]):  # one request's items share its priority
+                target.last_live = now
             self._wake_one(target)
 
     def charge(self, lane: str, seconds: float) -> None:
@@ -228,7 +231,7 @@ class BatchQueue:
         for lane in self._lanes.values():
             if not lane.pending or (lanes is not None and not lanes(lane)):
                 continue
-            d = next_batch(lane.pending, now, lane.policy, lane.arrival_gap)
+            d = next_batch(lane.pending, now, lane.policy, lane.arrival_gap, lane.last_live)
             handout.expired += d.expired
             handout.dropped += d.dropped
             if d.batch and lane.shadow and live_waiting:

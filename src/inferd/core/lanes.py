@@ -46,6 +46,9 @@ class Lane:
     # Mean seconds between put() calls (one per request), exponentially weighted; None before two.
     arrival_gap: float | None = None
     last_put: float | None = None
+    # When it last took a request above background priority (None: never): while recent, background batches stay
+    # small (core/scheduler.py Policy.background_max_batch_size).
+    last_live: float | None = None
     # Device seconds this lane's batches took, divided by its share: the fair-queueing clock.
     served: float = 0.0
     retiring: bool = False  # its model is gone: it takes no new work and goes once empty

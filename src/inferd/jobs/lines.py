@@ -243,12 +243,20 @@ class LineRunner:
     middleware and FastAPI's routing are left out (they were most of a line's cost: a tiny model ran 5x slower
     behind them); what the route answers is the same."""
 
-    def __init__(self, app: Starlette) -> None:
+    def __init__(self, app: Starlette, in_flight: int = 128) -> None:
+        """``in_flight``: lines given to the route at once, over every ``route_lines`` of this runner."""
         self.app = app
+        self._room = asyncio.Semaphore(in_flight)
 
     async def route_lines(self, lines: Sequence[Line], endpoint: Endpoint, tenant: Tenant | None,
                           job: str = "") -> list[Record]:
-        return list(await asyncio.gather(*(self._one(endpoint.route, line, endpoint, tenant, job) for line in lines)))
+        return list(await asyncio.gather(*(self._bounded(endpoint.route, line, endpoint, tenant, job)
+                                           for line in lines)))
+
+    async def _bounded(self, route: Callable[[Request], Awaitable[Response]], line: Line, endpoint: Endpoint,
+                       tenant: Tenant | None, job: str) -> Record:
+        async with self._room:
+            return await self._one(route, line, endpoint, tenant, job)
 
     async def _one(self, route: Callable[[Request], Awaitable[Response]], line: Line, endpoint: Endpoint,
                    tenant: Tenant | None, job: str) -> Record:

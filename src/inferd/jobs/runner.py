@@ -46,7 +46,7 @@ class JobRunner:
         self.settings = settings
         self.tenancy = tenancy
         self.metrics = metrics
-        self.lines = LineRunner(app)
+        self.lines = LineRunner(app, settings.lines_in_flight)
         self.files = FileStore(settings.data_dir)
         self.worker = f"w-{secrets.token_hex(6)}"  # this process's leases
         self._store: Store | None = None

@@ -26,6 +26,10 @@ class JobsSettings(Section):
     chunk_size: int = Field(256, ge=1, le=100_000)
     # Chunks one process runs at once.
     concurrency: int = Field(2, ge=1, le=64)
+    # Lines of this process's chunks given to the engine at once: each line's route work runs on the event loop,
+    # so a whole chunk given at once is a burst every live request then waits behind; a few batches' worth keeps
+    # the workers fed.
+    lines_in_flight: int = Field(128, ge=1, le=100_000)
     # Seconds a claimed chunk is its worker's; past it (a worker killed) any worker takes it again.
     lease_s: float = Field(60.0, gt=0)
     # Seconds a worker with nothing to do waits before it looks again.
