@@ -49,6 +49,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--torch-threads", type=int, default=None)
     p.add_argument("--backend", default="torch", help="model.backend of the server (default torch: stable figures)")
     p.add_argument("--chunk-size", type=int, default=None, help="jobs.chunk_size (default: the configured one)")
+    p.add_argument("--server-env", action="append", default=[], metavar="KEY=VALUE",
+                   help="an INFERD__... setting for the server (repeatable), e.g. "
+                        "INFERD__BATCHING__BACKGROUND_MAX_BATCH_SIZE=4")
     p.add_argument("--quick", action="store_true", help="2 rounds of 15 s windows (under 3 minutes)")
     p.add_argument("--json", type=Path, help="also write the results here")
     args = p.parse_args(argv)
@@ -140,6 +143,7 @@ def main(argv: list[str] | None = None) -> int:
                "INFERD__CACHE__MAX_ENTRIES": "0"}  # every online text computed, none answered from the cache
         if args.chunk_size:
             env["INFERD__JOBS__CHUNK_SIZE"] = str(args.chunk_size)
+        env.update(dict(item.split("=", 1) for item in args.server_env))
         server: ServerProc = start_inferd(Path(tmp) / "logs", args.model, args.torch_threads, env)
         try:
             capacity = run_closed(Target(server.url, "/v1/embeddings", "input"), source, 4, 32,

@@ -132,25 +132,26 @@ def test_background_work_never_rides_in_a_batch_led_by_live_work():
 
 
 def test_background_batches_stay_small_while_live_requests_arrive():
-    """A live request that arrives while a job's batch runs waits for it: while live requests came within
-    background_quiet_s, background batches keep to the background bounds; after that quiet, they fill."""
+    """A live request that arrives while a job's batch runs waits for it: background batches keep to
+    background_live_batch_tokens while live requests came within background_quiet_s, to background_max_batch_tokens
+    after that quiet (or with no live request ever)."""
     job = [Item(10, priority=-100, enqueued=0.0) for _ in range(40)]
-    p = policy(background_max_batch_size=4, background_max_batch_tokens=1000, background_quiet_s=1.0)
+    p = policy(background_live_batch_tokens=40, background_max_batch_tokens=200, background_quiet_s=1.0)
     assert next_batch(job, 5.0, p, last_live=4.5).batch == job[:4]
-    assert next_batch(job, 5.0, p, last_live=3.9).batch == job[:32]  # quiet for over a second
-    assert next_batch(job, 5.0, p, last_live=None).batch == job[:32]  # never any live work
-    # The token bound too: 100-token lines, 1000 padded tokens at most.
-    long_job = [Item(100, priority=-100) for _ in range(20)]
-    small = next_batch(long_job, 5.0, policy(background_max_batch_tokens=1000, background_quiet_s=1.0), last_live=4.9)
-    assert len(small.batch) == 10 and cost(small.batch) <= 1000
-    # Live work itself keeps the full bounds.
+    assert next_batch(job, 5.0, p, last_live=3.9).batch == job[:20]  # quiet for over a second
+    assert next_batch(job, 5.0, p, last_live=None).batch == job[:20]  # never any live work
+    # Padded tokens: the longest line times the count.
+    mixed = [Item(100, priority=-100), *(Item(10, priority=-100) for _ in range(20))]
+    small = next_batch(mixed, 5.0, policy(background_live_batch_tokens=300, background_quiet_s=1.0), last_live=4.9)
+    assert small.batch[0] is mixed[0] and cost(small.batch) <= 300 and len(small.batch) == 3
+    # Live work keeps the full bounds, beside background work too.
     live = [Item(10, enqueued=0.0) for _ in range(40)]
-    assert next_batch(live, 5.0, p, last_live=5.0).batch == live[:32]
+    assert next_batch([*job, *live], 5.0, p, last_live=5.0).batch == live[:32]
 
 
 def test_the_queue_notes_live_puts_and_background_batches_shrink_after_one():
     queue = BatchQueue()
-    queue.add_lane("m", policy(background_max_batch_size=3, background_quiet_s=60.0), max_queue=100)
+    queue.add_lane("m", policy(background_live_batch_tokens=30, background_quiet_s=60.0), max_queue=100)
     queue.put([Item(10, priority=-100) for _ in range(10)], "m")
     assert len(queue.take(timeout=1.0).batch) == 10  # background only so far: full batches
     queue.put([Item(10, priority=-100) for _ in range(10)], "m")

@@ -30,18 +30,19 @@ class Policy:
     # Wait (max_wait_ms) only for a companion the recent arrivals say is due within the wait: a lone request
     # at low load runs at once instead of paying the whole wait for company that is not coming.
     adaptive_wait: bool = True
-    # Background batches (batch jobs' lines) while live requests arrive: a live request that comes while one runs
-    # waits for it, so these bound what a job adds to live latency; with no live request for ``background_quiet_s``
-    # a background batch fills as any other (a job alone keeps its big batches).
-    background_max_batch_size: int = 32
+    # Background batches (batch jobs' lines): a live request that comes while one runs waits for it, so their padded
+    # tokens are bounded: by ``background_live_batch_tokens`` while live requests came within ``background_quiet_s``,
+    # else by ``background_max_batch_tokens`` (a job alone keeps big batches; the first live request after a quiet
+    # spell waits for one of those at most).
     background_max_batch_tokens: int = 8192
+    background_live_batch_tokens: int = 8192
     background_quiet_s: float = 1.0
 
     @classmethod
     def from_settings(cls, s: Any) -> Policy:
         return cls(s.max_batch_size, s.max_batch_tokens, s.max_wait_ms, s.sort_window, s.ageing_ms,
-                   s.min_padding_efficiency, s.adaptive_wait, s.background_max_batch_size,
-                   s.background_max_batch_tokens, s.background_quiet_s)
+                   s.min_padding_efficiency, s.adaptive_wait, s.background_max_batch_tokens,
+                   s.background_live_batch_tokens, s.background_quiet_s)
 
 
 class Slot(Protocol):
@@ -121,10 +122,11 @@ def next_batch(pending: Sequence[Item], now: float, policy: Policy,
         return decision
     live.sort(key=lambda it: _rank(it, now, policy))
     head = live[0]
-    max_size, max_tokens = policy.max_batch_size, policy.max_batch_tokens
-    if is_background(head) and last_live is not None and now - last_live < policy.background_quiet_s:
-        max_size = min(max_size, policy.background_max_batch_size)
-        max_tokens = min(max_tokens, policy.background_max_batch_tokens)
+    max_tokens = policy.max_batch_tokens
+    if is_background(head):
+        live_recent = last_live is not None and now - last_live < policy.background_quiet_s
+        max_tokens = min(max_tokens, policy.background_live_batch_tokens if live_recent
+                         else policy.background_max_batch_tokens)
     if head.tokens >= max_tokens:
         # Over budget on its own: it runs alone rather than hold back (or be held back by) others.
         decision.batch = [head]
@@ -139,7 +141,7 @@ def next_batch(pending: Sequence[Item], now: float, policy: Policy,
     longest = real = head.tokens
     floor = policy.min_padding_efficiency if head.slot.capabilities.pads else 0.0
     for item in window:
-        if len(batch) >= max_size:
+        if len(batch) >= policy.max_batch_size:
             break
         widest = max(longest, item.tokens)
         padded = widest * (len(batch) + 1)
@@ -148,7 +150,7 @@ def next_batch(pending: Sequence[Item], now: float, policy: Policy,
         batch.append(item)
         longest = widest
         real += item.tokens
-    could_grow = len(batch) < max_size and len(batch) == len(same_slot) + 1
+    could_grow = len(batch) < policy.max_batch_size and len(batch) == len(same_slot) + 1
     if could_grow and policy.max_wait_ms > 0:
         # Everything compatible fits: wait for companions, but never past the oldest item's max wait, and
         # (adaptive) not at all when the next request is not due before that: at one request per 20 ms, a 2 ms

@@ -49,10 +49,10 @@ class BatchingSettings(Section):
     adaptive_wait: bool = True
     # The highest priority a request may ask for (requests range -100..100); above it: 422. 0 = no queue-jumping.
     max_priority: int = Field(0, ge=-100, le=100)
-    # Background work (priority -100: batch jobs' lines) while live requests arrive: a live request waits for the
-    # background batch in flight, so its size bounds the latency a job adds. Quiet for background_quiet_s: full size.
-    background_max_batch_size: int = Field(8, gt=0)
-    background_max_batch_tokens: int = Field(1024, gt=0)
+    # Background work (priority -100: batch jobs' lines): a live request waits for the background batch in flight,
+    # so its padded tokens are bounded, tighter while live requests came within background_quiet_s.
+    background_max_batch_tokens: int = Field(2048, gt=0)
+    background_live_batch_tokens: int = Field(512, gt=0)
     background_quiet_s: float = Field(1.0, ge=0)
 
     # On the section, not Settings, so the error is reported at "batching" with the sources that set it.
