@@ -36,7 +36,7 @@ from typing import Any
 import torch
 
 from inferd.bench.backends import in_process
-from inferd.core.backends import gate
+from inferd.core.backends import gate, gate_inputs
 from inferd.core.backends import openvino as ovb
 from inferd.core.backends.torch import TorchRunner, load_model
 from inferd.core.loading import load_handler
@@ -54,7 +54,7 @@ def quantise(fp32: Path, out: Path, calib: list[dict[str, Any]], **knobs: Any) -
         return out / ovb.GRAPH
     graph = ovb.read(fp32)
     names = [i.get_any_name() for i in graph.inputs]
-    return ovb.save(ovb.quantize_static(graph, gate.only_inputs(calib, names), len(calib), **knobs), out)
+    return ovb.save(ovb.quantize_static(graph, gate_inputs.only_inputs(calib, names), len(calib), **knobs), out)
 
 
 def main() -> int:
@@ -69,8 +69,9 @@ def main() -> int:
     handler = load_handler(ModelSpec(path=model, name="minilm", version="1", device="cpu", warmup=False))
     default = handler.runner
     reference = TorchRunner(load_model(model, True), torch.device("cpu"), "float32")
-    gate_texts = gate.builtin_texts(256)
-    calib = gate.calibration_samples(handler, gate.encode_set(handler, gate.builtin_texts(300, gate.CALIBRATION_SEED)))
+    gate_texts = gate_inputs.builtin_texts(256)
+    calibration_texts = gate_inputs.builtin_texts(300, gate_inputs.CALIBRATION_SEED)
+    calib = gate_inputs.calibration_samples(handler, gate_inputs.encode_set(handler, calibration_texts))
     texts = corpus_texts(512)
     fp32 = args.work / "fp32" / ovb.GRAPH
     if not fp32.exists():

@@ -429,14 +429,14 @@ def test_an_8k_context_model_on_openvino_is_judged_and_warmed_up_on_its_own_leng
     documents stop at LONG_TOKENS), and its warm-up too; before, every padded gate batch ran at 8,192 tokens.
     Its sliding window exported with SDPA answered NaN for a 272-token text batched with a 512-token one (alone
     it was right) and the gate passed that; exported eager it answers torch's vectors."""
-    from inferd.core.backends import gate as gate_module
+    from inferd.core.backends import gate_inputs
 
     h = load_handler(spec(long_modernbert, tmp_path, "openvino"))
     assert h.max_seq_length == 8192
     figures = h.loaded.backend_info["gate"]["figures"]
     assert figures["nonfinite"] == 0 and h.loaded.backend_info["gate"]["passed"]
     # Its longest batch is its longest input (a built-in text, or a long document of LONG_TOKENS), not 8,192.
-    longest = max(e.tokens for e in gate_module.encode_set(h, gate_module.builtin_texts(64)))  # type: ignore[arg-type]
+    longest = max(e.tokens for e in gate_inputs.encode_set(h, gate_inputs.builtin_texts(64)))  # type: ignore[arg-type]
     assert figures["ran"]["longest"] == longest < 1024
     # Five passes over the 64 texts (torch's, four shapes), a long filler per seven in the padded shape.
     assert figures["ran"]["padded_tokens"] <= 6 * 64 * longest

@@ -12,7 +12,7 @@ import torch
 from settingskit import make_settings
 
 from inferd.core.agreement import cosine_rows, overlap_at_k
-from inferd.core.backends import factory, gate
+from inferd.core.backends import factory, gate, gate_figures, gate_inputs, gate_shapes, gate_verdict
 from inferd.core.backends.base import (
     INT8_BF16_FIRST,
     BackendError,
@@ -183,8 +183,8 @@ def test_cosines_and_neighbour_overlap() -> None:
     assert 0.5 < overlap_at_k(ref, noisy) < 1.0
 
 
-def figures(cos_min: float, cos_mean: float, overlap: float) -> gate.GateFigures:
-    return gate.GateFigures(cos_min, cos_mean, overlap, 1.0, 256, {"1": {"cosine_min": cos_min}})
+def figures(cos_min: float, cos_mean: float, overlap: float) -> gate_figures.GateFigures:
+    return gate_figures.GateFigures(cos_min, cos_mean, overlap, 1.0, 256, {"1": {"cosine_min": cos_min}})
 
 
 def test_each_kind_has_its_thresholds() -> None:
@@ -193,38 +193,38 @@ def test_each_kind_has_its_thresholds() -> None:
     assert gate_kind("float16", "none") == "half"
     assert gate_kind("bfloat16", "int8") == "int8"
     t = GateSettings()
-    assert gate.judge(figures(0.99995, 0.99999, 0.99), "fp32", t) == []
-    assert gate.judge(figures(0.9998, 0.99999, 1.0), "fp32", t) == [
+    assert gate_verdict.judge(figures(0.99995, 0.99999, 0.99), "fp32", t) == []
+    assert gate_verdict.judge(figures(0.9998, 0.99999, 1.0), "fp32", t) == [
         "cosine min 0.999800 < 0.9999 (model.gate.fp32_cosine_min)"]
-    assert gate.judge(figures(0.9998, 0.9999, 0.97), "half", t) == []
-    assert gate.judge(figures(0.9994, 0.9999, 0.97), "half", t)
+    assert gate_verdict.judge(figures(0.9998, 0.9999, 0.97), "half", t) == []
+    assert gate_verdict.judge(figures(0.9994, 0.9999, 0.97), "half", t)
 
 
 def test_int8_is_judged_on_min_mean_and_overlap_with_every_failure_named() -> None:
     t = GateSettings()
-    assert gate.judge(figures(0.9935, 0.998, 0.952), "int8", t) == []
-    failures = gate.judge(figures(0.976, 0.993, 0.903), "int8", t)
+    assert gate_verdict.judge(figures(0.9935, 0.998, 0.952), "int8", t) == []
+    failures = gate_verdict.judge(figures(0.976, 0.993, 0.903), "int8", t)
     assert failures == ["cosine min 0.976000 < 0.99 (model.gate.int8_cosine_min)",
                         "cosine mean 0.993000 < 0.995 (model.gate.int8_cosine_mean)",
                         "overlap@10 0.903000 < 0.95 (model.gate.int8_overlap_at_10)"]
-    assert gate.judge(figures(0.976, 0.993, 0.903), "int8",
+    assert gate_verdict.judge(figures(0.976, 0.993, 0.903), "int8",
                       GateSettings(int8_cosine_min=0.97, int8_cosine_mean=0.99, int8_overlap_at_10=0.9)) == []
 
 
 def test_figures_survive_the_cache_round_trip() -> None:
     f = figures(0.99, 0.995, 0.96)
-    assert gate.GateFigures.from_dict(json.loads(json.dumps(f.as_dict()))) == f
+    assert gate_figures.GateFigures.from_dict(json.loads(json.dumps(f.as_dict()))) == f
 
 
 def test_the_summary_prints_the_figures_its_rules_judge_and_no_other() -> None:
     """A figure no rule judges read as a pass whatever its value: ``batch invariance min nan`` was printed in a
     passed gate's summary."""
-    f = gate.GateFigures(0.99, 0.995, 0.96, float("nan"), 256, {"1": {"cosine_min": 0.99}})
+    f = gate_figures.GateFigures(0.99, 0.995, 0.96, float("nan"), 256, {"1": {"cosine_min": 0.99}})
     t = GateSettings()
-    int8 = gate.summary(f, "int8", t)
+    int8 = gate_verdict.summary(f, "int8", t)
     assert "cosine min 0.990000 (≥ 0.99)" in int8 and "overlap@10 0.960000 (≥ 0.95)" in int8
     assert "cosine mean 0.995000 (≥ 0.995)" in int8 and "non-finite outputs 0 (must be 0)" in int8
-    half = gate.summary(f, "half", t)
+    half = gate_verdict.summary(f, "half", t)
     assert "cosine min 0.990000 (≥ 0.9995)" in half and "overlap" not in half and "mean" not in half
     assert "invariance" not in int8 + half and "nan" not in int8 + half
 
@@ -232,37 +232,38 @@ def test_the_summary_prints_the_figures_its_rules_judge_and_no_other() -> None:
 def test_a_nan_figure_is_no_pass() -> None:
     t = GateSettings(int8_cosine_min=0.0, int8_cosine_mean=0.0, int8_overlap_at_10=0.0)
     nan = float("nan")
-    assert gate.judge(figures(nan, 0.999, 0.99), "fp32", GateSettings()) == [
+    assert gate_verdict.judge(figures(nan, 0.999, 0.99), "fp32", GateSettings()) == [
         "cosine min nan < 0.9999 (model.gate.fp32_cosine_min)"]
-    assert gate.judge(figures(0.999, 0.999, nan), "int8", t) == ["overlap@10 nan < 0.0 (model.gate.int8_overlap_at_10)"]
-    scores = gate.ScoreFigures("rerank", 1.0, 1.0, None, nan, 0.0, 256, {})
-    assert gate.judge(scores, "fp32", t) == ["max diff nan > 0.001 (model.gate.fp32_score_diff_max)"]
+    assert gate_verdict.judge(figures(0.999, 0.999, nan), "int8", t) == [
+        "overlap@10 nan < 0.0 (model.gate.int8_overlap_at_10)"]
+    scores = gate_figures.ScoreFigures("rerank", 1.0, 1.0, None, nan, 0.0, 256, {})
+    assert gate_verdict.judge(scores, "fp32", t) == ["max diff nan > 0.001 (model.gate.fp32_score_diff_max)"]
 
 
 def test_a_refusal_says_wrong_graph_or_less_precise() -> None:
     t = GateSettings()
-    assert gate.cause(figures(0.99999, 0.99999, 1.0), "fp32", t) is None
+    assert gate_verdict.cause(figures(0.99999, 0.99999, 1.0), "fp32", t) is None
     # float32 rounds as torch does: any failure is another computation.
-    assert gate.cause(figures(0.9990, 0.9999, 1.0), "fp32", t).startswith("wrong graph: a float32 graph")
+    assert gate_verdict.cause(figures(0.9990, 0.9999, 1.0), "fp32", t).startswith("wrong graph: a float32 graph")
     # Half precision slightly off: less precise; far off: wrong whatever the precision.
-    assert gate.cause(figures(0.9990, 0.9999, 0.99), "half", t).startswith("less precise than the bound")
-    assert gate.cause(figures(0.30, 0.9, 0.5), "int8", t).startswith("wrong graph: cosine min 0.300000 < 0.5")
-    rerank = gate.ScoreFigures("rerank", 0.16, 0.3, None, 0.9, 0.0, 256, {})
-    assert gate.cause(rerank, "half", t).startswith("wrong graph: Spearman mean 0.160000 < 0.5")
+    assert gate_verdict.cause(figures(0.9990, 0.9999, 0.99), "half", t).startswith("less precise than the bound")
+    assert gate_verdict.cause(figures(0.30, 0.9, 0.5), "int8", t).startswith("wrong graph: cosine min 0.300000 < 0.5")
+    rerank = gate_figures.ScoreFigures("rerank", 0.16, 0.3, None, 0.9, 0.0, 256, {})
+    assert gate_verdict.cause(rerank, "half", t).startswith("wrong graph: Spearman mean 0.160000 < 0.5")
 
 
 def test_builtin_texts_are_multilingual_distinct_and_seeded() -> None:
-    texts = gate.builtin_texts(200)
-    assert len(set(texts)) == 200 and texts == gate.builtin_texts(200)
+    texts = gate_inputs.builtin_texts(200)
+    assert len(set(texts)) == 200 and texts == gate_inputs.builtin_texts(200)
     assert any("的" in t for t in texts) and any(t.isascii() for t in texts)
-    assert set(texts).isdisjoint(gate.builtin_texts(200, gate.CALIBRATION_SEED))
+    assert set(texts).isdisjoint(gate_inputs.builtin_texts(200, gate_inputs.CALIBRATION_SEED))
 
 
 def test_calibration_file_lines_and_json_lines(tmp_path: Path) -> None:
     f = tmp_path / "cal.txt"
     f.write_text("\n".join([f"plain text {i}" for i in range(15)] + [""] +
                            [json.dumps({"text": f"json text {i}"}) for i in range(10)]))
-    texts = gate.read_calibration_file(f)
+    texts = gate_inputs.read_calibration_file(f)
     assert len(texts) == 25 and texts[0] == "plain text 0" and texts[-1] == "json text 9"
 
 
@@ -275,9 +276,9 @@ def test_bad_calibration_files_are_refused(tmp_path: Path, content: str, words: 
     f = tmp_path / "cal.txt"
     f.write_text(content)
     with pytest.raises(BackendError, match=words):
-        gate.read_calibration_file(f)
+        gate_inputs.read_calibration_file(f)
     with pytest.raises(BackendError, match="model.calibration_file"):
-        gate.read_calibration_file(tmp_path / "missing.txt")
+        gate_inputs.read_calibration_file(tmp_path / "missing.txt")
 
 
 # -- the cache key ----------------------------------------------------------------------------------------
@@ -384,12 +385,12 @@ class WordProbe:
 def test_texts_at_the_limit_are_long_documents_of_distinct_texts(truncate: bool) -> None:
     probe = WordProbe(truncate)
     texts = [f"text number {i}" for i in range(10)]
-    item = gate.at_limit(probe, texts, 3)
+    item = gate_inputs.at_limit(probe, texts, 3)
     assert item.tokens == probe.max_seq_length
     document = probe.seen[0]
     assert document.startswith("text number 3 text number 4 text number 5")
-    encoded = gate.encode_set(probe, texts * 2)
-    assert encoded[gate.AT_LIMIT_SHARE - 1].tokens == probe.max_seq_length
+    encoded = gate_inputs.encode_set(probe, texts * 2)
+    assert encoded[gate_inputs.AT_LIMIT_SHARE - 1].tokens == probe.max_seq_length
     assert [e.tokens for e in encoded[:3]] == [5, 5, 5]
 
 
@@ -399,7 +400,7 @@ def test_long_documents_stop_at_the_gates_length_on_a_long_context_model() -> No
     for truncate in (True, False):
         probe = WordProbe(truncate)
         probe.max_seq_length = 8192
-        assert gate.at_limit(probe, texts, 3).tokens == gate.LONG_TOKENS
+        assert gate_inputs.at_limit(probe, texts, 3).tokens == gate_inputs.LONG_TOKENS
 
 
 class VectorProbe:
@@ -446,35 +447,36 @@ class Recording:
 
 def test_a_nan_for_one_text_in_one_batch_shape_fails_the_gate_as_a_wrong_graph() -> None:
     probe = VectorProbe(64)
-    texts = gate.builtin_texts(64)
-    # A text the padded shape runs (the costly shapes run on a subset of the inputs: gate.subset).
-    one = probe.preprocess([texts[gate.subset(len(texts), gate.PADDED)[1]]])[0].ids
+    texts = gate_inputs.builtin_texts(64)
+    # A text the padded shape runs (the costly shapes run on a subset of the inputs: gate_shapes.subset).
+    one = probe.preprocess([texts[gate_shapes.subset(len(texts), gate_shapes.PADDED)[1]]])[0].ids
     figures = gate.measure(probe, Recording(), Recording(one, nan_rows=8), texts)
     # Only the padded shape (batches of 8) saw it; every other shape agrees exactly.
-    assert figures.nonfinite == 1 and figures.shapes[gate.PADDED]["nonfinite"] == 1
+    assert figures.nonfinite == 1 and figures.shapes[gate_shapes.PADDED]["nonfinite"] == 1
     assert figures.shapes["1"]["cosine_min"] == pytest.approx(1.0)
     for kind in ("fp32", "half", "int8"):
         loosest = GateSettings(fp32_cosine_min=0.0, half_cosine_min=0.0, int8_cosine_min=0.0, int8_cosine_mean=0.0,
                                int8_overlap_at_10=0.0)
-        failures = gate.judge(figures, kind, loosest)
-        assert failures and failures[0] == f"1 outputs are not finite (NaN or infinity) in batch shapes {gate.PADDED}"
-        assert gate.cause(figures, kind, loosest).startswith("wrong graph: it answers NaN or infinity")
-    assert "non-finite outputs 1 (must be 0)" in gate.summary(figures, "fp32", GateSettings())
+        failures = gate_verdict.judge(figures, kind, loosest)
+        assert failures and failures[0] == (
+            f"1 outputs are not finite (NaN or infinity) in batch shapes {gate_shapes.PADDED}")
+        assert gate_verdict.cause(figures, kind, loosest).startswith("wrong graph: it answers NaN or infinity")
+    assert "non-finite outputs 1 (must be 0)" in gate_verdict.summary(figures, "fp32", GateSettings())
     # The same runner without the NaN passes.
-    assert gate.judge(gate.measure(probe, Recording(), Recording(), texts), "fp32", GateSettings()) == []
+    assert gate_verdict.judge(gate.measure(probe, Recording(), Recording(), texts), "fp32", GateSettings()) == []
 
 
 def test_the_gate_costs_its_own_texts_not_the_models_maximum_length() -> None:
     """On an 8,192-token model every batch the gate runs is padded to its own longest input, at most
     LONG_TOKENS: what it ran is counted in its figures, and that count is what the runners saw."""
-    texts = gate.builtin_texts(64)
+    texts = gate_inputs.builtin_texts(64)
     reference, candidate = Recording(), Recording()
     figures = gate.measure(VectorProbe(8192), reference, candidate, texts)
     ran = reference.padded + candidate.padded
     assert figures.ran == {"batches": len(ran), "padded_tokens": sum(rows * longest for rows, longest in ran),
                            "longest": max(longest for _, longest in ran)}
-    assert figures.ran["longest"] == gate.LONG_TOKENS
+    assert figures.ran["longest"] == gate_inputs.LONG_TOKENS
     # Five passes over 64 texts (the reference's and four shapes), a filler row per seven: short texts
     # padded to a long one cost most, and the whole stays within what 64 x 6 long documents would.
-    assert figures.ran["padded_tokens"] <= 6 * len(texts) * gate.LONG_TOKENS
-    assert max(rows * longest for rows, longest in ran) <= 32 * gate.LONG_TOKENS
+    assert figures.ran["padded_tokens"] <= 6 * len(texts) * gate_inputs.LONG_TOKENS
+    assert max(rows * longest for rows, longest in ran) <= 32 * gate_inputs.LONG_TOKENS

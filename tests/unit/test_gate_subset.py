@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from inferd.core.backends import gate
+from inferd.core.backends import gate, gate_figures, gate_inputs, gate_shapes, gate_verdict
 from inferd.core.preprocess import Encoded
 from inferd.settings import GateSettings
 
@@ -50,37 +50,37 @@ def exact(v: np.ndarray, e: Encoded, longest: int) -> np.ndarray:
     return v
 
 
-def figures(candidate: Any) -> gate.GateFigures:
+def figures(candidate: Any) -> gate_figures.GateFigures:
     return gate.measure(Probe(), exact, candidate, TEXTS)  # type: ignore[arg-type, return-value]
 
 
 def test_cheap_shapes_cover_every_input_and_costly_ones_every_long_document() -> None:
     probe = Probe()
-    items = gate.encode_set(probe, TEXTS)
+    items = gate_inputs.encode_set(probe, TEXTS)
     long = {i for i, e in enumerate(items) if e.tokens == probe.max_seq_length}
-    at_limit = set(range(gate.AT_LIMIT_SHARE - 1, len(items), gate.AT_LIMIT_SHARE))
+    at_limit = set(range(gate_inputs.AT_LIMIT_SHARE - 1, len(items), gate_inputs.AT_LIMIT_SHARE))
     assert at_limit <= long
-    for name in gate.plans(gate.BUILTIN_SEED):
-        covered = set(gate.subset(len(items), name))
-        assert covered == set(range(len(items))) if name not in gate.COSTLY else (
-            at_limit <= covered and len(covered) == len(items) // gate.SUBSET_STEP)
+    for name in gate_shapes.plans(gate_inputs.BUILTIN_SEED):
+        covered = set(gate_shapes.subset(len(items), name))
+        assert covered == set(range(len(items))) if name not in gate_shapes.COSTLY else (
+            at_limit <= covered and len(covered) == len(items) // gate_shapes.SUBSET_STEP)
     got = figures(exact)
-    assert gate.judge(got, "fp32", GateSettings()) == []
-    assert set(got.shapes) == {"1", "32 sorted", "32 mixed", gate.PADDED}
+    assert gate_verdict.judge(got, "fp32", GateSettings()) == []
+    assert set(got.shapes) == {"1", "32 sorted", "32 mixed", gate_shapes.PADDED}
     # Neighbours are ranked over the whole set only, at the shapes that cover it.
     assert [got.shapes[n]["overlap_at_10"] is None for n in got.shapes] == [False, False, True, True]
 
 
 def test_a_text_outside_the_subset_is_still_judged() -> None:
     """Input 0 is in no costly shape; a candidate wrong on it alone is refused from the cheap shapes."""
-    assert 0 not in gate.subset(len(TEXTS), gate.PADDED)
+    assert 0 not in gate_shapes.subset(len(TEXTS), gate_shapes.PADDED)
     first = Probe().preprocess([TEXTS[0]])[0].ids
 
     def wrong_on_first(v: np.ndarray, e: Encoded, longest: int) -> np.ndarray:
         return -v if e.ids == first else v
 
     got = figures(wrong_on_first)
-    assert got.cosine_min < 0 and gate.judge(got, "fp32", GateSettings())
+    assert got.cosine_min < 0 and gate_verdict.judge(got, "fp32", GateSettings())
     assert got.shapes["1"]["cosine_min"] < 0 and got.shapes["32 sorted"]["cosine_min"] < 0
 
 
@@ -91,21 +91,21 @@ def test_a_wrong_mask_is_caught_on_the_subset() -> None:
         return v + (longest - e.tokens) * 0.05
 
     got = figures(padding_leaks)
-    refused = gate.judge(got, "fp32", GateSettings())
-    assert refused and got.shapes[gate.PADDED]["cosine_min"] < 0.9999
+    refused = gate_verdict.judge(got, "fp32", GateSettings())
+    assert refused and got.shapes[gate_shapes.PADDED]["cosine_min"] < 0.9999
     assert got.shapes["1"]["cosine_min"] == 1.0
 
 
 def test_the_costly_shapes_run_a_quarter_of_their_rows() -> None:
     probe = Probe()
-    items = gate.encode_set(probe, TEXTS)
-    filler = gate.filler_for(probe, TEXTS)
-    for name, plan in gate.plans(gate.BUILTIN_SEED).items():
-        whole, part = gate.Tally(), gate.Tally()
-        for tally, covered in ((whole, list(range(len(items)))), (part, gate.subset(len(items), name))):
-            for batch in gate.on(covered, plan, items):
+    items = gate_inputs.encode_set(probe, TEXTS)
+    filler = gate_inputs.filler_for(probe, TEXTS)
+    for name, plan in gate_shapes.plans(gate_inputs.BUILTIN_SEED).items():
+        whole, part = gate_shapes.Tally(), gate_shapes.Tally()
+        for tally, covered in ((whole, list(range(len(items)))), (part, gate_shapes.subset(len(items), name))):
+            for batch in gate_shapes.on(covered, plan, items):
                 tally.add([items[i] if i >= 0 else filler for i in batch])
-        if name in gate.COSTLY:
+        if name in gate_shapes.COSTLY:
             assert part.padded_tokens < whole.padded_tokens / 2, name
         else:
             assert part.padded_tokens == whole.padded_tokens, name

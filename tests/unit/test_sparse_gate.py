@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from inferd.core.backends import gate
+from inferd.core.backends import gate, gate_figures, gate_verdict
 from inferd.core.preprocess import Encoded
 from inferd.settings import GateSettings
 
@@ -58,7 +58,7 @@ def exact(w: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def judged(candidate: Any) -> list[str]:
     texts = [f"text {i} " + "abcdefghij"[i % 10] * (i % 13 + 1) + "xyz"[i % 3] * (i % 5) for i in range(40)]
     figures = gate.measure(Probe(), exact, candidate, texts)  # type: ignore[arg-type]
-    return gate.judge(figures, "fp32", GateSettings())
+    return gate_verdict.judge(figures, "fp32", GateSettings())
 
 
 def test_a_faithful_candidate_passes() -> None:
@@ -97,8 +97,8 @@ def test_a_nan_output_fails_whatever_the_figures() -> None:
 
 @pytest.mark.parametrize("figure", ["sparse_top10", "maxsim_spearman"])
 def test_a_nan_figure_is_no_pass(figure: str) -> None:
-    figures = gate.GateFigures(cosine_min=1.0, cosine_mean=1.0, overlap_at_10=None, invariance_min=1.0, texts=4,
+    figures = gate_figures.GateFigures(cosine_min=1.0, cosine_mean=1.0, overlap_at_10=None, invariance_min=1.0, texts=4,
                                shapes={}, sparse_top10=1.0, weight_diff_max=0.0, maxsim_spearman=1.0,
                                maxsim_top3=1.0)
-    figures = gate.GateFigures.from_dict({**figures.as_dict(), figure: float("nan")})
-    assert gate.judge(figures, "fp32", GateSettings())
+    figures = gate_figures.GateFigures.from_dict({**figures.as_dict(), figure: float("nan")})
+    assert gate_verdict.judge(figures, "fp32", GateSettings())

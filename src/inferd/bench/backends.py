@@ -33,7 +33,7 @@ from inferd.bench.infinity import infinity_vectors, st_pooling, start_infinity
 from inferd.bench.load import Target, TextSource, run_closed
 from inferd.bench.procs import ServerFailed, ServerProc, start_inferd
 from inferd.core.agreement import cosine_rows, overlap_at_k
-from inferd.core.backends import gate
+from inferd.core.backends import gate_inputs, gate_shapes
 from inferd.settings import BACKENDS, DTYPES, QUANTIZE
 
 DEFAULT_CONFIGS = ("torch,torch:padded,torch:bfloat16,onnx,onnx:int8,openvino,openvino:bfloat16,"
@@ -121,10 +121,10 @@ def reference_vectors(model: Path, texts: Sequence[str]) -> tuple[np.ndarray, st
 def accuracy(handler: Any, texts: Sequence[str], reference: np.ndarray) -> dict[str, float]:
     """Cosine min/mean and top-10 overlap to the reference, each the worst over the gate's batch shapes."""
     items = handler.preprocess(list(texts))
-    filler = gate.at_limit(handler, texts)
+    filler = gate_inputs.at_limit(handler, texts)
     mins, means, overlaps = [], [], []
-    for plan in gate.plans(0).values():
-        got = gate.outputs(handler, handler.runner, items, plan(items), filler)
+    for plan in gate_shapes.plans(0).values():
+        got = gate_shapes.outputs(handler, handler.runner, items, plan(items), filler)
         cos = cosine_rows(reference, got)
         mins.append(float(cos.min()))
         means.append(float(cos.mean()))

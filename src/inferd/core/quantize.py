@@ -23,7 +23,7 @@ from typing import Literal
 import numpy as np
 
 from inferd import corpus
-from inferd.core.backends.gate import read_calibration_file
+from inferd.core.backends.gate_inputs import read_calibration_file
 
 Precision = Literal["float", "int8", "uint8", "binary", "ubinary", "base64"]
 PRECISIONS: tuple[str, ...] = ("float", "int8", "uint8", "binary", "ubinary", "base64")

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from inferd.core.agreement import cosine_rows
-from inferd.core.backends.gate import builtin_texts
+from inferd.core.backends.gate_inputs import builtin_texts
 from inferd.core.errors import ModelLoadError
 from inferd.core.slots import ModelSlot
 from inferd.core.tasks.kinds import task_of

@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from inferd import __version__
-from inferd.core.backends import gate
+from inferd.core.backends import gate, gate_figures, gate_inputs, gate_verdict
 from inferd.core.backends.base import (
     TASK_HEADS,
     BackendError,
@@ -191,15 +191,15 @@ def read_meta(entry: Path) -> dict[str, Any] | None:
 def _texts(options: BackendOptions) -> tuple[list[str], list[str], str]:
     """(gate texts, calibration texts, an id for the cache key)."""
     if options.calibration_file is not None:
-        texts = gate.read_calibration_file(options.calibration_file)
+        texts = gate_inputs.read_calibration_file(options.calibration_file)
         digest = hashlib.sha256("\n".join(texts).encode()).hexdigest()[:16]
         # The operator's own texts serve both purposes: they are what the model will see.
         return texts, texts, f"file:{digest}"
-    return (gate.builtin_texts(options.gate.texts), gate.builtin_texts(options.gate.calibration_texts,
-                                                                         gate.CALIBRATION_SEED), "builtin:1")
+    return (gate_inputs.builtin_texts(options.gate.texts),
+            gate_inputs.builtin_texts(options.gate.calibration_texts, gate_inputs.CALIBRATION_SEED), "builtin:1")
 
 
-def task_model(path: Path, safetensors: bool, head: str, probe: gate.Probe) -> torch.nn.Module:
+def task_model(path: Path, safetensors: bool, head: str, probe: gate_inputs.Probe) -> torch.nn.Module:
     """The model a runner runs and an export traces: the folder's, under the task's head module for the heads a
     task defines (backends/base.py TASK_HEADS)."""
     model = load_model(path, safetensors, head)
@@ -235,7 +235,7 @@ def _convert(model: torch.nn.Module, options: BackendOptions, work: Path, given:
         names = [i.get_any_name() for i in graph.inputs]
         if options.quantize == "int8-weights":
             return ov.save(ov.compress_weights(graph), work)
-        return ov.save(ov.quantize_static(graph, gate.only_inputs(samples, names), len(samples)), work)
+        return ov.save(ov.quantize_static(graph, gate_inputs.only_inputs(samples, names), len(samples)), work)
     from inferd.core.backends import onnx
 
     source = given or onnx.export(model, work if options.quantize == "none" else work / "fp32", options.head)
@@ -244,10 +244,10 @@ def _convert(model: torch.nn.Module, options: BackendOptions, work: Path, given:
     import onnx as onnx_lib
 
     names = [i.name for i in onnx_lib.load(str(source), load_external_data=False).graph.input]
-    return onnx.quantize_static(source, work, gate.only_inputs(samples, names))
+    return onnx.quantize_static(source, work, gate_inputs.only_inputs(samples, names))
 
 
-def build(path: Path, entry: Path, key: dict[str, Any], options: BackendOptions, probe: gate.Probe,
+def build(path: Path, entry: Path, key: dict[str, Any], options: BackendOptions, probe: gate_inputs.Probe,
           safetensors: bool, threads: int) -> dict[str, Any]:
     """Export, quantise and judge into a temporary folder, then rename it into place."""
     started = time.perf_counter()
@@ -263,7 +263,7 @@ def build(path: Path, entry: Path, key: dict[str, Any], options: BackendOptions,
         reference = TorchRunner(model, torch.device("cpu"), "float32", head=options.head)
         samples = []
         if options.quantize == "int8":
-            samples = gate.calibration_samples(probe, gate.encode_set(probe, calibration_texts))
+            samples = gate_inputs.calibration_samples(probe, gate_inputs.encode_set(probe, calibration_texts))
         given = folder_graph(path, options.backend) if options.head == "hidden" else None
         if given is None and options.backend == "openvino":
             # Served as it is (linked into the entry), or quantised from a link beside it that goes afterwards.
@@ -298,7 +298,7 @@ def build(path: Path, entry: Path, key: dict[str, Any], options: BackendOptions,
     return meta
 
 
-def open_backend(path: Path, options: BackendOptions, device: torch.device, probe: gate.Probe,
+def open_backend(path: Path, options: BackendOptions, device: torch.device, probe: gate_inputs.Probe,
                  safetensors: bool = True) -> Runner:
     """The runner for this model and these options: torch eager, or a cached (exported once) graph."""
     check_options(options, device)
@@ -315,7 +315,7 @@ def open_backend(path: Path, options: BackendOptions, device: torch.device, prob
     _, _, calibration = _texts(options) if options.calibration_file else (None, None, "builtin:1")
     digest = folder_digest(path)
 
-    def judged(dtype: str) -> tuple[dict[str, Any], Path, dict[str, Any], str, gate.Figures, list[str]]:
+    def judged(dtype: str) -> tuple[dict[str, Any], Path, dict[str, Any], str, gate_figures.Figures, list[str]]:
         """The entry for this dtype (built on a miss) and the gate's verdict on it under today's thresholds."""
         key = entry_key(digest, options, dtype, probe.max_seq_length, calibration)
         entry = entry_folder(root, key)
@@ -329,8 +329,8 @@ def open_backend(path: Path, options: BackendOptions, device: torch.device, prob
                     log.info("exporting %s for %s (dtype %s, quantize %s) into %s", path, options.backend, dtype,
                              options.quantize, entry)
                     meta = build(path, entry, key, options, probe, safetensors, threads)
-        figures = gate.figures_from_dict(meta["gate"]["figures"])
-        return key, entry, meta, cache, figures, gate.judge(figures, meta["gate"]["kind"], options.gate)
+        figures = gate_figures.figures_from_dict(meta["gate"]["figures"])
+        return key, entry, meta, cache, figures, gate_verdict.judge(figures, meta["gate"]["kind"], options.gate)
 
     key, entry, meta, cache, figures, failures = judged(dtype)
     if failures and options.dtype == "auto" and options.quantize == "int8" and dtype == "bfloat16":
@@ -343,10 +343,10 @@ def open_backend(path: Path, options: BackendOptions, device: torch.device, prob
     kind = meta["gate"]["kind"]
     label = f"{options.backend} {dtype}" + (f" {options.quantize}" if options.quantize != "none" else "")
     warning = quantize_warning(options.quantize, set(key["cpu"]))
-    figures_said = gate.summary(figures, kind, options.gate)
+    figures_said = gate_verdict.summary(figures, kind, options.gate)
     if failures:
         raise BackendError(f"{label} refused by the accuracy gate ({kind} thresholds): {'; '.join(failures)}. "
-                           f"Cause: {gate.cause(figures, kind, options.gate)}. "
+                           f"Cause: {gate_verdict.cause(figures, kind, options.gate)}. "
                            f"Figures against torch fp32: {figures_said}" + (f". Note: {warning}" if warning else ""))
     if warning:
         log.warning("%s: %s", label, warning)
@@ -356,7 +356,8 @@ def open_backend(path: Path, options: BackendOptions, device: torch.device, prob
             **({"quantize_warning": warning} if warning else {}),
             "export_seconds": meta.get("export_seconds"), "from_model_folder": meta.get("from_model_folder"),
             "gate": {"kind": kind, "passed": True, "figures": figures.as_dict(),
-                     "thresholds": {rule.setting: rule.bound for rule in gate.held_to(figures, kind, options.gate)}}}
+                     "thresholds": {rule.setting: rule.bound
+                                    for rule in gate_verdict.held_to(figures, kind, options.gate)}}}
     runner = open_runner(options.backend, graph, options.head, dtype, options.quantize, threads, info, compile_cache,
                          options.streams)
     log.info("backend %s (%s); cache %s %s; gate %s passed: %s; the gate ran %s", label, why, cache, entry, kind,
