@@ -13,7 +13,7 @@ from inferd.core.errors import ModelLoadError
 from inferd.core.preprocess import Encoded
 from inferd.core.tasks.base import check_weights
 from inferd.core.tasks.embedding import POOLERS, EmbeddingHandler, PooledHead, cls_pool, lasttoken_pool, mean_pool
-from inferd.core.tasks.st_folder import Normalize
+from inferd.core.tasks.st_modules import Normalize
 
 # -- pooling ---------------------------------------------------------------------------------------------------
 

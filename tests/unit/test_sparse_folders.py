@@ -14,7 +14,8 @@ from inferd.core.errors import ModelLoadError
 from inferd.core.tasks.handlers import detect_task
 from inferd.core.tasks.multivector import is_colbert
 from inferd.core.tasks.sparse import is_splade
-from inferd.core.tasks.st_folder import Splade, read_folder
+from inferd.core.tasks.st_folder import read_folder
+from inferd.core.tasks.st_modules import Splade
 
 ST = "sentence_transformers."
 TRANSFORMER = {"idx": 0, "name": "0", "path": "", "type": ST + "base.modules.transformer.Transformer"}

@@ -19,7 +19,7 @@ from inferd.core import load_guard
 from inferd.core.spec import ModelSpec
 from inferd.core.tasks.base import Handler, ModelLoadError, resolve_device
 from inferd.core.tasks.handlers import detect_task, handler_for
-from inferd.core.tasks.st_folder import inside_folder, modules
+from inferd.core.tasks.st_files import inside_folder, modules
 
 
 def spec_task(spec: ModelSpec) -> str:

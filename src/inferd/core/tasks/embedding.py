@@ -29,7 +29,7 @@ from inferd.core.families import default_pooling
 from inferd.core.outputs import TextOutputs
 from inferd.core.preprocess import Encoded, TextEncoder
 from inferd.core.spec import ModelSpec
-from inferd.core.tasks import st_folder
+from inferd.core.tasks import st_folder, st_modules
 from inferd.core.tasks.base import ModelTask, check_weights, dimension_refusal, length_limit, load_tokenizer
 from inferd.core.tasks.token_states import WithStates, asks_states, mark, states_of
 
@@ -93,9 +93,9 @@ POOLERS = {"cls": cls_pool, "max": max_pool, "mean": mean_pool, "mean_sqrt_len_t
 class PooledHead(torch.nn.Module):
     """What follows pooling, in the folder's order: its Dense layers and Normalize, in float32."""
 
-    def __init__(self, steps: list[st_folder.Dense | st_folder.Normalize]) -> None:
+    def __init__(self, steps: list[st_modules.Dense | st_modules.Normalize]) -> None:
         super().__init__()
-        self.steps = torch.nn.ModuleList(_DenseLayer(s) if isinstance(s, st_folder.Dense) else _Normalize()
+        self.steps = torch.nn.ModuleList(_DenseLayer(s) if isinstance(s, st_modules.Dense) else _Normalize()
                                          for s in steps)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -105,10 +105,10 @@ class PooledHead(torch.nn.Module):
 
 
 class _DenseLayer(torch.nn.Module):
-    def __init__(self, dense: st_folder.Dense) -> None:
+    def __init__(self, dense: st_modules.Dense) -> None:
         super().__init__()
         self.linear = torch.nn.Linear(dense.in_features, dense.out_features, bias=dense.bias is not None)
-        self.activation = st_folder.ACTIVATIONS[dense.activation]()
+        self.activation = st_modules.ACTIVATIONS[dense.activation]()
         self.residual = dense.residual
         self.project = None
         with torch.no_grad():
@@ -132,7 +132,7 @@ class _Normalize(torch.nn.Module):
 
 
 def head_steps(folder: st_folder.STFolder, modes: tuple[str, ...], hidden: int, normalize: bool | None
-               ) -> tuple[list[st_folder.Dense | st_folder.Normalize], int]:
+               ) -> tuple[list[st_modules.Dense | st_modules.Normalize], int]:
     """The steps after pooling (``model.normalize`` adds or drops the last normalisation) and the size of the
     vector they give, each Dense checked against the size it is handed."""
     if folder.embedding_dimension is not None and folder.embedding_dimension != hidden:
@@ -140,13 +140,13 @@ def head_steps(folder: st_folder.STFolder, modes: tuple[str, ...], hidden: int, 
                              f"the model's hidden size is {hidden}")
     steps = list(folder.after)
     if normalize is False:
-        while steps and isinstance(steps[-1], st_folder.Normalize):
+        while steps and isinstance(steps[-1], st_modules.Normalize):
             steps.pop()
-    elif normalize and not (steps and isinstance(steps[-1], st_folder.Normalize)):
-        steps.append(st_folder.Normalize("model.normalize"))
+    elif normalize and not (steps and isinstance(steps[-1], st_modules.Normalize)):
+        steps.append(st_modules.Normalize("model.normalize"))
     size = hidden * len(modes)
     for step in steps:
-        if isinstance(step, st_folder.Dense):
+        if isinstance(step, st_modules.Dense):
             if step.in_features != size:
                 raise ModelLoadError(f"the Dense module {step.path} takes {step.in_features} values; pooling "
                                      f"({'+'.join(modes)}) gives {size}")
@@ -268,10 +268,10 @@ class EmbeddingHandler(ModelTask):
         self.pooling_modes = (spec.pooling,) if spec.pooling else folder.pooling or default_pooling(config)
         self.pooling = "+".join(self.pooling_modes)
         steps, self.dimension = head_steps(folder, self.pooling_modes, hidden, spec.normalize)
-        self.normalize = bool(steps) and isinstance(steps[-1], st_folder.Normalize)
+        self.normalize = bool(steps) and isinstance(steps[-1], st_modules.Normalize)
         self._head = PooledHead(steps).eval() if steps else None
         self.dense = [f"{s.path}: {s.in_features}->{s.out_features} {s.activation}" for s in steps
-                      if isinstance(s, st_folder.Dense)]
+                      if isinstance(s, st_modules.Dense)]
         self.similarity_fn_name = folder.similarity_fn_name or "cosine"  # sentence-transformers' default
         self.pad_id = tokenizer.pad_token_id or 0
         self.prompts, self.default_prompt_name = folder.prompts, folder.default_prompt_name

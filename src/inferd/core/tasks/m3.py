@@ -31,7 +31,7 @@ from inferd.core.families import family_of
 from inferd.core.outputs import SparseVector, TextOutputs, asked, sparse_from_weights
 from inferd.core.preprocess import Encoded, InputError
 from inferd.core.spec import ModelSpec
-from inferd.core.tasks import st_folder
+from inferd.core.tasks import st_folder, st_modules
 from inferd.core.tasks.base import TokenVectorTask, check_weights, dimension_refusal, length_limit, load_tokenizer
 from inferd.core.tasks.embedding import POOLERS, PooledHead, folder_encoder, head_steps
 from inferd.core.tasks.heads import TokenHeads, linear_weights
@@ -96,7 +96,7 @@ class M3Handler(TokenVectorTask):
             raise ModelLoadError(f"model.pooling {spec.pooling!r} is not a pooling of hidden states")
         normalize = True if spec.normalize is None and not folder.pooling else spec.normalize
         steps, self.dimension = head_steps(folder, self.pooling_modes, hidden, normalize)
-        self.normalize = bool(steps) and isinstance(steps[-1], st_folder.Normalize)
+        self.normalize = bool(steps) and isinstance(steps[-1], st_modules.Normalize)
         self._dense = PooledHead(steps).eval() if steps else None
         self.colbert_dim = 0 if self.colbert_linear is None else self.colbert_linear.out_features
         self.unused = special_ids(tokenizer)

@@ -33,7 +33,7 @@ from inferd.core.errors import ModelLoadError
 from inferd.core.outputs import TextOutputs, asked, is_query
 from inferd.core.preprocess import Encoded, InputError, TextEncoder
 from inferd.core.spec import ModelSpec
-from inferd.core.tasks import st_folder
+from inferd.core.tasks import st_files, st_modules
 from inferd.core.tasks.base import TokenVectorTask, check_weights, dimension_refusal, length_limit, load_tokenizer
 from inferd.core.tasks.embedding import PooledHead
 from inferd.core.tasks.heads import TokenHeads
@@ -43,7 +43,7 @@ from inferd.core.tasks.heads import TokenHeads
 class ColbertFolder:
     """What a PyLate folder says (PyLate's defaults where it says nothing)."""
 
-    dense: tuple[st_folder.Dense, ...]
+    dense: tuple[st_modules.Dense, ...]
     query_prefix: str = "[Q] "
     document_prefix: str = "[D] "
     query_length: int = 32
@@ -53,33 +53,33 @@ class ColbertFolder:
     skiplist_words: tuple[str, ...] = field(default_factory=lambda: tuple(string.punctuation))
 
 
-def _pylate(module: st_folder.Module) -> bool:
+def _pylate(module: st_files.Module) -> bool:
     return module.type.split(".")[0] == "pylate"
 
 
 def is_colbert(path: Path) -> bool:
     """Whether the folder is PyLate's (a PyLate module in modules.json); an unreadable one is left to the load."""
     try:
-        return any(_pylate(m) for m in st_folder.modules(path) or [])
+        return any(_pylate(m) for m in st_files.modules(path) or [])
     except ModelLoadError:
         return False
 
 
 def read_colbert(folder: Path, allow_pickle: bool = False) -> ColbertFolder:
-    mods = st_folder.modules(folder) or []
+    mods = st_files.modules(folder) or []
     kinds = [m.kind for m in mods]
     if not mods or kinds[0] != "Transformer" or mods[0].path or any(k != "Dense" for k in kinds[1:]) or len(mods) < 2:
         raise ModelLoadError(f"modules.json: the modules are {', '.join(kinds) or 'none'}; inferd runs a ColBERT "
                              "model as its Transformer (the folder itself) followed by Dense projections")
     dense = []
     for m in mods[1:]:
-        cfg = st_folder.json_file(folder, f"{m.path}/config.json")
+        cfg = st_files.json_file(folder, f"{m.path}/config.json")
         if isinstance(cfg, dict) and cfg.get("module_input_name") == "sentence_embedding":
             raise ModelLoadError(f"{m.describe()} acts on the pooled vector; a ColBERT projection acts on every token")
         # PyLate's Dense reads token_embeddings whatever its config says; read it as a plain Dense of them.
         plain = {k: v for k, v in (cfg or {}).items() if k not in ("module_input_name", "module_output_name")}
-        dense.append(st_folder.dense_module(folder, m, allow_pickle, plain))
-    cfg = st_folder.json_file(folder, "config_sentence_transformers.json") or {}
+        dense.append(st_modules.dense_module(folder, m, allow_pickle, plain))
+    cfg = st_files.json_file(folder, "config_sentence_transformers.json") or {}
     if not isinstance(cfg, dict):
         raise ModelLoadError("config_sentence_transformers.json must be a JSON object")
     defaults = ColbertFolder(tuple(dense))

@@ -25,7 +25,7 @@ from inferd.core.errors import ModelLoadError
 from inferd.core.outputs import SparseVector, TextOutputs
 from inferd.core.preprocess import Encoded
 from inferd.core.spec import ModelSpec
-from inferd.core.tasks import st_folder
+from inferd.core.tasks import st_files, st_folder, st_modules
 from inferd.core.tasks.base import ModelTask, check_weights, dimension_refusal, length_limit, load_tokenizer
 from inferd.core.tasks.embedding import folder_encoder
 from inferd.core.tasks.heads import SpladeHead
@@ -35,7 +35,7 @@ def is_splade(path: Path) -> bool:
     """Whether the folder is a SPLADE model by its modules (SpladePooling); an unreadable modules.json is left for
     the load to name."""
     try:
-        return any(m.kind == "SpladePooling" for m in st_folder.modules(path) or [])
+        return any(m.kind == "SpladePooling" for m in st_files.modules(path) or [])
     except ModelLoadError:
         return False
 
@@ -69,7 +69,7 @@ class SparseHandler(ModelTask):
     inputs = "texts"
     head = "splade"
     outputs = ("sparse",)
-    splade = st_folder.Splade()
+    splade = st_modules.Splade()
 
     def load(self, spec: ModelSpec, device: torch.device) -> Loaded:
         folder = st_folder.read_folder(spec.path, spec.allow_pickle)
@@ -81,7 +81,7 @@ class SparseHandler(ModelTask):
         archs = [str(a) for a in getattr(config, "architectures", None) or []]
         if not any(a.endswith("ForMaskedLM") for a in archs):
             raise ModelLoadError(f"SPLADE needs a masked-LM model (*ForMaskedLM); config.json names {archs or 'none'}")
-        self.splade = folder.splade or st_folder.Splade()
+        self.splade = folder.splade or st_modules.Splade()
         limit = length_limit(config, tokenizer, None)
         self.max_seq_length = min(spec.max_seq_length or folder.max_seq_length or limit, limit)
         self.dimension = int(config.vocab_size)
