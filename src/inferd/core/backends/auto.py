@@ -9,7 +9,7 @@ when its last request lets go: no request is dropped):
   float operation that becomes an integer kept in float32 (backends/precision.py; all-mpnet-base-v2's
   relative-position buckets, which plain bf16 gets wrong); a graph without such operations is plain bf16;
 - OpenVINO bf16, the same without the float32 islands (MiniLM 363.6 texts/s against torch's 181-204 on a 2-core
-  EPYC with AVX512-BF16, issue 43);
+  EPYC with AVX512-BF16: docs/backends.md, "backend: auto");
 - OpenVINO static int8 (float32 parts), where the CPU has int8 dot products (avx512_vnni, avx_vnni, amx_int8; without
   them int8 is no faster and less exact: backends/base.py ``INT8_DOT_FLAGS``);
 - OpenVINO float32, which computes what torch computes (the float32 gate), on every CPU;
@@ -67,7 +67,8 @@ class Candidate:
 
 OV_BF16 = Candidate("openvino", "bfloat16")
 # bf16 with the graph's index arithmetic kept in float32 (backends/precision.py): all-mpnet-base-v2's bf16 loss is
-# its relative-position bucket arithmetic, not the matrix products (bf16 cosine min 0.9958, mixed 0.99982).
+# its relative-position bucket arithmetic, not the matrix products (bf16 cosine min 0.9958, mixed 0.99982:
+# bench/mpnet_mixed.py; docs/backends.md, "A base-size model on bf16").
 OV_MIXED = Candidate("openvino", "mixed")
 OV_INT8 = Candidate("openvino", "float32", "int8")
 OV_FP32 = Candidate("openvino", "float32")

@@ -47,8 +47,8 @@ INPUT_NAMES = ("input_ids", "attention_mask", "token_type_ids")
 # CPU flags that mean bf16 matrix multiplication in hardware (otherwise bf16 is emulated and slow).
 NATIVE_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
 # CPU flags that mean int8 dot products in hardware. Without them (AVX2 only) int8 products go through
-# vpmaddubsw, whose 16-bit sums saturate: measured on all-MiniLM-L6-v2 on an AMD EPYC (Zen 3), static int8
-# ran at 0.7x torch fp32 and fell below its gate (cosine min 0.986, overlap@10 0.923-0.943).
+# vpmaddubsw, whose 16-bit sums saturate: on an AMD EPYC (Zen 3) static int8 all-MiniLM-L6-v2 fell below its gate
+# and ran slower than torch fp32 (bench/RESULTS.md, "Backends", Run D).
 INT8_DOT_FLAGS = ("avx512_vnni", "avx_vnni", "amx_int8")
 # The flags that decide which kernels a converted graph runs on, and so its accuracy: part of the cache key,
 # because a verdict measured with one set says nothing about another.
@@ -150,8 +150,8 @@ def resolve_dtype(requested: str, backend: str, device: torch.device,
     ``auto`` means: float16 on CUDA; bfloat16 on a CPU that multiplies bf16 in hardware (AVX512-BF16 or
     AMX), where it is near-lossless and about twice as fast; float32 anywhere else. Static int8 on OpenVINO
     keeps bf16 float parts only if its gate passes them (the caller falls back to float32, see
-    ``INT8_BF16_FIRST``): on an AMD Zen 5 they passed (3.9x torch), on a Xeon with AMX one MiniLM text fell
-    to cosine 0.66.
+    ``INT8_BF16_FIRST``): on an AMD Zen 5 they pass, on a Xeon with AMX one MiniLM text falls to cosine 0.66
+    (bench/RESULTS.md, "Backends", Runs E and A).
     """
     if requested not in DTYPES:
         raise BackendError(f"model.dtype {requested!r}: choose one of {', '.join(DTYPES)}")

@@ -8,7 +8,7 @@ which this project does not install.)
 
 int8 is ONNX Runtime's static quantisation (QDQ, per-channel weights, activation ranges from calibration):
 dynamic quantisation computes activation scales over each batch, padding included, so a text's output
-would change with the texts it is batched with (and it measured 0.976 cosine min on MiniLM).
+would change with the texts it is batched with.
 """
 
 from __future__ import annotations
@@ -98,8 +98,8 @@ def quantize_static(source: Path, folder: Path, samples: Iterable[dict[str, Any]
     """int8 weights (per channel) and activations (ranges from the calibration samples), QDQ format,
     unsigned activations and signed weights (ONNX Runtime's fast path on x86).
 
-    On all-MiniLM-L6-v2 this stays below the int8 gate (cosine min 0.982, mean 0.990, overlap@10 0.936 on
-    the gate's texts, even with the feed-forward down-projections left in float): the gate refuses it.
+    On all-MiniLM-L6-v2 this stays below the int8 gate, even with the feed-forward down-projections left in
+    float: the gate refuses it (bench/RESULTS.md, "Backends", Run B: the onnx int8 row).
     """
     from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
     from onnxruntime.quantization.shape_inference import quant_pre_process

@@ -89,12 +89,13 @@ def quantize_static(graph: Any, samples: Iterable[dict[str, Any]], subset_size: 
     """Weights and activations in int8; activation ranges measured on the calibration samples.
 
     ModelType.TRANSFORMER keeps what int8 hurts most in an encoder (softmax, layer norms) in floating point
-    and applies SmoothQuant. Two choices measured on all-MiniLM-L6-v2 against the gate's 256 texts:
-    the feed-forward down-projections stay in floating point (their input is the activation's output, whose
-    outliers a per-tensor int8 scale cannot hold: cosine min 0.970 with them quantised, 0.995 without;
-    6 of 36 products), and SmoothQuant's alpha is 0.8 instead of NNCF's 0.95 (overlap@10 0.941 -> 0.957;
-    0.5: 0.950, 0.7: 0.957). bf16 float parts depend on the CPU: on a Xeon with AMX one long text fell to
-    cosine 0.66, on an AMD Zen 5 they passed (0.995) and ran 1.1x faster through the server; ``dtype: auto``
+    and applies SmoothQuant. Two choices, from all-MiniLM-L6-v2 against the gate's 256 texts (bench/RESULTS.md,
+    "Backends"; bench/int8_variants.py measures the variants): the feed-forward down-projections stay in floating
+    point (their input is the activation's output, whose outliers a per-tensor int8 scale cannot hold: cosine min
+    0.970 with them quantised, 0.995 without; 6 of 36 products), and SmoothQuant's alpha is 0.8 instead of NNCF's
+    0.95 (overlap@10 0.941 -> 0.957; 0.5: 0.950, 0.7: 0.957). bf16 float parts depend on the CPU: on a Xeon with
+    AMX one long text falls to cosine 0.66, on an AMD Zen 5 they pass (0.995) and run 1.1x faster through the
+    server (the same section, Runs A and E); ``dtype: auto``
     tries them and falls back to float32 when the gate refuses them (factory.open_backend). The keyword
     arguments are the knobs bench/int8_variants.py turns (``overflow``: NNCF's OverflowFix, its default when
     None); the server uses the defaults.
@@ -193,9 +194,9 @@ class OpenVINORunner(GraphRunner):
                 request = self._requests.request = self._compiled.create_infer_request()
         # share_inputs: the request reads the feed's arrays where they are (they live until infer returns), so
         # no input is copied and the bindings' copying path (data_dispatcher.update_inputs: resize the request's
-        # own tensor, copy into it) is not taken. Two instances' threads were once seen stuck together in that
-        # path (test_instances, under a load average of 20); it was not reproduced since (1,300 rounds of two
-        # threads starting at once, with and without eight busy processes beside them), and this path avoids it.
+        # own tensor, copy into it) is not taken: that saves a copy, and keeps the request off the one path where
+        # two instances' threads have been seen to stall each other (tests/unit/test_instances.py at a load
+        # average of 20; 1,300 rounds of two threads starting at once did not reproduce it).
         request.infer({k: np.ascontiguousarray(v) for k, v in feed.items()}, share_inputs=True)
         return request.get_output_tensor(0).data.copy()
 

@@ -6,13 +6,14 @@ included. Some encoders compute integers through floats: MPNet's relative-positi
 ``log(distance / 8) / log(128 / 8) * 16``, truncated to an integer, then an index into the position-bias table.
 In bf16 (8 bits of mantissa) that quotient lands on the wrong side of an integer for some distances, so a text's
 tokens read another bucket's bias: not a rounding of the answer but another position encoding.
-all-mpnet-base-v2 in bf16 fell to cosine min 0.9958 against torch fp32 on the gate's texts (the half bound is
+all-mpnet-base-v2 in bf16 falls to cosine min 0.9958 against torch fp32 on the gate's texts (the half bound is
 0.9995); every matrix product rounded to bf16 as the plugin does, in torch, gives 0.99993 on the same texts, and
-the attention kept in float32 in OpenVINO changes nothing (0.99586): the loss is the index arithmetic.
+the attention kept in float32 in OpenVINO changes nothing (0.99586): the loss is the index arithmetic
+(docs/backends.md, "A base-size model on bf16").
 
 The recipe: every floating-point operation whose value reaches a conversion to an integer type is kept in float32
 (the plugin's ``precise`` runtime attribute, which it honours for the operations it lowers to bf16); the matrix
-products and everything else run in bf16 as before. Which operations those are is read from the graph, not from
+products and everything else run in bf16. Which operations those are is read from the graph, not from
 names, so any model's index arithmetic is found. The attribute is set in the IR text before the graph is read,
 as the IR reader turns it into the runtime attribute the plugin checks (a value set from Python is a string the
 plugin cannot read), after OpenVINO's own simplifications (``simplified``); ``kept`` reads back which operations
@@ -76,8 +77,9 @@ def simplified(core: Any, graph_path: Path, work: Path) -> Path:
     """The graph after OpenVINO's own simplifications (constant folding, fusing a product of constants, a division
     by a constant turned into a product), saved in ``work``. The plugin applies them at compile time and the
     operations they make do not inherit the float32 mark (OpenVINO does not copy it to a replacement): marking the
-    graph as the plugin will see it is what keeps the marks. Measured: MPNet's bucket quotient and product stayed
-    bf16 when marked before, float32 when marked after."""
+    graph as the plugin will see it is what keeps the marks: MPNet's bucket quotient and product run in bf16 when
+    marked before the simplifications, float32 when marked after (tests/integration/test_mixed_precision.py reads
+    what the compiled graph runs the kept operations in)."""
     import openvino as ov
     from openvino._offline_transformations import apply_moc_transformations
 

@@ -24,7 +24,7 @@ class PluginTask(Task):
     """A plug-in handler's own task (``model.task: package.module:Class``), which inferd knows nothing of: its
     answers are compared as rows of scores (label decisions, in the gate and the drift report) and held to the
     dense vector's bounds, which its figures do not name: so the gate judges none of them and a shadow report
-    never has them measured (as before the tasks were objects)."""
+    never has them measured: what a plug-in's answers mean is its own, and no figure inferd computes would say it."""
 
     def __init__(self, name: str) -> None:
         self.name = name
