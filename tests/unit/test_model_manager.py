@@ -261,15 +261,15 @@ def test_every_load_has_its_own_identity_and_freeing_says_whether_its_version_is
     assert freed[1][1] == first.load_id and freed[2][1] == again.load_id
 
 
-def test_frees_run_where_the_reaper_says(loader: Loader, tmp_path: Path, suite: dict[str, Any]) -> None:
-    chores: list[Any] = []
-    manager = ModelManager(make_settings(**suite), loader, reaper=chores.append)  # the engine's: its worker
+def test_frees_run_on_the_thread_they_are_posted_to(loader: Loader, tmp_path: Path, suite: dict[str, Any]) -> None:
+    posted: list[Any] = []
+    manager = ModelManager(make_settings(**suite), loader, post_to_worker=posted.append)  # the engine's: its worker
     manager.load_initial()
     old = manager.active
     assert old is not None
     manager.reload(str(tmp_path / "m2"), "v2")
-    assert not old.freed.is_set() and not old.usable and len(chores) == 1
-    chores.pop()()
+    assert not old.freed.is_set() and not old.usable and len(posted) == 1
+    posted.pop()()
     assert old.freed.is_set() and old.handler.closed
 
 
@@ -475,11 +475,11 @@ def test_a_model_over_its_memory_fraction_is_refused_and_closed(suite: dict[str,
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     """Several models on one GPU: a load taking more of the device than model.memory_fraction is refused (the
     device's figures injected: this machine has no GPU)."""
-    import inferd.core.manager as manager_module
+    import inferd.core.slot_loader as loader_module
 
     gib = 2**30
     readings = iter([(1 * gib, 10 * gib), (5 * gib, 10 * gib), (1 * gib, 10 * gib), (3 * gib, 10 * gib)])
-    monkeypatch.setattr(manager_module, "device_memory", lambda device: next(readings))
+    monkeypatch.setattr(loader_module, "device_memory", lambda device: next(readings))
     tight = ModelManager(make_settings(**suite, **{"model.memory_fraction": 0.3}), loader)
     with pytest.raises(ModelLoadError, match=r"took 4.00 GiB .* more than its model.memory_fraction 0.3"):
         tight.load_initial()
@@ -487,7 +487,7 @@ def test_a_model_over_its_memory_fraction_is_refused_and_closed(suite: dict[str,
     roomy = ModelManager(make_settings(**suite, **{"model.memory_fraction": 0.3}), loader)
     roomy.load_initial()  # 2 GiB of 10: within 0.3
     assert roomy.state == "ready" and not loader.handlers[-1].closed
-    monkeypatch.setattr(manager_module, "device_memory", lambda device: None)  # a CPU: nothing to check
+    monkeypatch.setattr(loader_module, "device_memory", lambda device: None)  # a CPU: nothing to check
     ModelManager(make_settings(**suite, **{"model.memory_fraction": 0.01}), loader).load_initial()
 
 

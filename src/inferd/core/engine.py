@@ -81,7 +81,7 @@ class InferenceEngine:
         view = settings.for_model(entry)
         manager = ModelManager(view, self._loader, on_change=lambda slots: self._changed(),
                                on_lazy_failure=self._on_lazy_failure if entry.model.exit_on_load_failure else None,
-                               reaper=self._call_on_worker,
+                               post_to_worker=self._call_on_worker,
                                on_freed=functools.partial(self._slot_freed, entry.name))
         policy = Policy.from_settings(entry.batching)
         # Keyed by the slot's load, not its version string: the cache answers only for the model it serves.

@@ -1,9 +1,9 @@
 """A model's shadow slot: at most one candidate computing a sampled share of live requests beside the active
 model, its drift report (core/shadow.py), and whether that report allows the candidate's promotion.
 
-The slot holds state only; the manager changes it as it changes the active and canary slots, under its own
-lock and one model change at a time (core/manager.py), so that no request sees a candidate that is already
-the active model. Nothing here loads or frees a model.
+The slot holds state only; the slot table changes it as it changes the active and canary slots, under the
+table's lock (core/slot_table.py), one model change at a time (core/rollout.py), so that no request sees a
+candidate that is already the active model. Nothing here loads or frees a model.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ def sampled(weight: float, routing_key: str | None, draw: float) -> bool:
 
 class ShadowSlot:
     """The candidate (None: no shadow), the share of requests it computes, and its report. Not locked: the
-    manager calls it under its lock."""
+    slot table calls it under its lock."""
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
