@@ -257,13 +257,13 @@ async def list_models(request: Request, model: str | None = None) -> Response:
     are the default model's (a single-model server's), ``?model=NAME`` makes them that model's.
     """
     s = services(request)
-    rows = [{**_admin_row(m, s.engine.queue.depth(m.name)),
-             "instances": [_instance_row(i) for i in s.engine.worker.instances(m.name)]} for m in s.registry]
+    rows = [{**_admin_row(m, s.engine.queue_depth(m.name)),
+             "instances": [_instance_row(i) for i in s.engine.instances(m.name)]} for m in s.registry]
     chosen = _served(request, model) if model is not None else s.registry.first()
     top = next((r for r in rows if chosen is not None and r["name"] == chosen.name), {})
     return json_response({**{k: top.get(k) for k in ("state", "switches", "canary_weight", "slots", "reason")},
                           "model": top.get("name"), "models": rows, "worker_error": s.engine.worker_error,
-                          "shadow_instance": _instance_row(s.engine.worker.shadow)})
+                          "shadow_instance": _instance_row(s.engine.shadow_instance)})
 
 
 def _instance_row(instance: Instance) -> dict[str, Any]:
@@ -279,8 +279,7 @@ def _admin_row(served: ServedModel, queue_depth: int) -> dict[str, Any]:
             "queue_depth": queue_depth,
             # The change loading now (its action, stage and age), which POST /admin/models/reload/cancel abandons.
             "loading": None if manager.loading is None else manager.loading.describe(),
-            "slots": [{"role": role, **_describe(s), "in_use": s.refs}
-                                           for role, s in manager.slots()],
+            "slots": [{"role": role, **_describe(s), "in_use": s.refs} for role, s in manager.slots()],
             # The candidate computes beside the active model but answers nobody: not a serving slot.
             "shadow": None if shadow is None else {**_describe(shadow.slot), "in_use": shadow.slot.refs,
                                                    "weight": shadow.weight}}

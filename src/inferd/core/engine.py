@@ -24,6 +24,7 @@ from inferd.core.batcher import BatchQueue
 from inferd.core.budgets import with_budgets
 from inferd.core.cache import ResultCache
 from inferd.core.errors import ModelLoadError, ModelNotReady, ReloadInProgress
+from inferd.core.instances import Instance
 from inferd.core.loading import load_handler
 from inferd.core.manager import ModelManager
 from inferd.core.outcomes import TaskResult, WorkItem
@@ -103,6 +104,21 @@ class InferenceEngine:
 
     def _changed(self) -> None:
         self._on_change(self.slots())
+
+    # -- what the admin API shows of the workers ---------------------------------------------------------
+
+    def queue_depth(self, model: str) -> int:
+        """Work of ``model`` waiting in the queue."""
+        return self.queue.depth(model)
+
+    def instances(self, model: str) -> list[Instance]:
+        """``model``'s workers (core/instances.py), each with its budget and what it has run."""
+        return self.worker.instances(model)
+
+    @property
+    def shadow_instance(self) -> Instance:
+        """The worker of every model's shadow lane."""
+        return self.worker.shadow
 
     # -- lifecycle -------------------------------------------------------------------------------------
 
