@@ -1,26 +1,26 @@
 """Model instances: the workers that run batches, each with its own compute budget.
 
-One inference worker ran every model's batches one at a time, so a one-text embedding waited for a whole
-32-pair rerank batch of another model, and a live request for a shadow batch (bench/RESULTS.md, "Pipeline").
-Here each served model gets ``model.instances`` workers of its own, and every model's shadow lane one more;
-each worker takes only its own lanes' batches (``BatchQueue.take(lanes=...)``), so batches of different
-instances run at the same time and share no barrier.
+With one inference worker for every model's batches, a one-text embedding waits for a whole 32-pair rerank
+batch of another model, and a live request for a shadow batch (bench/RESULTS.md, "Pipeline"). So each served
+model gets ``model.instances`` workers of its own, and every model's shadow lane one more; each worker takes only
+its own lanes' batches (``BatchQueue.take(lanes=...)``), so batches of different instances run at the same time and
+share no barrier.
 
 An instance's budget is a number of intra-op threads. torch's ``set_num_threads`` is per calling thread under its
-OpenMP backend once that thread has been initialised (measured on torch 2.13: a worker thread that asks for one
-thread keeps one while the thread beside it runs two; a thread not yet initialised copies the last count any thread
-set), so each worker initialises its thread, then sets its own count. How many instances and threads each model gets
-is core/budgets.py's arithmetic, resolved once at start. OpenVINO and ONNX Runtime get theirs from the model's load
-(core/backends/base.py ``options_for``: streams and threads per compiled model); a batch that is an OpenVINO model's
-only work runs alone on all of its instances' threads (``Sharing``, below). By default the machine's cores are
-split evenly between every live instance, never more than one core each way; ``model.threads`` sets a model's own.
+OpenMP backend once that thread has been initialised (torch 2.13: a worker thread that asks for one thread keeps one
+while the thread beside it runs two, as tests/unit/test_instances.py checks; a thread not yet initialised copies the
+last count any thread set), so each worker initialises its thread, then sets its own count. How many instances and
+threads each model gets is core/budgets.py's arithmetic, resolved once at start. OpenVINO and ONNX Runtime get theirs
+from the model's load (core/backends/base.py ``options_for``: streams and threads per compiled model); a batch that
+is an OpenVINO model's only work runs on all of its instances' threads (``Sharing``, below). By default the
+machine's cores are split evenly between every live instance, never more than one core each way; ``model.threads``
+sets a model's own.
 On a GPU each instance runs on its own CUDA stream, and copies its next batch's inputs to the device on a second one
 while the current batch computes (core/staging.py, the stager in core/worker.py). The shadow instance has one thread
 and is counted in no budget: it takes a batch only while no live lane holds work (core/batcher.py), and its batches
 are capped (shadow.max_batch_size), so what it adds to the live instances' cores is one small batch at a time. It
 runs at the OS's normal priority on purpose: a thread niced down holds the GIL between its torch calls, and on a
-busy machine the live threads then wait on a thread the OS seldom schedules (at nice 19, beside other test runs, the
-shadow integration test once waited past its 20 s for 42 tiny fake batches).
+busy machine the live threads then wait on a thread the OS seldom schedules.
 """
 
 from __future__ import annotations
@@ -47,37 +47,37 @@ def _new_stream(device: str) -> Any:
 
 
 class Sharing:
-    """The instances of one model, and whether one of them runs alone on every thread of the model.
+    """The instances of one model, and whether one batch runs on every thread of the model.
 
     Instances of one thread each serve the most at many clients, but a lone request on one thread took 1.3-1.6x as
     long as on two (OpenVINO bf16; bench/RESULTS.md, "Alone on every thread"). So a batch that is its model's only work
     (no sibling running, nothing of the model left queued) runs on every thread (when ``can_use_all_threads``), and a
     sibling that takes a batch meanwhile waits for that one to end instead of running beside it, which would
-    oversubscribe the cores. Widening is an opportunity, never a wait: a batch runs on its own share whenever any
-    sibling is running.
+    oversubscribe the cores. Running on every thread is an opportunity, never a wait: a batch runs on its own share
+    whenever any sibling is running.
     """
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
         self._running = 0  # siblings running on their own share
-        self._alone = False  # one runs on every thread
+        self._one_on_all_threads = False
 
     def enter(self, nothing_queued: Callable[[], bool]) -> bool:
-        """Before a batch; True: run it alone, on every thread. Waits while a sibling runs alone."""
+        """Before a batch; True: run it on every thread of the model. Waits while a sibling runs on every thread."""
         with self._cond:
-            while self._alone:
+            while self._one_on_all_threads:
                 self._cond.wait()
             if self._running == 0 and nothing_queued():
-                self._alone = True
+                self._one_on_all_threads = True
                 return True
             self._running += 1
             return False
 
-    def leave(self, alone: bool) -> None:
-        """After the batch ``enter`` let in (whatever happened in it)."""
+    def leave(self, on_all_threads: bool) -> None:
+        """After the batch ``enter`` let in (whatever happened in it); ``on_all_threads``: what ``enter`` said."""
         with self._cond:
-            if alone:
-                self._alone = False
+            if on_all_threads:
+                self._one_on_all_threads = False
             else:
                 self._running -= 1
             self._cond.notify_all()
@@ -88,10 +88,10 @@ class Instance:
     """One worker's identity and budget: the model it serves (its lanes), its index, its threads, its stream."""
 
     model: str
-    index: int | str
-    threads: int
-    serves: Callable[[Any], bool]
-    stream: Any = None
+    index: int | str  # 0, 1, ... for a model's instances; SHADOW_INSTANCE for the shadow lanes' one
+    threads: int  # its intra-op threads (0: left as torch sets them)
+    serves: Callable[[Any], bool]  # whether a queue lane's batches are this instance's to run
+    stream: Any = None  # on a GPU, the CUDA stream its batches compute on; None on a CPU
     shadow: bool = False
     # On a GPU, a second stream the next batch's inputs are copied on while this one computes (core/staging.py);
     # None: no overlap (a CPU, or the shadow instance).
@@ -131,10 +131,12 @@ class Instance:
 
 
 def live_lane(model: str) -> Callable[[Any], bool]:
+    """Serves ``model``'s own lane (its live requests), not its shadow lane."""
     return lambda lane: lane.name == model and not lane.shadow
 
 
 def shadow_lanes(lane: Any) -> bool:
+    """Serves every model's shadow lane: the one shadow instance's."""
     return bool(lane.shadow)
 
 
@@ -146,4 +148,5 @@ def plan(entry: ModelEntry, device: str = "cpu") -> list[Instance]:
 
 
 def shadow_instance(device: str = "cpu") -> Instance:
+    """The worker of every model's mirrored work: one thread, in no budget."""
     return Instance("", SHADOW_INSTANCE, 1, shadow_lanes, _new_stream(device), shadow=True)
