@@ -2,7 +2,7 @@
 active model's, measured by running both on the gate's built-in texts.
 
 It runs inference, so on the worker thread (handlers are not shared across threads): between two batches, as
-a chore the queue hands to the worker, while the caller (a model change, off the event loop) waits up to
+a call posted to the worker's thread, while the caller (a model change, off the event loop) waits up to
 ``SPACE_TIMEOUT_S`` for it. A different size, or any text's cosine below ``model.gate.int8_cosine_min``, is
 another space: the loosest bound the accuracy gate accepts (int8's), so quantisation noise stays above it and
 another model's vectors (cosine near 0) fall far below; the half-precision bound would refuse an int8 canary
@@ -21,7 +21,7 @@ import numpy as np
 from inferd.core.agreement import cosine_rows
 from inferd.core.backends.gate_inputs import builtin_texts
 from inferd.core.errors import ModelLoadError
-from inferd.core.slots import ModelSlot
+from inferd.core.slots import ModelSlot, PostToWorker
 from inferd.core.tasks.kinds import task_of
 
 log = logging.getLogger(__name__)
@@ -29,11 +29,10 @@ log = logging.getLogger(__name__)
 # How many of the gate's built-in texts, and how long the check may wait for the worker.
 SPACE_TEXTS = 64
 SPACE_TIMEOUT_S = 120.0
-# Runs a callable on the worker's thread (the manager's reaper); None: here.
-Reaper = Callable[[Callable[[], None]], None] | None
 
 
-def space_changed(candidate: ModelSlot, active: ModelSlot, bound: float, reaper: Reaper) -> str | None:
+def space_changed(candidate: ModelSlot, active: ModelSlot, bound: float,
+                  post_to_worker: PostToWorker | None) -> str | None:
     """Why an embedding ``candidate``'s vectors are not ``active``'s space (None: they are, or the models are
     not both embedders, or a plug-in handler cannot embed the built-in texts)."""
     if not (task_of(candidate.task).stored_vectors and task_of(active.task).stored_vectors):
@@ -41,7 +40,7 @@ def space_changed(candidate: ModelSlot, active: ModelSlot, bound: float, reaper:
     texts = builtin_texts(SPACE_TEXTS)
     active.acquire()
     try:
-        a, b = on_worker(reaper, lambda: (_vectors(active, texts), _vectors(candidate, texts)))
+        a, b = on_worker(post_to_worker, lambda: (_vectors(active, texts), _vectors(candidate, texts)))
     except ModelLoadError as exc:
         log.warning("the canary's space check could not run: %s", exc, extra={"version": candidate.version})
         return None
@@ -59,11 +58,11 @@ def space_changed(candidate: ModelSlot, active: ModelSlot, bound: float, reaper:
             "drift report guards promotion), or force the canary (force: true)")
 
 
-def on_worker(reaper: Reaper, fn: Callable[[], Any]) -> Any:
-    """Run ``fn`` on the thread that runs batches (the reaper's) and wait for its result."""
+def on_worker(post_to_worker: PostToWorker | None, fn: Callable[[], Any]) -> Any:
+    """Run ``fn`` on the thread that runs batches and wait for its result."""
     done, box = threading.Event(), {}
 
-    def chore() -> None:
+    def call() -> None:
         try:
             box["value"] = fn()
         except BaseException as exc:  # handed back to the caller below
@@ -71,7 +70,7 @@ def on_worker(reaper: Reaper, fn: Callable[[], Any]) -> Any:
         finally:
             done.set()
 
-    (reaper or (lambda c: c()))(chore)
+    (post_to_worker or (lambda c: c()))(call)
     if not done.wait(SPACE_TIMEOUT_S):
         raise ModelLoadError("the space check did not get the worker in time")
     if "error" in box:
