@@ -113,9 +113,9 @@ def test_a_cancel_cuts_the_load_delay_short(tmp_path: Path) -> None:
     """model.load_delay_s (the tests' slow load) waits on the guard: a cancel ends the load itself at once."""
     loader = Loader()
     manager = manager_for(tmp_path, loader)
-    slow = manager.loads.settings.model.model_copy(update={"load_delay_s": 60.0})
+    slow = manager.slot_loader.settings.model.model_copy(update={"load_delay_s": 60.0})
     # After the first load: the loads of changes only.
-    manager.loads.settings = manager.loads.settings.model_copy(update={"model": slow})
+    manager.slot_loader.settings = manager.slot_loader.settings.model_copy(update={"model": slow})
     thread, out = reload_in_thread(manager, tmp_path / "m2", "v2")
     wait_for(lambda: manager.loading is not None, what="the reload under way")
     manager.cancel_load()

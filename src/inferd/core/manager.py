@@ -35,8 +35,8 @@ class ModelManager:
         None: the calling thread); ``on_freed``: told each freed slot and whether its version is gone."""
         self.settings = settings
         self.table = SlotTable(spec_from_settings(settings), ShadowSlot(settings), on_freed)
-        self.loads = SlotLoader(settings, self.table, loader, post_to_worker)
-        self.rollout = Rollout(settings, self.table, self.loads, on_change=on_change,
+        self.slot_loader = SlotLoader(settings, self.table, loader, post_to_worker)
+        self.rollout = Rollout(settings, self.table, self.slot_loader, on_change=on_change,
                                on_lazy_failure=on_lazy_failure)
 
     # -- the slot table: routing and what serves ----------------------------------------------------------

@@ -43,18 +43,18 @@ OnChange: TypeAlias = Callable[[list[tuple[str, ModelSlot]]], None]
 class Rollout:
     """The changes of one model's slots, one at a time, each installed atomically in its slot table."""
 
-    def __init__(self, settings: Settings, table: SlotTable, loads: SlotLoader, *,
+    def __init__(self, settings: Settings, table: SlotTable, slot_loader: SlotLoader, *,
                  on_change: OnChange | None = None,
                  on_lazy_failure: Callable[[str], None] | None = None) -> None:
         self.settings = settings
         self.table = table
-        self.loads = loads
+        self.slot_loader = slot_loader
         self._on_change: OnChange = on_change or (lambda slots: None)
         # Told when a lazy first load fails (the app exits there if model.exit_on_load_failure is set).
         self._on_lazy_failure: Callable[[str], None] = on_lazy_failure or (lambda reason: None)
         # backend auto: the background judge of faster runtimes for the active load (core/backends/auto.py).
         self.auto = AutoUpgrade(settings.model.auto_candidates) if settings.model.backend == "auto" else None
-        self.changes = ChangeLock(settings.model.load_timeout_s)
+        self.change_lock = ChangeLock(settings.model.load_timeout_s)
         self._lazy_lock = asyncio.Lock()
         roots = [Path(r).expanduser().resolve() for r in settings.model.root]
         # Where a client's load may come from (model.root; default: the configured model's parent folder).
@@ -96,7 +96,7 @@ class Rollout:
         c = self.settings.canary
         if not (c.path and c.weight > 0):
             return None
-        canary = self.loads.load(spec_from_settings(self.settings, Path(c.path), c.version or "canary"))
+        canary = self.slot_loader.load(spec_from_settings(self.settings, Path(c.path), c.version or "canary"))
         try:
             why = refusal(canary, active, allows_change(self.settings.model))
             if why is not None:
@@ -104,7 +104,7 @@ class Rollout:
             if canary.version == active.version:
                 raise ModelLoadError(f"canary.version {canary.version!r} is the model's own version; "
                                      "give the canary its own")
-            space = self.loads.space_changed(canary, active)
+            space = self.slot_loader.space_changed(canary, active)
             if space is not None and not c.force:
                 raise ModelLoadError(f"canary.path {c.path}: {space} (canary.force: true at start)")
         except ModelLoadError:
@@ -121,14 +121,14 @@ class Rollout:
         name = remembered(configured) if self.auto is not None and configured.backend == "auto" else None
         if name is not None and self.auto is not None:
             try:
-                slot = self.loads.load(dataclasses.replace(configured, **by_name(name).runtime()))
+                slot = self.slot_loader.load(dataclasses.replace(configured, **by_name(name).runtime()))
             except ModelLoadError as exc:
                 log.warning("backend auto: the cached choice %s did not load (%s); starting on torch", name, exc)
             else:
                 self.auto.adopt(name, "chosen by an earlier start on this machine (its cache entry, judged again)")
                 log.info("backend auto: serving %s at once, as an earlier start on this machine chose", name)
                 return slot
-        return self.loads.load(configured)
+        return self.slot_loader.load(configured)
 
     async def ensure_loaded(self) -> None:
         """Lazy mode: the first request loads the model, exactly once however many arrive together."""
@@ -193,7 +193,7 @@ class Rollout:
 
         def work() -> ModelSlot:
             serving()
-            slot = self.loads.load(dataclasses.replace(base.spec, **runtime))
+            slot = self.slot_loader.load(dataclasses.replace(base.spec, **runtime))
             try:
                 serving()
             except ModelLoadError:
@@ -205,7 +205,7 @@ class Rollout:
             return slot
 
         try:
-            return self.changes.run_loading("auto", work)
+            return self.change_lock.run_loading("auto", work)
         except ReloadInProgress as exc:
             raise ModelChangeBusy(str(exc)) from exc
 
@@ -218,11 +218,11 @@ class Rollout:
     def reload(self, path: str, version: str, runtime: dict[str, str] | None = None) -> ModelSlot:
         """Load into standby, then switch atomically; the old slot is freed when its requests finish."""
         def work() -> ModelSlot:
-            slot = self.loads.load_standby(self._client_spec(path, version, runtime))
+            slot = self.slot_loader.load_standby(self._client_spec(path, version, runtime))
             self._switch(slot)
             return slot
 
-        return self.changes.run_loading("reload", work)
+        return self.change_lock.run_loading("reload", work)
 
     def reload_from_settings(self, settings: Settings) -> ModelSlot:
         """SIGHUP: serve the model section of freshly read settings (path, version, pooling, task...).
@@ -232,11 +232,11 @@ class Rollout:
         the version rule (a new model needs a new ``model.version``).
         """
         def work() -> ModelSlot:
-            slot = self.loads.load_standby(spec_from_settings(settings), allows_change(settings.model))
+            slot = self.slot_loader.load_standby(spec_from_settings(settings), allows_change(settings.model))
             self._switch(slot)
             return slot
 
-        return self.changes.run_loading("reload", work, settings.model.load_timeout_s)
+        return self.change_lock.run_loading("reload", work, settings.model.load_timeout_s)
 
     def _require_serving(self) -> None:
         # A canary or a shadow is measured against the active model: there must be one (unless closing, where
@@ -253,8 +253,8 @@ class Rollout:
 
         def work() -> ModelSlot:
             self._require_serving()
-            slot = self.loads.load_standby(self._client_spec(path, version, runtime))
-            why = self.loads.space_changed(slot)
+            slot = self.slot_loader.load_standby(self._client_spec(path, version, runtime))
+            why = self.slot_loader.space_changed(slot)
             if why is not None and not force:
                 slot.retire()
                 raise SpaceChanged(why)
@@ -267,7 +267,7 @@ class Rollout:
             self._changed()
             return slot
 
-        return self.changes.run_loading("canary", work)
+        return self.change_lock.run_loading("canary", work)
 
     def set_shadow(self, path: str, version: str, weight: float,
                    runtime: dict[str, str] | None = None) -> ModelSlot:
@@ -278,31 +278,31 @@ class Rollout:
 
         def work() -> ModelSlot:
             self._require_serving()
-            slot = self.loads.load_standby(self._client_spec(path, version, runtime))
+            slot = self.slot_loader.load_standby(self._client_spec(path, version, runtime))
             old = self._install(slot, lambda: self.table.install_shadow(slot, weight))
             log.info("shadow set", extra={"version": slot.version, "weight": weight})
             if old is not None:
                 old.slot.retire()
             return slot
 
-        return self.changes.run_loading("shadow", work)
+        return self.change_lock.run_loading("shadow", work)
 
     @property
     def loading(self) -> LoadGuard | None:
         """The model change loading now, if any (its action, stage and age)."""
-        return self.changes.loading
+        return self.change_lock.loading
 
     def cancel_load(self, reason: str = "cancelled through the admin API") -> LoadGuard:
         """Abandon the model change loading now: the serving model stays, the change lock is free at once, and
         the load stops at its next stage (core/load_guard.py). NoLoadInProgress when none is (or it has just
         installed its model)."""
-        return self.changes.cancel(reason)
+        return self.change_lock.cancel(reason)
 
     # -- changes that load nothing ----------------------------------------------------------------------------
 
     def promote(self) -> ModelSlot:
         """The canary becomes the active model; the old active is retired."""
-        with self.changes.held():
+        with self.change_lock.held():
             old, new = self.table.promote_canary()
             log.info("canary promoted", extra={"version": new.version, "previous": old.version if old else None})
             if old is not None:
@@ -312,7 +312,7 @@ class Rollout:
 
     def rollback(self) -> ModelSlot:
         """Drop the canary; all traffic returns to the active model."""
-        with self.changes.held():
+        with self.change_lock.held():
             old, active = self.table.drop_canary()
             log.info("canary rolled back", extra={"version": old.version})
             old.retire()
@@ -321,7 +321,7 @@ class Rollout:
 
     def drop_shadow(self) -> Shadow:
         """Stop shadowing; the candidate is freed once its queued work lets go. Returns it (its final report)."""
-        with self.changes.held():
+        with self.change_lock.held():
             old = self.table.take_shadow()
             if old is None:
                 raise NoShadow("there is no shadow candidate")
@@ -331,7 +331,7 @@ class Rollout:
 
     def promote_shadow(self, force: bool = False, min_items: int = MIN_ITEMS) -> ModelSlot:
         """The shadow candidate becomes the active model when its drift report allows it (or ``force``)."""
-        with self.changes.held():
+        with self.change_lock.held():
             shadow = self.table.promotable_shadow(force, min_items)
             old = self.table.promote_shadow(shadow)
             log.info("shadow promoted", extra={"version": shadow.slot.version,
