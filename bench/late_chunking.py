@@ -24,8 +24,8 @@ from inferd.core.chunking import split
 from inferd.core.description import ModelDescription
 from inferd.core.late_chunking import plan
 from inferd.core.loading import load_handler
-from inferd.core.preprocess import TextInput
 from inferd.core.spec import spec_from_settings
+from inferd.core.text_options import PLAIN_INPUTS, InputOptions, TextOptions
 from inferd.settings import ModelSettings, Settings
 
 WORDS = ("river mountain city house the a of and in is was to for with that document contract clause party "
@@ -39,8 +39,8 @@ def document(tokens: int) -> str:
     return " ".join(sentences)
 
 
-def batched(handler: Any, inputs: list[Any], batch: int) -> list[Any]:
-    encoded = handler.preprocess(inputs)
+def batched(handler: Any, inputs: list[Any], batch: int, options: InputOptions = PLAIN_INPUTS) -> list[Any]:
+    encoded = handler.preprocess(inputs, options)
     order = sorted(range(len(encoded)), key=lambda i: encoded[i].tokens)
     out: list[Any] = [None] * len(encoded)
     for start in range(0, len(order), batch):
@@ -70,7 +70,8 @@ def main() -> None:
         best["pieces"] = min(best["pieces"], time.perf_counter() - t0)
         t0 = time.perf_counter()
         late = plan([text], [pieces], handler.tokenizer, "", window)
-        states = batched(handler, [TextInput(t, outputs=("token_states",)) for _, t in late.inputs], args.batch)
+        asking = InputOptions(TextOptions(outputs=("token_states",)))
+        states = batched(handler, [t for _, t in late.inputs], args.batch, asking)
         late.answers(states, description)
         best["late"] = min(best["late"], time.perf_counter() - t0)
     print(f"document: {tokens} tokens in {len(pieces)} pieces of at most {min(args.piece, window - 2)}, windows of "

@@ -32,9 +32,10 @@ from tinymodel import WORDS, write_tiny_bert
 
 from inferd.core.errors import ModelLoadError
 from inferd.core.loading import load_handler
-from inferd.core.preprocess import InputError, TextInput
+from inferd.core.preprocess import InputError
 from inferd.core.spec import ModelSpec
 from inferd.core.tasks.handlers import detect_task
+from inferd.core.text_options import PLAIN_INPUTS, InputOptions, TextOptions
 
 TOL = 1e-5
 
@@ -57,8 +58,11 @@ def _handler(path: Path, **kw: Any) -> Any:
     return load_handler(ModelSpec(path, "1", name="x", device="cpu", warmup=False, **kw))
 
 
-def _outputs(handler: Any, inputs: list[Any]) -> np.ndarray:
-    return np.array(handler.postprocess(handler.infer(handler.preprocess(inputs))))
+def _outputs(handler: Any, inputs: list[Any], prompt: str = "") -> np.ndarray:
+    # A prompt as admission adds it: prepended to each text, and said in the texts' options.
+    options = InputOptions(TextOptions(prompt=prompt)) if prompt else PLAIN_INPUTS
+    texts = [prompt + t for t in inputs] if prompt else inputs
+    return np.array(handler.postprocess(handler.infer(handler.preprocess(texts, options))))
 
 
 TEXTS = [_sentence(random.Random(i), n) for i, n in enumerate((1, 4, 17, 60, 110))]
@@ -70,8 +74,7 @@ def test_the_decoder_embedder_equals_sentence_transformers(root: Path, prompt: s
 
     handler = _handler(root / "embedder")
     assert handler.pooling == "lasttoken" and handler.normalize
-    inputs = [TextInput(t, prompt=QUERY_PROMPT) for t in TEXTS] if prompt else TEXTS
-    got = _outputs(handler, inputs)
+    got = _outputs(handler, TEXTS, QUERY_PROMPT if prompt else "")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         model = SentenceTransformer(str(root / "embedder"), device="cpu")
@@ -109,7 +112,7 @@ def test_each_listed_decoder_family_embeds_as_sentence_transformers(tmp_path: Pa
     from sentence_transformers import SentenceTransformer
 
     folder = write_qwen3_embedder(tmp_path / kind, seed=9, model_type=kind, v6_pooling=True, padding_side=side)
-    got = _outputs(_handler(folder), [TextInput(t, prompt=QUERY_PROMPT) for t in TEXTS])
+    got = _outputs(_handler(folder), TEXTS, QUERY_PROMPT)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         model = SentenceTransformer(str(folder), device="cpu")
@@ -247,10 +250,10 @@ def test_the_decoder_embedder_exports_equal_to_sentence_transformers(root: Path,
         warnings.simplefilter("ignore")
         model = SentenceTransformer(str(root / "embedder"), device="cpu")
     expected = model.encode(TEXTS, prompt_name="query", batch_size=len(TEXTS), convert_to_numpy=True)
-    prompted = [TextInput(t, prompt=QUERY_PROMPT) for t in TEXTS]
-    np.testing.assert_allclose(_outputs(handler, prompted), expected, atol=GRAPH_TOL, rtol=0)
+    np.testing.assert_allclose(_outputs(handler, TEXTS, QUERY_PROMPT), expected, atol=GRAPH_TOL, rtol=0)
     for i in (0, 4):  # alone as among texts of very different lengths
-        np.testing.assert_allclose(_outputs(handler, prompted[i: i + 1])[0], expected[i], atol=GRAPH_TOL, rtol=0)
+        np.testing.assert_allclose(_outputs(handler, TEXTS[i: i + 1], QUERY_PROMPT)[0], expected[i], atol=GRAPH_TOL,
+                                   rtol=0)
 
 
 @pytest.mark.parametrize("backend", ["onnx", "openvino"])

@@ -22,8 +22,8 @@ from inferd.core.chunking import split
 from inferd.core.description import ModelDescription
 from inferd.core.late_chunking import plan
 from inferd.core.loading import load_handler
-from inferd.core.preprocess import TextInput
 from inferd.core.spec import ModelSpec
+from inferd.core.text_options import InputOptions, TextOptions
 
 PIECE = 24  # tokens per piece: several pieces per 64-token window
 WINDOW = 64
@@ -75,8 +75,8 @@ def test_late_chunked_pieces_equal_a_direct_computation(tiny: Path, tmp_path: Pa
         (windows,) = late.plans
         assert len(windows) >= 3  # longer than the window: several passes, each piece in exactly one
         assert [i for w in windows for i in range(w.first, w.last + 1)] == list(range(len(pieces)))
-        inputs = [TextInput(t, outputs=("token_states",)) for _, t in late.inputs]
-        encoded = handler.preprocess(inputs)
+        inputs = [t for _, t in late.inputs]
+        encoded = handler.preprocess(inputs, InputOptions(TextOptions(outputs=("token_states",))))
         assert max(e.tokens for e in encoded) <= WINDOW and not any(e.truncated for e in encoded)
         states = handler.postprocess(handler.infer(encoded))
         description = ModelDescription("tiny", "1", 1, str(tiny), "embedding", pooling=handler.pooling,

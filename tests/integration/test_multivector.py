@@ -17,10 +17,11 @@ import torch
 from inferd.core.errors import ModelLoadError
 from inferd.core.loading import load_handler
 from inferd.core.outputs import maxsim, maxsim_scores
-from inferd.core.preprocess import InputError, TextInput
+from inferd.core.preprocess import InputError
 from inferd.core.spec import ModelSpec
 from inferd.core.tasks.late_rerank import LateInteractionRerankHandler
 from inferd.core.tasks.multivector import ColbertHandler
+from inferd.core.text_options import PLAIN, PLAIN_INPUTS, InputOptions, TextOptions
 from tests.tinymodel import write_tiny_colbert
 
 QUERY_LENGTH, DOCUMENT_LENGTH, DIM = 12, 24, 16
@@ -29,9 +30,13 @@ DOCUMENTS = ["the cat and the dog run.", "a river runs in the city, by the mount
              " ".join(["model"] * 40)]
 
 
-def as_query(text: str) -> TextInput:
-    """A text marked a query, as a late-interaction request marks it (api/inferd_encode.py, tasks/late_rerank.py)."""
-    return TextInput(text, role="query")
+# A text marked a query, as a late-interaction request marks it (api/inferd_encode.py, tasks/late_rerank.py).
+QUERY = TextOptions(role="query")
+
+
+def queries_then(documents: list[str]) -> InputOptions:
+    """The options of QUERIES followed by ``documents``."""
+    return InputOptions(each=(QUERY,) * len(QUERIES) + (PLAIN,) * len(documents))
 
 
 @pytest.fixture(scope="module")
@@ -76,15 +81,15 @@ def handler(folder: Path) -> Any:
     return handler
 
 
-def _vectors(handler: Any, texts: list[Any]) -> list[np.ndarray]:
-    return [o.multivector for o in handler.postprocess(handler.infer(handler.preprocess(texts)))]
+def _vectors(handler: Any, texts: list[Any], options: InputOptions = PLAIN_INPUTS) -> list[np.ndarray]:
+    return [o.multivector for o in handler.postprocess(handler.infer(handler.preprocess(texts, options)))]
 
 
 def test_queries_and_documents_equal_the_direct_computation(reference: Any, handler: Any) -> None:
-    texts = [as_query(q) for q in QUERIES] + list(DOCUMENTS)
-    got = _vectors(handler, texts)  # queries and documents of every length in one batch
-    for text, vectors in zip(texts, got, strict=True):
-        want = _direct(reference, str(text), isinstance(text, TextInput))
+    texts, options = [*QUERIES, *DOCUMENTS], queries_then(DOCUMENTS)
+    got = _vectors(handler, texts, options)  # queries and documents of every length in one batch
+    for text, chosen, vectors in zip(texts, options.per_text(len(texts)), got, strict=True):
+        want = _direct(reference, text, chosen.role == "query")
         assert vectors.shape == want.shape
         np.testing.assert_allclose(vectors, want, atol=1e-5, rtol=0)
     assert got[0].shape == (QUERY_LENGTH, DIM)  # expanded to the query length
@@ -93,7 +98,7 @@ def test_queries_and_documents_equal_the_direct_computation(reference: Any, hand
 
 
 def test_maxsim_rerank_equals_the_direct_computation(reference: Any, handler: Any) -> None:
-    query = _vectors(handler, [as_query(QUERIES[1])])[0]
+    query = _vectors(handler, [QUERIES[1]], InputOptions(QUERY))[0]
     documents = _vectors(handler, DOCUMENTS)
     want_q = _direct(reference, QUERIES[1], True)
     want = [float((want_q @ _direct(reference, doc, False).T).max(axis=1).sum()) for doc in DOCUMENTS]
@@ -105,7 +110,7 @@ def test_maxsim_rerank_equals_the_direct_computation(reference: Any, handler: An
 def test_a_dense_output_is_refused_and_a_marker_missing_from_the_tokenizer_is_named(folder: Path, handler: Any,
                                                                                       tmp_path: Path) -> None:
     with pytest.raises(InputError, match="asks for dense; this model gives multivector only"):
-        handler.preprocess([TextInput("hello", outputs=("dense",))])
+        handler.preprocess(["hello"], InputOptions(TextOptions(outputs=("dense",))))
     other = tmp_path / "other"
     shutil.copytree(folder, other)
     cfg = json.loads((other / "config_sentence_transformers.json").read_text())
@@ -123,8 +128,8 @@ def test_the_projection_runs_inside_the_exported_graph_behind_the_gate(folder: P
                                        cache_dir=str(tmp_path), gate={"texts": 32}))
     figures = converted.loaded.backend_info["gate"]["figures"]
     assert figures["maxsim_spearman"] == 1.0 and figures["maxsim_top3"] == 1.0 and figures["sparse_top10"] is None
-    texts = [as_query(QUERIES[0]), *DOCUMENTS]
-    for want, got in zip(_vectors(handler, texts), _vectors(converted, texts), strict=True):
+    texts, options = [QUERIES[0], *DOCUMENTS], InputOptions(each=(QUERY,) + (PLAIN,) * len(DOCUMENTS))
+    for want, got in zip(_vectors(handler, texts, options), _vectors(converted, texts, options), strict=True):
         np.testing.assert_allclose(got, want, atol=1e-4, rtol=0)
 
 
@@ -133,16 +138,15 @@ def test_the_late_interaction_reranker_cuts_each_document_as_its_request_chose(f
     try:
         assert isinstance(reranker, LateInteractionRerankHandler)
         long = " ".join([DOCUMENTS[0]] * 3 + [DOCUMENTS[1]] * 3)  # longer than the document length, its ends unlike
-        (right, left, plain) = reranker.preprocess([(QUERIES[0], TextInput(long)),
-                                                    (QUERIES[0], TextInput(long, direction="left")),
-                                                    (QUERIES[0], long)])
+        (right, left, plain) = reranker.preprocess([(QUERIES[0], long)] * 3, InputOptions(each=(
+            TextOptions(direction="right"), TextOptions(direction="left"), PLAIN)))
         ask = ("multivector",)
-        want_left, want_right = handler.encode_texts([TextInput(long, direction="left", outputs=ask),
-                                                      TextInput(long, outputs=ask)])
+        want_left, want_right = handler.encode_texts([long, long], InputOptions(each=(
+            TextOptions(direction="left", outputs=ask), TextOptions(outputs=ask))))
         assert (left.ids, right.ids, plain.ids) == (want_left.ids, want_right.ids, want_right.ids)
         assert left.ids != right.ids  # the side is the document's own choice, not the model's default
         with pytest.raises(InputError):  # truncate: false refuses the text rather than cut it
-            reranker.preprocess([(QUERIES[0], TextInput(long, truncate=False))])
+            reranker.preprocess([(QUERIES[0], long)], InputOptions(TextOptions(truncate=False)))
         assert reranker.loaded.facts.other == {"scoring": "maxsim", "multivector_dimension": DIM}
     finally:
         reranker.close()

@@ -18,20 +18,15 @@ import torch
 from inferd.core.errors import ModelLoadError
 from inferd.core.loading import load_handler
 from inferd.core.outputs import TextOutputs
-from inferd.core.preprocess import InputError, TextInput
+from inferd.core.preprocess import InputError
 from inferd.core.spec import ModelSpec
 from inferd.core.tasks.m3 import M3Handler
 from inferd.core.tasks.sparse import SparseHandler
+from inferd.core.text_options import PLAIN_INPUTS, InputOptions, TextOptions
 from tests.tinymodel import _tiny_encoder_config, write_tiny_bert
 
 TEXTS = ["hello world", "the cat and the dog run to the river in the city", "a", "yes no yes no yes",
          "我你他 model service"]
-
-
-def asking(text: str, outputs: tuple[str, ...]) -> TextInput:
-    """A text that asks for some outputs, as a request's ``outputs`` reaches the handler (core/preprocess.py
-    with_choices)."""
-    return TextInput(text, outputs=outputs)
 
 
 def _splade(root: Path) -> dict[str, Path]:
@@ -94,8 +89,8 @@ def _load(kind: type, folder: Path, **settings: Any) -> Any:
     return handler
 
 
-def _run(handler: Any, texts: list[Any]) -> list[Any]:
-    return handler.postprocess(handler.infer(handler.preprocess(texts)))
+def _run(handler: Any, texts: list[Any], options: InputOptions = PLAIN_INPUTS) -> list[Any]:
+    return handler.postprocess(handler.infer(handler.preprocess(texts, options)))
 
 
 @pytest.mark.parametrize("form", ["v6", "v5"])
@@ -162,9 +157,9 @@ def test_m3_gives_any_subset_of_its_outputs_as_baai_computes_them(root: Path) ->
     handler = _load(M3Handler, folder)
     assert handler.loaded.facts.other["outputs"] == ["dense", "sparse", "multivector", "token_states"]
     subsets = [("dense", "sparse", "multivector"), ("sparse",), ("multivector", "dense"), ("sparse", "multivector")]
-    asks = [asking(t, subsets[i % len(subsets)]) for i, t in enumerate(TEXTS)]
-    got = _run(handler, asks)  # one batch, one pass, every text its own subset
-    for text, ask, out in zip(TEXTS, asks, got, strict=True):
+    asks = InputOptions(each=tuple(TextOptions(outputs=subsets[i % len(subsets)]) for i in range(len(TEXTS))))
+    got = _run(handler, TEXTS, asks)  # one batch, one pass, every text its own subset
+    for text, ask, out in zip(TEXTS, asks.per_text(len(TEXTS)), got, strict=True):
         want = _m3_reference(folder, text)
         assert isinstance(out, TextOutputs) and out.kinds == tuple(k for k in ("dense", "sparse", "multivector")
                                                                      if k in ask.outputs)
@@ -213,7 +208,8 @@ def test_an_output_the_model_lacks_is_refused_by_name(root: Path, tmp_path: Path
     handler = _load(M3Handler, folder)
     assert handler.loaded.facts.other["outputs"] == ["dense", "sparse", "token_states"]
     with pytest.raises(InputError, match="asks for multivector; this model gives dense, sparse, token_states"):
-        handler.preprocess([asking("hello", ("dense",)), asking("world", ("multivector",))])
+        handler.preprocess(["hello", "world"], InputOptions(each=(TextOptions(outputs=("dense",)),
+                                                                  TextOptions(outputs=("multivector",)))))
     cfg = json.loads((folder / "config.json").read_text())
     assert cfg["model_type"] == "xlm-roberta"
 
@@ -234,8 +230,8 @@ def test_the_heads_run_inside_the_exported_graph_behind_the_gate(root: Path, tmp
     assert gate["passed"] and gate["figures"]["sparse_top10"] == 1.0
     assert gate["figures"]["weight_diff_max"] < 1e-4
     assert (gate["figures"]["maxsim_spearman"] is None) == (kind is SparseHandler)
-    texts = [asking(t, asks) for t in TEXTS]
-    for want, got in zip(_run(torch_handler, texts), _run(converted, texts), strict=True):
+    chosen = InputOptions(TextOptions(outputs=asks))  # as a request's ``outputs`` reach the handler
+    for want, got in zip(_run(torch_handler, TEXTS, chosen), _run(converted, TEXTS, chosen), strict=True):
         np.testing.assert_array_equal(got.sparse.indices, want.sparse.indices)
         np.testing.assert_allclose(got.sparse.values, want.sparse.values, atol=1e-4, rtol=0)
         if kind is M3Handler:

@@ -27,10 +27,11 @@ from inferd.core.description import Loaded, TaskFacts
 from inferd.core.engine import InferenceEngine
 from inferd.core.errors import EngineError, Kind
 from inferd.core.outcomes import TaskResult
-from inferd.core.preprocess import Encoded, TextInput
+from inferd.core.preprocess import Encoded
 from inferd.core.prompts import Prompt
 from inferd.core.spec import ModelSpec
 from inferd.core.tenants import Tenancy, current_tenant
+from inferd.core.text_options import PLAIN_INPUTS, InputOptions, TextOptions
 
 
 class Prompted(HashHandler):
@@ -211,11 +212,15 @@ def test_a_request_reads_its_model_s_bound_from_the_model_resolved(tmp_path: Pat
 def test_a_reservation_is_estimated_from_characters_capped_at_the_window() -> None:
     # A token per character and the special tokens, a pair counting both texts, each input at most the window or
     # its own max_tokens.
-    assert token_estimate(["abcd", "ef"], None) == (4 + 3) + (2 + 3)
-    assert token_estimate([("query", "a document")], 512) == 5 + 10 + 3
-    assert token_estimate(["x" * 5000, "short"], 512) == 512 + 5 + 3
-    assert token_estimate([TextInput("x" * 5000, max_tokens=64)], 512) == 64
-    assert token_estimate([TextInput("x" * 5000, max_tokens=64)], None) == 64
+    assert token_estimate(["abcd", "ef"], PLAIN_INPUTS, None) == (4 + 3) + (2 + 3)
+    assert token_estimate([("query", "a document")], PLAIN_INPUTS, 512) == 5 + 10 + 3
+    assert token_estimate(["x" * 5000, "short"], PLAIN_INPUTS, 512) == 512 + 5 + 3
+    capped = InputOptions(TextOptions(max_tokens=64))
+    assert token_estimate(["x" * 5000], capped, 512) == 64
+    assert token_estimate(["x" * 5000], capped, None) == 64
+    # Each input by its own options (one per input).
+    each = InputOptions(each=(TextOptions(max_tokens=64), TextOptions()))
+    assert token_estimate(["x" * 5000, "x" * 5000], each, 512) == 64 + 512
 
 
 def test_admission_admits_and_composes_the_cache_the_calibration_and_the_shadow_mirror() -> None:

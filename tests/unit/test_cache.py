@@ -12,7 +12,7 @@ from settingskit import make_settings
 
 from inferd.core.cache import ResultCache, cache_key
 from inferd.core.errors import EngineError, Kind
-from inferd.core.preprocess import TextInput
+from inferd.core.text_options import PLAIN, TextOptions
 from inferd.utils.metrics import Metrics
 
 
@@ -108,12 +108,13 @@ def test_engine_answers_repeated_texts_from_the_cache_without_computing_them(tmp
 
 
 def test_a_pairs_key_carries_each_documents_truncation_choices() -> None:
-    plain = cache_key(("query", "a long document"))
-    keys = {plain, cache_key(("query", TextInput("a long document", direction="left"))),
-            cache_key(("query", TextInput("a long document", truncate=False)))}
+    plain = cache_key(("query", "a long document"), PLAIN)
+    keys = {plain, cache_key(("query", "a long document"), TextOptions(direction="left")),
+            cache_key(("query", "a long document"), TextOptions(truncate=False))}
     assert len(keys) == 3  # cut from the left, or refused when too long: neither may be answered as the default
-    assert cache_key(("query", TextInput("a long document"))) == plain  # no choice made: the same entry
-    assert cache_key("text") != cache_key(TextInput("text", direction="left"))
+    assert cache_key(("query", "a long document"), TextOptions()) == plain  # no choice made: the same entry
+    assert cache_key("text", PLAIN) == "text"  # a plain text's key is the text, as before the options existed
+    assert cache_key("text", PLAIN) != cache_key("text", TextOptions(direction="left"))
 
 
 def test_a_text_s_several_outputs_are_kept_as_they_are_and_own_their_memory() -> None:

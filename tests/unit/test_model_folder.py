@@ -18,10 +18,11 @@ from tinymodel import write_st_legacy, write_st_v6, write_tiny_bert
 
 from inferd.core.errors import ModelLoadError
 from inferd.core.loading import check_confined, load_handler
-from inferd.core.preprocess import TextEncoder, TextInput
+from inferd.core.preprocess import TextEncoder
 from inferd.core.spec import ModelSpec
 from inferd.core.tasks.embedding import check_prompts
 from inferd.core.tasks.st_folder import read_folder
+from inferd.core.text_options import PLAIN_INPUTS, InputOptions, TextOptions
 
 TEXTS = ["Hello World", "the cat and the dog run in the city by the river near the mountain " * 3, "one",
          "a long text: " + "tree house car " * 60]
@@ -45,8 +46,10 @@ def reference(path: Path) -> Any:
 
 
 def embed(handler: Any, texts: list[str], prompt: str = "") -> np.ndarray:
-    inputs = [TextInput(t, prompt) for t in texts] if prompt else texts
-    return np.stack(handler.postprocess(handler.infer(handler.preprocess(inputs))))
+    # As admission sends a prompted request: the prompt prepended to each text, and said in the texts' options.
+    inputs = [prompt + t for t in texts]
+    chosen = InputOptions(TextOptions(prompt=prompt)) if prompt else PLAIN_INPUTS
+    return np.stack(handler.postprocess(handler.infer(handler.preprocess(inputs, chosen))))
 
 
 def assert_same_as_sentence_transformers(path: Path, **settings: Any) -> Any:

@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 
 from inferd.core.errors import EngineError, Kind
-from inferd.core.preprocess import TextInput
 from inferd.core.prompts import Prompt
 from inferd.core.request import InferenceRequest, Limits
 from inferd.core.tenants import Tenancy
+from inferd.core.text_options import InputOptions, TextOptions
 from inferd.settings import Settings
 
 LIMITS = Limits(max_items=4, max_chars=20, max_queue=3)
@@ -56,9 +56,15 @@ def test_more_inputs_than_any_queue_holds_are_refused_as_never_fitting() -> None
     assert "batching.max_queue" in exc.message
 
 
-def test_a_text_s_length_is_what_the_client_sent_without_the_prompt() -> None:
-    made = InferenceRequest.build(LIMITS, [TextInput("x" * 20, prompt="query: ")])
-    assert made.inputs == ("query: " + "x" * 20,)
+def test_a_request_carries_its_text_options_beside_its_texts() -> None:
+    """Issue 40: how each text is encoded travels as one typed value beside the plain texts, shared by every text
+    or one per text; a request whose options do not match its texts one for one is never built."""
+    shared = InputOptions(TextOptions(direction="left"))
+    made = InferenceRequest.build(LIMITS, ["a", "b"], text_options=shared)
+    assert made.inputs == ("a", "b") and type(made.inputs[0]) is str and made.text_options is shared
+    assert InferenceRequest.build(LIMITS, ["a"]).text_options.plain
+    with pytest.raises(ValueError, match="1 text options for 2 inputs"):
+        InferenceRequest.build(LIMITS, ["a", "b"], text_options=InputOptions(each=(TextOptions(),)))
 
 
 @pytest.mark.parametrize(("options", "field"), [

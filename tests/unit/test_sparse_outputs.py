@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from inferd.core.outputs import SparseVector, TextOutputs, asked, maxsim, maxsim_scores, sparse_from_weights
-from inferd.core.preprocess import TextInput
+from inferd.core.text_options import PLAIN, TextOptions
 
 
 def test_the_largest_weight_per_id_in_id_order_zeros_dropped() -> None:
@@ -25,8 +25,8 @@ def test_pruning_keeps_the_largest_above_the_threshold_in_id_order() -> None:
 
 
 def test_a_text_asks_by_its_outputs_in_a_fixed_order() -> None:
-    assert asked(TextInput("x", outputs=("multivector", "dense")), ("sparse",)) == ("dense", "multivector")
-    assert asked("plain", ("sparse",)) == ("sparse",)
+    assert asked(TextOptions(outputs=("multivector", "dense")), ("sparse",)) == ("dense", "multivector")
+    assert asked(PLAIN, ("sparse",)) == ("sparse",)
     assert TextOutputs(sparse=sparse_from_weights([1], [1.0])).kinds == ("sparse",)
 
 

@@ -1,5 +1,6 @@
-"""A request's encoding choices (core/preprocess.py TextInput), the model folder's prompts and Matryoshka sizes
-(core/tasks/embedding.py), and the size rule (core/tasks/task.py wrong_dimensions): no weights."""
+"""A request's encoding choices (core/text_options.py TextOptions and InputOptions, read by core/preprocess.py's
+encoders), the model folder's prompts and Matryoshka sizes (core/tasks/embedding.py), and the size rule
+(core/tasks/task.py wrong_dimensions): no weights."""
 
 from __future__ import annotations
 
@@ -14,11 +15,12 @@ from tokenizers.models import WordLevel
 from inferd.core.description import ModelDescription
 from inferd.core.errors import EngineError, ModelLoadError
 from inferd.core.outputs import asked, is_query
-from inferd.core.preprocess import InputError, TextEncoder, TextInput, check_texts, with_choices
+from inferd.core.preprocess import InputError, TextEncoder, check_texts
 from inferd.core.prompts import Prompt, prompt_text
 from inferd.core.tasks.embedding import card_matryoshka, matryoshka
 from inferd.core.tasks.st_folder import read_folder
 from inferd.core.tasks.task import wrong_dimensions
+from inferd.core.text_options import PLAIN, PLAIN_INPUTS, InputOptions, TextOptions
 
 WORDS = ["one", "two", "three", "four", "five", "six", "seven", "eight", "query:", "passage:"]
 VOCAB = {"[PAD]": 0, "[UNK]": 1, "[CLS]": 2, "[SEP]": 3, **{w: i + 4 for i, w in enumerate(WORDS)}}
@@ -36,114 +38,111 @@ def ids(text: str) -> list[int]:
     return [VOCAB[w] for w in text.split()]
 
 
+def options(**chosen: object) -> InputOptions:
+    """One text's options, as a request's shared value."""
+    return InputOptions(TextOptions(**chosen))  # type: ignore[arg-type]
+
+
 TEXT = "one two three four five six seven eight"
 
 
-def test_a_text_input_is_its_prompted_text_and_plain_texts_encode_as_before() -> None:
-    t = TextInput("one two", prompt="query: ")
-    assert t == "query: one two" and isinstance(t, str) and t.prompt == "query: "
-    assert t.strip() == "query: one two"  # str methods work: the engine's checks treat it as the text it is
+def test_a_prompted_text_is_its_value_and_plain_texts_encode_as_before() -> None:
     encoder = TextEncoder(tokenizer(), 6, truncate=True)
-    plain, prompted = encoder.encode(["one two", t])
+    plain, prompted = encoder.encode(["one two", "query: one two"],
+                                     InputOptions(each=(PLAIN, TextOptions(prompt="query: "))))
     assert plain.ids == [2, *ids("one two"), 3] and plain.skip == 0
     assert prompted.ids == [2, *ids("query: one two"), 3]
+    assert encoder.encode(["one two"]) == encoder.encode(["one two"], PLAIN_INPUTS) == [plain]
 
 
 def test_the_cache_key_tells_apart_what_can_change_a_vector() -> None:
-    assert TextInput("one two").cache_key == "one two"  # no choices: a plain text's key
-    keys = {TextInput("one two", prompt="query: ").cache_key, TextInput("query: one two").cache_key,
-            TextInput("one two", direction="left").cache_key, TextInput("one two", truncate=False).cache_key,
-            TextInput("one two", max_tokens=4).cache_key, "one two",
-            TextInput("one two", outputs=("sparse",)).cache_key,
-            TextInput("one two", outputs=("dense", "sparse")).cache_key,
-            TextInput("one two", role="query").cache_key}
+    assert PLAIN.key_suffix == "" and TextOptions().key_suffix == ""  # no choices: a plain text's key
+    keys = {"query: one two" + TextOptions(prompt="query: ").key_suffix, "query: one two",
+            "one two" + TextOptions(direction="left").key_suffix, "one two" + TextOptions(truncate=False).key_suffix,
+            "one two" + TextOptions(max_tokens=4).key_suffix, "one two",
+            "one two" + TextOptions(outputs=("sparse",)).key_suffix,
+            "one two" + TextOptions(outputs=("dense", "sparse")).key_suffix,
+            "one two" + TextOptions(role="query").key_suffix}
     assert len(keys) == 9
     # A prompt added on the slot that runs the text keeps the outputs it asked (issue 32).
-    (asked,) = with_choices([TextInput("one two", outputs=("sparse",))], None, "query: ")
-    (query,) = with_choices([TextInput("one two", role="query")], None, "query: ")
-    assert query.role == "query"
-    assert asked.outputs == ("sparse",)
-    assert asked.cache_key != with_choices([TextInput("one two")], None, "query: ")[0].cache_key
+    asking = TextOptions(outputs=("sparse",)).chosen(None, "query: ")
+    query = TextOptions(role="query").chosen(None, "query: ")
+    assert query.role == "query" and query.prompt == "query: "
+    assert asking.outputs == ("sparse",)
+    assert asking.key_suffix != PLAIN.chosen(None, "query: ").key_suffix
 
 
-def test_a_request_s_outputs_and_prompt_are_put_on_each_text_in_one_rebuild(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Issue 40: admission rebuilt every text twice, once for the outputs asked and once for the prompt; now once,
-    a route's own choices (its cut side, truncate, max_tokens, role) kept."""
-    made: list[str] = []
-    new = TextInput.__new__
-
-    def counted(cls: type[TextInput], text: str, *args: object, **kwargs: object) -> TextInput:
-        made.append(text)
-        return new(cls, text, *args, **kwargs)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(TextInput, "__new__", counted)
-    cut = TextInput("b", direction="left", max_tokens=4, role="query")
-    made.clear()
-    plain, chosen = with_choices(["a", cut], ("dense", "sparse"), "q: ")
-    assert made == ["a", "b"]
-    assert (plain, plain.prompt, plain.outputs) == ("q: a", "q: ", ("dense", "sparse"))
-    assert (chosen, chosen.prompt, chosen.outputs) == ("q: b", "q: ", ("dense", "sparse"))
-    assert (chosen.direction, chosen.max_tokens, chosen.role) == ("left", 4, "query")
-    assert with_choices(["a"], ("sparse",))[0].outputs == ("sparse",) and with_choices(["a"], None) == ["a"]
+def test_a_request_s_outputs_and_prompt_are_chosen_once_for_all_its_texts() -> None:
+    """Issue 40: admission rebuilt every text (a str subclass) for the outputs asked and the prompt; now the
+    request's one options value is chosen once, a route's own choices (its cut side, truncate, max_tokens, role)
+    kept, and no text is rebuilt for it."""
+    cut = InputOptions(TextOptions(direction="left", max_tokens=4, role="query"))
+    chosen = cut.chosen(("dense", "sparse"), "q: ")
+    assert chosen.each is None and chosen[0] is chosen[7]  # one value, whatever the count of texts
+    assert (chosen[0].prompt, chosen[0].outputs) == ("q: ", ("dense", "sparse"))
+    assert (chosen[0].direction, chosen[0].max_tokens, chosen[0].role) == ("left", 4, "query")
+    assert PLAIN_INPUTS.chosen(None, "") is PLAIN_INPUTS and PLAIN_INPUTS.plain and not chosen.plain
+    assert PLAIN_INPUTS.chosen(("sparse",), "")[0].outputs == ("sparse",)
+    # One per text (a gRPC rerank stream's messages): each keeps its own, the request's choices added to each.
+    each = InputOptions.of([PLAIN, TextOptions(direction="left"), PLAIN]).chosen(None, "q: ")
+    assert [o.direction for o in each.per_text(3)] == ["right", "left", "right"]
+    assert {o.prompt for o in each.per_text(3)} == {"q: "}
+    assert InputOptions.of([PLAIN, TextOptions()]).each is None  # all alike: held as one shared value
+    assert [o.direction for o in each.taking([1, 0]).per_text(2)] == ["left", "right"]
 
 
-def test_a_text_s_choices_are_read_from_its_type_not_probed_by_attribute_name() -> None:
-    """Issue 40: the handlers read the outputs and role a text asks for from a TextInput, not with getattr on
-    whatever the input is (before, any input with an ``outputs`` or ``role`` attribute was taken at its word)."""
-
-    class Lookalike(str):
-        outputs = ("sparse",)
-        role = "query"
-
-    assert asked(TextInput("t", outputs=("sparse", "dense")), ("dense",)) == ("dense", "sparse")
-    assert asked("t", ("dense",)) == ("dense",) and not is_query("t")
-    assert is_query(TextInput("t", role="query")) and not is_query(TextInput("t", role="document"))
-    assert asked(Lookalike("t"), ("dense",)) == ("dense",) and not is_query(Lookalike("t"))
+def test_a_text_s_choices_are_its_options_not_read_from_the_text() -> None:
+    """Issue 40: the handlers read the outputs and role a text asks for from its options (a typed value beside
+    the texts), never from the text: a text is a plain string, whatever attributes a subclass of it carries."""
+    assert asked(TextOptions(outputs=("sparse", "dense")), ("dense",)) == ("dense", "sparse")
+    assert asked(PLAIN, ("dense",)) == ("dense",) and not is_query(PLAIN)
+    assert is_query(TextOptions(role="query")) and not is_query(TextOptions(role="document"))
 
 
 def test_the_left_cut_is_the_tokenizers_own_and_keeps_the_prompt() -> None:
     encoder = TextEncoder(tokenizer(), 6, truncate=True)
     reference = tokenizer()
     reference.enable_truncation(6, direction="left")
-    (left,) = encoder.encode([TextInput(TEXT, direction="left")])
+    (left,) = encoder.encode([TEXT], options(direction="left"))
     assert left.ids == reference.encode(TEXT).ids == [2, *ids("five six seven eight"), 3] and left.truncated
-    (prompted,) = encoder.encode([TextInput(TEXT, prompt="query: ", direction="left")])
+    (prompted,) = encoder.encode(["query: " + TEXT], options(prompt="query: ", direction="left"))
     assert prompted.ids == [2, VOCAB["query:"], *ids("six seven eight"), 3]
-    (short,) = encoder.encode([TextInput("one two", prompt="query: ", direction="left")])
+    (short,) = encoder.encode(["query: one two"], options(prompt="query: ", direction="left"))
     assert short.ids == [2, *ids("query: one two"), 3] and not short.truncated
-    (right,) = encoder.encode([TextInput(TEXT, max_tokens=4)])
+    (right,) = encoder.encode([TEXT], options(max_tokens=4))
     assert right.ids == [2, *ids("one two"), 3] and right.truncated
 
 
 def test_truncate_per_text_overrides_the_model_setting() -> None:
     strict = TextEncoder(tokenizer(), 6, truncate=False)
-    (cut,) = strict.encode([TextInput(TEXT, truncate=True)])
+    (cut,) = strict.encode([TEXT], options(truncate=True))
     assert cut.tokens == 6
     lenient = TextEncoder(tokenizer(), 6, truncate=True)
     with pytest.raises(InputError) as refused:
-        lenient.encode(["one", TextInput(TEXT, truncate=False)])
+        lenient.encode(["one", TEXT], InputOptions(each=(PLAIN, TextOptions(truncate=False))))
     assert refused.value.index == 1 and refused.value.code == "context_length_exceeded"
     assert "model's limit of 6 tokens" in refused.value.message
     with pytest.raises(InputError, match="limit of 4 tokens asked"):
-        lenient.encode([TextInput(TEXT, truncate=False, max_tokens=4)])
+        lenient.encode([TEXT], options(truncate=False, max_tokens=4))
 
 
 def test_a_prompt_left_out_of_pooling_counts_as_sentence_transformers_counts_it() -> None:
     encoder = TextEncoder(tokenizer(), 16, truncate=True, exclude_prompt=True)
     # [CLS] query: -> 2 tokens (the prompt alone is [CLS] query: [SEP], less the trailing special one).
     assert encoder.prompt_tokens("query: ") == 2
-    fast, by_hand = encoder.encode([TextInput("one two", prompt="query: "),
-                                    TextInput("one two", prompt="query: ", direction="left")])
+    fast, by_hand = encoder.encode(["query: one two", "query: one two"], InputOptions(each=(
+        TextOptions(prompt="query: "), TextOptions(prompt="query: ", direction="left"))))
     assert fast.skip == by_hand.skip == 2 and fast.ids == by_hand.ids
     (plain,) = encoder.encode(["query: one two"])  # a text that merely starts like the prompt: all pooled
     assert plain.skip == 0
 
 
 def test_the_text_limit_counts_the_client_s_text_not_the_model_s_prompt() -> None:
-    prompt = "Instruct: " * 100
-    assert check_texts([TextInput("a" * 20_000, prompt)], 8, 20_000) == [prompt + "a" * 20_000]
+    # The request's texts are checked as the client sent them; the prompt is prepended later, on the model load
+    # that runs them (core/admission.py), so it never counts against the limit.
+    assert check_texts(["a" * 20_000], 8, 20_000) == ["a" * 20_000]
     with pytest.raises(InputError, match="is 20001 characters long; the limit is 20000"):
-        check_texts([TextInput("a" * 20_001, prompt)], 8, 20_000)
+        check_texts(["a" * 20_001], 8, 20_000)
 
 
 def test_prompts_and_the_default_prompt_are_read_from_the_folder(tmp_path: Path) -> None:
@@ -210,5 +209,3 @@ def test_the_prompt_is_the_described_model_s_own() -> None:
         prompt_text(d, Prompt(input_type="classification", field="input_type"), {"classification": "nope"})
     assert caught.value.field == "input_type" and 'Available prompts: ["passage","query"]' in caught.value.message
     assert prompt_text(ModelDescription("m", "v1", 1, "/m", "embedding"), Prompt(), {}) == ""
-    assert with_choices(["a", TextInput("b", direction="left")], None, "q: ") == ["q: a", "q: b"]
-    assert with_choices(["a", TextInput("b", direction="left")], None, "q: ")[1].direction == "left"

@@ -43,9 +43,9 @@ from inferd.api.schemas import request_body
 from inferd.api.services import inference_auth
 from inferd.core import quantize
 from inferd.core.outcomes import TaskResult
-from inferd.core.preprocess import Direction
 from inferd.core.prompts import Prompt
 from inferd.core.request import InferenceRequest
+from inferd.core.text_options import Direction
 
 cohere_router = APIRouter(dependencies=[Depends(inference_auth)])  # the inference keys
 
@@ -86,12 +86,12 @@ def _embed_request(request: Request, body: CohereEmbedRequest) -> InferenceReque
         raise APIError(422, "input_type: image is not supported: only texts are embedded here", "invalid_value",
                        "input_type")
     side, truncate = _TRUNCATE[body.truncate]
-    texts = vectors.inputs_of(body.texts, side, truncate, body.max_tokens)
     quantized = bool({"int8", "uint8"} & set(body.embedding_types or ()))
-    return build(request, texts, _EMBED, task="embedding", model=body.model, priority=_priority(body.priority),
+    return build(request, body.texts, _EMBED, task="embedding", model=body.model, priority=_priority(body.priority),
                  timeout_ms=body.timeout_ms, dimensions=body.output_dimension,
                  prompt=Prompt(input_type=body.input_type, field="input_type"), calibrate=quantized,
-                 chunking=documents.chunking_of(body.chunking))
+                 chunking=documents.chunking_of(body.chunking),
+                 text_options=vectors.options_of(side, truncate, body.max_tokens))
 
 
 async def _embed(request: Request, version: int) -> Response:

@@ -23,11 +23,11 @@ from inferd.api.errors import Names
 from inferd.api.schemas import EncodeRequest, request_body
 from inferd.api.services import inference_auth, services
 from inferd.core.outputs import TextOutputs
-from inferd.core.preprocess import TextInput
 from inferd.core.prompts import Prompt
 from inferd.core.request import InferenceRequest
 from inferd.core.tasks.kinds import DENSE, MULTIVECTOR, SPARSE
 from inferd.core.tasks.task import Output
+from inferd.core.text_options import InputOptions, TextOptions
 
 encode_router = APIRouter(dependencies=[Depends(inference_auth)])  # the inference keys
 
@@ -38,15 +38,14 @@ def _names(body: EncodeRequest) -> Names:
 
 def _request(request: Request, body: EncodeRequest) -> InferenceRequest:
     texts = body.input if isinstance(body.input, list) else [body.input]
-    if body.input_type == "query":  # anything but a text is left for the request's checks to refuse by its index
-        inputs = [TextInput(t, direction=body.truncation_direction, truncate=body.truncate, role="query")
-                  if isinstance(t, str) else t for t in texts]
+    if body.input_type == "query":  # a late-interaction model's query encoding (its marker and expansion)
+        options = InputOptions(TextOptions(direction=body.truncation_direction, truncate=body.truncate, role="query"))
     else:
-        inputs = vectors.inputs_of(texts, body.truncation_direction, body.truncate)
-    return build(request, inputs, _names(body),
+        options = vectors.options_of(body.truncation_direction, body.truncate)
+    return build(request, texts, _names(body),
                  task="embedding", model=body.model, priority=body.priority, timeout_ms=body.timeout_ms,
                  prompt=Prompt(body.prompt_name), outputs=tuple(body.outputs),
-                 chunking=documents.chunking_of(body.chunking))
+                 chunking=documents.chunking_of(body.chunking), text_options=options)
 
 
 def _rows(value: Any, body: EncodeRequest) -> Any:

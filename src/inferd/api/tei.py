@@ -68,11 +68,12 @@ def _embed_names(body: TEIEmbedRequest) -> Names:
 
 
 def _embed_request(request: Request, body: TEIEmbedRequest) -> InferenceRequest:
-    texts = vectors.inputs_of(tei_inputs(body.inputs, "inputs"), direction(body.truncation_direction), body.truncate)
+    texts = tei_inputs(body.inputs, "inputs")
     # The prompt and the normalisation are those of the model load that runs the texts (a canary's own).
     return build(request, texts, _embed_names(body), task="embedding", priority=body.priority,
                  timeout_ms=body.timeout_ms, dimensions=body.dimensions, prompt=Prompt(body.prompt_name),
-                 chunking=documents.chunking_of(body.chunking))
+                 chunking=documents.chunking_of(body.chunking),
+                 text_options=vectors.options_of(direction(body.truncation_direction), body.truncate))
 
 
 @tei_router.post("/embed", openapi_extra=request_body(TEIEmbedRequest),
@@ -119,13 +120,13 @@ def _similarity_request(request: Request, body: TEISimilarityRequest) -> Inferen
         # One text would pass the request's count: the source sentence is compared with at least one other.
         raise refusal(Kind.INVALID_INPUT, "inputs.sentences: at least one text is required", "empty_input",
                       "inputs.sentences")
-    texts = vectors.inputs_of([body.inputs.source_sentence, *sentences],
-                              direction(params.truncation_direction) if params else "right",
-                              params.truncate if params else None)
+    texts = [body.inputs.source_sentence, *sentences]
+    options = vectors.options_of(direction(params.truncation_direction) if params else "right",
+                                 params.truncate if params else None)
     prompt = Prompt(params.prompt_name if params else None, field="parameters.prompt_name")
     try:
         return build(request, texts, _SIMILARITY, task="embedding", priority=body.priority,
-                     timeout_ms=body.timeout_ms, prompt=prompt)
+                     timeout_ms=body.timeout_ms, prompt=prompt, text_options=options)
     except APIError as exc:
         most = services(request).settings.limits.max_items_per_request - 1
         if exc.code == "too_many_items" and len(sentences) > most:
@@ -153,9 +154,10 @@ _RERANK = Names("texts")  # each text is an item, named texts[i] when at fault
 
 
 def _rerank_request(request: Request, body: TEIRerankRequest) -> InferenceRequest:
-    pairs = tei_pairs(body.query, body.texts, body.truncate, body.truncation_direction)
+    pairs = tei_pairs(body.query, body.texts)
     return build(request, pairs, _RERANK, task="rerank", model=body.model, priority=body.priority,
-                 timeout_ms=body.timeout_ms, chunking=chunking_of(body.chunking))
+                 timeout_ms=body.timeout_ms, chunking=chunking_of(body.chunking),
+                 text_options=vectors.options_of(direction(body.truncation_direction), body.truncate))
 
 
 @tei_router.post("/rerank", openapi_extra=request_body(TEIRerankRequest),

@@ -47,9 +47,10 @@ def _names(body: TEIEmbedSparseRequest) -> Names:
 
 
 def _request(request: Request, body: TEIEmbedSparseRequest, output: Output) -> InferenceRequest:
-    texts = vectors.inputs_of(tei_inputs(body.inputs, "inputs"), direction(body.truncation_direction), body.truncate)
+    texts = tei_inputs(body.inputs, "inputs")
     return build(request, texts, _names(body), task="embedding", model=body.model, priority=body.priority,
-                 timeout_ms=body.timeout_ms, prompt=Prompt(body.prompt_name), outputs=(output.name,))
+                 timeout_ms=body.timeout_ms, prompt=Prompt(body.prompt_name), outputs=(output.name,),
+                 text_options=vectors.options_of(direction(body.truncation_direction), body.truncate))
 
 
 def _sparse_weights(outputs: list[TextOutputs], limits: LimitSettings) -> Response:

@@ -122,12 +122,12 @@ def _request(request: Request, body: TEIPredictRequest) -> InferenceRequest:
     sequences, _ = _sequences(body.inputs)
     task = _predict_task(request, sequences)
     if task.takes_pairs:
-        inputs: list[Any] = [pair for query, document in sequences
-                             for pair in tei_pairs(query, [document], body.truncate, body.truncation_direction)]
+        inputs: list[Any] = [pair for query, document in sequences for pair in tei_pairs(query, [document])]
     else:
-        inputs = vectors.inputs_of(sequences, direction(body.truncation_direction), body.truncate)
+        inputs = list(sequences)
     return build(request, inputs, _names(body), task=task.name, priority=body.priority, timeout_ms=body.timeout_ms,
-                 chunking=chunking_of(body.chunking))
+                 chunking=chunking_of(body.chunking),
+                 text_options=vectors.options_of(direction(body.truncation_direction), body.truncate))
 
 
 def classified(body: TEIPredictRequest, result: TaskResult) -> list[list[dict[str, Any]]]:

@@ -19,12 +19,10 @@ from inferd.api.client_schemas import (
     TEIError,
     TEIPrediction,
     TEIToken,
-    direction,
 )
 from inferd.api.errors import APIError, refusal, tei_type
 from inferd.core.errors import Kind
 from inferd.core.outcomes import TaskResult
-from inferd.core.preprocess import TextInput
 
 # -- TEI's error shape ---------------------------------------------------------------------------------------
 
@@ -88,15 +86,11 @@ def tei_inputs(inputs: Any, field: str) -> list[Any]:
     return inputs if listed else [inputs]
 
 
-def tei_pairs(query: Any, documents: list[Any], truncate: bool | None, side: str) -> list[tuple[str, str]]:
-    """The engine's (query, document) pairs: a document carries the request's truncation choices when it asks
-    for any (core/preprocess.py PairEncoder: ``left`` cuts the document's start; the query is kept whole)."""
-    cut = direction(side)
-    if truncate is None and cut == "right":
-        return [(query, d) for d in documents]
-    # Anything but a text is left as it is, for the request's checks to refuse by its index.
-    return [(query, TextInput(d, direction=cut, truncate=truncate) if isinstance(d, str) else d) for d in documents]
-
+def tei_pairs(query: Any, documents: list[Any]) -> list[tuple[str, str]]:
+    """The engine's (query, document) pairs; the request's truncation choices go beside them as the documents'
+    options (vectors.options_of: core/preprocess.py PairEncoder, ``left`` cuts a document's start; the query is kept
+    whole)."""
+    return [(query, d) for d in documents]
 
 
 def tei_vectors(result: TaskResult, dimensions: int | None, normalize: bool) -> np.ndarray:

@@ -1,6 +1,7 @@
 """What the embedding wire APIs share (OpenAI's /v1/embeddings, TEI's /embed and /similarity, Cohere's embed):
-a request's encoding choices as the texts the engine takes, and the answer's size and precision, shaped by the
-description of the model load that computed the result (core/outcomes.py TaskResult), never by a slot looked up again.
+a request's encoding choices of its texts (the options the engine takes beside them), and the answer's size and
+precision, shaped by the description of the model load that computed the result (core/outcomes.py TaskResult), never
+by a slot looked up again.
 
 - **Prompts** are chosen by the route (core/prompts.py Prompt: a name, Cohere's input type, or the default) and
   resolved by the engine on the slot that runs the request: a canary encodes with its own prompts.
@@ -14,26 +15,21 @@ description of the model load that computed the result (core/outcomes.py TaskRes
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
-
 import numpy as np
 
 from inferd.core import quantize
 from inferd.core.outcomes import TaskResult
-from inferd.core.preprocess import Direction, TextInput
+from inferd.core.text_options import PLAIN_INPUTS, Direction, InputOptions, TextOptions
 
 
-def inputs_of(texts: Sequence[Any], direction: Direction = "right", truncate: bool | None = None,
-              max_tokens: int | None = None) -> list[Any]:
-    """The engine's inputs: plain texts when the request asks for nothing the model's settings do not already
-    do (so their cache entries are the plain texts'), else TextInputs carrying the request's choices (the
-    prompt is the engine's to add, on the model load that runs them)."""
+def options_of(direction: Direction = "right", truncate: bool | None = None,
+               max_tokens: int | None = None) -> InputOptions:
+    """The request's encoding choices, one value every text shares (the prompt is the engine's to add, on the
+    model load that runs them): the plain options when it asks for nothing the model's settings do not already do
+    (so its cache entries are the plain texts')."""
     if direction == "right" and truncate is None and max_tokens is None:
-        return list(texts)
-    # Anything but a text is left as it is, for the request's checks to refuse by its index.
-    return [TextInput(t, direction=direction, truncate=truncate, max_tokens=max_tokens) if isinstance(t, str) else t
-            for t in texts]
+        return PLAIN_INPUTS
+    return InputOptions(TextOptions(direction=direction, truncate=truncate, max_tokens=max_tokens))
 
 
 def vectors_of(result: TaskResult, dimensions: int | None, normalize: bool | None = None) -> np.ndarray:

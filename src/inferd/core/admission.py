@@ -27,7 +27,7 @@ from inferd.core.batcher import BatchQueue, QueueClosed, QueueFull
 from inferd.core.calibration import calibration
 from inferd.core.errors import ClientGone, EngineError, Kind, ModelNotReady, deadline_passed
 from inferd.core.outcomes import Failure, Outcome, TaskResult, Ticket, WorkItem
-from inferd.core.preprocess import InputError, TextInput, with_choices
+from inferd.core.preprocess import InputError
 from inferd.core.prompts import prompt_text
 from inferd.core.registry import ModelRegistry, ServedModel
 from inferd.core.request import InferenceRequest, input_refusal
@@ -36,6 +36,7 @@ from inferd.core.slots import ModelSlot
 from inferd.core.tasks.embedding_task import DEFAULT_OUTPUTS
 from inferd.core.tasks.kinds import task_of
 from inferd.core.tenant import Tenant
+from inferd.core.text_options import PLAIN_INPUTS, InputOptions
 from inferd.core.tokenizing import Tokenizing, chars
 from inferd.settings import Settings
 from inferd.utils import tracing
@@ -48,20 +49,20 @@ Disconnected = Callable[[], Awaitable[Any]]
 _SPECIAL_TOKENS = 3
 
 
-def token_estimate(inputs: list[Any], window: int | None) -> int:
+def token_estimate(inputs: list[Any], options: InputOptions, window: int | None) -> int:
     """The tokens ``inputs`` are reserved from a tenant's budget before they are tokenised (core/tenant.py
     reserve): a token per character plus the special tokens, at most the model's window per input (a longer one
-    is cut, or refused uncharged) and a text's own ``max_tokens``. A bound for WordPiece (BERT, MiniLM: every token
-    but the specials spans a character or more), so such a request is never refused once tokenised; a byte-level
-    tokenizer can exceed it, and the settling makes the budget hold all the same. It runs up to about four times a
-    short English text's count, which only requests tokenising at once pay (a reservation is settled as the
-    request is queued, and a request under INLINE_TOKENIZE_CHARS, core/tokenizing.py, is tokenised and queued in
-    one step)."""
+    is cut, or refused uncharged) and a text's own ``max_tokens`` (its ``options``). A bound for WordPiece (BERT,
+    MiniLM: every token but the specials spans a character or more), so such a request is never refused once
+    tokenised; a byte-level tokenizer can exceed it, and the settling makes the budget hold all the same. It runs up
+    to about four times a short English text's count, which only requests tokenising at once pay (a reservation is
+    settled as the request is queued, and a request under INLINE_TOKENIZE_CHARS, core/tokenizing.py, is tokenised
+    and queued in one step)."""
     total = 0
-    for item in inputs:
+    for item, chosen in zip(inputs, options.per_text(len(inputs)), strict=True):
         cap = window
-        if isinstance(item, TextInput) and item.max_tokens is not None:
-            cap = item.max_tokens if cap is None else min(cap, item.max_tokens)
+        if chosen.max_tokens is not None:
+            cap = chosen.max_tokens if cap is None else min(cap, chosen.max_tokens)
         estimate = chars(item) + _SPECIAL_TOKENS
         total += estimate if cap is None else min(estimate, cap)
     return total
@@ -180,26 +181,30 @@ class Admission:
             refusal = task_of(slot.task).refusal(slot.description, request.dimensions, request.outputs)
             if refusal is not None:
                 raise refusal
-            # The outputs asked, which each text carries to the handler and into its cache key (core/outputs.py
-            # asked), and the prompt of the slot that runs (a canary's own), prepended before tokenisation.
+            # The outputs asked, which the texts' options carry to the handler and into their cache keys
+            # (core/outputs.py asked), and the prompt of the slot that runs (a canary's own), prepended to each text
+            # before tokenisation: the options are chosen once for the request, the texts stay plain strings.
             prompt = "" if request.prompt is None else prompt_text(slot.description, request.prompt,
                                                                    served.settings.model.input_type_prompts)
-            inputs = with_choices(inputs, None if request.outputs == DEFAULT_OUTPUTS else request.outputs, prompt)
+            options = request.text_options.chosen(None if request.outputs == DEFAULT_OUTPUTS else request.outputs,
+                                                  prompt)
+            if prompt:
+                inputs = [prompt + t for t in inputs]
 
-            def compute(texts: list[Any]) -> Awaitable[TaskResult]:
-                return self._run_on(served, slot, texts, tenant, priority, timeout_ms, disconnected)
+            def compute(texts: list[Any], chosen: InputOptions) -> Awaitable[TaskResult]:
+                return self._run_on(served, slot, texts, chosen, tenant, priority, timeout_ms, disconnected)
 
             if served.cache is None:
-                result = await compute(inputs)
+                result = await compute(inputs, options)
             else:
                 # This very slot's entries, and this tenant's (core/cache.py).
                 scope = None if tenant is None else tenant.name
-                result = await served.cache.answer(slot.load_id, slot.description, inputs, scope, compute)
+                result = await served.cache.answer(slot.load_id, slot.description, inputs, options, scope, compute)
             if request.calibrate:
                 result.calibration = await calibration(
                     served, slot,
                     # The load's, measured once for every caller: no tenant's budget or share.
-                    lambda on, texts: self._run_on(served, on, texts, None, priority, timeout_ms, None))
+                    lambda on, texts: self._run_on(served, on, texts, PLAIN_INPUTS, None, priority, timeout_ms, None))
             # While the slot is held: its version's series cannot have been removed (slot freed) under us.
             self.metrics.version_requests.labels(served.name, slot.version).inc()
             self.metrics.task_items.labels(served.name, slot.task).inc(len(inputs))
@@ -208,7 +213,7 @@ class Admission:
                     self.metrics.output_items.labels(served.name, kind).inc(len(inputs))
             if (served.manager.shadow is not None and slot is served.manager.active and not self.draining
                     and self._loop is not None):
-                self.shadow_mirror.mirror(served, request.routing_key, inputs, result)
+                self.shadow_mirror.mirror(served, request.routing_key, inputs, options, result)
             return result
         finally:
             if admitted is not None:
@@ -237,17 +242,19 @@ class Admission:
         except ModelNotReady as exc:
             raise not_ready(exc, served.name) from None
 
-    async def _run_on(self, served: ServedModel, slot: ModelSlot, inputs: list[Any], tenant: Tenant | None,
-                      priority: int, timeout_ms: float | None, disconnected: Disconnected | None) -> TaskResult:
+    async def _run_on(self, served: ServedModel, slot: ModelSlot, inputs: list[Any], options: InputOptions,
+                      tenant: Tenant | None, priority: int, timeout_ms: float | None,
+                      disconnected: Disconnected | None) -> TaskResult:
         # Reserved from the tenant's budget before tokenising, so requests tokenising at once see each other's
         # (core/tenant.py); settled against the real count as it is queued, given back if it never is.
-        reserved = 0 if tenant is None else tenant.reserve(token_estimate(inputs, slot.description.max_seq_length))
+        window = slot.description.max_seq_length
+        reserved = 0 if tenant is None else tenant.reserve(token_estimate(inputs, options, window))
         version, name, batching = slot.version, served.name, served.settings.batching
         t0 = time.perf_counter()
         try:
             try:
                 with tracing.span("tokenize"):
-                    encoded = await self.tokenizing.encode(slot, inputs)
+                    encoded = await self.tokenizing.encode(slot, inputs, options)
             except InputError as exc:
                 raise input_refusal(exc) from None
             pre_s = time.perf_counter() - t0

@@ -31,20 +31,23 @@ from inferd.core.description import ModelDescription
 from inferd.core.errors import EngineError
 from inferd.core.outcomes import TaskResult
 from inferd.core.outputs import TextOutputs
+from inferd.core.text_options import InputOptions, TextOptions
 
 CacheKey = tuple[Hashable, str | None, bytes]
-# The inputs a request's cache did not hold, computed (admission's tokenise, enqueue and wait).
-Compute = Callable[[list[Any]], Awaitable[TaskResult]]
+# The inputs a request's cache did not hold, with their options, computed (admission's tokenise, enqueue and wait).
+Compute = Callable[[list[Any], InputOptions], Awaitable[TaskResult]]
 
 
-def cache_key(item: Any) -> str:
-    """What the result cache keys one input by. A text carrying per-request choices (core/preprocess.py
-    TextInput: its prompt, cut side, truncate, max_tokens) is keyed by them too: the same words cut another way
-    are another vector. A pair is keyed by both its texts, each with its choices (a rerank document's cut side
-    and truncate change its score); one slot serves one task, so a pair's key never meets a text's."""
+def cache_key(item: Any, options: TextOptions) -> str:
+    """What the result cache keys one input by. A text is keyed by its options too (core/text_options.py
+    TextOptions.key_suffix: its prompt, cut side, truncate, max_tokens, outputs, role): the same words cut another
+    way are another vector; with the default options, by the text alone. A pair is keyed by both its texts, the
+    document with its options (a rerank document's cut side and truncate change its score); one slot serves one
+    task, so a pair's key never meets a text's."""
     if isinstance(item, str):
-        return getattr(item, "cache_key", item)
-    return orjson.dumps([getattr(part, "cache_key", part) for part in item]).decode()
+        return item + options.key_suffix
+    query, document = item
+    return orjson.dumps([query, document + options.key_suffix]).decode()
 
 
 def _key(owner: Hashable, scope: str | None, text: str) -> CacheKey:
@@ -107,17 +110,19 @@ class ResultCache:
             self.metrics.cache_entries.labels(self.name).set(len(self._entries))
         return len(stale)
 
-    async def answer(self, owner: Hashable, description: ModelDescription, inputs: list[Any], scope: str | None,
-                     compute: Compute) -> TaskResult:
+    async def answer(self, owner: Hashable, description: ModelDescription, inputs: list[Any], options: InputOptions,
+                     scope: str | None, compute: Compute) -> TaskResult:
         """Answer what this cache holds for ``owner`` (a slot's load) and ``scope`` (a tenant: one tenant's hits
-        never tell what another sent); compute only the rest, then remember it."""
-        keys = [cache_key(t) for t in inputs]
+        never tell what another sent) of ``inputs`` encoded as ``options`` say; compute only the rest, then
+        remember it."""
+        each = options.per_text(len(inputs))
+        keys = [cache_key(t, o) for t, o in zip(inputs, each, strict=True)]
         hits = self.lookup(owner, keys, scope)
         todo = [i for i in range(len(inputs)) if i not in hits]
         fresh = TaskResult([], [], description, {"batch_size": 0, "items": 0})
         if todo:
             try:
-                fresh = await compute([inputs[i] for i in todo])
+                fresh = await compute([inputs[i] for i in todo], options.taking(todo))
             except EngineError as exc:
                 if exc.index is not None:  # an index into the inputs sent on: map it back to the request's
                     exc.index = todo[exc.index]

@@ -4,8 +4,8 @@ pass (core/tasks/sparse.py, core/tasks/multivector.py).
 
 A handler of a model with more than a dense head answers each text with ``TextOutputs``, holding exactly the kinds
 the text asked for; a dense-only model answers a bare vector (``np.ndarray``) as it always has. A text asks by its
-``outputs`` (core/preprocess.py TextInput: a tuple of ``OUTPUTS`` names; ``asked`` reads it), none: the model's
-default outputs. No torch (numpy, and the text type), so the HTTP layer can read these without importing it.
+options' ``outputs`` (core/text_options.py TextOptions: a tuple of ``OUTPUTS`` names; ``asked`` reads it), none: the
+model's default outputs. No torch (numpy only), so the HTTP layer can read these without importing it.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from inferd.core.preprocess import TextInput
+from inferd.core.text_options import TextOptions
 
 OUTPUTS = ("dense", "sparse", "multivector", "token_states")
 
@@ -89,16 +89,16 @@ def token_vectors_refusal(count: int, limit: int) -> str:
             "(limits.max_multivector_tokens): send fewer or shorter texts")
 
 
-def asked(text: object, default: tuple[str, ...]) -> tuple[str, ...]:
-    """The outputs an input asks for (a TextInput's ``outputs``), else ``default``; always in OUTPUTS' order."""
-    wanted = (text.outputs if isinstance(text, TextInput) else None) or default
+def asked(options: TextOptions, default: tuple[str, ...]) -> tuple[str, ...]:
+    """The outputs a text's options ask for, else ``default``; always in OUTPUTS' order."""
+    wanted = options.outputs or default
     return tuple(k for k in OUTPUTS if k in wanted)
 
 
-def is_query(text: object) -> bool:
-    """Whether an input is a query (a TextInput whose ``role`` says "query"), which a late-interaction model
-    encodes with its query marker and expansion; anything else is a document."""
-    return isinstance(text, TextInput) and text.role == "query"
+def is_query(options: TextOptions) -> bool:
+    """Whether a text's options make it a query (``role`` "query"), which a late-interaction model encodes with its
+    query marker and expansion; anything else is a document."""
+    return options.role == "query"
 
 
 def maxsim(query: np.ndarray, document: np.ndarray) -> float:

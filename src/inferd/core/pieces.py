@@ -28,7 +28,6 @@ from inferd.core.admission import Admission
 from inferd.core.chunking import LATE, Chunking, Piece, backend, split
 from inferd.core.errors import EngineError, Kind, deadline_passed
 from inferd.core.outcomes import TaskResult, merged_timings
-from inferd.core.preprocess import TextInput
 from inferd.core.prompts import prompt_text
 from inferd.core.registry import ModelRegistry
 from inferd.core.request import InferenceRequest
@@ -67,19 +66,6 @@ def special_tokens(tokenizer: Any) -> int:
     """The tokens the tokenizer adds around one text ([CLS] ... [SEP]: 2)."""
     processor = backend(tokenizer).post_processor
     return 0 if processor is None else int(processor.num_special_tokens_to_add(False))
-
-
-def text_of(item: Any) -> str:
-    """The client's text of an input (a TextInput's prompt, if any, left out: the model's prompt is added to
-    each piece as it is queued)."""
-    return str(item)[len(item.prompt):] if isinstance(item, TextInput) else str(item)
-
-
-def piece_input(item: Any, text: str) -> Any:
-    """A piece of ``item``, carrying its choices (outputs, role, cut side)."""
-    if isinstance(item, TextInput):
-        return TextInput(text, "", item.direction, item.truncate, item.max_tokens, item.outputs, item.role)
-    return text
 
 
 class Documents:
@@ -132,15 +118,16 @@ class Documents:
             prompt = "" if request.prompt is None else prompt_text(
                 slot.description, request.prompt, served.settings.model.input_type_prompts)
             size = self._piece_size(slot, chunking, prompt)
-            texts = [text_of(t) for t in request.inputs]
+            texts = list(request.inputs)
             async with self._threads:
                 pieces = await asyncio.to_thread(self._split, texts, slot, size, chunking.overlap)
-            inputs = [piece_input(item, text[p.start:p.end])
-                      for item, text, found in zip(request.inputs, texts, pieces, strict=True) for p in found]
+            inputs = [text[p.start:p.end] for text, found in zip(texts, pieces, strict=True) for p in found]
             timeout_ms = request.timeout_ms or served.settings.batching.default_timeout_ms
             deadline = started + timeout_ms / 1e3
-            # Pinned to this load: its tokenizer counted the pieces.
-            pinned = dataclasses.replace(request, model=served.name, version=slot.version, chunking=None)
+            # Pinned to this load: its tokenizer counted the pieces. Each piece is encoded as its document asked.
+            options = request.text_options.taking(d for d, found in enumerate(pieces) for _ in found)
+            pinned = dataclasses.replace(request, model=served.name, version=slot.version, chunking=None,
+                                         text_options=options)
             wave, in_flight = wave_plan(served.settings.batching)
             if late:
                 return await self._late(pinned, texts, pieces, slot, prompt, (wave, in_flight), deadline,
@@ -156,8 +143,9 @@ class Documents:
         window = slot.description.max_seq_length or slot.loaded.max_seq_length or 0
         async with self._threads:
             late = await asyncio.to_thread(late_chunking.plan, texts, pieces, slot.loaded.tokenizer, prompt, window)
-        inputs = [piece_input(request.inputs[d], text) for d, text in late.inputs]
-        asking = dataclasses.replace(request, outputs=(TOKEN_STATES.name,))
+        inputs = [text for _, text in late.inputs]
+        asking = dataclasses.replace(request, outputs=(TOKEN_STATES.name,),
+                                     text_options=request.text_options.taking(d for d, _ in late.inputs))
         wave = late_chunking.wave_size(window, self.limits.max_multivector_tokens, waves[0])
         results = await self._waves(asking, inputs, wave, waves[1], deadline, disconnected)
         return await asyncio.to_thread(late_chunking.merged, late, results, slot.description, DocumentPieces)
@@ -172,11 +160,13 @@ class Documents:
         async with self._threads:
             planned = await asyncio.to_thread(long_rerank.plan, pairs, slot, chunking,
                                               self.limits.max_document_pieces, self.limits.max_request_pieces)
-        inputs = [(query, piece_input(document, str(document)[p.start:p.end]) if was_split else document)
+        inputs = [(query, document[p.start:p.end] if was_split else document)
                   for (query, document), found, was_split in zip(pairs, planned.pieces, planned.split, strict=True)
                   for p in found]
         deadline = started + (request.timeout_ms or batching.default_timeout_ms) / 1e3
-        pinned = dataclasses.replace(request, model=slot.description.name, version=slot.version, chunking=None)
+        options = request.text_options.taking(i for i, found in enumerate(planned.pieces) for _ in found)
+        pinned = dataclasses.replace(request, model=slot.description.name, version=slot.version, chunking=None,
+                                     text_options=options)
         wave, in_flight = wave_plan(batching)
         results = await self._waves(pinned, inputs, wave, in_flight, deadline, disconnected)
         return long_rerank.scored(planned, results, chunking.mode, slot.description)
@@ -254,7 +244,8 @@ class Documents:
                 if left_ms <= 0:
                     raise deadline_passed()
                 part = dataclasses.replace(request, inputs=tuple(inputs[start:start + wave]), timeout_ms=left_ms,
-                                           calibrate=request.calibrate and start == 0)
+                                           calibrate=request.calibrate and start == 0,
+                                           text_options=request.text_options.taking(range(start, start + wave)))
                 return await self.admission.serve_inputs(part, None if gone is None else watch, admitted=True)
 
         try:

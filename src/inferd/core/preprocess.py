@@ -8,11 +8,10 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
 
 from tokenizers import Encoding, Tokenizer
 
-Direction = Literal["right", "left"]
+from inferd.core.text_options import PLAIN_INPUTS, Direction, InputOptions, TextOptions
 
 
 class InputError(Exception):
@@ -38,11 +37,10 @@ def check_texts(texts: Sequence[object], max_items: int, max_chars: int) -> list
             raise InputError(i, f"must be a string, not {type(text).__name__}", "invalid_type")
         if not text.strip():
             raise InputError(i, "must not be empty or only whitespace", "empty_string")
-        # The limit is on what the client sent: a prompt the route prepended is the model's (its load refuses
-        # one longer than the limit, core/tasks/embedding.py check_prompts).
-        length = len(text) - len(text.prompt) if isinstance(text, TextInput) else len(text)
-        if length > max_chars:
-            raise InputError(i, f"is {length} characters long; the limit is {max_chars}", "text_too_long")
+        # The limit is on what the client sent: the prompt is the model's, prepended after this check, on the load
+        # that runs the request (its load refuses one longer than the limit, core/tasks/embedding.py check_prompts).
+        if len(text) > max_chars:
+            raise InputError(i, f"is {len(text)} characters long; the limit is {max_chars}", "text_too_long")
         out.append(text)
     return out
 
@@ -61,74 +59,6 @@ class Encoded:
     @property
     def tokens(self) -> int:
         return len(self.ids)
-
-
-class TextInput(str):
-    """A text and a request's choices of how to encode it; a plain ``str`` encodes as the model's settings say.
-
-    The value is what is tokenised: a prompt, when there is one, is already prepended (``prompt`` holds it), so
-    the result cache, which keys by the value, never answers a prompted text with an unprompted one's vector.
-    ``direction`` is the side cut from a text that is too long (``left`` keeps its end, and the prompt),
-    ``truncate`` overrides ``model.truncate`` for this request, ``max_tokens`` cuts below the model's limit.
-    ``outputs`` names the outputs asked of a model with more than a dense head (core/outputs.py), None: its
-    default ones; ``role`` "query" asks a late-interaction model for a query's encoding (its query marker and
-    expansion: core/outputs.py is_query), anything else a document's.
-    """
-
-    prompt: str
-    direction: Direction
-    truncate: bool | None
-    max_tokens: int | None
-    outputs: tuple[str, ...] | None
-    role: str | None
-
-    def __new__(cls, text: str, prompt: str = "", direction: Direction = "right", truncate: bool | None = None,
-                max_tokens: int | None = None, outputs: tuple[str, ...] | None = None,
-                role: str | None = None) -> TextInput:
-        self = super().__new__(cls, prompt + text)
-        self.prompt, self.direction, self.truncate, self.max_tokens = prompt, direction, truncate, max_tokens
-        self.outputs, self.role = outputs, role
-        return self
-
-    @property
-    def cache_key(self) -> str:
-        """What a result cache must key this text by: its value (prompt included), and the choices that can
-        change its vector or its refusal when it is too long (the side cut, truncate, max_tokens, and where the
-        prompt ends, for a pooling that leaves it out), the outputs asked (an entry holds only those) and the role."""
-        if (not self.prompt and self.direction == "right" and self.truncate is None and self.max_tokens is None
-                and self.outputs is None and self.role is None):
-            return str(self)
-        return (f"{self}\x00{len(self.prompt)}:{self.direction}:{self.truncate}:{self.max_tokens}:{self.outputs}:"
-                f"{self.role}")
-
-    @property
-    def cut_by_hand(self) -> bool:
-        """Cut from the whole text's tokens (see TextEncoder), not by the tokenizer's own right-side truncation."""
-        return self.direction == "left" or self.max_tokens is not None
-
-
-def with_choices(texts: Sequence[str], outputs: tuple[str, ...] | None, prompt: str = "") -> list[str]:
-    """The texts carrying the choices a request makes on the slot that runs it, each text rebuilt once: the
-    ``outputs`` asked of the model (None: its default ones) and ``prompt`` prepended (a TextInput keeps its other
-    choices); neither: the texts as they are."""
-    if outputs is None and not prompt:
-        return list(texts)
-    out: list[str] = []
-    for t in texts:
-        if not isinstance(t, TextInput):
-            out.append(TextInput(t, prompt, outputs=outputs))
-            continue
-        wanted = t.outputs if outputs is None else outputs
-        text, before = (str(t), prompt) if prompt else (t[len(t.prompt):], t.prompt)
-        out.append(TextInput(text, before, t.direction, t.truncate, t.max_tokens, wanted, t.role))
-    return out
-
-
-def _choices(text: str, truncate: bool) -> tuple[bool, str]:
-    """(truncate, prompt) for a text: a TextInput's own, else the model's setting and no prompt."""
-    if isinstance(text, TextInput):
-        return (truncate if text.truncate is None else text.truncate), text.prompt
-    return truncate, ""
 
 
 # Characters tokenised per token kept, before checking that the cut changed nothing (see TextEncoder).
@@ -156,11 +86,11 @@ class TextEncoder:
     whitespace, control characters or combining marks make none — or its last word reaches into the kept
     tokens, as a text with no word boundaries always does) a longer prefix is tried, up to the whole text.
 
-    A ``TextInput`` may ask for the other side (``left``) or a shorter limit (``max_tokens``): those texts are
-    tokenised whole (at most ``limits.max_chars_per_text``) and cut by hand, keeping the special tokens and the
-    prompt: ``[CLS] prompt …end of the text [SEP]``. ``exclude_prompt`` (a pooling with ``include_prompt:
-    false``) marks a prompt's tokens to be left out of pooling (``Encoded.skip``), counted as
-    sentence-transformers counts them: the prompt tokenised alone, less a trailing special token.
+    A text's options (core/text_options.py TextOptions) may ask for the other side (``left``) or a shorter limit
+    (``max_tokens``): those texts are tokenised whole (at most ``limits.max_chars_per_text``) and cut by hand,
+    keeping the special tokens and the prompt: ``[CLS] prompt …end of the text [SEP]``. ``exclude_prompt`` (a
+    pooling with ``include_prompt: false``) marks a prompt's tokens to be left out of pooling (``Encoded.skip``),
+    counted as sentence-transformers counts them: the prompt tokenised alone, less a trailing special token.
     """
 
     def __init__(self, tokenizer: Tokenizer, max_length: int, truncate: bool, exclude_prompt: bool = False) -> None:
@@ -225,19 +155,22 @@ class TextEncoder:
             todo, cut = retry, cut * GROWTH
         return out  # type: ignore[return-value]
 
-    def encode(self, texts: Sequence[str]) -> list[Encoded]:
+    def encode(self, texts: Sequence[str], options: InputOptions = PLAIN_INPUTS) -> list[Encoded]:
+        """Each text encoded as its options (``options``, in order) say: the model's settings, by default."""
         out: list[Encoded | None] = [None] * len(texts)
-        by_hand = [i for i, t in enumerate(texts) if isinstance(t, TextInput) and t.cut_by_hand]
-        fast = [i for i in range(len(texts)) if not (isinstance(texts[i], TextInput) and texts[i].cut_by_hand)]
+        each = options.per_text(len(texts))
+        by_hand = [i for i, o in enumerate(each) if o.cut_by_hand]
+        fast: Sequence[int] = [i for i, o in enumerate(each) if not o.cut_by_hand] if by_hand else range(len(texts))
         if fast:
             for i, enc in zip(fast, self._encode_cut([texts[i] for i in fast]), strict=True):
-                truncate, prompt = _choices(texts[i], self.truncate)
-                skip = self.prompt_tokens(prompt) if prompt and self.exclude_prompt else 0
+                o = each[i]
+                truncate = self.truncate if o.truncate is None else o.truncate
+                skip = self.prompt_tokens(o.prompt) if o.prompt and self.exclude_prompt else 0
                 out[i] = self._checked(i, enc.ids, bool(enc.overflowing), truncate, min(skip, len(enc.ids)))
         if by_hand:
             whole = self.whole.encode_batch([texts[i] for i in by_hand])
             for i, enc in zip(by_hand, whole, strict=True):
-                out[i] = self._cut(i, texts[i], enc)  # type: ignore[arg-type]
+                out[i] = self._cut(i, each[i], enc)
         return out  # type: ignore[return-value]
 
     def _checked(self, i: int, ids: list[int], truncated: bool, truncate: bool, skip: int,
@@ -247,10 +180,11 @@ class TextEncoder:
             raise InputError(i, f"is longer than {what} (truncation is off)", "context_length_exceeded")
         return Encoded(ids, truncated, skip=skip)
 
-    def _cut(self, i: int, text: TextInput, enc: Encoding) -> Encoded:
+    def _cut(self, i: int, options: TextOptions, enc: Encoding) -> Encoded:
         """A whole text's tokens cut to its limit on its side, special tokens and prompt kept."""
-        truncate, prompt = _choices(text, self.truncate)
-        limit = min(self.max_length, text.max_tokens or self.max_length)
+        truncate = self.truncate if options.truncate is None else options.truncate
+        prompt = options.prompt
+        limit = min(self.max_length, options.max_tokens or self.max_length)
         ids = enc.ids
         lead, trail = self._edges
         content = ids[lead: len(ids) - trail]
@@ -259,7 +193,7 @@ class TextEncoder:
         truncated = len(ids) > limit
         if truncated:
             room = max(1, limit - lead - trail)
-            if text.direction == "right":
+            if options.direction == "right":
                 kept = content[:room]
                 kept_prompt = min(n_prompt, room)
             elif room > n_prompt:
@@ -280,11 +214,11 @@ class PairEncoder:
 
     A pair too long for the model loses its document's end first (``only_second``): the query is what every
     document is judged against. Only a query that leaves no room for any document is cut too
-    (``longest_first``), as the reference cross-encoder would. A document that is a ``TextInput`` carries the
-    request's choices: ``truncate`` overrides ``model.truncate`` (false refuses the pair), ``direction`` left cuts
-    the document's start instead, keeping its end (and the start of a query that alone fills the limit), as the
-    tokenizer cuts with ``truncation_side`` left. One tokenizer per strategy and side, made on first use: a
-    tokenizer's truncation is its state, and preprocessing may run in several threads at once.
+    (``longest_first``), as the reference cross-encoder would. A document's options (core/text_options.py
+    TextOptions) are its request's choices: ``truncate`` overrides ``model.truncate`` (false refuses the pair),
+    ``direction`` left cuts the document's start instead, keeping its end (and the start of a query that alone
+    fills the limit), as the tokenizer cuts with ``truncation_side`` left. One tokenizer per strategy and side,
+    made on first use: a tokenizer's truncation is its state, and preprocessing may run in several threads at once.
     """
 
     def __init__(self, tokenizer: Tokenizer, max_length: int, truncate: bool) -> None:
@@ -312,22 +246,24 @@ class PairEncoder:
         query_tokens = len(self._tokenizer("longest_first", "right").encode(query, add_special_tokens=False).ids)
         return max(0, self.max_length - self._specials - query_tokens)
 
-    def encode(self, pairs: Sequence[tuple[str, str]]) -> list[Encoded]:
+    def encode(self, pairs: Sequence[tuple[str, str]], options: InputOptions = PLAIN_INPUTS) -> list[Encoded]:
+        """Each pair encoded as its document's options (``options``, in order) say."""
         out: list[Encoded | None] = [None] * len(pairs)
         longest = self._tokenizer("longest_first", "right")
         # A query's own length decides the strategy; a rerank request has one query for all its documents.
         # (Measured with the longest_first tokenizer: only_second refuses a lone text; it stops at max_length.)
         fits = {q: len(longest.encode(q, add_special_tokens=False).ids) + self._specials < self.max_length
                 for q in {q for q, _ in pairs}}
+        each = options.per_text(len(pairs))
         groups: dict[tuple[str, Direction], list[int]] = {}
-        for i, (query, document) in enumerate(pairs):
-            side: Direction = document.direction if isinstance(document, TextInput) else "right"
+        for i, (query, _) in enumerate(pairs):
+            side = each[i].direction
             groups.setdefault(("only_second" if fits[query] else "longest_first", side), []).append(i)
         for (strategy, side), rows in groups.items():
             encodings = self._tokenizer(strategy, side).encode_batch([pairs[i] for i in rows])
             for i, enc in zip(rows, encodings, strict=True):
                 truncated = bool(enc.overflowing)
-                if truncated and not _choices(pairs[i][1], self.truncate)[0]:
+                if truncated and not (self.truncate if each[i].truncate is None else each[i].truncate):
                     raise InputError(i, f"the query and this document are longer than the model's limit of "
                                      f"{self.max_length} tokens (truncation is off)", "context_length_exceeded")
                 out[i] = Encoded(enc.ids, truncated, enc.type_ids)

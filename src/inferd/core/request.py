@@ -24,9 +24,9 @@ from inferd.core.outputs import OUTPUTS
 from inferd.core.preprocess import InputError, check_texts
 from inferd.core.prompts import INPUT_TYPE_PROMPTS, Prompt
 from inferd.core.tenant import Tenant
+from inferd.core.text_options import PLAIN_INPUTS, InputOptions
 
-# A text (a core/preprocess.py TextInput carries its own cut side, truncate and max_tokens), or a
-# (query, document) pair for a reranker.
+# A text, or a (query, document) pair for a reranker; how each is encoded travels beside it (``text_options``).
 Input: TypeAlias = "str | tuple[str, str]"
 
 # The priorities a request may ask for; each model allows up to its batching.max_priority (checked at admission).
@@ -70,6 +70,8 @@ class InferenceRequest:
     issue 32's sparse and multi-vector routes ask for more than the dense default) and ``tenant`` whose request
     it is (core/tenants.py: its allow-list, limits, budget and fair share apply; None: nobody's in particular),
     the one the route's key check found (api/security.py), set by the route as it builds the request.
+    ``text_options`` say how each input is encoded beyond the model's settings (core/text_options.py: its cut side,
+    truncate, max_tokens, role; of a pair, the document's): one value shared by every input, or one per input.
     """
 
     inputs: tuple[Input, ...]
@@ -86,6 +88,7 @@ class InferenceRequest:
     tenant: Tenant | None = None
     # Texts longer than the model's window are split into pieces (core/pieces.py); None: each text is one input.
     chunking: Chunking | None = None
+    text_options: InputOptions = PLAIN_INPUTS
     _built: object = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -101,12 +104,14 @@ class InferenceRequest:
               priority: int = 0, timeout_ms: float | None = None, routing_key: str | None = None,
               prompt: Prompt | None = None, dimensions: int | None = None, calibrate: bool = False,
               outputs: Sequence[str] = ("dense",), tenant: Tenant | None = None,
-              chunking: Chunking | None = None) -> InferenceRequest:
+              chunking: Chunking | None = None, text_options: InputOptions = PLAIN_INPUTS) -> InferenceRequest:
         """The request, every model-free rule checked (raises EngineError); ``model`` may pin a version as
         ``name@version``."""
         if chunking is not None:
             chunking.check()
         checked = _inputs(inputs, limits if chunking is None else _documents(limits))
+        if text_options.each is not None and len(text_options.each) != len(checked):
+            raise ValueError(f"{len(text_options.each)} text options for {len(checked)} inputs")
         name, version = _model(model)
         _check_priority(priority)
         _check_timeout(timeout_ms)
@@ -121,7 +126,7 @@ class InferenceRequest:
             raise EngineError(Kind.INVALID_INPUT, f"must be distinct output kinds of {list(OUTPUTS)}, not "
                               f"{list(kinds)}", "invalid_value", field="outputs")
         return cls(checked, task, name, version, priority, timeout_ms, routing_key, prompt, dimensions,
-                   bool(calibrate), kinds, tenant, chunking, _BUILT)
+                   bool(calibrate), kinds, tenant, chunking, text_options, _BUILT)
 
 
 def _inputs(inputs: Any, limits: Limits) -> tuple[Input, ...]:

@@ -20,6 +20,7 @@ from inferd.core.outcomes import TaskResult, Ticket, WorkItem
 from inferd.core.preprocess import InputError
 from inferd.core.registry import ServedModel
 from inferd.core.shadow import SHADOW_PRIORITY, SHADOW_TIMEOUT_S, Shadow, shadow_lane, shadow_policy
+from inferd.core.text_options import InputOptions
 from inferd.core.tokenizing import Tokenizing
 from inferd.utils.logger import request_id_var
 from inferd.utils.metrics import Metrics
@@ -40,9 +41,10 @@ class ShadowMirror:
         for task in list(self._tasks):
             task.cancel()
 
-    def mirror(self, served: ServedModel, routing_key: str | None, inputs: list[Any], live: TaskResult) -> None:
-        """On the event loop: a sampled request's inputs, answered already, go to the shadow candidate in a task of
-        their own."""
+    def mirror(self, served: ServedModel, routing_key: str | None, inputs: list[Any], options: InputOptions,
+               live: TaskResult) -> None:
+        """On the event loop: a sampled request's inputs (encoded as ``options`` say), answered already, go to the
+        shadow candidate in a task of their own."""
         try:
             shadow = served.manager.pick_shadow(routing_key, random.random())
             if shadow is None:
@@ -50,15 +52,15 @@ class ShadowMirror:
             shadow.report.count("sampled")
             self.metrics.shadow_requests.labels(served.name, "sampled").inc()
             task = asyncio.get_running_loop().create_task(
-                self._run(served, shadow, inputs, live, request_id_var.get()))
+                self._run(served, shadow, inputs, options, live, request_id_var.get()))
         except Exception:  # whatever goes wrong here, the live answer is given
             log.exception("mirroring a request to the shadow candidate failed", extra={"model": served.name})
             return
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _run(self, served: ServedModel, shadow: Shadow, inputs: list[Any], live: TaskResult,
-                   request_id: str | None) -> None:
+    async def _run(self, served: ServedModel, shadow: Shadow, inputs: list[Any], options: InputOptions,
+                   live: TaskResult, request_id: str | None) -> None:
         """Tokenise for the candidate, queue in the model's shadow lane, and fold both answers into the report.
         Holds the candidate's slot."""
         slot, name, lane = shadow.slot, served.name, shadow_lane(served.name)
@@ -67,7 +69,7 @@ class ShadowMirror:
             await asyncio.sleep(0)  # the live response goes out first
             if self.tokenizing.would_wait(inputs):
                 return  # shed: live requests are waiting for the tokenizer's thread
-            encoded = await self.tokenizing.encode(slot, inputs)
+            encoded = await self.tokenizing.encode(slot, inputs, options)
             policy, bound = shadow_policy(served.policy, served.settings.shadow), served.settings.shadow.max_queue
             if self.queue.lane_rules(lane) != (policy, bound):  # absent, or the settings changed (SIGHUP)
                 self.queue.add_lane(lane, policy, bound, shadow=True)

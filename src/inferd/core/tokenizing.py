@@ -12,6 +12,7 @@ from typing import Any
 
 from inferd.core.preprocess import Encoded
 from inferd.core.slots import ModelSlot
+from inferd.core.text_options import InputOptions
 
 # Below this many characters a request is tokenised on the event loop; above, in a thread.
 INLINE_TOKENIZE_CHARS = 4096
@@ -32,8 +33,9 @@ class Tokenizing:
         """Whether ``inputs`` go to the thread pool and find every turn taken (live requests waiting)."""
         return sum(map(chars, inputs)) > INLINE_TOKENIZE_CHARS and self._threads.locked()
 
-    async def encode(self, slot: ModelSlot, inputs: list[Any]) -> list[Encoded]:
+    async def encode(self, slot: ModelSlot, inputs: list[Any], options: InputOptions) -> list[Encoded]:
+        """``inputs`` tokenised by the slot's handler as ``options`` say (Handler.preprocess_with)."""
         if sum(map(chars, inputs)) <= INLINE_TOKENIZE_CHARS:
-            return slot.handler.preprocess(inputs)
+            return slot.handler.preprocess_with(inputs, options)
         async with self._threads:
-            return await asyncio.to_thread(slot.handler.preprocess, inputs)
+            return await asyncio.to_thread(slot.handler.preprocess_with, inputs, options)

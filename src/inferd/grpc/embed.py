@@ -71,9 +71,10 @@ class EmbedServicer(rpc.EmbedServicer):
                    texts: list[str] | None = None) -> TaskResult:
         """One engine request of ``message``'s text (or of ``texts``, sent with the options of ``message``)."""
         names = NAMES if texts is None else Names("inputs", fields={"outputs": "model"})
-        texts = vectors.inputs_of(texts or [message.inputs], direction(message.truncation_direction),
-                                  message.truncate)
-        options: dict[str, Any] = {"task": EMBEDDING.name, "prompt": Prompt(optional(message, "prompt_name"))}
+        texts = texts or [message.inputs]
+        options: dict[str, Any] = {"task": EMBEDDING.name, "prompt": Prompt(optional(message, "prompt_name")),
+                                   "text_options": vectors.options_of(direction(message.truncation_direction),
+                                                                      message.truncate)}
         if output is not None:
             options["outputs"] = (output.name,)
         else:

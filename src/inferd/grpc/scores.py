@@ -21,6 +21,7 @@ from inferd.api.tei_predict import classified, scored
 from inferd.api.tei_shape import tei_pairs, tei_ranks
 from inferd.core.outcomes import TaskResult
 from inferd.core.tasks.kinds import CLASSIFICATION, RERANK
+from inferd.core.text_options import InputOptions, TextOptions
 from inferd.grpc.call import Call, streaming, unary
 from inferd.grpc.embed import direction, metadata, window
 from inferd.grpc.status import Code, Refused
@@ -39,11 +40,12 @@ class PredictServicer(rpc.PredictServicer):
     async def _predict(self, call: Call, message: Any, sequence: list[str], pin: Pin | None = None) -> Any:
         side = direction(message.truncation_direction)
         if len(sequence) == 2:
-            inputs: list[Any] = tei_pairs(sequence[0], [sequence[1]], message.truncate, side)
+            inputs: list[Any] = tei_pairs(sequence[0], [sequence[1]])
             task, names = RERANK, _PAIR
         else:
-            inputs, task, names = vectors.inputs_of(sequence, side, message.truncate), CLASSIFICATION, _TEXT
-        options: dict[str, Any] = {"task": task.name, **(pin.options() if pin is not None else {})}
+            inputs, task, names = list(sequence), CLASSIFICATION, _TEXT
+        options: dict[str, Any] = {"task": task.name, "text_options": vectors.options_of(side, message.truncate),
+                                   **(pin.options() if pin is not None else {})}
         try:
             result = await call.ask_engine(call.build(inputs, names, **options), names)
         except APIError as exc:
@@ -89,9 +91,9 @@ class RerankServicer(rpc.RerankServicer):
     def __init__(self, app: Any) -> None:
         self.app, self.s = app, services_of(app)
 
-    async def _rank(self, call: Call, query: str, texts: list[str], first: Any,
-                    pairs: list[tuple[str, Any]]) -> Any:
-        request = call.build(pairs, _RERANK, task=RERANK.name)
+    async def _rank(self, call: Call, query: str, texts: list[str], first: Any, pairs: list[tuple[str, Any]],
+                    cuts: InputOptions) -> Any:
+        request = call.build(pairs, _RERANK, task=RERANK.name, text_options=cuts)
         result: TaskResult = await call.ask_engine(request, _RERANK)
         ranks = [pb.Rank(index=i, score=score, text=texts[i] if first.return_text else None)
                  for i, score in tei_ranks(result, first.raw_scores)]
@@ -100,20 +102,22 @@ class RerankServicer(rpc.RerankServicer):
     @unary("/tei.v1.Rerank/Rerank")
     async def Rerank(self, call: Call, message: Any) -> Any:  # noqa: N802
         texts = list(message.texts)
-        pairs = tei_pairs(message.query, texts, message.truncate, direction(message.truncation_direction))
-        return await self._rank(call, message.query, texts, message, pairs)
+        pairs = tei_pairs(message.query, texts)
+        cuts = vectors.options_of(direction(message.truncation_direction), message.truncate)
+        return await self._rank(call, message.query, texts, message, pairs, cuts)
 
     @unary("/tei.v1.Rerank/RerankStream")
     async def RerankStream(self, call: Call, messages: AsyncIterator[Any]) -> Any:  # noqa: N802
         first: Any = None
         texts: list[str] = []
         pairs: list[tuple[str, Any]] = []
+        cuts: list[TextOptions] = []  # each message chooses its own cut
         async for message in messages:
             call.messages += 1
             first = first or message  # raw_scores and return_text: the first message's (TEI's rule)
             texts.append(message.text)
-            pairs += tei_pairs(message.query, [message.text], message.truncate,
-                               direction(message.truncation_direction))
+            pairs += tei_pairs(message.query, [message.text])
+            cuts.append(TextOptions(direction=direction(message.truncation_direction), truncate=message.truncate))
         if first is None:
             raise Refused(Code.INVALID_ARGUMENT, "texts: the stream sent no (query, text) message")
-        return await self._rank(call, first.query, texts, first, pairs)
+        return await self._rank(call, first.query, texts, first, pairs, InputOptions.of(cuts))

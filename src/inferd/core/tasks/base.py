@@ -31,6 +31,7 @@ from inferd.core.preprocess import Encoded, InputError
 from inferd.core.spec import ModelSpec
 from inferd.core.staging import StagedBatch, to_device
 from inferd.core.tasks.kinds import TASKS, task_of
+from inferd.core.text_options import PLAIN_INPUTS, InputOptions
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +63,12 @@ class Handler(ABC):
 
     @abstractmethod
     def preprocess(self, inputs: list[Any]) -> list[Encoded]: ...
+
+    def preprocess_with(self, inputs: list[Any], options: InputOptions) -> list[Encoded]:
+        """``preprocess`` of a request's inputs with the request's options of each (core/text_options.py: the side
+        cut, truncate, max_tokens, role, the outputs asked), as admission tokenises them. A prompt is already in
+        its text, so by default the inputs alone go to ``preprocess``; the built-in tasks read the options too."""
+        return self.preprocess(inputs)
 
     @abstractmethod
     def infer(self, batch: list[Encoded]) -> Any: ...
@@ -220,6 +227,13 @@ class ModelTask(Handler):
     runner: Runner
     device: torch.device
 
+    @abstractmethod
+    def preprocess(self, inputs: list[Any], options: InputOptions = PLAIN_INPUTS) -> list[Encoded]:
+        """The inputs tokenised, each as its options (``options``, in order) say."""
+
+    def preprocess_with(self, inputs: list[Any], options: InputOptions) -> list[Encoded]:
+        return self.preprocess(inputs, options)
+
     def open_runner(self, spec: ModelSpec, device: torch.device, safetensors: bool) -> Loaded:
         """The runner opened, and what the load found: the last step of every built-in ``load``."""
         if spec.backend not in ("torch", "auto") and spec.device == "auto":
@@ -285,15 +299,15 @@ class TokenVectorTask(ModelTask):
 
     max_token_vectors: int
 
-    def encode_texts(self, texts: list[Any]) -> list[Encoded]:
+    def encode_texts(self, texts: list[Any], options: InputOptions = PLAIN_INPUTS) -> list[Encoded]:
         raise NotImplementedError
 
     def token_vectors(self, item: Encoded) -> int:
         """The token vectors the answer will hold for ``item`` (0 when its text did not ask for them)."""
         raise NotImplementedError
 
-    def preprocess(self, texts: list[Any]) -> list[Encoded]:
-        encoded = self.encode_texts(texts)
+    def preprocess(self, texts: list[Any], options: InputOptions = PLAIN_INPUTS) -> list[Encoded]:
+        encoded = self.encode_texts(texts, options)
         count = sum(map(self.token_vectors, encoded))
         if count > self.max_token_vectors:
             raise InputError(None, token_vectors_refusal(count, self.max_token_vectors), "too_many_token_vectors")

@@ -14,6 +14,7 @@ from inferd.core.errors import ModelLoadError
 from inferd.core.preprocess import Encoded, TextEncoder
 from inferd.core.spec import ModelSpec
 from inferd.core.tasks.sequence import SequenceClassifier
+from inferd.core.text_options import PLAIN_INPUTS, InputOptions
 
 
 class ClassificationHandler(SequenceClassifier):
@@ -39,8 +40,8 @@ class ClassificationHandler(SequenceClassifier):
             return None
         return f"labels {self.labels}, the serving model's are {list(old)}; a classifier keeps its label set"
 
-    def preprocess(self, texts: list[str]) -> list[Encoded]:
-        return self.encoder.encode(texts)
+    def preprocess(self, texts: list[str], options: InputOptions = PLAIN_INPUTS) -> list[Encoded]:
+        return self.encoder.encode(texts, options)
 
     def scores(self, logits: torch.Tensor) -> torch.Tensor:
         return torch.sigmoid(logits) if self.multi_label else torch.softmax(logits, dim=-1)

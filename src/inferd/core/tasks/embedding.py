@@ -4,7 +4,7 @@
 What the model folder's sentence-transformers files say (core/tasks/st_folder.py) is run here: the pooling
 modes on the hidden states any runner gives (torch, unpadded, ONNX Runtime, OpenVINO: pooling and what follows it
 stay in the task), then the folder's Dense layers and Normalize on the pooled vector. Its **prompts** are
-prepended by the routes (core/preprocess.py TextInput); a pooling with ``include_prompt: false`` leaves the
+prepended by admission (core/text_options.py TextOptions.prompt); a pooling with ``include_prompt: false`` leaves the
 prompt's tokens out, as ``SentenceTransformer.encode(prompt_name=...)`` does; a prompt that cannot fit the
 text limits refuses the model at load (check_prompts), where the fault is the model's, not a client's. Whether
 its vectors may be cut short (**Matryoshka**): ``model.matryoshka_dimensions`` (a list, or ``any``), else its
@@ -32,6 +32,7 @@ from inferd.core.spec import ModelSpec
 from inferd.core.tasks import st_folder, st_modules
 from inferd.core.tasks.base import ModelTask, check_weights, dimension_refusal, length_limit, load_tokenizer
 from inferd.core.tasks.token_states import WithStates, asks_states, mark, states_of
+from inferd.core.text_options import PLAIN_INPUTS, InputOptions
 
 # Every pooler takes the hidden states [batch, length, hidden], the mask of the tokens to pool (a prompt left out
 # of pooling is 0 there) and the attention mask (the tokens the model saw; None: the same). Padding may sit on
@@ -292,8 +293,9 @@ class EmbeddingHandler(ModelTask):
     def incompatibility(self, serving: ModelDescription, allow_change: bool) -> str | None:
         return dimension_refusal(self.dimension, serving, allow_change)
 
-    def preprocess(self, texts: list[str]) -> list[Encoded]:
-        return mark(texts, self.encoder.encode(texts), (*self.outputs, "token_states"), self.max_token_vectors)
+    def preprocess(self, texts: list[str], options: InputOptions = PLAIN_INPUTS) -> list[Encoded]:
+        return mark(options, self.encoder.encode(texts, options), (*self.outputs, "token_states"),
+                    self.max_token_vectors)
 
     def run(self, runner: Any, batch: list[Encoded]) -> np.ndarray:
         """Pooled vectors for a batch, the forward pass on ``runner`` (the accuracy gate passes torch's)."""

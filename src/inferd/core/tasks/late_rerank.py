@@ -11,6 +11,7 @@ raw column the rerank routes read (TEI's ``raw_scores``).
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 import torch
@@ -18,11 +19,14 @@ import torch
 from inferd.core.description import Loaded, TaskFacts
 from inferd.core.errors import ModelLoadError
 from inferd.core.outputs import TextOutputs, maxsim
-from inferd.core.preprocess import Encoded, TextInput
+from inferd.core.preprocess import Encoded
 from inferd.core.spec import ModelSpec
 from inferd.core.tasks.base import Handler, TokenVectorTask
+from inferd.core.text_options import PLAIN_INPUTS, InputOptions, TextOptions
 
 _ASK = ("multivector",)
+# A query asks for its token vectors, encoded as a query (its marker and expansion).
+_QUERY = TextOptions(outputs=_ASK, role="query")
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,12 +42,9 @@ class ScoredPair(Encoded):
         return len(self.ids) + self.query.tokens
 
 
-def _document(text: str) -> TextInput:
-    """A document asking for its token vectors, cut as its request chose (a TextInput's side and truncate: read by
-    type, as core/outputs.py reads a text's choices)."""
-    if isinstance(text, TextInput):
-        return TextInput(str(text), direction=text.direction, truncate=text.truncate, outputs=_ASK)
-    return TextInput(str(text), outputs=_ASK)
+def _document(options: TextOptions) -> TextOptions:
+    """A document's options: its token vectors asked for, cut as its request chose (its side and truncate)."""
+    return TextOptions(direction=options.direction, truncate=options.truncate, outputs=_ASK)
 
 
 class LateInteractionRerankHandler(Handler):
@@ -71,20 +72,25 @@ class LateInteractionRerankHandler(Handler):
         """A document is encoded apart from its query, up to the model's document length: what an endless text
         keeps of its own tokens (markers and special tokens left out)."""
         if self._room is None:
-            long, one = self.inner.encode_texts([TextInput("a " * 4096, truncate=True, outputs=_ASK),
-                                                 TextInput("a", outputs=_ASK)])
+            long, one = self.inner.encode_texts(["a " * 4096, "a"], InputOptions(each=(
+                TextOptions(truncate=True, outputs=_ASK), TextOptions(outputs=_ASK))))
             self._room = long.tokens - (one.tokens - 1)
         return self._room
 
-    def preprocess(self, pairs: list[tuple[str, str]]) -> list[Encoded]:
-        queries = {q: i for i, q in enumerate(dict.fromkeys(str(q) for q, _ in pairs))}
-        docs = [_document(d) for _, d in pairs]
+    def preprocess(self, pairs: list[tuple[str, str]], options: InputOptions = PLAIN_INPUTS) -> list[Encoded]:
+        """Each pair's query (once each) and document tokenised, the document cut as its options say."""
+        queries = {q: i for i, q in enumerate(dict.fromkeys(q for q, _ in pairs))}
+        docs = options.mapped(_document).per_text(len(pairs))
         # encode_texts, not preprocess: the answer is a score per pair, not the token vectors, so their limit
         # (limits.max_multivector_tokens) is not this request's.
-        encoded = self.inner.encode_texts([TextInput(q, outputs=_ASK, role="query") for q in queries] + docs)
+        encoded = self.inner.encode_texts([*queries, *(d for _, d in pairs)],
+                                          InputOptions(each=(_QUERY,) * len(queries) + tuple(docs)))
         asked, documents = encoded[: len(queries)], encoded[len(queries):]
-        return [ScoredPair(d.ids, d.truncated, query=asked[queries[str(q)]], document=d)
+        return [ScoredPair(d.ids, d.truncated, query=asked[queries[q]], document=d)
                 for (q, _), d in zip(pairs, documents, strict=True)]
+
+    def preprocess_with(self, inputs: list[Any], options: InputOptions) -> list[Encoded]:
+        return self.preprocess(inputs, options)
 
     def infer(self, batch: list[Encoded]) -> list[float]:
         queries: dict[int, int] = {}  # one forward row per distinct query encoding in the batch

@@ -25,6 +25,7 @@ from inferd.core.families import family_of
 from inferd.core.preprocess import Encoded, InputError
 from inferd.core.spec import ModelSpec
 from inferd.core.tasks.base import ModelTask, check_weights, length_limit, load_tokenizer
+from inferd.core.text_options import PLAIN_INPUTS, InputOptions
 
 # Qwen3-Reranker's model card, verbatim: the template around each pair and the instruction it uses by default.
 PREFIX = ("<|im_start|>system\nJudge whether the Document meets the requirements based on the Query and the "
@@ -127,7 +128,9 @@ class LLMRerankHandler(ModelTask):
     def incompatibility(self, serving: ModelDescription, allow_change: bool) -> str | None:
         return None  # scores are ranked within one request, as a cross-encoder's
 
-    def preprocess(self, pairs: list[tuple[str, str]]) -> list[Encoded]:
+    def preprocess(self, pairs: list[tuple[str, str]], options: InputOptions = PLAIN_INPUTS) -> list[Encoded]:
+        # The formatted pair's end is cut, as the model card cuts it: a document's own cut side and truncate (its
+        # options) do not apply to a template.
         self._check_room(pairs)
         texts = [PAIR.format(instruction=self.instruction, query=q, document=d) for q, d in pairs]
         out = []

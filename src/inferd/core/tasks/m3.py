@@ -36,6 +36,7 @@ from inferd.core.tasks.base import TokenVectorTask, check_weights, dimension_ref
 from inferd.core.tasks.embedding import POOLERS, PooledHead, folder_encoder, head_steps
 from inferd.core.tasks.heads import TokenHeads, linear_weights
 from inferd.core.tasks.sparse import vocabulary
+from inferd.core.text_options import PLAIN_INPUTS, InputOptions
 
 HEAD_FILES = ("sparse_linear", "colbert_linear")
 
@@ -120,10 +121,11 @@ class M3Handler(TokenVectorTask):
     def incompatibility(self, serving: Any, allow_change: bool) -> str | None:
         return dimension_refusal(self.dimension, serving, allow_change)
 
-    def encode_texts(self, texts: list[str]) -> list[Encoded]:
+    def encode_texts(self, texts: list[str], options: InputOptions = PLAIN_INPUTS) -> list[Encoded]:
         out: list[Encoded] = []
-        for i, (text, enc) in enumerate(zip(texts, self.encoder.encode(texts), strict=True)):
-            wanted = asked(text, ())
+        each = options.per_text(len(texts))
+        for i, enc in enumerate(self.encoder.encode(texts, options)):
+            wanted = asked(each[i], ())
             gives = (*self.outputs, "token_states")  # its encoder's last hidden states too (TEI's /embed_all)
             missing = [k for k in wanted if k not in gives]
             if missing:

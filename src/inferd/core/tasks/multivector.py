@@ -13,7 +13,7 @@ computes them:
 - a document drops padding and the ``skiplist_words`` tokens (punctuation) from its vectors; special tokens stay;
 - every kept vector is normalised.
 
-A text is a query when its input says so (core/outputs.py ``is_query``), else a document. The projection runs
+A text is a query when its options say so (core/outputs.py ``is_query``), else a document. The projection runs
 inside the forward pass (tasks/heads.py TokenHeads), so exported graphs hand over the projected vectors.
 """
 
@@ -37,6 +37,7 @@ from inferd.core.tasks import st_files, st_modules
 from inferd.core.tasks.base import TokenVectorTask, check_weights, dimension_refusal, length_limit, load_tokenizer
 from inferd.core.tasks.embedding import PooledHead
 from inferd.core.tasks.heads import TokenHeads
+from inferd.core.text_options import PLAIN_INPUTS, InputOptions
 
 
 @dataclass(frozen=True)
@@ -188,10 +189,11 @@ class ColbertHandler(TokenVectorTask):
     def token_vectors(self, item: Encoded) -> int:
         return len(item.keep) if isinstance(item, Marked) else 0
 
-    def encode_texts(self, texts: list[str]) -> list[Encoded]:
-        roles = ["query" if is_query(t) else "document" for t in texts]
-        for i, text in enumerate(texts):
-            missing = [k for k in asked(text, self.outputs) if k not in self.outputs]
+    def encode_texts(self, texts: list[str], options: InputOptions = PLAIN_INPUTS) -> list[Encoded]:
+        each = options.per_text(len(texts))
+        roles = ["query" if is_query(o) else "document" for o in each]
+        for i, chosen in enumerate(each):
+            missing = [k for k in asked(chosen, self.outputs) if k not in self.outputs]
             if missing:
                 raise InputError(i, f"asks for {', '.join(missing)}; this model gives multivector only",
                                  "unsupported_output")
@@ -199,7 +201,8 @@ class ColbertHandler(TokenVectorTask):
         for role in ("query", "document"):
             idx = [i for i, r in enumerate(roles) if r == role]
             if idx:
-                for i, enc in zip(idx, self.encoders[role].encode([texts[i] for i in idx]), strict=True):
+                encoded = self.encoders[role].encode([texts[i] for i in idx], options.taking(idx))
+                for i, enc in zip(idx, encoded, strict=True):
                     out[i] = self._mark(enc, role)
         return out
 

@@ -17,6 +17,7 @@ from inferd.core.errors import ModelLoadError
 from inferd.core.preprocess import Encoded, PairEncoder
 from inferd.core.spec import ModelSpec
 from inferd.core.tasks.sequence import SequenceClassifier
+from inferd.core.text_options import PLAIN_INPUTS, InputOptions
 
 # The activations sentence-transformers writes (by class path); anything else is refused, not guessed.
 ACTIVATIONS = {"Sigmoid": torch.sigmoid, "Identity": lambda x: x, "Tanh": torch.tanh}
@@ -54,8 +55,8 @@ class RerankHandler(SequenceClassifier):
     def incompatibility(self, serving: ModelDescription, allow_change: bool) -> str | None:
         return None  # scores are ranked within one request: any cross-encoder can replace another
 
-    def preprocess(self, pairs: list[tuple[str, str]]) -> list[Encoded]:
-        return self.encoder.encode(pairs)
+    def preprocess(self, pairs: list[tuple[str, str]], options: InputOptions = PLAIN_INPUTS) -> list[Encoded]:
+        return self.encoder.encode(pairs, options)
 
     def document_room(self, query: str) -> int | None:
         return self.encoder.room(query)

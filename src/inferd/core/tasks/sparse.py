@@ -29,6 +29,7 @@ from inferd.core.tasks import st_files, st_folder, st_modules
 from inferd.core.tasks.base import ModelTask, check_weights, dimension_refusal, length_limit, load_tokenizer
 from inferd.core.tasks.embedding import folder_encoder
 from inferd.core.tasks.heads import SpladeHead
+from inferd.core.text_options import PLAIN_INPUTS, InputOptions
 
 
 def is_splade(path: Path) -> bool:
@@ -108,8 +109,8 @@ class SparseHandler(ModelTask):
     def incompatibility(self, serving: Any, allow_change: bool) -> str | None:
         return dimension_refusal(self.dimension, serving, allow_change)
 
-    def preprocess(self, texts: list[str]) -> list[Encoded]:
-        return self.encoder.encode(texts)
+    def preprocess(self, texts: list[str], options: InputOptions = PLAIN_INPUTS) -> list[Encoded]:
+        return self.encoder.encode(texts, options)
 
     def run(self, runner: Any, batch: list[Encoded]) -> np.ndarray:
         """The weights over the vocabulary ``[batch, vocab]`` (what the accuracy gate compares)."""

@@ -12,13 +12,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import torch
 
 from inferd.core.outputs import asked, token_vectors_refusal
 from inferd.core.preprocess import Encoded, InputError
+from inferd.core.text_options import InputOptions
 
 NAME = "token_states"
 
@@ -30,14 +30,14 @@ class WithStates(Encoded):
     dense: bool = False
 
 
-def mark(texts: Sequence[Any], encoded: list[Encoded], gives: tuple[str, ...], max_vectors: int) -> list[Encoded]:
-    """The encoded texts, those asking for token states marked; a text asking for an output outside ``gives`` is
-    refused (the engine refuses it before any work; a direct caller of the handler is told here), and a request
-    whose token states would hold more than ``max_vectors`` vectors is refused before it queues."""
+def mark(options: InputOptions, encoded: list[Encoded], gives: tuple[str, ...], max_vectors: int) -> list[Encoded]:
+    """The encoded texts, those whose options ask for token states marked; a text asking for an output outside
+    ``gives`` is refused (the engine refuses it before any work; a direct caller of the handler is told here), and a
+    request whose token states would hold more than ``max_vectors`` vectors is refused before it queues."""
     out: list[Encoded] = []
     count = 0
-    for i, (text, enc) in enumerate(zip(texts, encoded, strict=True)):
-        wanted = asked(text, ("dense",))
+    for i, (chosen, enc) in enumerate(zip(options.per_text(len(encoded)), encoded, strict=True)):
+        wanted = asked(chosen, ("dense",))
         missing = [k for k in wanted if k not in gives]
         if missing:
             raise InputError(i, f"asks for {', '.join(missing)}; this model gives {', '.join(gives)}",
