@@ -172,6 +172,22 @@ def test_predict_and_rerank_answer_as_teis_http_routes(channel: grpc.Channel, ht
     _close([r.score for r in raw.ranks], [w["score"] for w in want])
 
 
+def test_a_rerank_stream_cuts_each_document_as_its_own_message_chose(channel: grpc.Channel,
+                                                                       http: httpx.Client) -> None:
+    """One engine request, one cut per document (issue 40: the request's text options, one per input): each
+    message's document scores as /rerank scores it cut the same way."""
+    long = " ".join(TEXTS[1].split() * 10 + TEXTS[3].split() * 10)  # past the cross-encoder's 64 tokens, ends unlike
+    sides = {"right": pb.TRUNCATION_DIRECTION_RIGHT, "left": pb.TRUNCATION_DIRECTION_LEFT}
+    answer = rpc.RerankStub(channel).RerankStream(iter([
+        pb.RerankStreamRequest(query="a cat", text=long, truncate=True, truncation_direction=d)
+        for d in sides.values()]), metadata=AUTH)
+    got = {r.index: r.score for r in answer.ranks}
+    want = [_post(http, "/rerank", {"query": "a cat", "texts": [long], "truncate": True,
+                                    "truncation_direction": side})[0]["score"] for side in sides]
+    _close([got[0], got[1]], want)
+    assert abs(want[0] - want[1]) > 1e-6  # the two cuts score apart: each message's own choice was applied
+
+
 def test_tokenize_decode_and_info_answer_as_teis_http_routes(channel: grpc.Channel, http: httpx.Client) -> None:
     tokenize = rpc.TokenizeStub(channel)
 
