@@ -4,8 +4,9 @@ A tenant (``server.tenants``, ``server.tenants_file``; ``server.api_keys`` are o
 limits) has keys, stored as SHA-256 digests and compared in constant time against every key, and optional limits
 (core/tenant.py holds one tenant's rules, budgets and usage; core/fair_share.py its place in a contended queue).
 
-The HTTP layer resolves the key and sets ``current_tenant`` for the request's task; admission reads it, so no
-signature between the routes and the engine carries it (None: an open server, or work of the server's own).
+The HTTP layer resolves the key and sets ``current_tenant`` for the request's task; the route (api/engine_call.py
+build, grpc/call.py) reads it as it builds the engine's request, whose ``tenant`` field admission and the long
+documents' waves read (None: an open server, or work of the server's own): the engine reads no context variable.
 """
 
 from __future__ import annotations
