@@ -193,7 +193,7 @@ def timed(handler: EmbeddingHandler, runner: Any, batch: list[Encoded], seconds:
     calls = 0
     while True:
         t0 = clock()
-        out = handler.run(runner, batch)
+        out = handler.forward(runner, batch)
         best = min(best, clock() - t0)
         calls += 1
         if time.perf_counter() - started >= seconds and calls >= 2:
@@ -227,7 +227,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="inferd-padding-") as tmp:
         builders = methods(handler, Path(tmp), args.threads)
         reference_runner = next(iter(builders.values()))()  # torch padded fp32: what every ratio is to
-        reference = {name: handler.run(reference_runner, b) for name, b in shapes.items()}
+        reference = {name: handler.forward(reference_runner, b) for name, b in shapes.items()}
         runners: dict[str, Any] = {}
         failed: dict[str, str] = {}
         cos: dict[tuple[str, str], float] = {}
@@ -236,7 +236,7 @@ def main() -> None:
             try:
                 runners[name] = build()
                 for shape, b in shapes.items():  # warm up, and check, every shape once
-                    cos[shape, name] = cosine_min(reference[shape], handler.run(runners[name], b))
+                    cos[shape, name] = cosine_min(reference[shape], handler.forward(runners[name], b))
             except Exception as exc:  # a method the kernels do not support: reported in the table
                 failed[name] = first_line(exc)
                 runners.pop(name, None)

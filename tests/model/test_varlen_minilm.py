@@ -40,7 +40,7 @@ def padded(handler: EmbeddingHandler) -> TorchRunner:
 @pytest.fixture(scope="module")
 def padded_outputs(handler: EmbeddingHandler, padded: TorchRunner) -> dict[str, np.ndarray]:
     """The reference's outputs at every shape, computed once for the fp32 and bf16 comparisons."""
-    return {name: handler.run(padded, batch) for name, batch in shapes(handler).items()}
+    return {name: handler.forward(padded, batch) for name, batch in shapes(handler).items()}
 
 
 def cos(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -68,7 +68,7 @@ def test_fp32_matches_the_padded_forward_at_every_shape(handler: EmbeddingHandle
                                                         padded_outputs: dict[str, np.ndarray]) -> None:
     runner = VarlenRunner(handler.runner.model, CPU)
     for name, batch in shapes(handler).items():
-        assert cos(padded_outputs[name], handler.run(runner, batch)).min() >= 0.9999, name
+        assert cos(padded_outputs[name], handler.forward(runner, batch)).min() >= 0.9999, name
     ids, mask, _ = handler.collate(shapes(handler)["32 mixed"])
     keep = mask.bool()
     torch.testing.assert_close(runner(ids, mask)[keep], padded(ids, mask)[keep], rtol=1e-3, atol=1e-4)
@@ -77,8 +77,8 @@ def test_fp32_matches_the_padded_forward_at_every_shape(handler: EmbeddingHandle
 def test_a_text_gets_the_same_output_alone_and_among_31_others(handler: EmbeddingHandler) -> None:
     runner = VarlenRunner(handler.runner.model, CPU)
     batch = handler.preprocess(MIXED)
-    together = handler.run(runner, batch)
-    alone = np.stack([handler.run(runner, [e])[0] for e in batch])
+    together = handler.forward(runner, batch)
+    alone = np.stack([handler.forward(runner, [e])[0] for e in batch])
     assert cos(alone, together).min() >= 0.99999
 
 
@@ -86,4 +86,4 @@ def test_bf16_autocast_passes_the_half_gate_threshold(handler: EmbeddingHandler,
                                                       padded_outputs: dict[str, np.ndarray]) -> None:
     runner = VarlenRunner(handler.runner.model, CPU, "bfloat16")
     for name, batch in shapes(handler).items():
-        assert cos(padded_outputs[name], handler.run(runner, batch)).min() >= 0.9995, name
+        assert cos(padded_outputs[name], handler.forward(runner, batch)).min() >= 0.9995, name

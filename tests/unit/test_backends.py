@@ -421,7 +421,7 @@ class VectorProbe:
             out.append(Encoded(ids[: self.max_seq_length], len(ids) > self.max_seq_length))
         return out
 
-    def run(self, runner, batch: list) -> np.ndarray:  # type: ignore[no-untyped-def]
+    def forward(self, runner, batch: list) -> np.ndarray:  # type: ignore[no-untyped-def]
         return runner(batch)
 
 

@@ -34,10 +34,10 @@ class Probe:
     def head_module(self, model: torch.nn.Module) -> None:
         return None
 
-    def run_outputs(self, runner: Any, batch: list[Encoded]) -> dict[str, list[Any]]:
+    def forward_outputs(self, runner: Any, batch: list[Encoded]) -> dict[str, list[Any]]:
         raise NotImplementedError
 
-    def run(self, runner: Any, batch: list[Encoded]) -> np.ndarray:
+    def forward(self, runner: Any, batch: list[Encoded]) -> np.ndarray:
         longest = max(e.tokens for e in batch)
         rows = []
         for e in batch:

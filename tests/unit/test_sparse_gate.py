@@ -31,13 +31,13 @@ class Probe:
     def collate(self, batch: list[Encoded]) -> Any:
         raise NotImplementedError
 
-    def run(self, runner: Any, batch: list[Encoded]) -> np.ndarray:
+    def forward(self, runner: Any, batch: list[Encoded]) -> np.ndarray:
         raise NotImplementedError
 
     def head_module(self, model: torch.nn.Module) -> None:
         return None
 
-    def run_outputs(self, runner: Any, batch: list[Encoded]) -> dict[str, list[Any]]:
+    def forward_outputs(self, runner: Any, batch: list[Encoded]) -> dict[str, list[Any]]:
         sparse, tokens = [], []
         for e in batch:
             ids = np.array(e.ids)

@@ -68,7 +68,7 @@ def test_the_shapes_hold_padding_and_the_limit(handler: EmbeddingHandler) -> Non
 def test_pooled_outputs_match_the_padded_forward_at_every_shape(handler: EmbeddingHandler, padded: TorchRunner,
                                                                  unpadded: VarlenRunner) -> None:
     for name, batch in shapes(handler).items():
-        want, got = handler.run(padded, batch), handler.run(unpadded, batch)
+        want, got = handler.forward(padded, batch), handler.forward(unpadded, batch)
         assert cos(want, got).min() >= 0.9999, name
 
 
@@ -85,9 +85,9 @@ def test_every_real_token_matches_and_padding_is_zero(handler: EmbeddingHandler,
 def test_a_text_gets_the_same_output_alone_and_in_any_batch(handler: EmbeddingHandler,
                                                              unpadded: VarlenRunner) -> None:
     batch = handler.preprocess(MIXED)
-    together = handler.run(unpadded, batch)
-    alone = np.stack([handler.run(unpadded, [e])[0] for e in batch])
-    reversed_ = handler.run(unpadded, batch[::-1])[::-1]
+    together = handler.forward(unpadded, batch)
+    alone = np.stack([handler.forward(unpadded, [e])[0] for e in batch])
+    reversed_ = handler.forward(unpadded, batch[::-1])[::-1]
     assert cos(alone, together).min() >= 0.99999
     assert cos(reversed_, together).min() >= 0.99999
 
@@ -154,7 +154,7 @@ def test_bf16_autocast_stays_within_the_half_gate(handler: EmbeddingHandler, pad
     runner = VarlenRunner(handler.runner.model, CPU, "bfloat16")
     assert runner.info["autocast"] == "bfloat16" and runner.info["unpadded"] is True
     batch = handler.preprocess(MIXED)
-    assert cos(handler.run(padded, batch), handler.run(runner, batch)).min() >= 0.9995
+    assert cos(handler.forward(padded, batch), handler.forward(runner, batch)).min() >= 0.9995
 
 
 def test_an_architecture_it_was_not_written_for_is_refused() -> None:

@@ -91,7 +91,7 @@ def outputs(probe: Probe, runner: Runner, items: list[Encoded], plan: list[list[
         inputs = [items[i] if i >= 0 else filler for i in batch]
         if tally is not None:
             tally.add(inputs)
-        out = probe.run(runner, inputs)
+        out = probe.forward(runner, inputs)
         for i, row in zip(batch, out, strict=True):
             if i >= 0:
                 rows[i] = row
@@ -101,12 +101,12 @@ def outputs(probe: Probe, runner: Runner, items: list[Encoded], plan: list[list[
 
 def outputs_of(probe: Probe, runner: Runner, items: list[Encoded], plan: list[list[int]], filler: Encoded,
                tally: Tally) -> dict[str, list[Any]]:
-    """Each output's value per input (``run_outputs``), over a batch plan."""
+    """Each output's value per input (``forward_outputs``), over a batch plan."""
     rows: dict[str, list[Any]] = {}
     for batch in plan:
         inputs = [items[i] if i >= 0 else filler for i in batch]
         tally.add(inputs)
-        for kind, values in probe.run_outputs(runner, inputs).items():
+        for kind, values in probe.forward_outputs(runner, inputs).items():
             got = rows.setdefault(kind, [None] * len(items))
             for i, value in zip(batch, values, strict=True):
                 if i >= 0:

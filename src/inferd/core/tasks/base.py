@@ -207,7 +207,7 @@ class ModelTask(Handler):
     ``logits``, see backends/base.py) on the configured backend, one collate, and closing the runner.
 
     A subclass sets ``task``, ``head``, ``pad_id`` and its encoder before ``open_runner``: exporting a graph
-    and its accuracy gate run the task's own tokenising and outputs (``run``).
+    and its accuracy gate run the task's own tokenising and outputs (``forward``).
     """
 
     head: str
@@ -271,16 +271,16 @@ class ModelTask(Handler):
         TASK_HEADS); None: this task defines none."""
         return None
 
-    def run(self, runner: Runner, batch: list[Encoded]) -> np.ndarray:
+    def forward(self, runner: Runner, batch: list[Encoded]) -> np.ndarray:
         raise NotImplementedError
 
-    def run_outputs(self, runner: Runner, batch: list[Encoded]) -> dict[str, list[Any]]:
+    def forward_outputs(self, runner: Runner, batch: list[Encoded]) -> dict[str, list[Any]]:
         """Each of ``outputs``' values per input, for the accuracy gate: a dense vector, a sparse vector as (ids,
         weights), token vectors ``[tokens, dim]``."""
-        return {"dense": list(self.run(runner, batch))}
+        return {"dense": list(self.forward(runner, batch))}
 
     def infer(self, batch: list[Encoded]) -> np.ndarray:
-        return self.run(self.runner, batch)
+        return self.forward(self.runner, batch)
 
     def close(self) -> None:
         if "runner" in vars(self):  # a load that failed before open_runner has none

@@ -297,11 +297,11 @@ class EmbeddingHandler(ModelTask):
         return mark(options, self.encoder.encode(texts, options), (*self.outputs, "token_states"),
                     self.max_token_vectors)
 
-    def run(self, runner: Any, batch: list[Encoded]) -> np.ndarray:
+    def forward(self, runner: Any, batch: list[Encoded]) -> np.ndarray:
         """Pooled vectors for a batch, the forward pass on ``runner`` (the accuracy gate passes torch's)."""
-        return self.forward(runner, batch)[0]
+        return self.forward_with_states(runner, batch)[0]
 
-    def forward(self, runner: Any, batch: list[Encoded]) -> tuple[np.ndarray, torch.Tensor, torch.Tensor]:
+    def forward_with_states(self, runner: Any, batch: list[Encoded]) -> tuple[np.ndarray, torch.Tensor, torch.Tensor]:
         """The pooled vectors, and the hidden states with the attention mask they were computed under (left on
         the device: only the rows that asked for them are copied out)."""
         ids, mask, _ = self.collate(batch)
@@ -320,8 +320,8 @@ class EmbeddingHandler(ModelTask):
 
     def infer(self, batch: list[Encoded]) -> Any:
         if not asks_states(batch):
-            return self.run(self.runner, batch)
-        pooled, hidden, mask = self.forward(self.runner, batch)
+            return self.forward(self.runner, batch)
+        pooled, hidden, mask = self.forward_with_states(self.runner, batch)
         return [TextOutputs(dense=pooled[row] if e.dense else None, token_states=states_of(hidden, mask, row))
                 if isinstance(e, WithStates) else pooled[row] for row, e in enumerate(batch)]
 

@@ -163,7 +163,7 @@ class LLMRerankHandler(ModelTask):
                                  f"{self.room} tokens the model's limit of {self.max_seq_length} (max_seq_length) "
                                  "leaves after its template; send a shorter query", "context_length_exceeded")
 
-    def run(self, runner: Runner, batch: list[Encoded]) -> np.ndarray:
+    def forward(self, runner: Runner, batch: list[Encoded]) -> np.ndarray:
         """[P(yes), yes - no logit] per pair; the batch is padded on the right, so a row's last real token is at
         its length less one (a causal model's real tokens never see the padding after them)."""
         ids, mask, _ = self.collate(batch)

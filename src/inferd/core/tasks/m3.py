@@ -159,12 +159,12 @@ class M3Handler(TokenVectorTask):
                 pooled = self._dense(pooled)
         return pooled.numpy()
 
-    def run(self, runner: Any, batch: list[Encoded]) -> np.ndarray:
+    def forward(self, runner: Any, batch: list[Encoded]) -> np.ndarray:
         """The dense vectors (what the accuracy gate compares as an embedding's)."""
         out, mask = self.tokens(runner, batch)
         return self.dense(out, mask, batch)
 
-    def run_outputs(self, runner: Any, batch: list[Encoded]) -> dict[str, list[Any]]:
+    def forward_outputs(self, runner: Any, batch: list[Encoded]) -> dict[str, list[Any]]:
         out, mask = self.tokens(runner, batch)
         parts: dict[str, list[Any]] = {"dense": list(self.dense(out, mask, batch))}
         if "sparse" in self.outputs:

@@ -206,7 +206,7 @@ class ColbertHandler(TokenVectorTask):
                     out[i] = self._mark(enc, role)
         return out
 
-    def run(self, runner: Any, batch: list[Encoded]) -> np.ndarray:
+    def forward(self, runner: Any, batch: list[Encoded]) -> np.ndarray:
         """The projected, normalised token vectors ``[batch, length, dim]``, zeros where a text keeps none."""
         longest = max(e.tokens for e in batch)
         ids = torch.full((len(batch), longest), self.pad_id, dtype=torch.long)
@@ -221,8 +221,8 @@ class ColbertHandler(TokenVectorTask):
             out = torch.nn.functional.normalize(runner(ids, mask).float().cpu(), p=2, dim=-1)
         return (out * keep.unsqueeze(-1)).numpy()
 
-    def run_outputs(self, runner: Any, batch: list[Encoded]) -> dict[str, list[Any]]:
-        vectors = self.run(runner, batch)
+    def forward_outputs(self, runner: Any, batch: list[Encoded]) -> dict[str, list[Any]]:
+        vectors = self.forward(runner, batch)
         return {"multivector": [vectors[row, list(e.keep)] if isinstance(e, Marked) else vectors[row, :0]
                                 for row, e in enumerate(batch)]}
 
@@ -232,7 +232,7 @@ class ColbertHandler(TokenVectorTask):
                 for row, enc in enumerate(batch)]
 
     def infer(self, batch: list[Encoded]) -> tuple[list[Encoded], np.ndarray]:  # type: ignore[override]
-        return batch, self.run(self.runner, batch)
+        return batch, self.forward(self.runner, batch)
 
     def warmup(self) -> None:
         self.infer(self.preprocess(["warm up", "a somewhat longer sentence to warm up the padded path"]))

@@ -50,7 +50,7 @@ class SequenceClassifier(ModelTask):
     def scores(self, logits: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
-    def run(self, runner: Runner, batch: list[Encoded]) -> np.ndarray:
+    def forward(self, runner: Runner, batch: list[Encoded]) -> np.ndarray:
         """The task's outputs for a batch, the forward pass on ``runner`` (the accuracy gate passes torch's)."""
         ids, mask, types = self.collate(batch)
         with torch.inference_mode():

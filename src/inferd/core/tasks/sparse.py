@@ -112,14 +112,14 @@ class SparseHandler(ModelTask):
     def preprocess(self, texts: list[str], options: InputOptions = PLAIN_INPUTS) -> list[Encoded]:
         return self.encoder.encode(texts, options)
 
-    def run(self, runner: Any, batch: list[Encoded]) -> np.ndarray:
+    def forward(self, runner: Any, batch: list[Encoded]) -> np.ndarray:
         """The weights over the vocabulary ``[batch, vocab]`` (what the accuracy gate compares)."""
         ids, mask, _ = self.collate(batch)
         with torch.inference_mode():
             return runner(ids, mask).float().cpu().numpy()
 
-    def run_outputs(self, runner: Any, batch: list[Encoded]) -> dict[str, list[Any]]:
-        rows = self.run(runner, batch)
+    def forward_outputs(self, runner: Any, batch: list[Encoded]) -> dict[str, list[Any]]:
+        rows = self.forward(runner, batch)
         return {"sparse": [(np.flatnonzero(r > 0), r[r > 0]) for r in rows]}
 
     def sparse(self, row: np.ndarray) -> SparseVector:
