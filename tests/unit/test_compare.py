@@ -70,4 +70,4 @@ def test_the_cli_takes_a_list_of_revisions_and_refuses_one() -> None:
     assert args.compare == ["08a2169", "main", "."] and args.compare_rounds == 3
     args = build_parser().parse_args(["--compare", "main"])
     with pytest.raises(SystemExit, match="two or more"):
-        compare.run(args, print, None, "")  # type: ignore[arg-type]
+        compare.compare_revisions(args, print, None, "")  # type: ignore[arg-type]

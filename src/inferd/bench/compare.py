@@ -200,7 +200,7 @@ def _cpu_seconds(proc: psutil.Process) -> float:
 # -- the run ------------------------------------------------------------------------------------------------------
 
 
-def run(args: argparse.Namespace, say: Callable[[str], None], logs: Path, command: str) -> dict[str, Any]:
+def compare_revisions(args: argparse.Namespace, say: Callable[[str], None], logs: Path, command: str) -> dict[str, Any]:
     names: list[str] = list(args.compare)
     if len(names) < 2 or len(set(names)) != len(names):
         raise SystemExit("inferd bench --compare: give two or more distinct revisions, e.g. --compare main,.")
@@ -287,7 +287,7 @@ def markdown(result: dict[str, Any]) -> str:
 def main(args: argparse.Namespace, command: str, say: Callable[[str], None]) -> int:
     logs = args.logs or Path(tempfile.mkdtemp(prefix=f"inferd-compare-{time.strftime('%Y%m%d-%H%M%S')}-"))
     logs.mkdir(parents=True, exist_ok=True)
-    result = run(args, say, logs, command)
+    result = compare_revisions(args, say, logs, command)
     args.out.mkdir(parents=True, exist_ok=True)
     md, js = args.out / "compare.md", args.out / "compare.json"
     md.write_text(markdown(result))

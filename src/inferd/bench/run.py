@@ -242,7 +242,7 @@ def _ceiling(args: argparse.Namespace, model: Path, texts: list[str], measure_it
     return tokens
 
 
-def run(args: argparse.Namespace, command: str) -> dict[str, Any]:
+def run_phases(args: argparse.Namespace, command: str) -> dict[str, Any]:
     starts = Starts()
     try:
         return _run(args, command, starts)
@@ -389,7 +389,7 @@ def main(argv: list[str] | None = None) -> int:
               "requirements, make install-dev, to draw them; --no-plot skips them without this message)",
               file=sys.stderr, flush=True)
         plot = False
-    results = run(args, command)
+    results = run_phases(args, command)
     write_outputs(results, args.out, plot=plot)
     for name, value, wanted, met in target_rows(results["ratios"]):
         verdict = "–" if met is None else ("met" if met else "NOT met")
