@@ -143,12 +143,12 @@ class Admission:
             raise EngineError(Kind.WORKER_DEAD, "the inference worker is not running")
         served, pin = self.registry.resolve(request.model, request.task, version=request.version)
         try:
-            return await self._run_model(served, pin, request, disconnected, admitted)
+            return await self._serve_on_model(served, pin, request, disconnected, admitted)
         except EngineError as exc:
             exc.model = served.name  # the request metrics' label: the model that refused it
             raise
 
-    async def _run_model(self, served: ServedModel, pin: str | None, request: InferenceRequest,
+    async def _serve_on_model(self, served: ServedModel, pin: str | None, request: InferenceRequest,
                          disconnected: Disconnected | None, admitted_before: bool = False) -> TaskResult:
         batching, priority, timeout_ms = served.settings.batching, request.priority, request.timeout_ms
         if priority > batching.max_priority:
@@ -192,7 +192,7 @@ class Admission:
                 inputs = [prompt + t for t in inputs]
 
             def compute(texts: list[Any], chosen: InputOptions) -> Awaitable[TaskResult]:
-                return self._run_on(served, slot, texts, chosen, tenant, priority, timeout_ms, disconnected)
+                return self._serve_on_slot(served, slot, texts, chosen, tenant, priority, timeout_ms, disconnected)
 
             if served.cache is None:
                 result = await compute(inputs, options)
@@ -204,7 +204,8 @@ class Admission:
                 result.calibration = await calibration(
                     served, slot,
                     # The load's, measured once for every caller: no tenant's budget or share.
-                    lambda on, texts: self._run_on(served, on, texts, PLAIN_INPUTS, None, priority, timeout_ms, None))
+                    lambda on, texts: self._serve_on_slot(served, on, texts, PLAIN_INPUTS, None, priority, timeout_ms,
+                                                          None))
             # While the slot is held: its version's series cannot have been removed (slot freed) under us.
             self.metrics.version_requests.labels(served.name, slot.version).inc()
             self.metrics.task_items.labels(served.name, slot.task).inc(len(inputs))
@@ -242,7 +243,7 @@ class Admission:
         except ModelNotReady as exc:
             raise not_ready(exc, served.name) from None
 
-    async def _run_on(self, served: ServedModel, slot: ModelSlot, inputs: list[Any], options: InputOptions,
+    async def _serve_on_slot(self, served: ServedModel, slot: ModelSlot, inputs: list[Any], options: InputOptions,
                       tenant: Tenant | None, priority: int, timeout_ms: float | None,
                       disconnected: Disconnected | None) -> TaskResult:
         # Reserved from the tenant's budget before tokenising, so requests tokenising at once see each other's

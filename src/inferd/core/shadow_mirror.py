@@ -52,15 +52,15 @@ class ShadowMirror:
             shadow.report.count("sampled")
             self.metrics.shadow_requests.labels(served.name, "sampled").inc()
             task = asyncio.get_running_loop().create_task(
-                self._run(served, shadow, inputs, options, live, request_id_var.get()))
+                self._compare_on_shadow(served, shadow, inputs, options, live, request_id_var.get()))
         except Exception:  # whatever goes wrong here, the live answer is given
             log.exception("mirroring a request to the shadow candidate failed", extra={"model": served.name})
             return
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _run(self, served: ServedModel, shadow: Shadow, inputs: list[Any], options: InputOptions,
-                   live: TaskResult, request_id: str | None) -> None:
+    async def _compare_on_shadow(self, served: ServedModel, shadow: Shadow, inputs: list[Any], options: InputOptions,
+                                 live: TaskResult, request_id: str | None) -> None:
         """Tokenise for the candidate, queue in the model's shadow lane, and fold both answers into the report.
         Holds the candidate's slot."""
         slot, name, lane = shadow.slot, served.name, shadow_lane(served.name)

@@ -67,7 +67,7 @@ class EmbedServicer(rpc.EmbedServicer):
     def __init__(self, app: Any) -> None:
         self.app, self.s = app, services_of(app)
 
-    async def _run(self, call: Call, message: Any, pin: Pin | None, output: Output | None = None,
+    async def _embed(self, call: Call, message: Any, pin: Pin | None, output: Output | None = None,
                    texts: list[str] | None = None) -> TaskResult:
         """One engine request of ``message``'s text (or of ``texts``, sent with the options of ``message``)."""
         names = NAMES if texts is None else Names("inputs", fields={"outputs": "model"})
@@ -90,13 +90,13 @@ class EmbedServicer(rpc.EmbedServicer):
         return result
 
     async def _dense(self, call: Call, message: Any, pin: Pin | None = None) -> Any:
-        result = await self._run(call, message, pin)
+        result = await self._embed(call, message, pin)
         normalize = message.normalize if message.HasField("normalize") else True  # TEI's default
         v = tei_vectors(result, optional(message, "dimensions"), normalize)[0]
         return pb.EmbedResponse(embeddings=v.tolist(), metadata=metadata(result, len(message.inputs)))
 
     async def _sparse(self, call: Call, message: Any, pin: Pin | None = None) -> Any:
-        result = await self._run(call, message, pin, SPARSE)
+        result = await self._embed(call, message, pin, SPARSE)
         outputs = hybrid.outputs_of(result, (SPARSE.name,))
         hybrid.check_sparse_weights(outputs, self.s.settings.limits.max_sparse_weights)
         pairs = hybrid.sparse_pairs(outputs[0].sparse) if outputs[0].sparse is not None else []
@@ -104,7 +104,7 @@ class EmbedServicer(rpc.EmbedServicer):
                                       metadata=metadata(result, len(message.inputs)))
 
     async def _all(self, call: Call, message: Any, pin: Pin | None = None) -> Any:
-        result = await self._run(call, message, pin, TOKEN_STATES)
+        result = await self._embed(call, message, pin, TOKEN_STATES)
         outputs = hybrid.outputs_of(result, (TOKEN_STATES.name,))
         hybrid.check_token_vectors(outputs, self.s.settings.limits.max_multivector_tokens)
         rows = np.asarray(outputs[0].token_states, dtype=np.float32).tolist()
@@ -125,7 +125,7 @@ class EmbedServicer(rpc.EmbedServicer):
         first = group[0]
         if len(group) > 1 and all(_alike(m, first) for m in group[1:]):
             try:
-                result = await self._run(call, first, pin, texts=[m.inputs for m in group])
+                result = await self._embed(call, first, pin, texts=[m.inputs for m in group])
                 normalize = first.normalize if first.HasField("normalize") else True
                 rows = tei_vectors(result, optional(first, "dimensions"), normalize)
                 return [pb.EmbedResponse(embeddings=v.tolist(), metadata=metadata(result, len(m.inputs), n))
