@@ -17,7 +17,7 @@ DIM = 8
 TEXTS = [f"text {i} " + "abcdefghij"[i % 10] * (i % 13 + 1) for i in range(64)]
 
 
-class Probe:
+class GatedTask:
     """Texts tokenised by character; a vector per text a fixed function of its ids, changed by the runner."""
 
     task = "embedding"
@@ -51,11 +51,11 @@ def exact(v: np.ndarray, e: Encoded, longest: int) -> np.ndarray:
 
 
 def figures(candidate: Any) -> gate_figures.GateFigures:
-    return gate.measure(Probe(), exact, candidate, TEXTS)  # type: ignore[arg-type, return-value]
+    return gate.measure(GatedTask(), exact, candidate, TEXTS)  # type: ignore[arg-type, return-value]
 
 
 def test_cheap_shapes_cover_every_input_and_costly_ones_every_long_document() -> None:
-    probe = Probe()
+    probe = GatedTask()
     items = gate_inputs.encode_set(probe, TEXTS)
     long = {i for i, e in enumerate(items) if e.tokens == probe.max_seq_length}
     at_limit = set(range(gate_inputs.AT_LIMIT_SHARE - 1, len(items), gate_inputs.AT_LIMIT_SHARE))
@@ -74,7 +74,7 @@ def test_cheap_shapes_cover_every_input_and_costly_ones_every_long_document() ->
 def test_a_text_outside_the_subset_is_still_judged() -> None:
     """Input 0 is in no costly shape; a candidate wrong on it alone is refused from the cheap shapes."""
     assert 0 not in gate_shapes.subset(len(TEXTS), gate_shapes.PADDED)
-    first = Probe().preprocess([TEXTS[0]])[0].ids
+    first = GatedTask().preprocess([TEXTS[0]])[0].ids
 
     def wrong_on_first(v: np.ndarray, e: Encoded, longest: int) -> np.ndarray:
         return -v if e.ids == first else v
@@ -97,7 +97,7 @@ def test_a_wrong_mask_is_caught_on_the_subset() -> None:
 
 
 def test_the_costly_shapes_run_a_quarter_of_their_rows() -> None:
-    probe = Probe()
+    probe = GatedTask()
     items = gate_inputs.encode_set(probe, TEXTS)
     filler = gate_inputs.filler_for(probe, TEXTS)
     for name, plan in gate_shapes.plans(gate_inputs.BUILTIN_SEED).items():

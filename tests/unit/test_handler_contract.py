@@ -4,7 +4,7 @@ only a class that derives from it.
 
 Read from the source. A ``getattr``/``hasattr`` call is on a handler when its object is: a name or attribute
 path whose last part is ``handler`` or ends in ``handler`` (``slot.handler``, ``new_handler``); a parameter or
-variable annotated with a handler type (``Handler``, ``ModelTask``, the gate's ``Probe``, or any class deriving
+variable annotated with a handler type (``Handler``, ``ModelTask``, the gate's ``GatedTask``, or any class deriving
 from them); an attribute of ``self`` that a method of the class sets from such a parameter (``self.inner =
 inner``); or ``self``/``cls`` in a method of a handler class. Only
 core/tasks/base.py, where the defaults are declared, is exempt. A getattr on something else (a model config, a
@@ -28,7 +28,7 @@ SRC = ROOT / "src" / "inferd"
 EXEMPT = {Path("core/tasks/base.py")}
 PROBES = {"getattr", "hasattr"}
 # The contract and the gate's view of it; classes deriving from them (by name, in any scanned module) join.
-ROOTS = {"Handler", "ModelTask", "Probe"}
+ROOTS = {"Handler", "ModelTask", "GatedTask"}
 
 
 def handler_classes(trees: list[ast.Module]) -> set[str]:
@@ -143,7 +143,7 @@ def test_the_scan_finds_probes_by_name_by_type_and_on_self_and_nothing_else() ->
             "    getattr(config, 'max_position_embeddings', 512)\n"   # a config: not counted
             "    getattr(args, 'model', None)\n"                      # argparse: not counted
             "    getattr(head.group, 'pads', True)\n"                 # a slot: not counted
-            "def g(p: Probe, x: 'Handler | None', n: int):\n"
+            "def g(p: GatedTask, x: 'Handler | None', n: int):\n"
             "    getattr(p, 'multi_label', False)\n"                  # by type
             "    hasattr(x, 'describe')\n"                            # by type, quoted
             "    getattr(n, 'real')\n"

@@ -17,7 +17,7 @@ from inferd.settings import GateSettings
 VOCAB, DIM = 64, 8
 
 
-class Probe:
+class GatedTask:
     """Texts tokenised by character; each output a fixed function of the ids, changed by ``runner``'s fault."""
 
     task = "embedding"
@@ -57,7 +57,7 @@ def exact(w: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def judged(candidate: Any) -> list[str]:
     texts = [f"text {i} " + "abcdefghij"[i % 10] * (i % 13 + 1) + "xyz"[i % 3] * (i % 5) for i in range(40)]
-    figures = gate.measure(Probe(), exact, candidate, texts)  # type: ignore[arg-type]
+    figures = gate.measure(GatedTask(), exact, candidate, texts)  # type: ignore[arg-type]
     return gate_verdict.judge(figures, "fp32", GateSettings())
 
 

@@ -199,7 +199,7 @@ def _texts(options: BackendOptions) -> tuple[list[str], list[str], str]:
             gate_inputs.builtin_texts(options.gate.calibration_texts, gate_inputs.CALIBRATION_SEED), "builtin:1")
 
 
-def task_model(path: Path, safetensors: bool, head: str, probe: gate_inputs.Probe) -> torch.nn.Module:
+def task_model(path: Path, safetensors: bool, head: str, probe: gate_inputs.GatedTask) -> torch.nn.Module:
     """The model a runner runs and an export traces: the folder's, under the task's head module for the heads a
     task defines (backends/base.py TASK_HEADS)."""
     model = load_model(path, safetensors, head)
@@ -247,7 +247,7 @@ def _convert(model: torch.nn.Module, options: BackendOptions, work: Path, given:
     return onnx.quantize_static(source, work, gate_inputs.only_inputs(samples, names))
 
 
-def build(path: Path, entry: Path, key: dict[str, Any], options: BackendOptions, probe: gate_inputs.Probe,
+def build(path: Path, entry: Path, key: dict[str, Any], options: BackendOptions, probe: gate_inputs.GatedTask,
           safetensors: bool, threads: int) -> dict[str, Any]:
     """Export, quantise and judge into a temporary folder, then rename it into place."""
     started = time.perf_counter()
@@ -298,7 +298,7 @@ def build(path: Path, entry: Path, key: dict[str, Any], options: BackendOptions,
     return meta
 
 
-def open_backend(path: Path, options: BackendOptions, device: torch.device, probe: gate_inputs.Probe,
+def open_backend(path: Path, options: BackendOptions, device: torch.device, probe: gate_inputs.GatedTask,
                  safetensors: bool = True) -> Runner:
     """The runner for this model and these options: torch eager, or a cached (exported once) graph."""
     check_options(options, device)

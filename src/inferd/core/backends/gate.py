@@ -42,14 +42,14 @@ import numpy as np
 from inferd.core.agreement import cosine_rows, overlap_at_k
 from inferd.core.backends.base import BackendError, Runner
 from inferd.core.backends.gate_figures import Figures, GateFigures, ScoreFigures
-from inferd.core.backends.gate_inputs import BUILTIN_SEED, OVERLAP_K, Probe, encode_set, filler_for
+from inferd.core.backends.gate_inputs import BUILTIN_SEED, OVERLAP_K, GatedTask, encode_set, filler_for
 from inferd.core.backends.gate_shapes import Tally, on, outputs, outputs_of, plans, subset
 from inferd.core.preprocess import Encoded
 from inferd.core.tasks.embedding_task import DEFAULT_OUTPUTS
 from inferd.core.tasks.kinds import outputs_given, task_of
 
 
-def measure(probe: Probe, reference: Runner, candidate: Runner, texts: Sequence[str],
+def measure(probe: GatedTask, reference: Runner, candidate: Runner, texts: Sequence[str],
             seed: int = BUILTIN_SEED) -> Figures:
     """Compare the candidate's outputs with the reference's at every batch shape: as vectors (each of an embedding
     model's outputs, when it gives more than a dense vector) or as the task's scores."""
@@ -76,7 +76,7 @@ def worst(values: Sequence[float | None], upper: bool = False) -> float | None:
     return max(present) if upper else min(present)
 
 
-def reference_outputs(probe: Probe, reference: Runner, items: list[Encoded], plan: list[list[int]],
+def reference_outputs(probe: GatedTask, reference: Runner, items: list[Encoded], plan: list[list[int]],
                       filler: Encoded, tally: Tally) -> np.ndarray:
     ref = outputs(probe, reference, items, plan, filler, tally)
     if bad := nonfinite_rows(ref):
@@ -85,7 +85,7 @@ def reference_outputs(probe: Probe, reference: Runner, items: list[Encoded], pla
     return ref
 
 
-def measure_scores(probe: Probe, reference: Runner, candidate: Runner, texts: Sequence[str],
+def measure_scores(probe: GatedTask, reference: Runner, candidate: Runner, texts: Sequence[str],
                    seed: int = BUILTIN_SEED) -> ScoreFigures:
     """A task's scores (the task's ``gate_scores``: a reranker's score column, a classifier's probabilities),
     compared by the task's ``gate_figures``."""
@@ -126,7 +126,7 @@ def measure_scores(probe: Probe, reference: Runner, candidate: Runner, texts: Se
                         nonfinite=nonfinite, ran=tally.as_dict())
 
 
-def measure_embeddings(probe: Probe, reference: Runner, candidate: Runner, texts: Sequence[str],
+def measure_embeddings(probe: GatedTask, reference: Runner, candidate: Runner, texts: Sequence[str],
                        seed: int = BUILTIN_SEED) -> GateFigures:
     """Cosine, overlap and invariance of pooled vectors at every batch shape."""
     items = encode_set(probe, texts)
@@ -185,7 +185,7 @@ def output_figures(ref: dict[str, list[Any]], got: dict[str, list[Any]], ranked:
     return out
 
 
-def measure_outputs(probe: Probe, reference: Runner, candidate: Runner, texts: Sequence[str],
+def measure_outputs(probe: GatedTask, reference: Runner, candidate: Runner, texts: Sequence[str],
                     seed: int = BUILTIN_SEED) -> GateFigures:
     """An embedding model of several outputs: each output's figures at every batch shape, the worst counting."""
     items = encode_set(probe, texts)

@@ -39,7 +39,7 @@ OVERLAP_K = 10
 LONG_TOKENS = 512
 
 
-class Probe(Protocol):
+class GatedTask(Protocol):
     """What the gate needs from a task's handler: tokenise its inputs (texts, or (query, document) pairs for
     rerank), collate, and the task's outputs for a forward pass (vectors, [score, raw] rows, probabilities)."""
 
@@ -93,12 +93,12 @@ def read_calibration_file(path: Path) -> list[str]:
 # -- the inputs made of them ------------------------------------------------------------------------------
 
 
-def long_length(probe: Probe) -> int:
+def long_length(probe: GatedTask) -> int:
     """The gate's long documents' length in tokens: the model's limit, at most LONG_TOKENS."""
     return min(probe.max_seq_length, LONG_TOKENS)
 
 
-def at_limit(probe: Probe, texts: Sequence[str], start: int = 0, query: str | None = None) -> Encoded:
+def at_limit(probe: GatedTask, texts: Sequence[str], start: int = 0, query: str | None = None) -> Encoded:
     """A long document that fills the gate's long length (``long_length``: truncated, or cut to fit): the
     texts from ``start`` on, joined (after ``query``, for a pair). Distinct texts, not one text repeated: a
     phrase repeated a hundred times is an input no encoder was trained on, and its output says little about a
@@ -141,7 +141,7 @@ def at_limit(probe: Probe, texts: Sequence[str], start: int = 0, query: str | No
     return best
 
 
-def encode_set(probe: Probe, texts: Sequence[str]) -> list[Encoded]:
+def encode_set(probe: GatedTask, texts: Sequence[str]) -> list[Encoded]:
     """The task's gate inputs made from the texts, tokenised; every AT_LIMIT_SHARE-th one replaced by a
     long document at the length limit (for a pair: the same query with a long document)."""
     texts = list(texts)
@@ -158,7 +158,7 @@ def encode_set(probe: Probe, texts: Sequence[str]) -> list[Encoded]:
     return out
 
 
-def filler_for(probe: Probe, texts: Sequence[str]) -> Encoded:
+def filler_for(probe: GatedTask, texts: Sequence[str]) -> Encoded:
     """The long input that pads the gate's padded batches."""
     return at_limit(probe, texts, 0, task_of(probe.task).gate_query)
 
@@ -166,7 +166,7 @@ def filler_for(probe: Probe, texts: Sequence[str]) -> Encoded:
 # -- int8 calibration's samples ---------------------------------------------------------------------------
 
 
-def calibration_samples(probe: Probe, encoded: Sequence[Encoded]) -> list[dict[str, Any]]:
+def calibration_samples(probe: GatedTask, encoded: Sequence[Encoded]) -> list[dict[str, Any]]:
     """One graph input per input (no padding: padded rows would widen the measured activation ranges)."""
     out = []
     for e in encoded:

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from inferd.core.backends.base import Runner
-from inferd.core.backends.gate_inputs import Probe
+from inferd.core.backends.gate_inputs import GatedTask
 from inferd.core.preprocess import Encoded
 
 Plan = Callable[[list[Encoded]], list[list[int]]]
@@ -83,7 +83,7 @@ def on(covered: list[int], plan: Plan, items: list[Encoded]) -> list[list[int]]:
     return [[covered[j] if j >= 0 else -1 for j in batch] for batch in plan([items[i] for i in covered])]
 
 
-def outputs(probe: Probe, runner: Runner, items: list[Encoded], plan: list[list[int]],
+def outputs(probe: GatedTask, runner: Runner, items: list[Encoded], plan: list[list[int]],
             filler: Encoded, tally: Tally | None = None, covered: list[int] | None = None) -> np.ndarray:
     """The rows of the inputs ``covered`` (all, by default), in that order, computed in the plan's batches."""
     rows: list[np.ndarray | None] = [None] * len(items)
@@ -99,7 +99,7 @@ def outputs(probe: Probe, runner: Runner, items: list[Encoded], plan: list[list[
                     ).astype(np.float64)
 
 
-def outputs_of(probe: Probe, runner: Runner, items: list[Encoded], plan: list[list[int]], filler: Encoded,
+def outputs_of(probe: GatedTask, runner: Runner, items: list[Encoded], plan: list[list[int]], filler: Encoded,
                tally: Tally) -> dict[str, list[Any]]:
     """Each output's value per input (``forward_outputs``), over a batch plan."""
     rows: dict[str, list[Any]] = {}
