@@ -174,7 +174,7 @@ class ModelChangeBusy(Exception):
     """Another model change holds the manager's change lock: the candidate waits and tries again."""
 
 
-# Switch the serving model to a candidate's runtime (the manager's ``switch_runtime``): returns when it serves,
+# Switch the serving model to a candidate's runtime (``Rollout.switch_runtime``): returns when it serves,
 # raises ModelChangeBusy when another change is loading, or any other exception when the candidate is refused.
 Switch = Callable[[dict[str, str]], object]
 # Told each time a verdict changes (the app publishes them as metrics).
