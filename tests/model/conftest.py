@@ -3,6 +3,7 @@ built under, so a configuration exported by one module (OpenVINO static int8, sa
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -14,4 +15,12 @@ MINILM_GATE = (("texts", 128),)
 
 @pytest.fixture(scope="session")
 def minilm_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("minilm-backends")
+    """The run's export cache. Under pytest-xdist (``make test``) each worker process has a temporary folder of
+    its own inside the run's: the cache lies in the run's, so a module on one worker finds what a module on the
+    other exported (one that asks while the other exports waits on the cache entry's lock, then reads it)."""
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent
+    folder = root / "minilm-backends"
+    folder.mkdir(exist_ok=True)
+    return folder
