@@ -65,6 +65,10 @@ class RequestContextMiddleware:
         self.metrics = metrics
         self.paths = paths
         self.access = access
+        # The request counter's and histogram's series by (endpoint, status, model), looked up once: prometheus'
+        # labels() validates, converts and locks on every call. Bounded as the labels are (route paths, statuses,
+        # configured models), and those two families never drop a series.
+        self._series: dict[tuple[str, str, str], tuple[Any, Any]] = {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -88,19 +92,18 @@ class RequestContextMiddleware:
             if message["type"] == "http.response.start":
                 response_started[0] = True
                 status[0] = message["status"]
-                headers = MutableHeaders(scope=message)
-                headers["X-Request-ID"] = rid
-                headers["X-Process-Time"] = f"{(time.perf_counter() - started) * 1e3:.3f}"
+                ours = [("X-Request-ID", rid), ("X-Process-Time", f"{(time.perf_counter() - started) * 1e3:.3f}")]
                 if "queue_ms" in ctx:
-                    headers["X-Queue-Time"] = f"{ctx['queue_ms']:.3f}"
-                    headers["X-Inference-Time"] = f"{ctx['inference_ms']:.3f}"
+                    ours.append(("X-Queue-Time", f"{ctx['queue_ms']:.3f}"))
+                    ours.append(("X-Inference-Time", f"{ctx['inference_ms']:.3f}"))
                 if "version" in ctx:
-                    headers["X-Model-Version"] = str(ctx["version"])
+                    ours.append(("X-Model-Version", str(ctx["version"])))
                 if "runtime" in ctx:
-                    headers["X-Inferd-Runtime"] = str(ctx["runtime"])
+                    ours.append(("X-Inferd-Runtime", str(ctx["runtime"])))
                 extra = scope.get(EXTRA_HEADERS)
                 if extra is not None:
-                    headers.update(extra(time.monotonic()))
+                    ours += extra(time.monotonic()).items()
+                set_headers(message, ours)
             await send(message)
 
         try:
@@ -129,10 +132,15 @@ class RequestContextMiddleware:
             # A route with parameters (/v2/models/{name}/infer) by its template, which routing left in the scope.
             template = getattr(scope.get("route"), "path_format", None)
             endpoint = path if path in self.paths else template if template in self.paths else "other"
-            model = str(ctx.get("model", ""))
-            self.metrics.requests.labels(endpoint, str(status[0]), model).inc()
-            self.metrics.request_duration.labels(endpoint, model).observe(elapsed)
-            if self.access:
+            key = (endpoint, str(status[0]), str(ctx.get("model", "")))
+            series = self._series.get(key)
+            if series is None:
+                series = self._series[key] = (self.metrics.requests.labels(*key),
+                                              self.metrics.request_duration.labels(key[0], key[2]))
+            series[0].inc()
+            series[1].observe(elapsed)
+            # The line's fields are built only when it is written (the log level may leave it out).
+            if self.access and access_log.isEnabledFor(logging.INFO):
                 access_log.info(
                     "%s %s %d", scope.get("method"), path, status[0],
                     extra={"endpoint": endpoint, "status": status[0], "duration_ms": round(elapsed * 1e3, 3),
@@ -195,6 +203,21 @@ async def overloaded(scope: Scope, receive: Receive, send: Send) -> None:
     """The answer past ``server.limit_concurrency`` (inferd.server.http routes requests here)."""
     await _send_error(send, APIError(503, "the server is at its connection limit (server.limit_concurrency); "
                                      "retry shortly", "overloaded", headers={"Retry-After": "1"}))
+
+
+def set_headers(message: Message, headers: list[tuple[str, str]]) -> None:
+    """Set response headers on an ``http.response.start`` message as starlette's MutableHeaders does one by one (a
+    name already there replaced in place, its repeats dropped; a new one appended), in one pass for the common case
+    where none is there yet: MutableHeaders scans the whole list for every header set."""
+    raw = message["headers"] = list(message.get("headers", ()))
+    pairs = [(name.lower().encode("latin-1"), value.encode("latin-1")) for name, value in headers]
+    names = {name for name, _ in pairs}
+    if len(names) == len(pairs) and not any(name in names for name, _ in raw):
+        raw += pairs
+        return
+    mutable = MutableHeaders(scope=message)
+    for name, value in headers:
+        mutable[name] = value
 
 
 def _header(scope: Scope, name: bytes) -> str | None:
