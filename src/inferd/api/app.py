@@ -70,7 +70,11 @@ metrics_router = APIRouter()
 # No trailing-slash redirect: the router answered one before any route's key check, built from the Host header
 # (`GET /admin/models/` with `Host: evil.example` -> 307 to http://evil.example/admin/models, no key asked); a
 # path with a slash too many is a 404 like any unknown path. The documentation is api/docs.py's, keyed.
-_NO_BUILT_INS: dict[str, Any] = {"redirect_slashes": False, "openapi_url": None, "docs_url": None, "redoc_url": None}
+_NO_BUILT_INS: dict[str, Any] = {"redirect_slashes": False, "openapi_url": None, "docs_url": None, "redoc_url": None,
+                                 # No FastAPI native telemetry: inferd's own spans are the server spans
+                                 # (utils/tracing.py), and asking whether a global provider is set cost every
+                                 # request three environment look-ups.
+                                 "telemetry": {"tracing": False, "metrics": False, "logs": False}}
 
 
 @metrics_router.get("/metrics", responses=responses(raw_body(CONTENT_TYPE_LATEST, {"type": "string"}), 401))
