@@ -4,13 +4,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from conftest import metric_value
 from fakes import HashHandler, loader_for
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from settingskit import make_settings
+from starlette.datastructures import MutableHeaders
 
 from inferd.api.app import create_admin_app, create_app, route_paths
+from inferd.api.middleware import set_headers
 
 ADMIN_PATHS = {"/admin/memory", "/admin/models/reload", "/admin/models/canary", "/admin/models/promote",
                "/admin/models/rollback", "/admin/models", "/admin/models/shadow", "/admin/models/shadow/promote",
@@ -69,3 +72,27 @@ def test_a_route_with_parameters_is_labelled_by_its_template_not_the_path_sent(t
     assert metric_value(exposition, "inferd_requests_total", endpoint=template, status="200") == 1
     assert metric_value(exposition, "inferd_requests_total", endpoint=template, status="404") == 2
     assert "/v2/models/nope" not in exposition
+
+
+def _by_mutable_headers(headers: list[tuple[bytes, bytes]], sets: list[tuple[str, str]]) -> list[tuple[bytes, bytes]]:
+    message = {"type": "http.response.start", "status": 200, "headers": list(headers)}
+    mutable = MutableHeaders(scope=message)
+    for name, value in sets:
+        mutable[name] = value
+    return message["headers"]
+
+
+@pytest.mark.parametrize("headers", [
+    [(b"content-type", b"application/json"), (b"content-length", b"2")],
+    # a name set again: replaced where it stood, its repeats dropped
+    [(b"x-request-id", b"old"), (b"content-length", b"2"), (b"x-request-id", b"older")],
+    [],
+])
+@pytest.mark.parametrize("sets", [
+    [("X-Request-ID", "abc"), ("X-Process-Time", "1.500")],
+    [("X-Request-ID", "abc"), ("x-request-id", "again")],  # the same name twice: the last value wins
+])
+def test_response_headers_are_set_as_starlettes_mutable_headers_sets_them(headers: list, sets: list) -> None:
+    message = {"type": "http.response.start", "status": 200, "headers": list(headers)}
+    set_headers(message, sets)
+    assert message["headers"] == _by_mutable_headers(headers, sets)
