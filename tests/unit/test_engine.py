@@ -321,3 +321,29 @@ def test_a_request_s_bound_is_the_largest_served_model_s_queue_as_the_models_cha
         assert engine.limits.max_queue == 64
 
     kit.run(scenario)
+
+
+def test_a_request_s_model_is_resolved_once(tmp_path: Path):
+    """The engine resolves a request's model once and hands it on (to the default chunking and to admission); an
+    unknown model is still refused by admission, in its own order."""
+    handler = HashHandler()
+    kit = make_engine(tmp_path, handler)
+    engine = kit.engine
+    calls: list[tuple[Any, ...]] = []
+    resolve = engine.registry.resolve
+
+    def counted(*args: Any, **kw: Any) -> Any:
+        calls.append(args)
+        return resolve(*args, **kw)
+
+    engine.registry.resolve = counted  # type: ignore[method-assign]
+
+    async def scenario() -> None:
+        result = await engine.process(engine.request(["one text", "and another"]))
+        assert result.outputs == [vector_for("one text"), vector_for("and another")]
+        assert len(calls) == 1
+        with pytest.raises(EngineError) as refused:
+            await engine.process(engine.request(["x"], model="nope"))
+        assert refused.value.kind is Kind.MODEL_NOT_FOUND
+
+    kit.run(scenario)

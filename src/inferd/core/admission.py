@@ -29,7 +29,7 @@ from inferd.core.errors import ClientGone, EngineError, Kind, ModelNotReady, dea
 from inferd.core.outcomes import Failure, Outcome, TaskResult, Ticket, WorkItem
 from inferd.core.preprocess import InputError
 from inferd.core.prompts import prompt_text
-from inferd.core.registry import ModelRegistry, ServedModel
+from inferd.core.registry import ModelRegistry, Resolved, ServedModel
 from inferd.core.request import InferenceRequest, input_refusal
 from inferd.core.shadow_mirror import ShadowMirror
 from inferd.core.slots import ModelSlot
@@ -128,20 +128,21 @@ class Admission:
     # -- one request -----------------------------------------------------------------------------------
 
     async def serve_inputs(self, request: InferenceRequest, disconnected: Disconnected | None = None, *,
-                           admitted: bool = False) -> TaskResult:
+                           admitted: bool = False, resolved: Resolved | None = None) -> TaskResult:
         """One request's inputs (texts, or (query, document) pairs) through the model, one result each.
 
         The request was validated when it was built (core/request.py); here only what depends on the model:
         its task (``request.task``), its priority bound and queue, the size it allows (``dimensions``) and its
         prompts, all read from the description of the slot picked to run the request, before any work.
-        ``admitted``: the request's tenant was admitted by the caller, for the whole of a document's pieces.
+        ``admitted``: the request's tenant was admitted by the caller, for the whole of a document's pieces;
+        ``resolved``: the request's model as the engine resolved it (None: resolved here).
         """
         if self.draining:
             raise EngineError(Kind.DRAINING, "the server is draining; retry on another instance")
         if not self.worker_alive():
             # The cause (an exception's text) is for the log and /admin/models, not for every client.
             raise EngineError(Kind.WORKER_DEAD, "the inference worker is not running")
-        served, pin = self.registry.resolve(request.model, request.task, version=request.version)
+        served, pin = resolved or self.registry.resolve(request.model, request.task, version=request.version)
         try:
             return await self._serve_on_model(served, pin, request, disconnected, admitted)
         except EngineError as exc:

@@ -23,13 +23,13 @@ from inferd.core.admission import Admission
 from inferd.core.batcher import BatchQueue
 from inferd.core.budgets import with_budgets
 from inferd.core.cache import ResultCache
-from inferd.core.errors import ModelLoadError, ModelNotReady, ReloadInProgress
+from inferd.core.errors import EngineError, ModelLoadError, ModelNotReady, ReloadInProgress
 from inferd.core.instances import Instance
 from inferd.core.loading import load_handler
 from inferd.core.manager import ModelManager
 from inferd.core.outcomes import TaskResult, WorkItem
 from inferd.core.pieces import Documents
-from inferd.core.registry import ModelRegistry, ServedModel
+from inferd.core.registry import ModelRegistry, Resolved, ServedModel
 from inferd.core.request import InferenceRequest, Limits
 from inferd.core.scheduler import Policy
 from inferd.core.slots import ModelSlot
@@ -245,10 +245,14 @@ class InferenceEngine:
         """The one call: a request built by ``request`` (validated) through the model it names (or its task's
         default), one result per input, with the description of the model load that computed them. Raises
         EngineError, or ClientGone when ``disconnected`` returns first (core/admission.py Admission.serve_inputs)."""
-        request = self.documents.with_default(request)
+        try:  # the model, resolved once for the request; a refusal is admission's to give, in its own order
+            resolved: Resolved | None = self.registry.resolve(request.model, request.task, version=request.version)
+        except EngineError:
+            resolved = None
+        request = self.documents.with_default(request, resolved)
         if request.chunking is not None:
             return await self.documents.serve_pieces(request, disconnected)
-        return await self.admission.serve_inputs(request, disconnected)
+        return await self.admission.serve_inputs(request, disconnected, resolved=resolved)
 
     def hold(self, model: str | None = None, task: str | None = None) -> AbstractAsyncContextManager[ModelSlot]:
         """A slot of the named (or ``task``'s default) model, held while the block runs; raises EngineError

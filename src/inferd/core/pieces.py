@@ -29,7 +29,7 @@ from inferd.core.chunking import LATE, Chunking, Piece, backend, split
 from inferd.core.errors import EngineError, Kind, deadline_passed
 from inferd.core.outcomes import TaskResult, merged_timings
 from inferd.core.prompts import prompt_text
-from inferd.core.registry import ModelRegistry
+from inferd.core.registry import ModelRegistry, Resolved
 from inferd.core.request import InferenceRequest
 from inferd.core.slots import ModelSlot
 from inferd.core.tasks.embedding_task import TOKEN_STATES
@@ -76,16 +76,12 @@ class Documents:
         # Splitting a megabyte takes a core for a second or more: off the event loop, this many at a time.
         self._threads = asyncio.Semaphore(limits.preprocess_concurrency)
 
-    def with_default(self, request: InferenceRequest) -> InferenceRequest:
-        """``request`` with its model's default chunking (model.chunking) when it asks none itself; the model is
-        resolved as admission resolves it (an unknown one is refused the same way)."""
-        if request.chunking is not None or request.pairs or not mergeable(request.outputs):
+    def with_default(self, request: InferenceRequest, resolved: Resolved | None) -> InferenceRequest:
+        """``request`` with its model's default chunking (model.chunking) when it asks none itself; ``resolved``:
+        the request's model as the registry resolved it (None: no served model; admission refuses it)."""
+        if resolved is None or request.chunking is not None or request.pairs or not mergeable(request.outputs):
             return request
-        try:
-            served, _ = self.registry.resolve(request.model, request.task, version=request.version)
-        except EngineError:
-            return request  # admission refuses it, as it refuses any request naming no served model
-        default = served.settings.model.chunking
+        default = resolved[0].settings.model.chunking
         if default is None:
             return request
         chunking = Chunking(default.mode, default.max_tokens, default.overlap).check()

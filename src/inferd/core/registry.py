@@ -47,6 +47,10 @@ def _listing(models: list[ServedModel]) -> str:
     return ", ".join(f"{m.name} ({m.task or 'task unknown'})" for m in models) or "none"
 
 
+# A request's model and the version pinned on its manager (None: its routing decides), as ``resolve`` gives them.
+Resolved = tuple[ServedModel, str | None]
+
+
 class ModelRegistry:
     """Name -> ServedModel, in configuration order. Changed on the event loop (start, SIGHUP); read anywhere."""
 
@@ -110,8 +114,7 @@ class ModelRegistry:
         name, at, version = (requested or "").partition("@")
         return self.resolve(name or None, None, version=version if at else None)[0].task
 
-    def resolve(self, name: str | None, task: str | None, *, version: str | None = None
-                ) -> tuple[ServedModel, str | None]:
+    def resolve(self, name: str | None, task: str | None, *, version: str | None = None) -> Resolved:
         """The model a request runs on and the version to pin on its manager (None: its routing decides);
         refuses (MODEL_NOT_FOUND, WRONG_TASK) with the names that are served.
 
