@@ -135,7 +135,17 @@ class OpenVINORunner(GraphRunner):
         if self.dtype == "mixed":
             source, self._kept = self._mixed(core, graph_path)
         try:
-            self._compiled = core.compile_model(source, "CPU", config)
+            try:
+                self._compiled = core.compile_model(source, "CPU", config)
+            except RuntimeError:
+                if compile_cache is None:
+                    raise
+                # A blob another process is still writing into the shared compile cache (two prepares, or a
+                # fleet's workers, on one cold cache) fails to load: compile from the graph without the cache.
+                log.warning("OpenVINO could not compile %s through its compile cache %s; compiling without it",
+                            graph_path, compile_cache, exc_info=True)
+                core = ov.Core()
+                self._compiled = core.compile_model(source, "CPU", config)
             # Several instances: the same graph compiled again as one stream of every thread, for a batch that is
             # its model's only work (core/instances.py Sharing): a lone request on one instance's one thread
             # took 1.3-1.6x as long as on two (bench/RESULTS.md, "Alone on every thread"). The weights are shared
