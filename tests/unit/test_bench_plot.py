@@ -17,13 +17,13 @@ def test_without_matplotlib_the_run_says_so_first_and_writes_its_figures(
         tiny_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib` fails, as on the runtime install
     said_before: list[str] = []
-    real = bench_run.run
+    real = bench_run.run_phases
 
     def spied(args: Any, command: str) -> dict[str, Any]:
         said_before.append(capsys.readouterr().err)
         return real(args, command)
 
-    monkeypatch.setattr(bench_run, "run", spied)
+    monkeypatch.setattr(bench_run, "run_phases", spied)
     # A phase that fails at once (its server refuses its settings) keeps the run short; its report is written.
     rc = bench_run.main(["--quick", "--model", str(tiny_model), "--out", str(tmp_path), "--logs", str(tmp_path),
                          "--phases", "closed", "--server-env", "INFERD__BATCHING__MAX_BATCH_SIZE=-1"])
