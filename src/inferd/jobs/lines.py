@@ -13,10 +13,11 @@ Interface (the server's runner, jobs/runner.py, and ``inferd batch`` build on it
   POST, url equal to the batch's endpoint, body valid under the online route's schema); a bad line is a ``Record``
   (an error record naming what is wrong), never dropped. ``parse_all(raws, first, endpoint, job, duplicates)`` does
   a list (a chunk), refusing the lines ``duplicates_in(all_raws)`` names: a ``custom_id`` an earlier line has.
-- ``LineRunner(app).route_lines(lines, endpoint, tenant) -> list[Record]``: each line given to the app's own route
-  for the endpoint (the route function a POST reaches: the same body parsing, validation and engine call, so a body
-  equals what the online endpoint answers), all at once so the scheduler packs them, each at the endpoint's lowest
-  priority and the longest deadline, as ``tenant`` (the tenant a key check would have set).
+- ``LineRunner(app, in_flight).route_lines(lines, endpoint, tenant) -> list[Record]``: each line given to the app's
+  own route for the endpoint (the route function a POST reaches: the same body parsing, validation and engine call,
+  so a body equals what the online endpoint answers), ``in_flight`` at a time over every call so the scheduler packs
+  them, each at the endpoint's lowest priority and the longest deadline, as ``tenant`` (the tenant a key check would
+  have set).
 - ``Record``: one output line in OpenAI's batch output shape, ``{"id", "custom_id", "response": {"status_code",
   "request_id", "body"}, "error"}``; ``ok`` says which file it belongs to (output or error), ``retry`` that the
   answer was "not now" (429, 503, 504): the runner runs that line again rather than record it.
@@ -243,7 +244,7 @@ class LineRunner:
     middleware and FastAPI's routing are left out (they were most of a line's cost: a tiny model ran 5x slower
     behind them); what the route answers is the same."""
 
-    def __init__(self, app: Starlette, in_flight: int = 128) -> None:
+    def __init__(self, app: Starlette, in_flight: int) -> None:
         """``in_flight``: lines given to the route at once, over every ``route_lines`` of this runner."""
         self.app = app
         self._room = asyncio.Semaphore(in_flight)

@@ -159,8 +159,9 @@ async def batch_file(args: argparse.Namespace, settings: Settings, memory_guard:
         async with app.router.lifespan_context(app):  # the model loads here: the bar starts after it
             with tqdm(total=total, initial=cp.lines_done, unit="line", file=sys.stderr, dynamic_ncols=True,
                       disable=args.no_progress, desc=args.out.name) as bar:
-                cp = await _run_chunks(LineRunner(app), _chunks(lines, args.chunk_lines), endpoint, job,
-                                       duplicates, cp, output, args.out, bar)
+                runner = LineRunner(app, settings.jobs.lines_in_flight)
+                cp = await _run_chunks(runner, _chunks(lines, args.chunk_lines), endpoint, job, duplicates, cp,
+                                       output, args.out, bar)
     output.finish(cp.parts)
     checkpoint.remove(args.out)
     print(f"inferd batch: {cp.lines_done} lines, {cp.lines_done - cp.failed} answered, {cp.failed} failed "
