@@ -44,11 +44,23 @@ class Handout(Generic[Item]):
 
 @dataclass
 class _Taker:
-    """A ``take`` waiting for work: the lanes it accepts (None: all) and its own condition over the queue's lock."""
+    """A ``take`` waiting for work: the lanes it accepts (None: all), the work it takes (``background``: see
+    ``BatchQueue.take``) and its own condition over the queue's lock."""
 
     lanes: Callable[[Lane], bool] | None
     cond: threading.Condition
+    background: bool | None = None
     woken: bool = False
+
+    def wants(self, lane: Lane, background: bool | None) -> bool:
+        """Whether it takes ``lane``'s work of that kind (None: of either kind)."""
+        return ((self.lanes is None or self.lanes(lane))
+                and (self.background is None or background is None or self.background == background))
+
+
+def _of_kind(items: list[Any], background: bool | None) -> list[Any]:
+    """The items a taker of ``background`` work takes (None: all of them)."""
+    return items if background is None else [it for it in items if is_background(it) == background]
 
 
 class BatchQueue:
@@ -155,9 +167,10 @@ class BatchQueue:
             target.pending.extend(items)
             now = time.monotonic()
             target.note_arrival(now)
-            if items and not is_background(items[0]):  # one request's items share its priority
+            background = bool(items) and is_background(items[0])  # one request's items share its priority
+            if items and not background:
                 target.last_live = now
-            self._wake_one(target)
+            self._wake_one(target, background)
 
     def charge(self, lane: str, seconds: float) -> None:
         """The worker's report of how long a batch of ``lane`` held the device (the fairness clock)."""
@@ -206,13 +219,15 @@ class BatchQueue:
         with self._cond:
             self._wake_all()
 
-    def drain_all(self, lanes: Callable[[Lane], bool] | None = None) -> list[Any]:
-        """Take every pending item out (of the lanes ``lanes`` accepts; None: all)."""
+    def drain_all(self, lanes: Callable[[Lane], bool] | None = None, background: bool | None = None) -> list[Any]:
+        """Take every pending item out (of the lanes ``lanes`` accepts, None: all; of the kind ``background``
+        names, None: both)."""
         with self._cond:
             drained = [lane for lane in self._lanes.values() if lanes is None or lanes(lane)]
-            items = [it for lane in drained for it in lane.pending]
+            items = [it for lane in drained for it in _of_kind(lane.pending, background)]
+            taken = {id(it) for it in items}
             for lane in drained:
-                lane.pending = []
+                lane.pending = [it for it in lane.pending if id(it) not in taken]
             self._drop_retired()
             return items
 
@@ -220,9 +235,11 @@ class BatchQueue:
         for name in [n for n, lane in self._lanes.items() if lane.retiring and not lane.pending]:
             del self._lanes[name]
 
-    def _decide(self, now: float, lanes: Callable[[Lane], bool] | None = None) -> tuple[Handout[Any], float | None]:
-        """One hand-out across the lanes ``lanes`` accepts (None: all): their expired and dropped items, and one
-        lane's batch; with the seconds until it could change without new input (None: only new input changes it)."""
+    def _decide(self, now: float, lanes: Callable[[Lane], bool] | None = None,
+                background: bool | None = None) -> tuple[Handout[Any], float | None]:
+        """One hand-out across the lanes ``lanes`` accepts (None: all), of the work ``background`` names (None:
+        both kinds): their expired and dropped items, and one lane's batch; with the seconds until it could change
+        without new input (None: only new input changes it)."""
         handout: Handout[Any] = Handout()
         ready: list[tuple[Lane, list[Any]]] = []
         waits = []
@@ -231,7 +248,10 @@ class BatchQueue:
         for lane in self._lanes.values():
             if not lane.pending or (lanes is not None and not lanes(lane)):
                 continue
-            d = next_batch(lane.pending, now, lane.policy, lane.arrival_gap, lane.last_live)
+            pending = _of_kind(lane.pending, background)
+            if not pending:
+                continue
+            d = next_batch(pending, now, lane.policy, lane.arrival_gap, lane.last_live)
             handout.expired += d.expired
             handout.dropped += d.dropped
             if d.batch and lane.shadow and live_waiting:
@@ -251,18 +271,21 @@ class BatchQueue:
         return handout, max(0.0, min(waits)) if waits else None
 
     def take(self, timeout: float | None = None, *, lanes: Callable[[Lane], bool] | None = None,
-             runs_posted: bool = True, stop: Callable[[], bool] | None = None) -> Handout[Any] | None:
+             background: bool | None = None, runs_posted: bool = True,
+             stop: Callable[[], bool] | None = None) -> Handout[Any] | None:
         """The next hand-out with something in it; None once closed and empty (or on timeout).
 
-        ``lanes``: only the lanes it accepts (a model instance's own; None: all); ``runs_posted``: whether this
+        ``lanes``: only the lanes it accepts (a model instance's own; None: all); ``background``: True takes only
+        background items (batch jobs' lines: core/scheduler.py ``is_background``), False only the others, None both
+        (core/background.py: a model's background worker and its live instances); ``runs_posted``: whether this
         taker runs posted calls; ``stop``: checked on each wake, None once it says so and nothing is ready for it.
         """
         give_up = None if timeout is None else time.monotonic() + timeout
-        me = _Taker(lanes, threading.Condition(self._lock))
+        me = _Taker(lanes, threading.Condition(self._lock), background)
         with self._cond:
             while True:
                 now = time.monotonic()
-                handout, wait = self._decide(now, lanes)
+                handout, wait = self._decide(now, lanes, background)
                 if self._posted and runs_posted:
                     handout.posted, self._posted = self._posted, []
                 if not handout.empty or handout.posted:
@@ -281,8 +304,8 @@ class BatchQueue:
                     if handout.batch and self._claim is not None:
                         self._claim(handout.batch)
                     return handout
-                if self._closed and not any(lanes is None or lanes(lane) for lane in self._lanes.values()
-                                            if lane.pending):
+                if self._closed and not any(_of_kind(lane.pending, background) for lane in self._lanes.values()
+                                            if lanes is None or lanes(lane)):
                     return None
                 if stop is not None and stop():
                     return None
@@ -303,14 +326,20 @@ class BatchQueue:
             taker.woken = True
             taker.cond.notify()
 
-    def _wake_one(self, lane: Lane) -> None:
-        """One waiting taker of ``lane`` looks again, unless one already is about to (under the lock)."""
-        takers = [t for t in self._idle if t.lanes is None or t.lanes(lane)]
+    def _wake_one(self, lane: Lane, background: bool) -> None:
+        """One waiting taker of ``lane``'s work of that kind looks again, unless one already is about to (under
+        the lock)."""
+        takers = [t for t in self._idle if t.wants(lane, background)]
         if takers and not any(t.woken for t in takers):
             takers[0].woken = True
             takers[0].cond.notify()
 
     def _wake_for_pending(self) -> None:
         for lane in self._lanes.values():
-            if lane.pending:
-                self._wake_one(lane)
+            kinds: set[bool] = set()
+            for it in lane.pending:
+                kinds.add(is_background(it))
+                if len(kinds) == 2:
+                    break
+            for background in kinds:
+                self._wake_one(lane, background)

@@ -2,8 +2,9 @@
 
 It is read where it is needed, never copied field by field: the scheduler's padding floor (core/scheduler.py, through
 the batch's slot), a batch alone on every thread of its model (core/worker.py), the next batch's inputs put on the
-device while this one runs (core/tasks/base.py ``ModelTask.stage``). A handler with no runner (a plug-in) has the
-defaults: it pads, it keeps to its instance's threads, it stages nothing. No torch here: the scheduler reads it too.
+device while this one runs (core/tasks/base.py ``ModelTask.stage``), a background pass stopped while live batches
+run (core/background.py). A handler with no runner (a plug-in) has the defaults: it pads, it keeps to its instance's
+threads, it stages nothing, it does not pause. No torch here: the scheduler reads it too.
 """
 
 from __future__ import annotations
@@ -22,3 +23,7 @@ class Capabilities:
     # Whether the padded inputs may be copied to the device ahead of the pass (torch on a CUDA device; ONNX Runtime
     # and OpenVINO take host memory).
     stages: bool = False
+    # Whether a pass can stop between its modules (``pause_points``) while live batches run, so a background batch
+    # (a batch job's lines) gives the cores back within one module's time (core/background.py): torch on a CPU. A
+    # compiled graph (OpenVINO, ONNX Runtime) runs whole once called.
+    pauses: bool = False

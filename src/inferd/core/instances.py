@@ -20,7 +20,8 @@ while the current batch computes (core/staging.py, the stager in core/worker.py)
 and is counted in no budget: it takes a batch only while no live lane holds work (core/batcher.py), and its batches
 are capped (shadow.max_batch_size), so what it adds to the live instances' cores is one small batch at a time. It
 runs at the OS's normal priority on purpose: a thread niced down holds the GIL between its torch calls, and on a
-busy machine the live threads then wait on a thread the OS seldom schedules.
+busy machine the live threads then wait on a thread the OS seldom schedules. Each model also has a background worker
+(batch jobs' lines), outside the budget too: its pass stops while any live batch runs (core/background.py).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from inferd.core.staging import stream_context
 from inferd.settings import ModelEntry
 
 SHADOW_INSTANCE = "shadow"
+BACKGROUND_INSTANCE = "background"
 
 
 def _new_stream(device: str) -> Any:
@@ -88,7 +90,7 @@ class Instance:
     """One worker's identity and budget: the model it serves (its lanes), its index, its threads, its stream."""
 
     model: str
-    index: int | str  # 0, 1, ... for a model's instances; SHADOW_INSTANCE for the shadow lanes' one
+    index: int | str  # 0, 1, ... for a model's instances; SHADOW_INSTANCE, BACKGROUND_INSTANCE for those
     threads: int  # its intra-op threads (0: left as torch sets them)
     serves: Callable[[Any], bool]  # whether a queue lane's batches are this instance's to run
     stream: Any = None  # on a GPU, the CUDA stream its batches compute on; None on a CPU
@@ -98,6 +100,9 @@ class Instance:
     copy_stream: Any = None
     # The model's instances together (None: it has one); set by core/worker.py Workers.
     sharing: Sharing | None = None
+    # The work it takes of its lanes (core/batcher.py ``take``): False its live requests (a model's instances),
+    # True only background items (the model's background worker, core/background.py), None both (the shadow's).
+    background: bool | None = False
     # What /admin/models and the metrics read; written by the worker thread only.
     batches: int = 0
     busy_s: float = 0.0
@@ -149,4 +154,10 @@ def plan(entry: ModelEntry, device: str = "cpu") -> list[Instance]:
 
 def shadow_instance(device: str = "cpu") -> Instance:
     """The worker of every model's mirrored work: one thread, in no budget."""
-    return Instance("", SHADOW_INSTANCE, 1, shadow_lanes, _new_stream(device), shadow=True)
+    return Instance("", SHADOW_INSTANCE, 1, shadow_lanes, _new_stream(device), shadow=True, background=None)
+
+
+def background_instance(model: str, threads: int, device: str = "cpu") -> Instance:
+    """The worker of a model's background items (batch jobs' lines, core/background.py): on the threads of the
+    model's instances together (0: as torch sets them), in no budget of its own: it stops while live batches run."""
+    return Instance(model, BACKGROUND_INSTANCE, threads, live_lane(model), _new_stream(device), background=True)

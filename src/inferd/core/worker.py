@@ -22,6 +22,7 @@ from queue import Empty, SimpleQueue
 from typing import Any
 
 from inferd.core.backends.base import all_threads
+from inferd.core.background import LiveFirst, Paused
 from inferd.core.batch_compute import BatchComputer, failed_batch
 from inferd.core.batcher import BatchQueue, Handout
 from inferd.core.errors import EngineError, Kind, deadline_passed
@@ -50,9 +51,10 @@ def _any_lane(lane: Any) -> bool:
 class BatchWorker:
     def __init__(self, queue: BatchQueue, metrics: Metrics, memory_guard: Any,
                  deliver: Callable[[Outcome], None], instance: Instance | None = None,
-                 guard_lock: threading.Lock | None = None) -> None:
-        """``instance``: the lanes it serves and its budget (None: every lane, the process's threads);
-        ``guard_lock``: shared by the workers that count into one memory guard."""
+                 guard_lock: threading.Lock | None = None, live_first: LiveFirst | None = None) -> None:
+        """``instance``: the lanes it serves and its budget (None: every lane and kind of work, the process's
+        threads); ``guard_lock``: shared by the workers that count into one memory guard; ``live_first``: the
+        process's live batches, which background passes stop for (core/background.py; None: nothing stops)."""
         self.queue = queue
         self.metrics = metrics
         self.memory_guard = memory_guard
@@ -69,7 +71,9 @@ class BatchWorker:
         self._handoff_lock = threading.Lock()  # a hand-over and the worker's death never interleave
         self._room = threading.Semaphore(1)
         self._serves = instance.serves if instance is not None else _any_lane
+        self._background = instance.background if instance is not None else None
         self._guard_lock = guard_lock or threading.Lock()
+        self._live_first = live_first
 
     # -- lifecycle (called from the event loop) --------------------------------------------------------
 
@@ -131,12 +135,13 @@ class BatchWorker:
             # The batch in hand and the one staged as well as the queue: none of their requests may wait for ever.
             in_hand = [] if handout is None else [*handout.batch, *handout.expired]
             in_hand += self._stop_stager()
-            self.deliver(Failure(tickets_of([*in_hand, *self.queue.drain_all(lanes=self._serves)]), err))
+            left = self.queue.drain_all(lanes=self._serves, background=self._background)
+            self.deliver(Failure(tickets_of([*in_hand, *left]), err))
             call_posted(self.queue.take_posted())
             raise
 
     def _take(self) -> Handout[WorkItem] | None:
-        return self.queue.take(lanes=self._serves, runs_posted=self.runs_posted,
+        return self.queue.take(lanes=self._serves, background=self._background, runs_posted=self.runs_posted,
                                stop=lambda: self._retired or self._dead)
 
     @property
@@ -219,8 +224,9 @@ class BatchWorker:
 
     @property
     def runs_posted(self) -> bool:
-        # Not the shadow instance: a model's free or a space check must not wait behind shadow batches.
-        return self.instance is None or not self.instance.shadow
+        # Not the shadow instance nor a background worker: a model's free or a space check must not wait behind
+        # shadow batches, or behind a background pass stopped for live work.
+        return self.instance is None or not (self.instance.shadow or self.instance.background is True)
 
     def _handle(self, handout: Handout[WorkItem], staged: Any = None) -> None:
         expired = tickets_of(handout.expired)
@@ -235,14 +241,16 @@ class BatchWorker:
             # Waits while a sibling runs alone on every thread: queue time for the batch, not this instance's busy.
             wide = sharing is not None and sharing.enter(lambda: self.queue.depth(handout.lane) == 0)
             started = time.monotonic()
+            paused = Paused()
             try:
-                with all_threads(wide):  # wide: on every thread of the model's instances, none of them busy
+                # wide: on every thread of the model's instances, none of them busy
+                with all_threads(wide), self._first_live(slot, live) as paused:
                     report = self.batches.compute(slot, handout.batch, live, staged)
             finally:
                 if sharing is not None:
                     sharing.leave(wide)
                 slot.release()  # the claim the queue took for this batch; a retired slot is freed here
-                took = time.monotonic() - started
+                took = time.monotonic() - started - paused.seconds  # stopped for live work: not this lane's time
                 # The device time the lane's model took: the fair share between models (core/lanes.py).
                 self.queue.charge(handout.lane, took)
                 self._count(slot.spec.name, handout.batch, started, took)
@@ -254,6 +262,19 @@ class BatchWorker:
         if self.memory_guard is not None and handout.batch:
             with self._guard_lock:  # every instance's requests count into the one guard
                 self.memory_guard.tick(len({id(i.ticket) for i in handout.batch}))
+
+    @contextlib.contextmanager
+    def _first_live(self, slot: ModelSlot, live: bool) -> Iterator[Paused]:
+        """A live batch counted as running while it runs; a background one stopping for them (core/background.py)."""
+        first = self._live_first
+        if first is None or not live:  # shadow work neither stops nor is stopped for
+            yield Paused()
+        elif self._background:
+            with first.background(slot.handler.pause_points()) as paused:
+                yield paused
+        else:
+            with first.live():
+                yield Paused()
 
     def _sharing(self, slot: ModelSlot) -> Sharing | None:
         """The model's instances together, where its runner can run a batch on all of their threads."""

@@ -1,8 +1,10 @@
-"""Every model's batch workers: its instances (core/instances.py plan), and the shadow lanes' one.
+"""Every model's batch workers: its instances (core/instances.py plan) and its background worker, and the shadow
+lanes' one.
 
-``Workers`` adds, re-budgets and retires a model's instances as the list of models changes, and gives the engine the
+``Workers`` adds, re-budgets and retires a model's workers as the list of models changes, and gives the engine the
 one surface it has of them: start, stop, whether all are alive, and running a posted call (a slot's free) on a
-worker's thread.
+worker's thread. A model's instances take its live requests; its background worker takes its background items
+(batch jobs' lines), whose passes stop while any live batch runs (core/background.py ``LiveFirst``, one here).
 """
 
 from __future__ import annotations
@@ -12,8 +14,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from inferd.core.background import LiveFirst
 from inferd.core.batcher import BatchQueue
-from inferd.core.instances import Instance, Sharing, plan, shadow_instance
+from inferd.core.instances import Instance, Sharing, background_instance, plan, shadow_instance
 from inferd.core.outcomes import Outcome
 from inferd.core.worker import BatchWorker, call_posted
 from inferd.settings import ModelEntry
@@ -30,17 +33,29 @@ class Workers:
         self.memory_guard = memory_guard
         self.deliver = deliver
         self._by_model: dict[str, list[BatchWorker]] = {}
+        self._background: dict[str, BatchWorker] = {}
         self._retired: list[BatchWorker] = []
         self._guard_lock = threading.Lock()
         self._started = False
+        self.live_first = LiveFirst()
         self._shadow = self._worker(shadow_instance(device))
 
     def _worker(self, instance: Instance) -> BatchWorker:
-        return BatchWorker(self.queue, self.metrics, self.memory_guard, self.deliver, instance, self._guard_lock)
+        return BatchWorker(self.queue, self.metrics, self.memory_guard, self.deliver, instance, self._guard_lock,
+                           self.live_first)
 
     def set_model(self, entry: ModelEntry, device: str = "cpu") -> None:
-        """A served model's instances as its (budget-resolved) entry says: added, or grown, shrunk, re-budgeted."""
+        """A served model's instances as its (budget-resolved) entry says: added, or grown, shrunk, re-budgeted;
+        and its background worker, on their threads together."""
         wanted = plan(entry, device)
+        threads = sum(i.threads for i in wanted) if all(i.threads for i in wanted) else 0
+        background = self._background.get(entry.name)
+        if background is None:
+            background = self._background[entry.name] = self._worker(background_instance(entry.name, threads, device))
+            if self._started:
+                background.start()
+        elif background.instance is not None:
+            background.instance.threads = threads
         workers = self._by_model.setdefault(entry.name, [])
         for own, instance in zip(self.instances(entry.name), wanted, strict=False):
             own.threads = instance.threads  # applied before its next batch
@@ -58,13 +73,16 @@ class Workers:
     def remove_model(self, name: str) -> None:
         for worker in self._by_model.pop(name, []):
             self._retire(worker)
+        background = self._background.pop(name, None)
+        if background is not None:
+            self._retire(background)
 
     def _retire(self, worker: BatchWorker) -> None:
         worker.retire()
         self._retired.append(worker)
 
     def all(self) -> list[BatchWorker]:
-        return [w for ws in self._by_model.values() for w in ws] + [self._shadow]
+        return [w for ws in self._by_model.values() for w in ws] + [*self._background.values(), self._shadow]
 
     def instances(self, model: str) -> list[Instance]:
         return [w.instance for w in self._by_model.get(model, []) if w.instance is not None]
@@ -93,6 +111,7 @@ class Workers:
 
     def stop(self, timeout: float) -> None:
         self.queue.close()
+        self.live_first.close()  # a background pass stopped for live work finishes now
         give_up = time.monotonic() + timeout
         for worker in [*self.all(), *self._retired]:
             if worker.thread is not None:

@@ -93,6 +93,8 @@ class Runner(Protocol):
 
     def __call__(self, ids: torch.Tensor, mask: torch.Tensor,
                  token_type_ids: torch.Tensor | None = None) -> torch.Tensor: ...
+    # The modules a background pass may stop before (read only where ``capabilities.pauses``; core/background.py).
+    def pause_points(self) -> list[torch.nn.Module]: ...
     def close(self) -> None: ...
 
 
@@ -320,6 +322,9 @@ class GraphRunner:
 
     def _release(self) -> None:
         raise NotImplementedError
+
+    def pause_points(self) -> list[torch.nn.Module]:
+        return []  # a compiled graph runs whole once called
 
     def __call__(self, ids: torch.Tensor, mask: torch.Tensor,
                  token_type_ids: torch.Tensor | None = None) -> torch.Tensor:

@@ -106,6 +106,11 @@ class Handler(ABC):
         is staged: the batch as it is."""
         return batch
 
+    def pause_points(self) -> list[Any]:
+        """The modules a background batch's pass may stop before while live batches run (core/background.py); by
+        default none: a plug-in's pass runs whole."""
+        return []
+
     def warmup(self) -> None:  # noqa: B027
         """Run a batch or two before serving (after ``load``, when ``model.warmup`` is on)."""
 
@@ -265,6 +270,9 @@ class ModelTask(Handler):
             return batch
         tensors, event = to_device(self.collate(batch), self.device, copy)
         return StagedBatch(batch, tensors, event, compute)
+
+    def pause_points(self) -> list[Any]:
+        return self.runner.pause_points() if self.runner.capabilities.pauses else []
 
     def head_module(self, model: torch.nn.Module) -> torch.nn.Module | None:
         """The task's own module over the loaded model, for a head the task defines (backends/base.py

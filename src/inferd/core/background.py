@@ -1,0 +1,107 @@
+"""Live first: a background batch (a batch job's lines) stops between its layers while a live batch runs.
+
+A batch job keeps its model's cores busy, and a live request that arrives while a background batch computes used to
+wait for the whole of it: bounding those batches' tokens (core/scheduler.py) cut a job's cost to online P99 from
+x37 to x1.8, and smaller bounds cost the job a third of its throughput (bench/RESULTS.md, "A batch job beside online
+traffic"). So each model has a background worker of its own (core/workers.py) that takes only background batches,
+beside its live instances that take only live ones, and its pass stops before each of the model's pause points (a
+torch model's linear layers: ``Handler.pause_points``) while any live batch runs anywhere in the process. A live
+request then waits for one linear layer of a background batch, not the batch, and the job still runs big batches.
+
+Stopping is cooperative and in-process: a hook on each pause point, installed for the background batch's pass only
+and acting only on the background worker's thread (a live batch on the same modules passes through at once). The
+thread waits on a condition, so it holds neither the GIL nor a core while it waits. Lowering the OS priority of
+the background thread instead was ruled out: a thread niced down holds the GIL between its torch calls, and the live
+threads then wait on a thread the OS seldom schedules (core/instances.py says the same of the shadow instance).
+A runner whose pass runs whole once called (OpenVINO, ONNX Runtime: ``capabilities.pauses`` false) has no pause
+points; its background batches run beside the live ones, bounded as before.
+
+A background pass is never stopped for good: between two live batches it runs on to its next pause point, so under a
+live load that never lets up it still moves, one layer per gap.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass
+class Paused:
+    """What one background pass spent stopped (the worker charges the lane its compute, not its waits)."""
+
+    seconds: float = 0.0
+    times: int = 0
+
+
+class LiveFirst:
+    """The live batches running now, which every background pass stops for (one per process: core/workers.py)."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._live = 0  # live batches computing now
+        self._waiting = 0  # background passes stopped now
+        self._closed = False
+
+    @contextlib.contextmanager
+    def live(self) -> Iterator[None]:
+        """Around a live batch's pass: background passes stop at their next pause point until it ends."""
+        with self._cond:
+            self._live += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._live -= 1
+                if self._live == 0 and self._waiting:
+                    self._cond.notify_all()
+
+    @property
+    def live_now(self) -> int:
+        return self._live
+
+    def close(self) -> None:
+        """Stopping: no background pass waits any longer (the workers are being joined)."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+    def _wait_for_quiet(self, paused: Paused) -> None:
+        if not self._live:  # one int read: a pass with no live batch beside it goes on at once
+            return
+        started = time.monotonic()
+        with self._cond:
+            self._waiting += 1
+            try:
+                while self._live and not self._closed:
+                    self._cond.wait()
+            finally:
+                self._waiting -= 1
+        paused.seconds += time.monotonic() - started
+        paused.times += 1
+
+    @contextlib.contextmanager
+    def background(self, points: list[Any]) -> Iterator[Paused]:
+        """Around a background batch's pass on this thread: it stops before each of ``points`` (torch modules)
+        while a live batch runs. The hooks are on the shared modules for this pass only, and act on this thread
+        only."""
+        paused = Paused()
+        if not points:
+            yield paused
+            return
+        me = threading.get_ident()
+
+        def stop_here(module: Any, args: Any) -> None:
+            if threading.get_ident() == me:
+                self._wait_for_quiet(paused)
+
+        handles = [point.register_forward_pre_hook(stop_here) for point in points]
+        try:
+            yield paused
+        finally:
+            for handle in handles:
+                handle.remove()

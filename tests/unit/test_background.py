@@ -1,0 +1,213 @@
+"""Live first (core/background.py): a model's background items (batch jobs' lines) run on a background worker of
+their own, whose pass stops before each pause point while a live batch runs, so a live request never waits for a
+whole background batch."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from conftest import wait_for
+from enginekit import EngineKit, ask, until
+from fakes import HashHandler, decode, encode, vector_for
+from settingskit import make_settings
+from transformers import BertConfig, BertModel
+
+from inferd.core.backends.base import GraphRunner
+from inferd.core.backends.torch import TorchRunner
+from inferd.core.backends.varlen import VarlenRunner
+from inferd.core.background import LiveFirst
+from inferd.core.batcher import BatchQueue
+from inferd.core.outcomes import Ticket, WorkItem
+from inferd.core.scheduler import BACKGROUND, Policy
+from inferd.settings import BatchingSettings
+
+CPU = torch.device("cpu")
+
+
+class Counted(torch.nn.Module):
+    """A pause point that counts the passes through it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        return x + 1
+
+
+def background_pass(first: LiveFirst, model: torch.nn.Module, points: list[torch.nn.Module],
+                    done: list[Any]) -> threading.Thread:
+    def run() -> None:
+        with first.background(points) as paused:
+            model(torch.zeros(2))
+        done.append(paused)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_a_background_pass_stops_at_its_next_pause_point_while_a_live_batch_runs() -> None:
+    first = LiveFirst()
+    model = torch.nn.Sequential(Counted(), Counted(), Counted())
+    done: list[Any] = []
+    with first.live():
+        thread = background_pass(first, model, list(model), done)
+        wait_for(lambda: first._waiting == 1, what="the background pass stopped")
+        assert [m.calls for m in model] == [0, 0, 0] and not done  # stopped before its first point
+        # A live pass through the same modules, on another thread, is not stopped by the background pass's hooks.
+        assert torch.equal(model(torch.zeros(2)), torch.full((2,), 3.0))
+    thread.join(10)
+    [paused] = done
+    assert paused.times == 1 and paused.seconds > 0
+    assert [m.calls for m in model] == [2, 2, 2]
+    assert all(not m._forward_pre_hooks for m in model)  # the hooks were the pass's only
+
+
+def test_a_background_pass_with_no_live_batch_beside_it_never_stops() -> None:
+    first = LiveFirst()
+    model = torch.nn.Sequential(Counted(), Counted())
+    done: list[Any] = []
+    background_pass(first, model, list(model), done).join(10)
+    [paused] = done
+    assert paused.times == 0 and paused.seconds == 0.0 and [m.calls for m in model] == [1, 1]
+
+
+def test_closing_lets_a_stopped_background_pass_finish() -> None:
+    first = LiveFirst()
+    model = torch.nn.Sequential(Counted())
+    done: list[Any] = []
+    with first.live():
+        thread = background_pass(first, model, list(model), done)
+        wait_for(lambda: first._waiting == 1, what="the background pass stopped")
+        first.close()  # the server stops while a live batch still runs
+        thread.join(10)
+        assert done and model[0].calls == 1
+
+
+def test_torch_runners_pause_before_each_linear_layer_on_a_cpu_and_graphs_never() -> None:
+    config = BertConfig(vocab_size=64, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+                        intermediate_size=32, max_position_embeddings=32)
+    for runner_type in (TorchRunner, VarlenRunner):
+        runner = runner_type(BertModel(config, add_pooling_layer=False), CPU)
+        assert runner.capabilities.pauses
+        points = runner.pause_points()
+        assert len(points) == 2 * 6 and all(isinstance(p, torch.nn.Linear) for p in points)
+        # Every point is one the pass calls: a pass under background() with no live batch stops at none and
+        # passes through all of them.
+        seen: list[torch.nn.Module] = []
+
+        def note(module: torch.nn.Module, args: Any, seen: list[torch.nn.Module] = seen) -> None:
+            seen.append(module)
+
+        handles = [p.register_forward_pre_hook(note) for p in points]
+        runner(torch.ones(2, 5, dtype=torch.long), torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]]))
+        for h in handles:
+            h.remove()
+        assert {id(m) for m in seen} == {id(p) for p in points}
+        runner.close()
+        assert runner.pause_points() == []
+    assert GraphRunner.pause_points(object.__new__(GraphRunner)) == []
+
+
+def _item(loop: asyncio.AbstractEventLoop, slot: Any, queue: BatchQueue, priority: int, text: str) -> WorkItem:
+    now = time.monotonic()
+    return WorkItem(Ticket(loop.create_future(), 1), 0, encode(text), 4, priority, now, now + 60, queue.next_seq(),
+                    slot)
+
+
+def test_the_queue_hands_background_items_to_background_takers_and_live_ones_to_live_takers() -> None:
+    loop = asyncio.new_event_loop()
+    try:
+        slot = type("Slot", (), {"capabilities": HashHandler.capabilities})()
+        queue = BatchQueue()
+        queue.add_lane("m", Policy(max_wait_ms=0.0), 64)
+        got: dict[str, list[str]] = {"live": [], "background": []}
+
+        def taker(name: str, background: bool) -> None:
+            handout = queue.take(timeout=10, background=background)
+            if handout is not None:
+                got[name] += [decode(it.encoded) for it in handout.batch]
+
+        threads = [threading.Thread(target=taker, args=("background", True)),
+                   threading.Thread(target=taker, args=("live", False))]
+        for t in threads:
+            t.start()
+        wait_for(lambda: len(queue._idle) == 2, what="both takers waiting")
+        # A live item wakes the live taker although the background one waits too (and was first to wait).
+        queue.put([_item(loop, slot, queue, 0, "live")], "m")
+        threads[1].join(10)
+        assert got["live"] == ["live"] and threads[0].is_alive()
+        queue.put([_item(loop, slot, queue, BACKGROUND, "job")], "m")
+        threads[0].join(10)
+        assert got["background"] == ["job"]
+        # A worker's death drains only the kind it took.
+        queue.put([_item(loop, slot, queue, 0, "a")], "m")
+        queue.put([_item(loop, slot, queue, BACKGROUND, "b")], "m")
+        assert [decode(it.encoded) for it in queue.drain_all(background=True)] == ["b"]
+        assert queue.depth("m") == 1
+    finally:
+        loop.close()
+
+
+class PausingHandler(HashHandler):
+    """A fake whose pass goes through one pause point, and records the thread each batch ran on."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.point = Counted()
+        self.threads: dict[str, str] = {}
+
+    def pause_points(self) -> list[Any]:
+        return [self.point]
+
+    def infer(self, batch: list[Any]) -> list[str]:
+        texts = super().infer(batch)
+        for text in texts:
+            self.threads[text] = threading.current_thread().name
+        self.point(torch.zeros(1))
+        return texts
+
+
+def test_a_live_request_is_answered_while_a_background_batch_waits_at_its_pause_point(tmp_path: Path) -> None:
+    handler = PausingHandler()
+    settings = make_settings(tmp_path, batching=BatchingSettings(max_wait_ms=0.0, max_batch_size=8, max_queue=64))
+    kit = EngineKit(settings, handler)
+    engine = kit.engine
+    first = engine.worker.live_first
+
+    async def scenario() -> None:
+        handler.gates["l"] = threading.Event()
+        live = ask(engine, ["hold:l"])
+        await until(lambda: first.live_now == 1, what="the live batch running")
+        job = ask(engine, ["line"], priority=BACKGROUND)
+        await until(lambda: first._waiting == 1, what="the background batch stopped at its pause point")
+        assert handler.threads["line"].endswith("-background") and not job.done()
+        # Another live request is answered while the job's batch waits, on a live instance.
+        handler.gates["l"].set()
+        assert (await live).outputs == [vector_for("hold:l")]
+        assert (await job).outputs == [vector_for("line")]
+        assert (await ask(engine, ["after"])).outputs == [vector_for("after")]
+        assert handler.threads["after"].endswith("-0") and handler.threads["hold:l"].endswith("-0")
+
+    kit.run(scenario)
+
+
+def test_background_requests_run_on_the_model_s_background_worker_and_live_ones_never_do(tmp_path: Path) -> None:
+    handler = PausingHandler()
+    kit = EngineKit(make_settings(tmp_path), handler)
+    engine = kit.engine
+
+    async def scenario() -> None:
+        assert (await ask(engine, ["y"], priority=BACKGROUND)).outputs == [vector_for("y")]
+        assert (await ask(engine, ["x"], priority=-99)).outputs == [vector_for("x")]
+        assert handler.threads["y"].endswith("-background") and handler.threads["x"].endswith("-0")
+        assert handler.point.calls == 2
+
+    kit.run(scenario)
