@@ -211,3 +211,40 @@ def test_background_requests_run_on_the_model_s_background_worker_and_live_ones_
         assert handler.point.calls == 2
 
     kit.run(scenario)
+
+
+def test_with_background_pauses_off_the_model_s_instances_take_background_items_too(tmp_path: Path) -> None:
+    handler = PausingHandler()
+    settings = make_settings(tmp_path, batching=BatchingSettings(background_pauses=False))
+    kit = EngineKit(settings, handler)
+    engine = kit.engine
+
+    async def scenario() -> None:
+        assert (await ask(engine, ["y"], priority=BACKGROUND)).outputs == [vector_for("y")]
+        assert handler.threads["y"].endswith("-0") and not engine.worker._background
+
+    kit.run(scenario)
+
+
+def test_a_settings_reload_turning_background_pauses_off_retires_the_background_worker(tmp_path: Path) -> None:
+    handler = PausingHandler()
+    kit = EngineKit(make_settings(tmp_path), handler)
+    engine = kit.engine
+
+    async def scenario() -> None:
+        assert (await ask(engine, ["before"], priority=BACKGROUND)).outputs == [vector_for("before")]
+        [served] = list(engine.registry)
+        entry = served.entry
+        off = entry.model_copy(update={"batching": entry.batching.model_copy(update={"background_pauses": False})})
+        [retired] = engine.worker._background.values()
+        engine.worker.set_model(off)
+        await until(lambda: not retired.thread.is_alive(), what="the background worker gone")
+        # The live instance, waiting in the queue for live work only, now takes background items as well.
+        assert (await ask(engine, ["after"], priority=BACKGROUND)).outputs == [vector_for("after")]
+        assert handler.threads["before"].endswith("-background") and handler.threads["after"].endswith("-0")
+        assert not engine.worker._background
+        engine.worker.set_model(entry)  # and back on: a background worker again
+        assert (await ask(engine, ["again"], priority=BACKGROUND)).outputs == [vector_for("again")]
+        assert handler.threads["again"].endswith("-background")
+
+    kit.run(scenario)

@@ -271,21 +271,25 @@ class BatchQueue:
         return handout, max(0.0, min(waits)) if waits else None
 
     def take(self, timeout: float | None = None, *, lanes: Callable[[Lane], bool] | None = None,
-             background: bool | None = None, runs_posted: bool = True,
+             background: bool | None | Callable[[], bool | None] = None, runs_posted: bool = True,
              stop: Callable[[], bool] | None = None) -> Handout[Any] | None:
         """The next hand-out with something in it; None once closed and empty (or on timeout).
 
         ``lanes``: only the lanes it accepts (a model instance's own; None: all); ``background``: True takes only
         background items (batch jobs' lines: core/scheduler.py ``is_background``), False only the others, None both
-        (core/background.py: a model's background worker and its live instances); ``runs_posted``: whether this
+        (core/background.py: a model's background worker and its live instances), or a function of none saying which,
+        read on each wake (a reload of the settings may change it); ``runs_posted``: whether this
         taker runs posted calls; ``stop``: checked on each wake, None once it says so and nothing is ready for it.
         """
         give_up = None if timeout is None else time.monotonic() + timeout
-        me = _Taker(lanes, threading.Condition(self._lock), background)
+        kind = background if callable(background) else None
+        me = _Taker(lanes, threading.Condition(self._lock), kind() if kind is not None else background)
         with self._cond:
             while True:
                 now = time.monotonic()
-                handout, wait = self._decide(now, lanes, background)
+                if kind is not None:
+                    me.background = kind()
+                handout, wait = self._decide(now, lanes, me.background)
                 if self._posted and runs_posted:
                     handout.posted, self._posted = self._posted, []
                 if not handout.empty or handout.posted:
@@ -304,7 +308,7 @@ class BatchQueue:
                     if handout.batch and self._claim is not None:
                         self._claim(handout.batch)
                     return handout
-                if self._closed and not any(_of_kind(lane.pending, background) for lane in self._lanes.values()
+                if self._closed and not any(_of_kind(lane.pending, me.background) for lane in self._lanes.values()
                                             if lanes is None or lanes(lane)):
                     return None
                 if stop is not None and stop():

@@ -71,7 +71,6 @@ class BatchWorker:
         self._handoff_lock = threading.Lock()  # a hand-over and the worker's death never interleave
         self._room = threading.Semaphore(1)
         self._serves = instance.serves if instance is not None else _any_lane
-        self._background = instance.background if instance is not None else None
         self._guard_lock = guard_lock or threading.Lock()
         self._live_first = live_first
 
@@ -135,14 +134,20 @@ class BatchWorker:
             # The batch in hand and the one staged as well as the queue: none of their requests may wait for ever.
             in_hand = [] if handout is None else [*handout.batch, *handout.expired]
             in_hand += self._stop_stager()
-            left = self.queue.drain_all(lanes=self._serves, background=self._background)
+            left = self.queue.drain_all(lanes=self._serves, background=self._takes_background)
             self.deliver(Failure(tickets_of([*in_hand, *left]), err))
             call_posted(self.queue.take_posted())
             raise
 
     def _take(self) -> Handout[WorkItem] | None:
-        return self.queue.take(lanes=self._serves, background=self._background, runs_posted=self.runs_posted,
+        return self.queue.take(lanes=self._serves, background=lambda: self._takes_background,
+                               runs_posted=self.runs_posted,
                                stop=lambda: self._retired or self._dead)
+
+    @property
+    def _takes_background(self) -> bool | None:
+        """The work it takes (Instance.background; read each time: a SIGHUP may turn background_pauses off)."""
+        return self.instance.background if self.instance is not None else None
 
     @property
     def _stages(self) -> bool:
@@ -269,7 +274,7 @@ class BatchWorker:
         first = self._live_first
         if first is None or not live:  # shadow work neither stops nor is stopped for
             yield Paused()
-        elif self._background:
+        elif self._takes_background:
             with first.background(slot.handler.pause_points()) as paused:
                 yield paused
         else:

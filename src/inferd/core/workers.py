@@ -48,17 +48,12 @@ class Workers:
         """A served model's instances as its (budget-resolved) entry says: added, or grown, shrunk, re-budgeted;
         and its background worker, on their threads together."""
         wanted = plan(entry, device)
-        threads = sum(i.threads for i in wanted) if all(i.threads for i in wanted) else 0
-        background = self._background.get(entry.name)
-        if background is None:
-            background = self._background[entry.name] = self._worker(background_instance(entry.name, threads, device))
-            if self._started:
-                background.start()
-        elif background.instance is not None:
-            background.instance.threads = threads
+        self._set_background(entry, wanted, device)
         workers = self._by_model.setdefault(entry.name, [])
         for own, instance in zip(self.instances(entry.name), wanted, strict=False):
             own.threads = instance.threads  # applied before its next batch
+            own.background = instance.background  # read by its next take: the wake below
+        self.queue.wake()
         for instance in wanted[len(workers):]:
             worker = self._worker(instance)
             workers.append(worker)
@@ -69,6 +64,24 @@ class Workers:
         sharing = Sharing() if len(workers) > 1 else None
         for own in self.instances(entry.name):
             own.sharing = sharing
+
+    def _set_background(self, entry: ModelEntry, wanted: list[Instance], device: str) -> None:
+        """The model's background worker, on its instances' threads together; with ``background_pauses`` off, none:
+        its instances take both kinds of work."""
+        threads = sum(i.threads for i in wanted) if all(i.threads for i in wanted) else 0
+        background = self._background.get(entry.name)
+        if not entry.batching.background_pauses:
+            for instance in wanted:
+                instance.background = None
+            if background is not None:
+                self._retire(self._background.pop(entry.name))
+            return
+        if background is None:
+            background = self._background[entry.name] = self._worker(background_instance(entry.name, threads, device))
+            if self._started:
+                background.start()
+        elif background.instance is not None:
+            background.instance.threads = threads
 
     def remove_model(self, name: str) -> None:
         for worker in self._by_model.pop(name, []):

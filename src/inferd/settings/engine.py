@@ -49,8 +49,11 @@ class BatchingSettings(Section):
     adaptive_wait: bool = True
     # The highest priority a request may ask for (requests range -100..100); above it: 422. 0 = no queue-jumping.
     max_priority: int = Field(0, ge=-100, le=100)
-    # Background work (priority -100: batch jobs' lines): a live request waits for the background batch in flight,
-    # so its padded tokens are bounded, tighter while live requests came within background_quiet_s.
+    # Background work (priority -100: batch jobs' lines) runs on a background worker whose pass stops while live
+    # batches run (core/background.py); false: on the model's instances, between live batches, as one queue.
+    background_pauses: bool = True
+    # Where a background batch runs whole (a compiled graph, or background_pauses off), a live request waits for the
+    # one in flight, so its padded tokens are bounded, tighter while live requests came within background_quiet_s.
     background_max_batch_tokens: int = Field(2048, gt=0)
     background_live_batch_tokens: int = Field(512, gt=0)
     background_quiet_s: float = Field(1.0, ge=0)
