@@ -29,15 +29,26 @@ ADMIN = "admin-secret-key-0003"
 MAX_LINE = 2048
 
 
-@pytest.fixture(scope="module")
-def server(module_server: Callable[..., Server], tmp_path_factory: pytest.TempPathFactory) -> Server:
+def _tenants_server(module_server: Callable[..., Server], tmp_path_factory: pytest.TempPathFactory,
+                    **extra: str) -> Server:
     tmp = tmp_path_factory.mktemp("batch-tenants")
     tenants = tmp / "tenants.yaml"
     tenants.write_text(yaml.safe_dump({"tenants": [{"name": name, "keys": [key]} for name, key in KEYS.items()]}))
     return module_server(INFERD__SERVER__TENANTS_FILE=str(tenants), INFERD__SERVER__ADMIN_KEY=ADMIN,
                          FAKE_RECORD=str(tmp / "batches.jsonl"),
                          INFERD__JOBS__MAX_LINE_BYTES=str(MAX_LINE), INFERD__JOBS__CHUNK_SIZE="100",
-                         INFERD__BATCHING__MAX_BATCH_SIZE="32")
+                         INFERD__BATCHING__MAX_BATCH_SIZE="32", **extra)
+
+
+@pytest.fixture(scope="module")
+def server(module_server: Callable[..., Server], tmp_path_factory: pytest.TempPathFactory) -> Server:
+    return _tenants_server(module_server, tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def one_queue_server(module_server: Callable[..., Server], tmp_path_factory: pytest.TempPathFactory) -> Server:
+    """A job's lines on the model's instance, between live batches (no background worker)."""
+    return _tenants_server(module_server, tmp_path_factory, INFERD__BATCHING__BACKGROUND_PAUSES="false")
 
 
 def client(server: Server, tenant: str) -> httpx.Client:
@@ -107,9 +118,33 @@ def test_bad_files_get_a_clear_error_and_touch_no_other_job(server: Server) -> N
     assert internal_errors(server) == errors_before
 
 
-def test_online_requests_run_before_a_job_s_queued_lines(server: Server) -> None:
-    """The worker held by an online request; a job's lines queue behind it, then one more online request: when
-    the worker is free, the online request runs first (the lines wait at the lowest priority)."""
+def test_a_job_runs_on_the_background_worker_while_an_online_request_holds_the_model(server: Server) -> None:
+    """The model's live instance held by an online request: the job's lines do not queue behind it, they run on
+    the model's background worker, and the job completes while the online request is still held."""
+    gate = Path(server.env["FAKE_GATE_DIR"]) / "job-beside"
+    with client(server, "alice") as alice:
+        answered: list[int] = []
+        holder = threading.Thread(target=lambda: answered.append(
+            alice.post("/predict", json={"texts": ["hold:job-beside x"]}).status_code))
+        holder.start()
+        try:
+            wait_for(lambda: any("hold:job-beside x" in r for r in _ran(Path(server.env["FAKE_RECORD"]))), 30,
+                     "the live instance held")
+            file_id = upload(alice, jsonl(embedding_lines(40, "b"))).json()["id"]
+            batch_id = create(alice, file_id).json()["id"]
+            assert wait_final(alice, batch_id)["request_counts"]["completed"] == 40
+            assert holder.is_alive() and not answered  # the job finished beside the held online request
+        finally:
+            gate.touch()
+            holder.join(60)
+        assert answered == [200]
+
+
+def test_online_requests_run_before_a_job_s_queued_lines(one_queue_server: Server) -> None:
+    """With one queue (``batching.background_pauses: false``), the worker held by an online request; a job's lines
+    queue behind it, then one more online request: when the worker is free, the online request runs first (the
+    lines wait at the lowest priority)."""
+    server = one_queue_server
     record = Path(server.env["FAKE_RECORD"])
     gate = Path(server.env["FAKE_GATE_DIR"]) / "batch-priority"
     with client(server, "alice") as alice:
