@@ -2,11 +2,14 @@
 
 A batch job keeps its model's cores busy, and a live request that arrives while a background batch computes used to
 wait for the whole of it: bounding those batches' tokens (core/scheduler.py) cut a job's cost to online P99 from
-x37 to x1.8, and smaller bounds cost the job a third of its throughput (bench/RESULTS.md, "A batch job beside online
-traffic"). So each model has a background worker of its own (core/workers.py) that takes only background batches,
-beside its live instances that take only live ones, and its pass stops before each of the model's pause points (a
-torch model's linear layers: ``Handler.pause_points``) while any live batch runs anywhere in the process. A live
-request then waits for one linear layer of a background batch, not the batch, and the job still runs big batches.
+x37 to about x2, and tighter bounds cost the job up to a third of its throughput (bench/RESULTS.md, "A batch job
+beside online traffic"). So each model has a background worker of its own (core/workers.py) that takes only
+background batches, beside its live instances that take only live ones, and its pass stops before each of the
+model's pause points (a torch model's linear layers: ``Handler.pause_points``) while any live batch runs anywhere in
+the process. A live request then waits for one linear layer of a background batch, not the batch: online P99
+beside a job went from x2.3-2.5 to x1.1-1.25 on 2 cores (bench/RESULTS.md, "Issue 42: live first"), while the job
+kept x0.64-0.73 of its throughput alone where one queue kept x0.76-0.78 (``batching.background_pauses: false`` is
+that other trade).
 
 Stopping is cooperative and in-process: a hook on each pause point, installed for the background batch's pass only
 and acting only on the background worker's thread (a live batch on the same modules passes through at once). The
