@@ -181,8 +181,8 @@ def prepare(rev: str, base: Path, say: Callable[[str], None]) -> Revision:
                         str(tree / "requirements.txt")], check=True, cwd=tree)
         (venv / ".complete").touch()
     _complete_imports(tree, python, say)
-    if (tree / "src" / "inferd" / "grpc" / "build.py").is_file() and \
-            not (tree / "src" / "inferd" / "grpc" / "_gen" / "__init__.py").is_file():
+    grpc = tree / "src" / "inferd" / "grpc"
+    if (grpc / "build.py").is_file() and not (grpc / "_gen" / "__init__.py").is_file():
         # The gRPC stubs are generated at install (git-ignored), and the server imports them at start.
         say(f"{rev}: generating its gRPC stubs")
         subprocess.run([str(python), "-m", "inferd.grpc.build"], check=True, cwd=tree,

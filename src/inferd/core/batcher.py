@@ -282,13 +282,12 @@ class BatchQueue:
         taker runs posted calls; ``stop``: checked on each wake, None once it says so and nothing is ready for it.
         """
         give_up = None if timeout is None else time.monotonic() + timeout
-        kind = background if callable(background) else None
-        me = _Taker(lanes, threading.Condition(self._lock), kind() if kind is not None else background)
+        kind = background if callable(background) else (lambda: background)
+        me = _Taker(lanes, threading.Condition(self._lock), kind())
         with self._cond:
             while True:
                 now = time.monotonic()
-                if kind is not None:
-                    me.background = kind()
+                me.background = kind()
                 handout, wait = self._decide(now, lanes, me.background)
                 if self._posted and runs_posted:
                     handout.posted, self._posted = self._posted, []
