@@ -7,7 +7,8 @@ when its last request lets go: no request is dropped):
 
 - OpenVINO mixed precision, where the CPU multiplies bf16 in hardware (avx512_bf16 or amx_bf16): bf16 with every
   float operation that becomes an integer kept in float32 (backends/precision.py; all-mpnet-base-v2's
-  relative-position buckets, which plain bf16 gets wrong); a graph without such operations is plain bf16;
+  relative-position buckets, which plain bf16 gets wrong), and the attention's products of two activations; a graph
+  without such operations is plain bf16;
 - OpenVINO bf16, the same without the float32 islands (MiniLM 363.6 texts/s against torch's 181-204 on a 2-core
   EPYC with AVX512-BF16: docs/backends.md, "backend: auto");
 - OpenVINO static int8 (float32 parts), where the CPU has int8 dot products (avx512_vnni, avx_vnni, amx_int8; without
@@ -38,7 +39,7 @@ from typing import Any
 
 from inferd import __version__
 from inferd.core.backends.base import INT8_DOT_FLAGS, NATIVE_BF16_FLAGS, cpu_flags, kernel_flags
-from inferd.core.backends.factory import default_cache_dir, folder_digest, versions
+from inferd.core.backends.factory import FORMAT, default_cache_dir, folder_digest, versions
 from inferd.core.description import runtime_label
 from inferd.core.spec import ModelSpec
 
@@ -66,16 +67,18 @@ class Candidate:
 
 
 OV_BF16 = Candidate("openvino", "bfloat16")
-# bf16 with the graph's index arithmetic kept in float32 (backends/precision.py): all-mpnet-base-v2's bf16 loss is
-# its relative-position bucket arithmetic, not the matrix products (bf16 cosine min 0.9958, mixed 0.99982:
-# bench/mpnet_mixed.py; docs/backends.md, "A base-size model on bf16").
+# bf16 with the graph's index arithmetic and attention products kept in float32 (backends/precision.py):
+# all-mpnet-base-v2's bf16 loss is its relative-position bucket arithmetic (bf16 cosine min 0.9958, mixed 0.99982 on
+# a Xeon with AMX), and on an EPYC without AMX its attention's products too (index arithmetic alone 0.99733, with
+# the attention 0.99979): docs/backends.md, "A base-size model on bf16".
 OV_MIXED = Candidate("openvino", "mixed")
 OV_INT8 = Candidate("openvino", "float32", "int8")
 OV_FP32 = Candidate("openvino", "float32")
 TORCH_FP16 = Candidate("torch", "float16")
-# mixed before plain bf16: it is bf16 wherever that is exact enough (a BERT's graph keeps nothing in float32, so the
-# two compile alike), and where plain bf16 is refused it passes without the refused judgement first: on
-# all-mpnet-base-v2 that judgement cost 70 of the cold start's 147 s (bench/RESULTS.md, "backend auto").
+# mixed before plain bf16: it is bf16 wherever that is exact enough (a BERT's graph keeps nothing in float32: no index
+# arithmetic, and its attention is one ScaledDotProductAttention operation, not two MatMuls; so the two compile
+# alike), and where plain bf16 is refused it passes without the refused judgement first: on all-mpnet-base-v2
+# that judgement cost 70 of the cold start's 147 s (bench/RESULTS.md, "backend auto").
 ALL = (OV_MIXED, OV_BF16, OV_INT8, OV_FP32, TORCH_FP16)
 
 
@@ -123,8 +126,9 @@ def by_name(name: str) -> Candidate:
 
 def _choice_file(spec: ModelSpec) -> Path:
     """Where the choice for this model, machine and settings is kept: keyed by all a verdict depends on (the model's
-    content, the CPU's kernel flags, inferd's and the runtimes' versions, the gate and the candidates asked for)."""
-    key = {"model": folder_digest(spec.path), "cpu": kernel_flags(cpu_flags()), "inferd": __version__,
+    content, the CPU's kernel flags, inferd's and the runtimes' versions, the cache's format, the gate and the
+    candidates asked for)."""
+    key = {"format": FORMAT, "model": folder_digest(spec.path), "cpu": kernel_flags(cpu_flags()), "inferd": __version__,
            "libraries": versions("openvino"), "gate": spec.gate.model_dump(),
            "candidates": list(spec.settings.auto_candidates), "max_seq_length": spec.max_seq_length,
            "task": spec.task, "pooling": spec.pooling, "calibration_file": spec.calibration_file}

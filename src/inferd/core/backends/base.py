@@ -175,8 +175,8 @@ def resolve_dtype(requested: str, backend: str, device: torch.device,
         raise BackendError(f"model.dtype float16 is for CUDA; the {backend} backend runs on the CPU "
                            "(use bfloat16 or auto)")
     if requested == "mixed" and backend in ("torch", "onnx"):
-        raise BackendError(f"model.dtype mixed (bf16, index arithmetic in float32) is OpenVINO's; the {backend} "
-                           "backend cannot keep chosen operations in float32 (use backend openvino)")
+        raise BackendError("model.dtype mixed (bf16, index arithmetic and attention in float32) is OpenVINO's; "
+                           f"the {backend} backend cannot keep chosen operations in float32 (use backend openvino)")
     if requested == "mixed" and not cuda and not native_bf16(cpu_flags() if flags is None else flags):
         why = "mixed configured, but the CPU has no native bf16 (avx512_bf16 or amx_bf16): OpenVINO runs float32"
         log.warning("model.dtype %s", why)

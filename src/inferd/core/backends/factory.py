@@ -49,7 +49,7 @@ from inferd.core.backends.varlen import VarlenRunner, choose
 
 log = logging.getLogger(__name__)
 
-FORMAT = 5  # bump when what an entry holds, or how it is made, changes
+FORMAT = 6  # bump when what an entry holds, or how it is made, changes (6: mixed keeps attention in float32)
 META = "meta.json"
 _LIBRARIES = {"torch": ("torch", "transformers"),
               "onnx": ("torch", "transformers", "onnx", "onnxruntime"),

@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 GRAPH = "model.xml"
 # The file name optimum-intel gives an exported encoder: a model folder holding one is served as is.
 FOLDER_GRAPHS = ("openvino_model.xml", "openvino/openvino_model.xml", "model.xml")
-# ``mixed``: bf16 with the graph's index arithmetic kept in float32 (backends/precision.py).
+# ``mixed``: bf16 with the graph's index arithmetic and attention products kept in float32 (backends/precision.py).
 _PRECISION = {"float32": "f32", "bfloat16": "bf16", "float16": "f16", "mixed": "bf16"}
 _ACTIVATIONS = ("Gelu", "Swish", "Relu")
 
@@ -168,13 +168,14 @@ class OpenVINORunner(GraphRunner):
 
     @staticmethod
     def _mixed(core: Any, graph_path: Path) -> tuple[Any, set[str]]:
-        """The graph with its index arithmetic kept in float32 (backends/precision.py), read from the marked IR."""
+        """The graph with its index arithmetic and attention products kept in float32 (backends/precision.py), read
+        from the marked IR."""
         with tempfile.TemporaryDirectory() as work:
             simplified = precision.simplified(core, graph_path, Path(work))
             xml, kept = precision.marked(simplified, core.read_model(str(simplified)))
             graph = core.read_model(xml, _ov().Tensor(np.fromfile(simplified.with_suffix(".bin"), dtype=np.uint8)))
         if precision.kept(graph) != kept:
-            raise BackendError(f"OpenVINO did not take the float32 marks of {graph_path}'s index arithmetic "
+            raise BackendError(f"OpenVINO did not take the float32 marks of {graph_path}'s operations "
                                f"(asked for {len(kept)}, read back {len(precision.kept(graph))})")
         return graph, kept
 
