@@ -22,7 +22,7 @@ import sys
 import time
 from typing import Any
 
-from inferd.core.backends.auto import candidates, remember
+from inferd.core.backends.auto import candidates, follows_from, remember
 from inferd.core.backends.base import cpu_flags
 from inferd.core.errors import ModelLoadError
 from inferd.core.loading import load_handler
@@ -69,6 +69,8 @@ def prepare(settings: Settings) -> int:
         todo.remove(candidate)
         skipped[candidate.name] = "torch needs no export: nothing to cache"
     for candidate in todo:
+        if candidate.name in skipped:  # settled by an earlier refusal (follows_from)
+            continue
         verdict = judge(spec, candidate.runtime())
         out["candidates"][candidate.name] = verdict
         print(f"inferd prepare: {candidate.name} {verdict['state']} in {verdict['seconds']} s", file=sys.stderr)
@@ -76,6 +78,8 @@ def prepare(settings: Settings) -> int:
             out["serves"] = candidate.name
             remember(spec, candidate.name, verdict.get("cache_entry"))  # a server starts on it at once
             break
+        if verdict["state"] == "refused":
+            skipped.update(follows_from(candidate.name, verdict["reason"]))
     out["candidates"].update({name: {"state": "skipped", "reason": why} for name, why in skipped.items()})
     failed = [name for name, v in out["candidates"].items() if v["state"] == "failed"]
     out["ready"] = not failed

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from inferd.core.backends.auto import AutoUpgrade, ModelChangeBusy, candidates
+from inferd.core.backends.gate_verdict import LESS_PRECISE, WRONG_GRAPH
 
 AMX = {"avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_int8", "avx512_vnni"}
 ZEN3 = {"avx2"}
@@ -78,3 +79,27 @@ def test_nothing_passes_and_torch_stays_and_a_served_runtime_is_not_judged() -> 
     gpu.start("torch-float16", lambda runtime: pytest.fail("switched to the runtime it serves"), cuda=True)
     assert gpu.wait(5) and gpu.describe()["state"] == "done"
     assert {c["candidate"]: c["reason"] for c in gpu.describe()["candidates"]}["torch-float16"] == "serving already"
+
+
+@pytest.mark.parametrize(("cause", "bf16_judged"), [(LESS_PRECISE, False), (WRONG_GRAPH, True)])
+def test_mixed_refused_as_less_precise_settles_plain_bf16_without_judging_it(cause: str, bf16_judged: bool) -> None:
+    """Plain bf16 rounds all mixed rounds and more: once mixed is refused for its rounding, judging bf16 is a
+    minute of a cold start spent on a known answer. A mixed graph refused as a wrong graph says nothing of bf16."""
+    calls: list[str] = []
+
+    def switch(runtime: dict[str, str]) -> None:
+        calls.append(f"{runtime['backend']}-{runtime['dtype']}")
+        if runtime["dtype"] in ("mixed", "bfloat16"):
+            raise RuntimeError(f"openvino {runtime['dtype']} refused by the accuracy gate: {cause}: ...")
+
+    auto = AutoUpgrade(flags=AMX, openvino_installed=True)
+    auto.start("torch-float32", switch)
+    assert auto.wait(30)
+    states = {c["candidate"]: (c["state"], c["reason"]) for c in auto.describe()["candidates"]}
+    assert auto.describe()["serving"] == "openvino-float32-int8"
+    assert ("openvino-bfloat16" in calls) is bf16_judged
+    if bf16_judged:
+        assert states["openvino-bfloat16"][0] == "refused"
+    else:
+        assert states["openvino-bfloat16"] == (
+            "skipped", f"openvino-mixed was refused as {LESS_PRECISE}; plain bf16 rounds what it rounds and more")

@@ -40,6 +40,7 @@ from typing import Any
 from inferd import __version__
 from inferd.core.backends.base import INT8_DOT_FLAGS, NATIVE_BF16_FLAGS, cpu_flags, kernel_flags
 from inferd.core.backends.factory import FORMAT, default_cache_dir, folder_digest, versions
+from inferd.core.backends.gate_verdict import LESS_PRECISE
 from inferd.core.description import runtime_label
 from inferd.core.spec import ModelSpec
 
@@ -115,6 +116,17 @@ def candidates(flags: set[str], cuda: bool, wanted: Sequence[str] = (),
             skipped[name] = "not in model.auto_candidates"
     order = [known[w] for w in wanted] if wanted else list(ALL)
     return [c for c in order if c.name not in skipped], skipped
+
+
+def follows_from(refused: str, reason: str) -> dict[str, str]:
+    """The candidates a refusal settles too, by name, with why: mixed refused as less precise than the bound (not
+    for a wrong graph) refuses plain bf16, which rounds all mixed rounds and more. Its judgement cost all-mpnet-base-v2
+    59 s on a cold start where both were refused (bench/RESULTS.md, "what `auto` settles on for all-mpnet-base-v2
+    on this EPYC")."""
+    if refused == OV_MIXED.name and LESS_PRECISE in reason:
+        return {OV_BF16.name: f"{OV_MIXED.name} was refused as {LESS_PRECISE}; plain bf16 rounds what it rounds and "
+                              "more"}
+    return {}
 
 
 def by_name(name: str) -> Candidate:
@@ -264,6 +276,8 @@ class AutoUpgrade:
             if stop.is_set():
                 return
             verdict = self._verdict(candidate.name)
+            if verdict.state == "skipped":  # settled by an earlier refusal (follows_from)
+                continue
             verdict.state = "judging"
             self._told()
             started = time.monotonic()
@@ -280,6 +294,10 @@ class AutoUpgrade:
                     verdict.state, verdict.reason = "refused", str(exc)
                     verdict.seconds = round(time.monotonic() - started, 3)
                     log.warning("backend auto: %s refused, %s keeps serving: %s", candidate.name, self.serving, exc)
+                    for name, why in follows_from(candidate.name, str(exc)).items():
+                        later = next((v for v in self.verdicts if v.candidate == name and v.state == "pending"), None)
+                        if later is not None:
+                            later.state, later.reason = "skipped", why
                     self._told()
                     break
                 else:
