@@ -22,11 +22,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import re
 import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import openai
@@ -104,29 +107,79 @@ def lines_per_s(jobs: Jobs, batch_id: str, start: tuple[float, int, str]) -> flo
     return (end[1] - start[1]) / (end[0] - start[0])
 
 
-def one_round(r: int, url: str, source: TextSource, jobs: Jobs, rate: float, window: float) -> dict[str, float]:
-    target = Target(url, "/v1/embeddings", "input")
+def thread_cpu(pid: int) -> dict[str, float]:
+    """CPU seconds (user + system) of each of a process's threads, summed by the OS's thread name (the numbers a name
+    ends in dropped; Python's threads and torch's pool are all "python" there), the main thread (the event loop) apart:
+    where a condition's cores go."""
     out: dict[str, float] = {}
+    tick = os.sysconf("SC_CLK_TCK")
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            name = "main" if task.name == str(pid) else re.sub(r"[-_:]?\d+$", "", (task / "comm").read_text().strip())
+            fields = (task / "stat").read_text().rpartition(")")[2].split()
+        except OSError:  # the thread ended between the listing and the read
+            continue
+        out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+    return out
+
+
+def cores_used(before: dict[str, float], after: dict[str, float], seconds: float) -> dict[str, float]:
+    """Cores each thread name kept busy between two ``thread_cpu`` readings, and their ``all``."""
+    used = {name: round((after.get(name, 0.0) - before.get(name, 0.0)) / seconds, 3) for name in after}
+    used = {name: value for name, value in used.items() if value > 0.005}
+    return {"all": round(sum(used.values()), 3), **dict(sorted(used.items(), key=lambda kv: -kv[1]))}
+
+
+def busy_seconds(url: str) -> dict[str, float]:
+    """Each model instance's seconds running batches (``inferd_instance_busy_seconds_total``, a background pass's
+    stops for live work not counted), by instance."""
+    out: dict[str, float] = {}
+    for line in httpx.get(url + "/metrics", timeout=10).text.splitlines():
+        if line.startswith("inferd_instance_busy_seconds_total{"):
+            instance = re.search(r'instance="([^"]*)"', line)
+            out[instance.group(1) if instance else "?"] = float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def busy_share(before: dict[str, float], after: dict[str, float], seconds: float) -> dict[str, float]:
+    return {name: round((after[name] - before.get(name, 0.0)) / seconds, 3) for name in after
+            if after[name] - before.get(name, 0.0) > 0.005 * seconds}
+
+
+def one_round(r: int, url: str, source: TextSource, jobs: Jobs, rate: float, window: float,
+              pid: int) -> dict[str, Any]:
+    target = Target(url, "/v1/embeddings", "input")
+    out: dict[str, Any] = {}
     order = CONDITIONS[r % 3:] + CONDITIONS[:r % 3]
     for condition in order:
         if condition == "online":
+            cpu, busy, t0 = thread_cpu(pid), busy_seconds(url), time.perf_counter()
             out["online_p99_ms"] = run_open(target, source, rate, window, 1.0, seed=r)["p99_ms"]
+            out["online_cores"] = cores_used(cpu, thread_cpu(pid), time.perf_counter() - t0)
+            out["online_busy"] = busy_share(busy, busy_seconds(url), time.perf_counter() - t0)
             continue
         batch_id = jobs.start()
         start = jobs.done(batch_id)
+        cpu, busy = thread_cpu(pid), busy_seconds(url)
         if condition == "job":
             time.sleep(window)
         else:
             result = run_open(target, source, rate, window, 0.0, seed=r)
             out["both_p99_ms"] = result["p99_ms"]
             out["both_online_errors"] = sum(result["errors"].values())
+        out[f"{condition}_cores"] = cores_used(cpu, thread_cpu(pid), time.perf_counter() - start[0])
+        out[f"{condition}_busy"] = busy_share(busy, busy_seconds(url), time.perf_counter() - start[0])
         out[f"{condition}_lines_per_s"] = lines_per_s(jobs, batch_id, start)
         jobs.stop(batch_id)
     out["p99_ratio"] = out["both_p99_ms"] / out["online_p99_ms"]
     out["throughput_ratio"] = out["both_lines_per_s"] / out["job_lines_per_s"]
     print(f"round {r + 1} ({', '.join(order)}): online P99 {out['online_p99_ms']:.1f} -> {out['both_p99_ms']:.1f} ms "
           f"(x{out['p99_ratio']:.2f}); job {out['job_lines_per_s']:.0f} -> {out['both_lines_per_s']:.0f} lines/s "
-          f"(x{out['throughput_ratio']:.2f})", flush=True)
+          f"(x{out['throughput_ratio']:.2f}); server cores {out['online_cores']['all']:.2f} online, "
+          f"{out['job_cores']['all']:.2f} job, {out['both_cores']['all']:.2f} both", flush=True)
+    for condition in order:
+        print(f"  {condition}: cores by thread {out[f'{condition}_cores']}; share of the time each instance ran "
+              f"batches {out[f'{condition}_busy']}", flush=True)
     return out
 
 
@@ -153,7 +206,8 @@ def main(argv: list[str] | None = None) -> int:
             jobs = Jobs(server.url, corpus, int(capacity * (args.window + 10) * 2) + 1000)
             print(f"capacity {capacity:.0f} texts/s; online load {rate:.1f} requests/s; job of {jobs.lines} lines",
                   flush=True)
-            rounds = [one_round(r, server.url, source, jobs, rate, args.window) for r in range(args.rounds)]
+            rounds = [one_round(r, server.url, source, jobs, rate, args.window, server.proc.pid)
+                      for r in range(args.rounds)]
             metrics = httpx.get(server.url + "/metrics", timeout=10).text
         finally:
             server.stop()

@@ -76,8 +76,9 @@ def in_process(model: Path, runtime: str, texts: list[str], batch: int, cache: P
 
 def served(model: Path, runtime: str, source: TextSource, args: argparse.Namespace, logs: Path,
            cache: Path) -> dict[str, Any]:
-    server = start_inferd(logs, model, None, {**runtime_env(runtime), "INFERD__MODEL__CACHE_DIR": str(cache)},
-                          timeout=900)
+    env = {**runtime_env(runtime), "INFERD__MODEL__CACHE_DIR": str(cache),
+           **dict(item.split("=", 1) for item in args.server_env)}
+    server = start_inferd(logs, model, None, env, timeout=900)
     try:
         # A warm-up of its own first (connections, caches, the runtime's first shapes), so the CPU read around the
         # counted loop is the counted texts' only.
@@ -101,6 +102,8 @@ def main() -> int:
     p.add_argument("--batch", type=int, default=32, help="in process: texts per batch (the server's max batch)")
     p.add_argument("--texts", type=int, default=2048, help="in process: corpus texts run")
     p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--server-env", action="append", default=[], metavar="KEY=VALUE",
+                   help="a setting for the server's environment (repeatable), e.g. INFERD__MODEL__INSTANCES=1")
     args = p.parse_args()
     model = args.model or Path(resolve_model_path(ModelSettings()))
     logs = Path(tempfile.mkdtemp(prefix="inferd-overhead-"))

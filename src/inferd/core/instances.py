@@ -112,6 +112,13 @@ class Instance:
     def label(self) -> str:
         return str(self.index)
 
+    @property
+    def os_label(self) -> str:
+        """The short name its worker thread has for the OS (utils/threads.py)."""
+        if self.background is None:
+            return "shadow"
+        return "bg" if self.background else self.label
+
     def enter_thread(self) -> None:
         """On the worker's own thread, before its first batch."""
         self.apply_threads()

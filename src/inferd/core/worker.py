@@ -31,6 +31,7 @@ from inferd.core.outcomes import Failure, Outcome, WorkItem, tickets_of
 from inferd.core.shadow import SHADOW_SUFFIX
 from inferd.core.slots import ModelSlot
 from inferd.utils.metrics import Metrics
+from inferd.utils.threads import name_os_thread
 
 log = logging.getLogger(__name__)
 
@@ -115,6 +116,9 @@ class BatchWorker:
     def _serve(self) -> None:
         """The thread: each handout handled in turn until the queue closes or the worker retires."""
         handout: Handout[WorkItem] | None = None
+        # The OS's name (top -H, /proc): "inferd-bg" for a model's background worker, "inferd-<n>" for its n-th live
+        # instance, "inferd-shadow"; its compute threads, started from here, take the same name.
+        name_os_thread("inferd-" + (self.instance.os_label if self.instance is not None else "worker"))
         try:
             if self.instance is not None:
                 self.instance.enter_thread()
