@@ -17,11 +17,12 @@ from fakes import HashHandler, decode, encode, vector_for
 from settingskit import make_settings
 from transformers import BertConfig, BertModel
 
-from inferd.core.backends.base import GraphRunner
+from inferd.core.backends.base import GraphRunner, running_alone
 from inferd.core.backends.torch import TorchRunner
 from inferd.core.backends.varlen import VarlenRunner
 from inferd.core.background import LiveFirst
 from inferd.core.batcher import BatchQueue
+from inferd.core.capabilities import Capabilities
 from inferd.core.outcomes import Ticket, WorkItem
 from inferd.core.scheduler import BACKGROUND, Policy
 from inferd.settings import BatchingSettings
@@ -246,5 +247,56 @@ def test_a_settings_reload_turning_background_pauses_off_retires_the_background_
         engine.worker.set_model(entry)  # and back on: a background worker again
         assert (await ask(engine, ["again"], priority=BACKGROUND)).outputs == [vector_for("again")]
         assert handler.threads["again"].endswith("-background")
+
+    kit.run(scenario)
+
+
+class WideningHandler(HashHandler):
+    """A fake whose runner can run a batch on every thread of the model (an OpenVINO graph of several instances), and
+    records whether each text's batch was allowed to."""
+
+    capabilities = Capabilities(can_use_all_threads=True)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.alone: dict[str, bool] = {}
+
+    def infer(self, batch: list[Any]) -> list[str]:
+        texts = super().infer(batch)
+        for text in texts:
+            self.alone[text] = running_alone()
+        return texts
+
+
+def test_a_background_batch_runs_on_every_thread_only_when_no_live_request_came_for_the_quiet_spell(
+        tmp_path: Path) -> None:
+    handler = WideningHandler()
+    settings = make_settings(tmp_path, batching=BatchingSettings(background_quiet_s=1.0))
+    kit = EngineKit(settings, handler)
+    engine = kit.engine
+
+    async def scenario() -> None:
+        # An idle server: the job's batch may use the whole machine.
+        assert (await ask(engine, ["first line"], priority=BACKGROUND)).outputs == [vector_for("first line")]
+        # A live request just came: the job's next batch stays on its own stream, beside what live work may come.
+        assert (await ask(engine, ["live"])).outputs == [vector_for("live")]
+        assert (await ask(engine, ["line after live"], priority=BACKGROUND)).outputs == [vector_for("line after live")]
+        await asyncio.sleep(1.2)  # the quiet spell passes
+        assert (await ask(engine, ["line after quiet"], priority=BACKGROUND)).outputs == [
+            vector_for("line after quiet")]
+        assert handler.alone == {"first line": True, "live": False, "line after live": False,
+                                 "line after quiet": True}
+
+    kit.run(scenario)
+
+
+def test_a_background_batch_of_a_runner_that_cannot_widen_stays_on_its_threads(tmp_path: Path) -> None:
+    handler = WideningHandler()
+    handler.capabilities = Capabilities(can_use_all_threads=False)
+    kit = EngineKit(make_settings(tmp_path), handler)
+
+    async def scenario() -> None:
+        assert (await ask(kit.engine, ["line"], priority=BACKGROUND)).outputs == [vector_for("line")]
+        assert handler.alone == {"line": False}
 
     kit.run(scenario)

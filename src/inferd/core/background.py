@@ -17,7 +17,8 @@ thread waits on a condition, so it holds neither the GIL nor a core while it wai
 the background thread instead was ruled out: a thread niced down holds the GIL between its torch calls, and the live
 threads then wait on a thread the OS seldom schedules (core/instances.py says the same of the shadow instance).
 A runner whose pass runs whole once called (OpenVINO, ONNX Runtime: ``capabilities.pauses`` false) has no pause
-points; its background batches run beside the live ones, bounded as before.
+points; its background batches run beside the live ones, bounded as before, and after a quiet spell with no live
+request on every thread of the model (core/worker.py ``_background_alone``).
 
 A background pass is never stopped for good: between two live batches it runs on to its next pause point, so under a
 live load that never lets up it still moves, one layer per gap.
