@@ -5,11 +5,13 @@ whole background batch."""
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 from conftest import wait_for
 from enginekit import EngineKit, ask, until
@@ -300,3 +302,66 @@ def test_a_background_batch_of_a_runner_that_cannot_widen_stays_on_its_threads(t
         assert handler.alone == {"line": False}
 
     kit.run(scenario)
+
+
+class NiceHandler(HashHandler):
+    """A fake that records the OS priority (nice) of the thread each text's batch ran on, with or without pause
+    points."""
+
+    def __init__(self, pauses: bool) -> None:
+        super().__init__()
+        self.pauses = pauses
+        self.point = Counted()
+        self.nice: dict[str, int] = {}
+
+    def pause_points(self) -> list[Any]:
+        return [self.point] if self.pauses else []
+
+    def infer(self, batch: list[Any]) -> list[str]:
+        texts = super().infer(batch)
+        for text in texts:
+            self.nice[text] = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+        return texts
+
+
+@pytest.mark.parametrize(("pauses", "setting", "expected"), [(False, 19, 19), (False, 0, 0), (True, 19, 0)])
+def test_a_background_pass_that_cannot_pause_runs_niced_and_live_passes_never_do(
+        tmp_path: Path, pauses: bool, setting: int, expected: int) -> None:
+    handler = NiceHandler(pauses)
+    kit = EngineKit(make_settings(tmp_path, batching=BatchingSettings(background_nice=setting)), handler)
+
+    async def scenario() -> None:
+        assert (await ask(kit.engine, ["line"], priority=BACKGROUND)).outputs == [vector_for("line")]
+        assert (await ask(kit.engine, ["live"])).outputs == [vector_for("live")]
+        assert handler.nice == {"line": expected, "live": 0}
+
+    kit.run(scenario)
+
+
+def test_a_niced_background_thread_goes_back_for_torch_passes_or_says_why_it_cannot(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """Lowering a nice value needs a privilege a container's user lacks: the thread then keeps it, says so once,
+    and runs on (its torch passes still stop at their pause points)."""
+    first = LiveFirst()
+    seen: list[int] = []
+
+    def passes(refuse: bool) -> None:
+        real = os.setpriority
+
+        def setpriority(which: int, who: int, value: int) -> None:
+            if refuse and value < os.getpriority(which, who):
+                raise PermissionError(1, "Operation not permitted")
+            real(which, who, value)
+
+        monkeypatch.setattr(os, "setpriority", setpriority)
+        for points in ([], [Counted()], [Counted()]):
+            with first.background(points, nice=19):
+                seen.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
+
+    for refuse in (False, True):
+        thread = threading.Thread(target=passes, args=(refuse,))
+        thread.start()
+        thread.join()
+    assert seen == [19, 0, 0, 19, 19, 19]
+    refusals = [r for r in caplog.records if "stays at nice 19" in r.getMessage()]
+    assert len(refusals) == 1 and "CAP_SYS_NICE" in refusals[0].getMessage()

@@ -18,7 +18,12 @@ the background thread instead was ruled out: a thread niced down holds the GIL b
 threads then wait on a thread the OS seldom schedules (core/instances.py says the same of the shadow instance).
 A runner whose pass runs whole once called (OpenVINO, ONNX Runtime: ``capabilities.pauses`` false) has no pause
 points; its background batches run beside the live ones, bounded as before, and after a quiet spell with no live
-request on every thread of the model (core/worker.py ``_background_alone``).
+request on every thread of the model (core/worker.py ``_background_alone``). There the background worker's thread
+runs at a raised nice value (``batching.background_nice``, 19), so that the OS gives the cores to live threads
+first: on OpenVINO mixed with 2 cores, online P99 beside a job went from 41.6-48.7 to 35.9-36.5 ms, the job's lines/s
+beside that load from 194-198 to 182-195 (bench/RESULTS.md, "A background pass at nice 19"). On torch the pause
+points do that work and the thread keeps its priority: a niced thread holding the GIL between its torch calls would
+keep live threads waiting.
 
 A background pass is never stopped for good: between two live batches it runs on to its next pause point, so under a
 live load that never lets up it still moves, one layer per gap.
@@ -27,11 +32,35 @@ live load that never lets up it still moves, one layer per gap.
 from __future__ import annotations
 
 import contextlib
+import logging
+import os
 import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
+
+log = logging.getLogger(__name__)
+
+
+_thread = threading.local()
+
+
+def _set_nice(nice: int) -> None:
+    """This thread's OS priority (its nice value) for the passes to come, where it changes. Raising it needs no
+    privilege; lowering it back does (a container's user has none), so a worker whose model moved from a graph to
+    torch keeps the raised value: it says so once, and its torch passes still stop for live work."""
+    current = getattr(_thread, "nice", 0)
+    if nice == current or getattr(_thread, "stuck", False):
+        return
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
+    except OSError as exc:
+        _thread.stuck = True
+        log.warning("the background worker stays at nice %d (%s): lowering a thread's nice value needs "
+                    "CAP_SYS_NICE or a raised RLIMIT_NICE", current, exc)
+        return
+    _thread.nice = nice
 
 
 @dataclass
@@ -89,14 +118,16 @@ class LiveFirst:
         paused.times += 1
 
     @contextlib.contextmanager
-    def background(self, points: list[Any]) -> Iterator[Paused]:
+    def background(self, points: list[Any], nice: int = 0) -> Iterator[Paused]:
         """Around a background batch's pass on this thread: it stops before each of ``points`` (torch modules)
         while a live batch runs. The hooks are on the shared modules for this pass only, and act on this thread
-        only."""
+        only. A pass with no points runs at OS priority ``nice`` (``batching.background_nice``)."""
         paused = Paused()
         if not points:
+            _set_nice(nice)
             yield paused
             return
+        _set_nice(0)
         me = threading.get_ident()
 
         def stop_here(module: Any, args: Any) -> None:

@@ -103,6 +103,8 @@ class Instance:
     # The work it takes of its lanes (core/batcher.py ``take``): False its live requests (a model's instances),
     # True only background items (the model's background worker, core/background.py), None both (the shadow's).
     background: bool | None = False
+    # The background worker's OS priority for passes that cannot pause (``batching.background_nice``; 0: none).
+    nice: int = 0
     # What /admin/models and the metrics read; written by the worker thread only.
     batches: int = 0
     busy_s: float = 0.0

@@ -280,7 +280,8 @@ class BatchWorker:
         if first is None or not live:  # shadow work neither stops nor is stopped for
             yield Paused()
         elif self._takes_background:
-            with first.background(slot.handler.pause_points()) as paused:
+            nice = self.instance.nice if self.instance is not None else 0
+            with first.background(slot.handler.pause_points(), nice) as paused:
                 yield paused
         else:
             with first.live():

@@ -80,8 +80,9 @@ class Workers:
             background = self._background[entry.name] = self._worker(background_instance(entry.name, threads, device))
             if self._started:
                 background.start()
-        elif background.instance is not None:
+        if background.instance is not None:
             background.instance.threads = threads
+            background.instance.nice = entry.batching.background_nice
 
     def remove_model(self, name: str) -> None:
         for worker in self._by_model.pop(name, []):

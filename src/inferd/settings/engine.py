@@ -57,6 +57,9 @@ class BatchingSettings(Section):
     background_max_batch_tokens: int = Field(2048, gt=0)
     background_live_batch_tokens: int = Field(512, gt=0)
     background_quiet_s: float = Field(1.0, ge=0)
+    # The OS priority (nice, 0-19) a background pass runs at where it cannot stop for live work (a compiled graph);
+    # 0: the live threads' own. Raised once, never lowered back without the privilege to (core/background.py).
+    background_nice: int = Field(19, ge=0, le=19)
 
     # On the section, not Settings, so the error is reported at "batching" with the sources that set it.
     @model_validator(mode="after")
