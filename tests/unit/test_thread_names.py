@@ -52,7 +52,9 @@ def test_a_thread_started_from_a_named_one_takes_its_name() -> None:
     assert seen == ["inferd-7"]
 
 
-@pytest.mark.parametrize(("background", "label"), [(False, "2"), (True, "bg"), (None, "shadow")])
-def test_each_kind_of_worker_has_its_short_name(background: bool | None, label: str) -> None:
-    instance = Instance("m", 2, threads=1, serves=lambda lane: True, background=background)
+@pytest.mark.parametrize(("background", "shadow", "label"),
+                         [(False, False, "2"), (True, False, "bg"), (None, True, "shadow"), (None, False, "2")])
+def test_each_kind_of_worker_has_its_short_name(background: bool | None, shadow: bool, label: str) -> None:
+    """A live instance that takes background work too (``background_pauses: false``) is still a live instance."""
+    instance = Instance("m", 2, threads=1, serves=lambda lane: True, background=background, shadow=shadow)
     assert instance.os_label == label

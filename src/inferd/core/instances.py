@@ -117,9 +117,9 @@ class Instance:
     @property
     def os_label(self) -> str:
         """The short name its worker thread has for the OS (utils/threads.py)."""
-        if self.background is None:
+        if self.shadow:
             return "shadow"
-        return "bg" if self.background else self.label
+        return "bg" if self.background is True else self.label
 
     def enter_thread(self) -> None:
         """On the worker's own thread, before its first batch."""

@@ -290,11 +290,12 @@ class BatchWorker:
     def _background_alone(self, slot: ModelSlot, lane: str) -> bool:
         """A background batch on every thread of the model: its runner can widen (an OpenVINO graph of several
         instances: one instance's stream is one core of two) and no live work came for ``background_quiet_s``. A job
-        alone on an idle server then ran 274 lines/s where one stream ran 195 (bench/RESULTS.md, "A job alone on
-        every thread"); beside live load it stays on its one stream."""
+        alone on an idle server then ran 316-332 lines/s where one stream ran 201-208 (bench/RESULTS.md, "A job
+        alone on every thread"); beside live load it stays on its one stream."""
         return (self.instance is not None and self.instance.background is True
-                and slot.capabilities.can_use_all_threads and self.queue.live_quiet(lane)
-                and (self._live_first is None or self._live_first.live_now == 0))
+                and slot.capabilities.can_use_all_threads
+                and (self._live_first is None or self._live_first.live_now == 0)
+                and self.queue.live_quiet(lane))  # last: it takes the queue's lock
 
     def _sharing(self, slot: ModelSlot) -> Sharing | None:
         """The model's instances together, where its runner can run a batch on all of their threads."""
