@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import statistics
 import sys
@@ -35,7 +34,7 @@ import httpx
 import openai
 
 from inferd.bench.load import Target, TextSource, run_closed, run_open
-from inferd.bench.procs import ServerProc, start_inferd
+from inferd.bench.procs import ServerProc, start_inferd, thread_cpu
 from inferd.corpus import estimate_tokens, texts
 
 TERMINAL = ("completed", "failed", "expired", "cancelled")
@@ -105,22 +104,6 @@ def lines_per_s(jobs: Jobs, batch_id: str, start: tuple[float, int, str]) -> flo
     if end[2] in TERMINAL:
         raise RuntimeError(f"batch {batch_id} ended ({end[2]}) inside its window: give it more lines")
     return (end[1] - start[1]) / (end[0] - start[0])
-
-
-def thread_cpu(pid: int) -> dict[str, float]:
-    """CPU seconds (user + system) of each of a process's threads, summed by the OS's thread name (the numbers a name
-    ends in dropped; Python's threads and torch's pool are all "python" there), the main thread (the event loop) apart:
-    where a condition's cores go."""
-    out: dict[str, float] = {}
-    tick = os.sysconf("SC_CLK_TCK")
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        try:
-            name = "main" if task.name == str(pid) else re.sub(r"[-_:]?\d+$", "", (task / "comm").read_text().strip())
-            fields = (task / "stat").read_text().rpartition(")")[2].split()
-        except OSError:  # the thread ended between the listing and the read
-            continue
-        out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / tick
-    return out
 
 
 def cores_used(before: dict[str, float], after: dict[str, float], seconds: float) -> dict[str, float]:

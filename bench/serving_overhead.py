@@ -9,7 +9,8 @@ the server, getrusage for this process), so the load client's own CPU on a small
   tokenises, runs and pools the corpus in sorted batches of ``--batch`` texts, as the ceiling of ``inferd bench``
   does; CPU seconds over texts;
 - server: ``inferd serve`` (prod overlay) on the same runtime under a closed loop of ``--concurrency`` users, one
-  corpus text per request; the server process's CPU seconds over the texts it answered.
+  corpus text per request; the server process's CPU seconds over the texts it answered, and the same split by OS
+  thread name (``main`` is the event loop; ``inferd-<n>`` the instances' workers; the rest the runtime's pools).
 
 Issue 43's target: server / in process <= 1.15. Rounds alternate the order of the two. The second half of the
 issue's item 5, a pipeline of an embedder and a reranker in one process against two on the same cores, is
@@ -33,7 +34,7 @@ from inferd import corpus as bench_corpus
 from inferd.bench.ceiling import load_handler as ceiling_handler
 from inferd.bench.ceiling import token_counts
 from inferd.bench.load import Target, TextSource, run_closed
-from inferd.bench.procs import start_inferd
+from inferd.bench.procs import start_inferd, thread_cpu
 from inferd.core.loading import load_handler
 from inferd.core.spec import ModelSpec
 from inferd.settings import ModelSettings, resolve_model_path
@@ -83,14 +84,18 @@ def served(model: Path, runtime: str, source: TextSource, args: argparse.Namespa
         # A warm-up of its own first (connections, caches, the runtime's first shapes), so the CPU read around the
         # counted loop is the counted texts' only.
         run_closed(Target(server.url), source, args.concurrency, 1, min(3.0, args.duration), 0)
-        cpu0 = process_cpu(server.proc.pid)
+        cpu0, threads0 = process_cpu(server.proc.pid), thread_cpu(server.proc.pid)
         result = run_closed(Target(server.url), source, args.concurrency, 1, args.duration, 0)
-        cpu = process_cpu(server.proc.pid) - cpu0
+        cpu, threads = process_cpu(server.proc.pid) - cpu0, thread_cpu(server.proc.pid)
+        rss = int(next(line.split()[1] for line in Path(f"/proc/{server.proc.pid}/status").read_text().splitlines()
+                       if line.startswith("VmRSS:")))
     finally:
         server.stop()
-    texts = int(result["texts"])
-    return {"texts": texts, "cpu_s": round(cpu, 3), "cpu_ms_per_text": round(1e3 * cpu / max(1, texts), 4),
-            "texts_per_s": result["texts_per_s"], "errors": result["errors"]}
+    texts = max(1, int(result["texts"]))
+    by_thread = {name: round(1e3 * (threads[name] - threads0.get(name, 0.0)) / texts, 3) for name in threads}
+    return {"texts": texts, "cpu_s": round(cpu, 3), "cpu_ms_per_text": round(1e3 * cpu / texts, 4),
+            "texts_per_s": result["texts_per_s"], "errors": result["errors"], "rss_mb_after": round(rss / 1024),
+            "ms_per_text_by_thread": {k: v for k, v in sorted(by_thread.items(), key=lambda kv: -kv[1]) if v >= 0.005}}
 
 
 def main() -> int:

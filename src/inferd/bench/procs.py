@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -63,6 +64,22 @@ class ServerProc:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(10)
+
+
+def thread_cpu(pid: int) -> dict[str, float]:
+    """CPU seconds (user + system) of each of a process's threads, summed by the OS's thread name (the numbers a name
+    ends in dropped; Python's threads and torch's pool are all "python" there), the main thread (the event loop) apart:
+    where a condition's cores go."""
+    out: dict[str, float] = {}
+    tick = os.sysconf("SC_CLK_TCK")
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            name = "main" if task.name == str(pid) else re.sub(r"[-_:]?\d+$", "", (task / "comm").read_text().strip())
+            fields = (task / "stat").read_text().rpartition(")")[2].split()
+        except OSError:  # the thread ended between the listing and the read
+            continue
+        out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+    return out
 
 
 def _base_env(torch_threads: int | None) -> dict[str, str]:
