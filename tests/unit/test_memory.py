@@ -356,7 +356,9 @@ class FakeHeap:
 
 def test_tick_trims_the_heap_every_n_requests_and_never_when_off(tmp_path: Path) -> None:
     for every, ticks, trims in ((3, [1, 1, 1, 2, 1, 5], 3), (0, [1] * 50, 0), (1, [1] * 4, 4)):
-        settings = make_settings(tmp_path, **SUITE, **{"memory.malloc_trim_every_n": every})
+        # No cost bound: these ticks come microseconds apart (the bound's own tests are below).
+        settings = make_settings(tmp_path, **SUITE, **{"memory.malloc_trim_every_n": every,
+                                                      "memory.malloc_trim_max_share": 0})
         heap = FakeHeap()
         guard = MemoryGuard(settings.memory, FakeStats(100, 100), heap=heap)  # type: ignore[arg-type]
         for n in ticks:
@@ -365,6 +367,54 @@ def test_tick_trims_the_heap_every_n_requests_and_never_when_off(tmp_path: Path)
         report = guard.report()
         assert report["malloc_trims"] == trims and report["malloc_trim_every_n"] == every
         assert report["malloc_trim_seconds"] >= 0
+
+
+class SlowHeap:
+    """A heap whose trim takes ``cost`` seconds of its own fake clock (``now``, the guard's clock)."""
+
+    available = True
+
+    def __init__(self, cost: float) -> None:
+        self.t, self.cost, self.at = 0.0, cost, []
+
+    def now(self) -> float:
+        return self.t
+
+    def trim(self) -> bool:
+        self.at.append(self.t)
+        self.t += self.cost
+        return True
+
+
+def test_costly_trims_are_spaced_to_their_share_of_the_worker(tmp_path: Path) -> None:
+    # 400 requests a second, a trim due every 20, each taking 4 ms: unbounded, one per 54 ms (185 in 10 s). With a
+    # 1 % share the next trim waits 0.4 s after one begins: ~25 in 10 s, never two within 0.4 s.
+    for share, expected in ((0.01, range(24, 27)), (0.0, range(184, 187))):
+        settings = make_settings(tmp_path, **SUITE, **{"memory.malloc_trim_every_n": 20,
+                                                      "memory.malloc_trim_max_share": share})
+        heap = SlowHeap(0.004)
+        guard = MemoryGuard(settings.memory, FakeStats(100, 100), heap=heap,  # type: ignore[arg-type]
+                            clock=heap.now)
+        while heap.t < 10.0:
+            guard.tick(1)
+            heap.t += 1 / 400
+        assert guard.trims == len(heap.at) and guard.trims in expected, (share, guard.trims)
+        if share:
+            gaps = [b - a for a, b in zip(heap.at, heap.at[1:], strict=False)]
+            assert min(gaps) >= 0.4 - 1e-9 and guard.trim_seconds / heap.t <= share + 1e-9
+        assert guard.report()["malloc_trim_max_share"] == share
+
+
+def test_cheap_trims_keep_their_count(tmp_path: Path) -> None:
+    # A trim of 0.1 ms at 5 requests a second (the soak's pace) is never held back: one per 20 requests.
+    settings = make_settings(tmp_path, **SUITE, **{"memory.malloc_trim_every_n": 20})
+    heap = SlowHeap(0.0001)
+    guard = MemoryGuard(settings.memory, FakeStats(100, 100), heap=heap,  # type: ignore[arg-type]
+                        clock=heap.now)
+    for _ in range(400):
+        guard.tick(1)
+        heap.t += 0.2
+    assert guard.trims == 20
 
 
 def test_trims_run_on_the_worker_between_batches(tmp_path: Path) -> None:

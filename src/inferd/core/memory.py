@@ -171,8 +171,9 @@ class MemoryGuard:
     """
 
     def __init__(self, settings: MemorySettings, source: StatsSource, metrics: Any = None,
-                 heap: NativeHeap | None = None) -> None:
+                 heap: NativeHeap | None = None, clock: Any = time.perf_counter) -> None:
         self.settings = settings
+        self._clock = clock
         self.source = source
         self.metrics = metrics
         self.heap = heap if heap is not None else NativeHeap()
@@ -183,6 +184,7 @@ class MemoryGuard:
         self.trim_seconds = 0.0
         self._since_check = 0
         self._since_trim = 0
+        self._next_trim_at = 0.0  # by the clock: the cost bound's earliest next trim
         self._lock = threading.Lock()
 
     def bind(self, metrics: Any) -> None:
@@ -193,12 +195,17 @@ class MemoryGuard:
     def tick(self, requests: int) -> bool:
         """Count finished requests; every check_every_n, check fragmentation. True if it emptied the cache.
 
-        Every ``malloc_trim_every_n`` requests it also trims the C heap (between batches, like the rest).
+        Every ``malloc_trim_every_n`` requests it also trims the C heap (between batches, like the rest), but not
+        before the last trim's cost allows, where ``malloc_trim_max_share`` is set: a trim that took d seconds is
+        followed by the next one no sooner than d / share seconds after it began, so at any load the trims hold the
+        worker at most that share of its time. At a few requests a second that bound never binds; at hundreds a
+        second (a trim every 50 ms, each walking the runtime's many thread arenas for ~4 ms) it spaces them out,
+        and resident memory grows between them (off by default: docs/memory.md has both figures).
         """
         every = self.settings.malloc_trim_every_n
         if every and self.heap.available:
             self._since_trim += requests
-            if self._since_trim >= every:
+            if self._since_trim >= every and self._clock() >= self._next_trim_at:
                 self._since_trim = 0
                 self.trim()
         self._since_check += requests
@@ -224,10 +231,13 @@ class MemoryGuard:
 
     def trim(self) -> None:
         """Hand the C heap's free pages back to the OS (a few ms; the soak's totals are in RESULTS.md), count it."""
-        started = time.perf_counter()
+        started = self._clock()
         self.heap.trim()
-        self.trim_seconds += time.perf_counter() - started
+        took = self._clock() - started
+        self.trim_seconds += took
         self.trims += 1
+        share = self.settings.malloc_trim_max_share
+        self._next_trim_at = started + took / share if share else 0.0
 
     def after_oom(self) -> None:
         """After an out-of-memory error, give cached blocks back before the split halves run."""
@@ -255,7 +265,8 @@ class MemoryGuard:
                 "fragmentation_threshold": self.settings.fragmentation_threshold,
                 "check_every_n": self.settings.check_every_n, "checks": self.checks,
                 "last_check": self.last_check, "empty_cache_calls": self.empty_cache_calls,
-                "malloc_trim_every_n": self.settings.malloc_trim_every_n, "malloc_trims": self.trims,
+                "malloc_trim_every_n": self.settings.malloc_trim_every_n,
+                "malloc_trim_max_share": self.settings.malloc_trim_max_share, "malloc_trims": self.trims,
                 "malloc_trim_seconds": round(self.trim_seconds, 6),
                 "alloc_conf": os.environ.get(ALLOC_CONF), "summary": self.source.summary(),
                 "heap": heap_top()}
