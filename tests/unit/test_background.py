@@ -94,6 +94,76 @@ def test_closing_lets_a_stopped_background_pass_finish() -> None:
         assert done and model[0].calls == 1
 
 
+class Threads(torch.nn.Module):
+    """A pause point that records the intra-op thread count its pass runs at, after waiting for ``go`` if given."""
+
+    def __init__(self, go: threading.Event | None = None, reached: threading.Event | None = None) -> None:
+        super().__init__()
+        self.go, self.reached, self.seen = go, reached, []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.seen.append(torch.get_num_threads())
+        if self.reached is not None:
+            self.reached.set()
+        if self.go is not None:
+            assert self.go.wait(10)
+        return x + 1
+
+
+def test_a_sharing_background_pass_narrows_beside_live_batches_and_widens_after() -> None:
+    first = LiveFirst()
+    in_first, go_on, in_third, finish = (threading.Event() for _ in range(4))
+    model = torch.nn.Sequential(Threads(go_on, in_first), Threads(), Threads(finish, in_third), Threads())
+    done: list[Any] = []
+
+    def run() -> None:
+        torch.set_num_threads(4)
+        with first.background(list(model), share=True) as paused:
+            model(torch.zeros(2))
+        done.append((paused, torch.get_num_threads()))
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    assert in_first.wait(10)  # the pass computes: a live batch now starts on half its threads
+    own = torch.get_num_threads()
+    torch.set_num_threads(4)
+    try:
+        with first.live(narrowable=False):  # a burst keeps every thread
+            assert torch.get_num_threads() == 4 and first._live_wide == 1
+        with first.live():
+            assert torch.get_num_threads() == 2 and first._live_wide == 0
+            go_on.set()
+            assert in_third.wait(10)  # went on past the second point, narrowed, without stopping
+        assert torch.get_num_threads() == 4  # the live thread's own count again
+        finish.set()
+        thread.join(10)
+    finally:
+        torch.set_num_threads(own)
+    [(paused, after)] = done
+    assert [m.seen for m in model] == [[4], [2], [2], [4]]  # narrowed at the first point with live work, widened
+    assert paused.times == 0 and after == 4
+
+
+def test_a_sharing_background_pass_still_stops_for_a_live_batch_on_all_its_threads() -> None:
+    first = LiveFirst()
+    model = torch.nn.Sequential(Counted(), Counted())
+    done: list[Any] = []
+
+    def run() -> None:
+        with first.background(list(model), share=True) as paused:
+            model(torch.zeros(2))
+        done.append(paused)
+
+    with first.live():  # started before the pass: it has every thread, so the pass waits for it
+        thread = threading.Thread(target=run, daemon=True)
+        thread.start()
+        wait_for(lambda: first._waiting == 1, what="the background pass stopped")
+        assert [m.calls for m in model] == [0, 0] and first._sharing == 0
+    thread.join(10)
+    [paused] = done
+    assert paused.times == 1 and [m.calls for m in model] == [1, 1] and first._sharing == 0
+
+
 def test_torch_runners_pause_before_each_linear_layer_on_a_cpu_and_graphs_never() -> None:
     config = BertConfig(vocab_size=64, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
                         intermediate_size=32, max_position_embeddings=32)
@@ -123,6 +193,21 @@ def _item(loop: asyncio.AbstractEventLoop, slot: Any, queue: BatchQueue, priorit
     now = time.monotonic()
     return WorkItem(Ticket(loop.create_future(), 1), 0, encode(text), 4, priority, now, now + 60, queue.next_seq(),
                     slot)
+
+
+def test_the_queue_says_whether_a_live_item_waits_beside_background_ones() -> None:
+    loop = asyncio.new_event_loop()
+    try:
+        slot = type("Slot", (), {"capabilities": HashHandler.capabilities})()
+        queue = BatchQueue()
+        queue.add_lane("m", Policy(max_wait_ms=0.0), 64)
+        assert not queue.live_waiting("m") and not queue.live_waiting("unknown")
+        queue.put([_item(loop, slot, queue, BACKGROUND, f"line {i}") for i in range(3)], "m")
+        assert queue.depth("m") == 3 and not queue.live_waiting("m")  # a job's lines are no burst
+        queue.put([_item(loop, slot, queue, 0, "live")], "m")
+        assert queue.live_waiting("m")
+    finally:
+        loop.close()
 
 
 def test_the_queue_hands_background_items_to_background_takers_and_live_ones_to_live_takers() -> None:
@@ -198,6 +283,44 @@ def test_a_live_request_is_answered_while_a_background_batch_waits_at_its_pause_
         assert (await job).outputs == [vector_for("line")]
         assert (await ask(engine, ["after"])).outputs == [vector_for("after")]
         assert handler.threads["after"].endswith("-0") and handler.threads["hold:l"].endswith("-0")
+
+    kit.run(scenario)
+
+
+class CountingThreads(PausingHandler):
+    """Records the intra-op thread count each text's pass ran at."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.counts: dict[str, int] = {}
+
+    def infer(self, batch: list[Any]) -> list[str]:
+        texts = super().infer(batch)
+        for text in texts:
+            self.counts[text] = torch.get_num_threads()
+        return texts
+
+
+def test_with_shared_cores_a_lone_live_request_runs_narrow_beside_a_background_pass(tmp_path: Path) -> None:
+    handler = CountingThreads()
+    settings = make_settings(tmp_path, batching=BatchingSettings(max_wait_ms=0.0, max_batch_size=8, max_queue=64,
+                                                                 background_shares_cores=True))
+    kit = EngineKit(settings, handler)
+    engine = kit.engine
+    first = engine.worker.live_first
+
+    async def scenario() -> None:
+        handler.gates["j"] = threading.Event()
+        job = ask(engine, ["hold:j"], priority=BACKGROUND)
+        await until(lambda: first.sharing_now, what="the background pass computing, sharing")
+        # A lone live request is answered while the job's pass still computes: nothing stopped, it ran narrow.
+        assert (await ask(engine, ["lone"])).outputs == [vector_for("lone")]
+        assert not job.done() and first._waiting == 0
+        handler.gates["j"].set()
+        assert (await job).outputs == [vector_for("hold:j")]
+        assert (await ask(engine, ["after"])).outputs == [vector_for("after")]  # no job: every thread
+        assert handler.counts["lone"] == max(1, handler.counts["after"] // 2)
+        assert handler.threads["lone"].endswith("-0") and handler.threads["hold:j"].endswith("-background")
 
     kit.run(scenario)
 

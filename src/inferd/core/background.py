@@ -25,6 +25,12 @@ beside that load from 194-198 to 182-195 (bench/RESULTS.md, "A background pass a
 points do that work and the thread keeps its priority: a niced thread holding the GIL between its torch calls would
 keep live threads waiting.
 
+With ``batching.background_shares_cores`` a torch pass that meets a lone live batch goes on instead, on half its
+intra-op threads, while the live pass runs on the other half (a burst of live requests, or a live batch that began
+before the pass, keeps every thread and is stopped for as above). On 2 cores the job then kept x0.73-0.80 of its
+throughput alone where stopping kept x0.72-0.79, and online P99 beside it rose x1.29-1.70 where stopping gave
+x0.63-1.84 (bench/RESULTS.md, "Sharing the cores"): the same trade from its other side, so it is off by default.
+
 A background pass is never stopped for good: between two live batches it runs on to its next pause point, so under a
 live load that never lets up it still moves, one layer per gap.
 """
@@ -39,6 +45,8 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
+
+import torch
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +71,18 @@ def _set_nice(nice: int) -> None:
     _thread.nice = nice
 
 
+@contextlib.contextmanager
+def _narrowed() -> Iterator[None]:
+    """This thread's torch passes on half its intra-op threads (at least one) meanwhile; its count after. torch
+    keeps the count per calling thread once the thread is initialised (core/instances.py)."""
+    wide = torch.get_num_threads()
+    torch.set_num_threads(max(1, wide // 2))
+    try:
+        yield
+    finally:
+        torch.set_num_threads(wide)
+
+
 @dataclass
 class Paused:
     """What one background pass spent stopped (the worker charges the lane its compute, not its waits)."""
@@ -77,19 +97,32 @@ class LiveFirst:
     def __init__(self) -> None:
         self._cond = threading.Condition()
         self._live = 0  # live batches computing now
+        self._live_wide = 0  # ... of them on their whole thread count
         self._waiting = 0  # background passes stopped now
+        self._sharing = 0  # background passes computing now that share the cores rather than stop
         self._closed = False
 
     @contextlib.contextmanager
-    def live(self) -> Iterator[None]:
-        """Around a live batch's pass: background passes stop at their next pause point until it ends."""
+    def live(self, narrowable: bool = True) -> Iterator[None]:
+        """Around a live batch's pass: background passes stop at their next pause point until it ends; where one
+        computing now shares the cores (``batching.background_shares_cores``) and the pass is ``narrowable`` (a
+        lone request, nothing queued behind it), this pass runs on half this thread's intra-op threads instead,
+        and that background pass on the other half. A burst of live requests keeps every thread: on half, each
+        would wait longer for the ones before it."""
         with self._cond:
+            narrow = narrowable and self._sharing > 0
             self._live += 1
+            self._live_wide += not narrow
         try:
-            yield
+            if narrow:
+                with _narrowed():
+                    yield
+            else:
+                yield
         finally:
             with self._cond:
                 self._live -= 1
+                self._live_wide -= not narrow
                 if self._live == 0 and self._waiting:
                     self._cond.notify_all()
 
@@ -97,31 +130,42 @@ class LiveFirst:
     def live_now(self) -> int:
         return self._live
 
+    @property
+    def sharing_now(self) -> bool:
+        """Whether a background pass that shares the cores computes now (a live batch may then run narrow)."""
+        return self._sharing > 0
+
     def close(self) -> None:
         """Stopping: no background pass waits any longer (the workers are being joined)."""
         with self._cond:
             self._closed = True
             self._cond.notify_all()
 
-    def _wait_for_quiet(self, paused: Paused) -> None:
+    def _wait_for_quiet(self, paused: Paused, sharing: bool = False) -> None:
         if not self._live:  # one int read: a pass with no live batch beside it goes on at once
             return
         started = time.monotonic()
         with self._cond:
             self._waiting += 1
+            self._sharing -= sharing  # a live batch that starts meanwhile has the cores to itself
             try:
                 while self._live and not self._closed:
                     self._cond.wait()
             finally:
                 self._waiting -= 1
+                self._sharing += sharing
         paused.seconds += time.monotonic() - started
         paused.times += 1
 
     @contextlib.contextmanager
-    def background(self, points: list[Any], nice: int = 0) -> Iterator[Paused]:
+    def background(self, points: list[Any], nice: int = 0, share: bool = False) -> Iterator[Paused]:
         """Around a background batch's pass on this thread: it stops before each of ``points`` (torch modules)
         while a live batch runs. The hooks are on the shared modules for this pass only, and act on this thread
-        only. A pass with no points runs at OS priority ``nice`` (``batching.background_nice``)."""
+        only. A pass with no points runs at OS priority ``nice`` (``batching.background_nice``).
+
+        ``share``: rather than stop, the pass goes on at its next point on half its intra-op threads while live
+        batches run on the other half (they start narrow while it computes; one that started on its whole count
+        before it is still waited for), and widens again at the first point with no live batch."""
         paused = Paused()
         if not points:
             _set_nice(nice)
@@ -129,14 +173,33 @@ class LiveFirst:
             return
         _set_nice(0)
         me = threading.get_ident()
+        narrowed: list[int] = []  # this pass's own count while narrowed
 
         def stop_here(module: Any, args: Any) -> None:
-            if threading.get_ident() == me:
+            if threading.get_ident() != me:
+                return
+            if not share:
                 self._wait_for_quiet(paused)
+            elif not self._live:
+                if narrowed:
+                    torch.set_num_threads(narrowed.pop())
+            elif self._live_wide:
+                self._wait_for_quiet(paused, sharing=True)
+            elif not narrowed:
+                narrowed.append(torch.get_num_threads())
+                torch.set_num_threads(max(1, narrowed[0] // 2))
 
         handles = [point.register_forward_pre_hook(stop_here) for point in points]
+        if share:
+            with self._cond:
+                self._sharing += 1
         try:
             yield paused
         finally:
             for handle in handles:
                 handle.remove()
+            if share:
+                with self._cond:
+                    self._sharing -= 1
+            if narrowed:
+                torch.set_num_threads(narrowed.pop())

@@ -154,6 +154,11 @@ class BatchQueue:
         found = self._lanes.get(lane)
         return len(found.pending) if found is not None else 0
 
+    def live_waiting(self, lane: str) -> bool:
+        """Whether ``lane`` holds a live item now (its background items not counted): a burst, for core/worker.py."""
+        found = self._lanes.get(lane)
+        return found is not None and not all(is_background(item) for item in list(found.pending))
+
     def __len__(self) -> int:
         return sum(len(lane.pending) for lane in list(self._lanes.values()))
 

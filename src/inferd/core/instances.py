@@ -105,6 +105,9 @@ class Instance:
     background: bool | None = False
     # The background worker's OS priority for passes that cannot pause (``batching.background_nice``; 0: none).
     nice: int = 0
+    # Whether the background worker's torch pass shares the cores with live batches rather than stop for them
+    # (``batching.background_shares_cores``; core/background.py).
+    share_cores: bool = False
     # What /admin/models and the metrics read; written by the worker thread only.
     batches: int = 0
     busy_s: float = 0.0

@@ -254,7 +254,7 @@ class BatchWorker:
             paused = Paused()
             try:
                 # wide: on every thread of the model's instances, none of them busy
-                with all_threads(wide), self._first_live(slot, live) as paused:
+                with all_threads(wide), self._first_live(slot, live, handout) as paused:
                     report = self.batches.compute(slot, handout.batch, live, staged)
             finally:
                 if sharing is not None:
@@ -274,17 +274,22 @@ class BatchWorker:
                 self.memory_guard.tick(len({id(i.ticket) for i in handout.batch}))
 
     @contextlib.contextmanager
-    def _first_live(self, slot: ModelSlot, live: bool) -> Iterator[Paused]:
-        """A live batch counted as running while it runs; a background one stopping for them (core/background.py)."""
+    def _first_live(self, slot: ModelSlot, live: bool, handout: Handout[WorkItem]) -> Iterator[Paused]:
+        """A live batch counted as running while it runs; a background one stopping for them (core/background.py).
+        A live batch of one request with nothing queued behind it may run on half its threads beside a background
+        pass that shares the cores; a burst keeps them all."""
         first = self._live_first
         if first is None or not live:  # shadow work neither stops nor is stopped for
             yield Paused()
         elif self._takes_background:
             nice = self.instance.nice if self.instance is not None else 0
-            with first.background(slot.handler.pause_points(), nice) as paused:
+            share = self.instance.share_cores if self.instance is not None else False
+            with first.background(slot.handler.pause_points(), nice, share) as paused:
                 yield paused
         else:
-            with first.live():
+            lone = (first.sharing_now and len({id(item.ticket) for item in handout.batch}) == 1
+                    and not self.queue.live_waiting(handout.lane))  # read only beside a sharing pass
+            with first.live(narrowable=lone):
                 yield Paused()
 
     def _background_alone(self, slot: ModelSlot, lane: str) -> bool:

@@ -83,6 +83,7 @@ class Workers:
         if background.instance is not None:
             background.instance.threads = threads
             background.instance.nice = entry.batching.background_nice
+            background.instance.share_cores = entry.batching.background_shares_cores
 
     def remove_model(self, name: str) -> None:
         for worker in self._by_model.pop(name, []):

@@ -52,6 +52,9 @@ class BatchingSettings(Section):
     # Background work (priority -100: batch jobs' lines) runs on a background worker whose pass stops while live
     # batches run (core/background.py); false: on the model's instances, between live batches, as one queue.
     background_pauses: bool = True
+    # A torch background pass that meets live batches goes on, on half its threads, while they run on the other
+    # half, instead of stopping for them (core/background.py).
+    background_shares_cores: bool = False
     # Where a background batch runs whole (a compiled graph, or background_pauses off), a live request waits for the
     # one in flight, so its padded tokens are bounded, tighter while live requests came within background_quiet_s.
     background_max_batch_tokens: int = Field(2048, gt=0)
