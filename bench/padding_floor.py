@@ -19,7 +19,6 @@ until the device is full, hence its lower floor.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import tempfile
@@ -30,32 +29,21 @@ sys.path.insert(0, str(ROOT / "src"))
 
 from inferd import corpus  # noqa: E402
 from inferd.bench.load import Target, TextSource, run_closed  # noqa: E402
-from inferd.bench.procs import start_inferd  # noqa: E402
-
-TICK = os.sysconf("SC_CLK_TCK")
+from inferd.bench.procs import start_inferd, thread_cpu  # noqa: E402
 
 
-def thread_cpu(pid: int) -> tuple[float, float]:
+def loop_and_rest(pid: int) -> tuple[float, float]:
     """(event loop, everything else) CPU seconds of a process so far: its main thread, and the sum of the rest."""
-    loop = rest = 0.0
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        try:
-            fields = Path(f"/proc/{pid}/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue  # a thread that ended between the listing and the read
-        seconds = (int(fields[11]) + int(fields[12])) / TICK
-        if int(tid) == pid:
-            loop += seconds
-        else:
-            rest += seconds
-    return loop, rest
+    by_name = thread_cpu(pid)
+    loop = by_name.pop("main", 0.0)
+    return loop, sum(by_name.values())
 
 
 def measure(url: str, pid: int, source: TextSource, duration: float, warmup: float) -> dict[str, float]:
     run_closed(Target(url), source, 32, 1, warmup, 0.0)
-    loop0, rest0 = thread_cpu(pid)
+    loop0, rest0 = loop_and_rest(pid)
     result = run_closed(Target(url), source, 32, 1, duration, 0.0)
-    loop1, rest1 = thread_cpu(pid)
+    loop1, rest1 = loop_and_rest(pid)
     n = max(1, result["requests"])
     return {"texts_per_s": result["texts_per_s"], "p99_ms": result["p99_ms"],
             "batch": result["mean_batch_size"], "padding": result["padding_efficiency"],

@@ -71,12 +71,18 @@ def _set_nice(nice: int) -> None:
     _thread.nice = nice
 
 
-@contextlib.contextmanager
-def _narrowed() -> Iterator[None]:
-    """This thread's torch passes on half its intra-op threads (at least one) meanwhile; its count after. torch
-    keeps the count per calling thread once the thread is initialised (core/instances.py)."""
+def _narrow() -> int:
+    """This thread's torch passes on half its intra-op threads (at least one) from now; returns its count before.
+    torch keeps the count per calling thread once the thread is initialised (core/instances.py)."""
     wide = torch.get_num_threads()
     torch.set_num_threads(max(1, wide // 2))
+    return wide
+
+
+@contextlib.contextmanager
+def _narrowed() -> Iterator[None]:
+    """This thread on half its intra-op threads meanwhile; its own count after."""
+    wide = _narrow()
     try:
         yield
     finally:
@@ -173,21 +179,22 @@ class LiveFirst:
             return
         _set_nice(0)
         me = threading.get_ident()
-        narrowed: list[int] = []  # this pass's own count while narrowed
+        wide = 0  # this pass's own count while it runs narrowed; 0: not narrowed
 
         def stop_here(module: Any, args: Any) -> None:
+            nonlocal wide
             if threading.get_ident() != me:
                 return
             if not share:
                 self._wait_for_quiet(paused)
             elif not self._live:
-                if narrowed:
-                    torch.set_num_threads(narrowed.pop())
+                if wide:
+                    torch.set_num_threads(wide)
+                    wide = 0
             elif self._live_wide:
                 self._wait_for_quiet(paused, sharing=True)
-            elif not narrowed:
-                narrowed.append(torch.get_num_threads())
-                torch.set_num_threads(max(1, narrowed[0] // 2))
+            elif not wide:
+                wide = _narrow()
 
         handles = [point.register_forward_pre_hook(stop_here) for point in points]
         if share:
@@ -201,5 +208,5 @@ class LiveFirst:
             if share:
                 with self._cond:
                     self._sharing -= 1
-            if narrowed:
-                torch.set_num_threads(narrowed.pop())
+            if wide:
+                torch.set_num_threads(wide)

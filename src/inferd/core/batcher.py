@@ -63,6 +63,11 @@ def _of_kind(items: list[Any], background: bool | None) -> list[Any]:
     return items if background is None else [it for it in items if is_background(it) == background]
 
 
+def _holds_live(pending: list[Any]) -> bool:
+    """Whether any of a lane's pending items is live (not a batch job's background line)."""
+    return not all(is_background(item) for item in pending)
+
+
 class BatchQueue:
     """Bounded, thread-safe pending lists, one lane per model; ``take`` blocks the worker until there is work.
 
@@ -148,7 +153,7 @@ class BatchQueue:
                 return True
             last = found.last_live
             recent = last is not None and time.monotonic() - last < found.policy.background_quiet_s
-            return not recent and all(is_background(item) for item in found.pending)
+            return not recent and not _holds_live(found.pending)
 
     def depth(self, lane: str) -> int:
         found = self._lanes.get(lane)
@@ -157,7 +162,7 @@ class BatchQueue:
     def live_waiting(self, lane: str) -> bool:
         """Whether ``lane`` holds a live item now (its background items not counted): a burst, for core/worker.py."""
         found = self._lanes.get(lane)
-        return found is not None and not all(is_background(item) for item in list(found.pending))
+        return found is not None and _holds_live(list(found.pending))
 
     def __len__(self) -> int:
         return sum(len(lane.pending) for lane in list(self._lanes.values()))

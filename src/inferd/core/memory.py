@@ -16,6 +16,7 @@ import os
 import threading
 import time
 import tracemalloc
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -171,7 +172,7 @@ class MemoryGuard:
     """
 
     def __init__(self, settings: MemorySettings, source: StatsSource, metrics: Any = None,
-                 heap: NativeHeap | None = None, clock: Any = time.perf_counter) -> None:
+                 heap: NativeHeap | None = None, clock: Callable[[], float] = time.perf_counter) -> None:
         self.settings = settings
         self._clock = clock
         self.source = source
