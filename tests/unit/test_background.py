@@ -387,30 +387,50 @@ class WideningHandler(HashHandler):
         self.alone: dict[str, bool] = {}
 
     def infer(self, batch: list[Any]) -> list[str]:
-        texts = super().infer(batch)
-        for text in texts:
-            self.alone[text] = running_alone()
-        return texts
+        for encoded in batch:  # before the pass, which a held text blocks
+            self.alone[decode(encoded)] = running_alone()
+        return super().infer(batch)
 
 
-def test_a_background_batch_runs_on_every_thread_only_when_no_live_request_came_for_the_quiet_spell(
-        tmp_path: Path) -> None:
+def test_a_background_batch_runs_on_every_thread_beside_live_requests_too(tmp_path: Path) -> None:
     handler = WideningHandler()
-    settings = make_settings(tmp_path, batching=BatchingSettings(background_quiet_s=1.0))
+    settings = make_settings(tmp_path, batching=BatchingSettings(background_quiet_s=60.0))
     kit = EngineKit(settings, handler)
     engine = kit.engine
 
     async def scenario() -> None:
-        # An idle server: the job's batch may use the whole machine.
         assert (await ask(engine, ["first line"], priority=BACKGROUND)).outputs == [vector_for("first line")]
-        # A live request just came: the job's next batch stays on its own stream, beside what live work may come.
+        # A live request just came (and the quiet spell is a minute): the job's next batch still has every thread.
         assert (await ask(engine, ["live"])).outputs == [vector_for("live")]
         assert (await ask(engine, ["line after live"], priority=BACKGROUND)).outputs == [vector_for("line after live")]
-        await asyncio.sleep(1.2)  # the quiet spell passes
-        assert (await ask(engine, ["line after quiet"], priority=BACKGROUND)).outputs == [
-            vector_for("line after quiet")]
-        assert handler.alone == {"first line": True, "live": False, "line after live": False,
-                                 "line after quiet": True}
+        assert handler.alone == {"first line": True, "live": False, "line after live": True}
+
+    kit.run(scenario)
+
+
+def test_a_live_batch_beside_a_job_s_pass_on_every_thread_runs_on_its_own_stream(tmp_path: Path) -> None:
+    handler = WideningHandler()
+    settings = make_settings(tmp_path, model={"instances": 2, "threads": 1},
+                             batching=BatchingSettings(max_wait_ms=0.0, max_batch_size=8, max_queue=64))
+    kit = EngineKit(settings, handler)
+    engine = kit.engine
+
+    async def scenario() -> None:
+        # No job: a lone live request is its model's only work and has every thread.
+        assert (await ask(engine, ["alone"])).outputs == [vector_for("alone")]
+        handler.gates["j"] = threading.Event()
+        job = ask(engine, ["hold:j"], priority=BACKGROUND)
+        await until(lambda: "hold:j" in handler.alone, what="the job's pass computing")
+        # Beside the job's pass on every thread the lone live request keeps to one instance's stream.
+        assert (await ask(engine, ["beside"])).outputs == [vector_for("beside")]
+        # The job's lines still queued are no burst: once its pass is done, a lone live request has every thread.
+        later = ask(engine, [f"queued {i}" for i in range(3)], priority=BACKGROUND)
+        handler.gates["j"].set()
+        assert (await job).outputs == [vector_for("hold:j")]
+        await later
+        assert (await ask(engine, ["after"])).outputs == [vector_for("after")]
+        assert {k: handler.alone[k] for k in ("alone", "hold:j", "beside", "after")} == {
+            "alone": True, "hold:j": True, "beside": False, "after": True}
 
     kit.run(scenario)
 

@@ -660,6 +660,30 @@ def test_sharing_lets_one_alone_only_with_nothing_queued_and_no_sibling_running(
     t.join(5)
 
 
+def test_a_job_s_pass_on_every_thread_keeps_live_batches_on_their_share_and_waits_for_one_alone() -> None:
+    sharing = Sharing()
+    sharing.enter_background()
+    assert sharing.enter(lambda: True) is False  # the job's pass holds every thread: the live batch on its share
+    sharing.leave(False)
+    sharing.leave_background()
+    assert sharing.enter(lambda: True) is True  # the pass done: alone again
+    entered = threading.Event()
+
+    def job() -> None:
+        sharing.enter_background()
+        entered.set()
+
+    t = threading.Thread(target=job, daemon=True)
+    t.start()
+    assert not entered.wait(0.05)  # the job's next pass waits while a live batch has every thread
+    sharing.leave(True)
+    assert entered.wait(5)
+    assert sharing.enter(lambda: True) is False
+    sharing.leave(False)
+    sharing.leave_background()
+    t.join(5)
+
+
 def test_an_openvino_model_of_several_instances_compiles_a_one_stream_twin_for_a_batch_run_alone(
         tmp_path: Path) -> None:
     import openvino as ov

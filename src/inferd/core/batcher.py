@@ -144,17 +144,6 @@ class BatchQueue:
             found = self._lanes.get(lane)
             return None if found is None or found.retiring else (found.policy, found.max_queue)
 
-    def live_quiet(self, lane: str) -> bool:
-        """Whether ``lane`` took no live request for its ``background_quiet_s`` and holds none now: a background
-        batch may then use the whole machine (core/worker.py)."""
-        with self._cond:
-            found = self._lanes.get(lane)
-            if found is None:
-                return True
-            last = found.last_live
-            recent = last is not None and time.monotonic() - last < found.policy.background_quiet_s
-            return not recent and not _holds_live(found.pending)
-
     def depth(self, lane: str) -> int:
         found = self._lanes.get(lane)
         return len(found.pending) if found is not None else 0

@@ -56,20 +56,36 @@ class Sharing:
     (no sibling running, nothing of the model left queued) runs on every thread (when ``can_use_all_threads``), and a
     sibling that takes a batch meanwhile waits for that one to end instead of running beside it, which would
     oversubscribe the cores. Running on every thread is an opportunity, never a wait: a batch runs on its own share
-    whenever any sibling is running.
+    whenever any sibling is running. The model's background worker runs a job's batches on every thread
+    (core/worker.py ``_background_wide``): meanwhile a live batch runs on its own share, never on the threads the
+    job's pass holds, and the job's next pass waits while a live batch has every thread.
     """
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
         self._running = 0  # siblings running on their own share
         self._one_on_all_threads = False
+        self._background = False  # the model's background worker runs a pass on every thread
+
+    def enter_background(self) -> None:
+        """The background worker, before a pass on every thread: waits while a live batch runs on every thread."""
+        with self._cond:
+            while self._one_on_all_threads:
+                self._cond.wait()
+            self._background = True
+
+    def leave_background(self) -> None:
+        """After the pass ``enter_background`` let in."""
+        with self._cond:
+            self._background = False
+            self._cond.notify_all()
 
     def enter(self, nothing_queued: Callable[[], bool]) -> bool:
         """Before a batch; True: run it on every thread of the model. Waits while a sibling runs on every thread."""
         with self._cond:
             while self._one_on_all_threads:
                 self._cond.wait()
-            if self._running == 0 and nothing_queued():
+            if self._running == 0 and not self._background and nothing_queued():
                 self._one_on_all_threads = True
                 return True
             self._running += 1

@@ -64,6 +64,9 @@ class Workers:
         sharing = Sharing() if len(workers) > 1 else None
         for own in self.instances(entry.name):
             own.sharing = sharing
+        background = self._background.get(entry.name)
+        if background is not None and background.instance is not None:
+            background.instance.sharing = sharing
 
     def _set_background(self, entry: ModelEntry, wanted: list[Instance], device: str) -> None:
         """The model's background worker, on its instances' threads together; with ``background_pauses`` off, none:
