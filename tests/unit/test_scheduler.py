@@ -149,6 +149,17 @@ def test_background_batches_stay_small_while_live_requests_arrive():
     assert next_batch([*job, *live], 5.0, p, last_live=5.0).batch == live[:32]
 
 
+def test_a_job_s_batches_on_a_runner_that_widens_keep_the_bound_of_a_job_alone_beside_live_requests():
+    """Where a job's batch runs on every thread and live batches on their own instances beside it (an OpenVINO graph
+    of several instances), no live request waits for it: the tighter bound is for runners where one would."""
+    wide = Slot(Capabilities(can_use_all_threads=True))
+    job = [Item(10, priority=-100, enqueued=0.0, slot=wide) for _ in range(40)]
+    p = policy(background_live_batch_tokens=40, background_max_batch_tokens=200, background_quiet_s=1.0)
+    assert next_batch(job, 5.0, p, last_live=4.5).batch == job[:20]
+    narrow = [Item(10, priority=-100, enqueued=0.0) for _ in range(40)]
+    assert next_batch(narrow, 5.0, p, last_live=4.5).batch == narrow[:4]
+
+
 def test_the_queue_notes_live_puts_and_background_batches_shrink_after_one():
     queue = BatchQueue()
     queue.add_lane("m", policy(background_live_batch_tokens=30, background_quiet_s=60.0), max_queue=100)

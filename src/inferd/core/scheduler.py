@@ -124,7 +124,11 @@ def next_batch(pending: Sequence[Item], now: float, policy: Policy,
     head = live[0]
     max_tokens = policy.max_batch_tokens
     if is_background(head):
-        live_recent = last_live is not None and now - last_live < policy.background_quiet_s
+        # A runner that runs a job's batch on every thread of the model keeps live batches on their own instances
+        # beside it (core/worker.py ``_background_wide``): no live request waits for that batch, so it keeps the
+        # bound of a job alone.
+        live_recent = (last_live is not None and now - last_live < policy.background_quiet_s
+                       and not head.slot.capabilities.can_use_all_threads)
         max_tokens = min(max_tokens, policy.background_live_batch_tokens if live_recent
                          else policy.background_max_batch_tokens)
     if head.tokens >= max_tokens:
