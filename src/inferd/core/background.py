@@ -17,13 +17,15 @@ thread waits on a condition, so it holds neither the GIL nor a core while it wai
 the background thread instead was ruled out: a thread niced down holds the GIL between its torch calls, and the live
 threads then wait on a thread the OS seldom schedules (core/instances.py says the same of the shadow instance).
 A runner whose pass runs whole once called (OpenVINO, ONNX Runtime: ``capabilities.pauses`` false) has no pause
-points; its background batches run beside the live ones, bounded as before, and after a quiet spell with no live
-request on every thread of the model (core/worker.py ``_background_alone``). There the background worker's thread
-runs at a raised nice value (``batching.background_nice``, 19), so that the OS gives the cores to live threads
-first: on OpenVINO mixed with 2 cores, online P99 beside a job went from 41.6-48.7 to 35.9-36.5 ms, the job's lines/s
-beside that load from 194-198 to 182-195 (bench/RESULTS.md, "A background pass at nice 19"). On torch the pause
-points do that work and the thread keeps its priority: a niced thread holding the GIL between its torch calls would
-keep live threads waiting.
+points; its background batches run beside the live ones, their tokens bounded while live requests arrive
+(core/scheduler.py). Where the runner can widen (an OpenVINO graph of several instances) a background batch runs on
+every thread of the model, beside live load too (core/worker.py ``_background_wide``), with its full bound: a live
+batch runs on its own instance's stream meanwhile, never behind it, and the background worker's thread runs at a
+raised nice value (``batching.background_nice``, 19), so that the OS gives the cores to live threads first. On
+OpenVINO mixed with 2 cores the job then kept x0.71-0.78 of its lines/s alone beside online load, online P99 x1.29-
+1.38; on one instance's stream x0.54-0.67 and x1.47-1.81 (bench/RESULTS.md, "A job on every thread beside live
+load"). On torch the pause points do that work and the thread keeps its priority: a niced thread holding the GIL
+between its torch calls would keep live threads waiting.
 
 With ``batching.background_shares_cores`` a torch pass that meets a lone live batch goes on instead, on half its
 intra-op threads, while the live pass runs on the other half (a burst of live requests, or a live batch that began
