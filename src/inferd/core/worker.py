@@ -308,8 +308,8 @@ class BatchWorker:
         the OS gives a live pass the cores first, and a live batch runs on its own instance's stream meanwhile
         (``Sharing.enter_background``), never waiting behind the job's. On one instance's stream beside live load a
         job kept x0.54-0.67 of its lines/s alone and online P99 rose x1.47-1.81; on every thread, with the bound of a
-        job alone (core/scheduler.py), x0.71-0.78 and x1.29-1.38 (bench/RESULTS.md, "A job on every thread beside
-        live load")."""
+        job alone (core/scheduler.py), x0.71-0.84 and x1.12-1.53, medians 0.77 and 1.33 (bench/RESULTS.md, "A job on
+        every thread beside live load")."""
         return (self.instance is not None and self.instance.background is True
                 and slot.capabilities.can_use_all_threads)
 
