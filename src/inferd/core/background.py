@@ -24,8 +24,8 @@ batch runs on its own instance's stream meanwhile, never behind it, and the back
 raised nice value (``batching.background_nice``, 19), so that the OS gives the cores to live threads first. On
 OpenVINO mixed with 2 cores the job then kept x0.71-0.84 of its lines/s alone beside online load (median 0.77),
 online P99 x1.12-1.53 (median 1.33); on one instance's stream x0.54-0.67 and x1.47-1.81 (bench/RESULTS.md, "A job on
-every thread beside live load"). On torch the pause points do that work and the thread keeps its priority: a niced thread holding the GIL
-between its torch calls would keep live threads waiting.
+every thread beside live load"). On torch the pause points do that work and the thread keeps its priority: a niced
+thread holding the GIL between its torch calls would keep live threads waiting.
 
 With ``batching.background_shares_cores`` a torch pass that meets a lone live batch goes on instead, on half its
 intra-op threads, while the live pass runs on the other half (a burst of live requests, or a live batch that began
