@@ -273,7 +273,7 @@ def test_a_live_request_is_answered_while_a_background_batch_waits_at_its_pause_
     async def scenario() -> None:
         handler.gates["l"] = threading.Event()
         live = ask(engine, ["hold:l"])
-        await until(lambda: first.live_now == 1, what="the live batch running")
+        await until(lambda: first._live == 1, what="the live batch running")
         job = ask(engine, ["line"], priority=BACKGROUND)
         await until(lambda: first._waiting == 1, what="the background batch stopped at its pause point")
         assert handler.threads["line"].endswith("-background") and not job.done()

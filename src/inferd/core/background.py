@@ -135,10 +135,6 @@ class LiveFirst:
                     self._cond.notify_all()
 
     @property
-    def live_now(self) -> int:
-        return self._live
-
-    @property
     def sharing_now(self) -> bool:
         """Whether a background pass that shares the cores computes now (a live batch may then run narrow)."""
         return self._sharing > 0

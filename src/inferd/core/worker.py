@@ -247,9 +247,8 @@ class BatchWorker:
             if self.instance is not None:
                 self.instance.apply_threads()
             sharing = self._sharing(slot)
-            on_background = self.instance is not None and self.instance.background is True
+            on_background = self._takes_background is True
             if on_background:
-                # A job's pass on every thread of the model, while a live batch takes one instance's stream beside it.
                 wide = self._background_wide(slot)
                 if wide and sharing is not None:
                     sharing.enter_background()
@@ -260,7 +259,7 @@ class BatchWorker:
             started = time.monotonic()
             paused = Paused()
             try:
-                # wide: on every thread of the model's instances, none of them busy
+                # wide: on every thread of the model's instances (a job's pass: live batches on their own streams)
                 with all_threads(wide), self._first_live(slot, live, handout) as paused:
                     report = self.batches.compute(slot, handout.batch, live, staged)
             finally:
@@ -302,7 +301,8 @@ class BatchWorker:
             with first.live(narrowable=lone):
                 yield Paused()
 
-    def _background_wide(self, slot: ModelSlot) -> bool:
+    @staticmethod
+    def _background_wide(slot: ModelSlot) -> bool:
         """A background batch on every thread of the model, where its runner can widen (an OpenVINO graph of several
         instances: one instance's stream is one core of two), beside live work too: at nice 19 (core/background.py)
         the OS gives a live pass the cores first, and a live batch runs on its own instance's stream meanwhile
@@ -310,8 +310,7 @@ class BatchWorker:
         job kept x0.54-0.67 of its lines/s alone and online P99 rose x1.47-1.81; on every thread, with the bound of a
         job alone (core/scheduler.py), x0.71-0.84 and x1.12-1.53, medians 0.77 and 1.33 (bench/RESULTS.md, "A job on
         every thread beside live load")."""
-        return (self.instance is not None and self.instance.background is True
-                and slot.capabilities.can_use_all_threads)
+        return slot.capabilities.can_use_all_threads
 
     def _sharing(self, slot: ModelSlot) -> Sharing | None:
         """The model's instances together, where its runner can run a batch on all of their threads."""

@@ -56,7 +56,8 @@ class BatchingSettings(Section):
     # half, instead of stopping for them (core/background.py).
     background_shares_cores: bool = False
     # Where a background batch runs whole (a compiled graph, or background_pauses off), a live request waits for the
-    # one in flight, so its padded tokens are bounded, tighter while live requests came within background_quiet_s.
+    # one in flight, so its padded tokens are bounded, tighter while live requests came within background_quiet_s
+    # (not on a graph of several instances, whose live batches run on their own streams beside it: core/scheduler.py).
     background_max_batch_tokens: int = Field(2048, gt=0)
     background_live_batch_tokens: int = Field(512, gt=0)
     background_quiet_s: float = Field(1.0, ge=0)
