@@ -10,9 +10,13 @@ the server, getrusage for this process), so the load client's own CPU on a small
   does; CPU seconds over texts;
 - server: ``inferd serve`` (prod overlay) on the same runtime under a closed loop of ``--concurrency`` users, one
   corpus text per request; the server process's CPU seconds over the texts it answered, and the same split by OS
-  thread name (``main`` is the event loop; ``inferd-<n>`` the instances' workers; the rest the runtime's pools).
+  thread name (``main`` is the event loop; ``inferd-<n>`` the instances' workers; the rest the runtime's pools);
+- engine: the server's own engine (the app of the same settings, its lifespan run, no port) in a process of its own,
+  under the same traffic: ``--concurrency`` callers on its event loop, one corpus text per call, in the same order.
+  Server / engine is what serving adds (HTTP, parsing, validation, the routes, the answer's JSON) for the same
+  batches; in process / engine is what the traffic's batches cost against the sorted ones of a corpus run.
 
-Issue 43's target: server / in process <= 1.15. Rounds alternate the order of the two. The second half of the
+Issue 43's target: server / in process <= 1.15. Rounds alternate the order of the sides. The second half of the
 issue's item 5, a pipeline of an embedder and a reranker in one process against two on the same cores, is
 ``inferd bench --phases pipeline --rerank-model <a cross-encoder folder>`` (inferd.bench.pipeline).
 ``--duration 1 --rounds 1 --texts 64`` checks the script in about a minute.
@@ -21,9 +25,11 @@ issue's item 5, a pipeline of an embedder and a reranker in one process against 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import resource
+import subprocess
 import sys
 import tempfile
 import time
@@ -34,7 +40,7 @@ from inferd import corpus as bench_corpus
 from inferd.bench.ceiling import load_handler as ceiling_handler
 from inferd.bench.ceiling import token_counts
 from inferd.bench.load import Target, TextSource, run_closed
-from inferd.bench.procs import start_inferd, thread_cpu
+from inferd.bench.procs import ROOT, _base_env, start_inferd, thread_cpu
 from inferd.core.loading import load_handler
 from inferd.core.spec import ModelSpec
 from inferd.settings import ModelSettings, resolve_model_path
@@ -98,6 +104,70 @@ def served(model: Path, runtime: str, source: TextSource, args: argparse.Namespa
             "ms_per_text_by_thread": {k: v for k, v in sorted(by_thread.items(), key=lambda kv: -kv[1]) if v >= 0.005}}
 
 
+def engine(model: Path, runtime: str, args: argparse.Namespace, cache: Path) -> dict[str, Any]:
+    """The engine side, in a child process of the server's environment (``--engine-child``)."""
+    env = {**_base_env(None), "INFERD_ENV": "prod", "INFERD__SERVER__LOG_LEVEL": "WARNING",
+           "INFERD__MODEL__PATH": str(model), "INFERD_CONFIG_DIR": str(ROOT / "configs"),
+           **runtime_env(runtime), "INFERD__MODEL__CACHE_DIR": str(cache),
+           **dict(item.split("=", 1) for item in args.server_env)}
+    out = subprocess.run([sys.executable, __file__, "--engine-child", "--duration", str(args.duration),
+                          "--concurrency", str(args.concurrency)], env=env, capture_output=True, text=True,
+                         timeout=900 + 2 * args.duration)
+    if out.returncode != 0:
+        raise RuntimeError(f"the engine side failed ({out.returncode}): {out.stderr[-2000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def engine_child(args: argparse.Namespace) -> int:
+    """Load the app of the prod settings (the environment's overrides) in this process, then drive its engine with
+    ``--concurrency`` closed-loop callers, one corpus text each, as the server's clients do; print the figures."""
+    from inferd.api.app import create_app
+    from inferd.api.services import services_of
+    from inferd.config import load_settings
+    from inferd.core.memory import configure_process
+    from inferd.utils.logger import configure_logging
+
+    settings = load_settings(os.environ["INFERD_ENV"])
+    configure_logging(settings.server.log_level, settings.server.log_format)
+    texts = bench_corpus.texts()
+    source = TextSource(texts, [1] * len(texts))
+    pid = os.getpid()
+
+    async def run() -> dict[str, Any]:
+        app = create_app(settings, memory_guard=configure_process(settings))
+        async with app.router.lifespan_context(app):
+            eng = services_of(app).engine
+            while not all(m.manager.state == "ready" for m in eng.registry):
+                if any(m.manager.state == "failed" for m in eng.registry):
+                    raise RuntimeError("the model failed to load")
+                await asyncio.sleep(0.1)
+            done = [0]
+
+            async def caller(until: float) -> None:
+                while time.perf_counter() < until:
+                    result = await eng.process(eng.request([texts[source.take(1)[0]]], task="embedding"))
+                    done[0] += len(result.outputs)
+
+            async def phase(seconds: float) -> None:
+                until = time.perf_counter() + seconds
+                await asyncio.gather(*(caller(until) for _ in range(args.concurrency)))
+
+            await phase(min(3.0, args.duration))  # the server's warm-up, the same length
+            done[0] = 0
+            cpu0, threads0, t0 = process_cpu(pid), thread_cpu(pid), time.perf_counter()
+            await phase(args.duration)
+            cpu, threads, wall = process_cpu(pid) - cpu0, thread_cpu(pid), time.perf_counter() - t0
+        n = max(1, done[0])
+        by_thread = {name: round(1e3 * (threads[name] - threads0.get(name, 0.0)) / n, 3) for name in threads}
+        return {"texts": n, "cpu_s": round(cpu, 3), "cpu_ms_per_text": round(1e3 * cpu / n, 4),
+                "texts_per_s": round(n / wall, 2),
+                "ms_per_text_by_thread": {k: v for k, v in sorted(by_thread.items(), key=lambda kv: -kv[1])
+                                          if v >= 0.005}}
+
+    print(json.dumps(asyncio.run(run())), flush=True)
+    return 0
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", type=Path, default=None, help="a model folder (default: the packaged MiniLM)")
@@ -109,7 +179,10 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--server-env", action="append", default=[], metavar="KEY=VALUE",
                    help="a setting for the server's environment (repeatable), e.g. INFERD__MODEL__INSTANCES=1")
+    p.add_argument("--engine-child", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args.engine_child:
+        return engine_child(args)
     model = args.model or Path(resolve_model_path(ModelSettings()))
     logs = Path(tempfile.mkdtemp(prefix="inferd-overhead-"))
     cache = logs / "cache"  # one export per runtime, shared by both sides
@@ -119,11 +192,15 @@ def main() -> int:
     for runtime in args.runtime.split(","):
         for r in range(args.rounds):
             row: dict[str, Any] = {"runtime": runtime, "round": r + 1}
-            for name in ("in process", "server") if r % 2 == 0 else ("server", "in process"):
+            sides = ["in process", "engine", "server"]
+            for name in sides[r % 3:] + sides[: r % 3]:  # rotated
                 row[name] = (in_process(model, runtime, handler_texts, args.batch, cache) if name == "in process"
+                             else engine(model, runtime, args, cache) if name == "engine"
                              else served(model, runtime, source, args, logs, cache))
-            row["server / in process"] = round(row["server"]["cpu_ms_per_text"] / row["in process"]["cpu_ms_per_text"],
-                                               3)
+            cost = {name: row[name]["cpu_ms_per_text"] for name in sides}
+            row["server / in process"] = round(cost["server"] / cost["in process"], 3)
+            row["server / engine"] = round(cost["server"] / cost["engine"], 3)
+            row["engine / in process"] = round(cost["engine"] / cost["in process"], 3)
             print(json.dumps(row), flush=True)
     return 0
 
