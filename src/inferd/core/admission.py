@@ -31,6 +31,7 @@ from inferd.core.preprocess import InputError
 from inferd.core.prompts import prompt_text
 from inferd.core.registry import ModelRegistry, Resolved, ServedModel
 from inferd.core.request import InferenceRequest, input_refusal
+from inferd.core.scheduler import BACKGROUND
 from inferd.core.shadow_mirror import ShadowMirror
 from inferd.core.slots import ModelSlot
 from inferd.core.tasks.embedding_task import DEFAULT_OUTPUTS
@@ -256,7 +257,7 @@ class Admission:
         try:
             try:
                 with tracing.span("tokenize"):
-                    encoded = await self.tokenizing.encode(slot, inputs, options)
+                    encoded = await self.tokenizing.encode(slot, inputs, options, background=priority <= BACKGROUND)
             except InputError as exc:
                 raise input_refusal(exc) from None
             pre_s = time.perf_counter() - t0
