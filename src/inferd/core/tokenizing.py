@@ -7,9 +7,9 @@ one's, shedding a long mirrored request rather than making live requests wait fo
 A batch job's lines (background requests) are tokenised together instead, off the loop: the short ones that arrive
 in one turn of the loop, for one model load and the same options, in one call in a thread. A job hands the engine a
 line as each one ends, and a batch of them ends at once: tokenised one at a time on the loop, 32 lines were a burst
-every live request arriving meanwhile waited behind (a fifth of the loop's time in a job went to tokenising), and the
-loop's share of a live request's P99 beside a job rose from 4 ms to 11-12 ms (bench/RESULTS.md, "A job's lines
-tokenised together").
+every live request arriving meanwhile waited behind (a fifth of the loop's time in a job went to tokenising): the
+loop's share of a live request's P99, 4 ms alone, was 10-12.5 ms beside a job, and is 6.4-7.8 ms so (bench/RESULTS.md,
+"A job's lines tokenised together").
 """
 
 from __future__ import annotations
