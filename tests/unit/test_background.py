@@ -210,6 +210,45 @@ def test_the_queue_says_whether_a_live_item_waits_beside_background_ones() -> No
         loop.close()
 
 
+def test_a_taker_that_no_longer_takes_background_items_passes_their_wake_on() -> None:
+    # A settings reload turns background_pauses back on: a live instance that took both kinds takes live ones only,
+    # and the model's new background worker waits too. A background item put while the live instance's wake (the
+    # reload's) is pending must still reach the background worker.
+    loop = asyncio.new_event_loop()
+    try:
+        slot = type("Slot", (), {"capabilities": HashHandler.capabilities})()
+        queue = BatchQueue()
+        queue.add_lane("m", Policy(max_wait_ms=0.0), 64)
+        kinds: dict[str, bool | None] = {"live": None}
+        got: list[str] = []
+
+        def live() -> None:
+            queue.take(timeout=10, background=lambda: kinds["live"])
+
+        def background() -> None:
+            handout = queue.take(timeout=10, background=True)
+            if handout is not None:
+                got.extend(decode(it.encoded) for it in handout.batch)
+
+        first, second = threading.Thread(target=live), threading.Thread(target=background)
+        first.start()
+        second.start()
+        wait_for(lambda: len(queue._idle) == 2, what="both takers waiting")
+        with queue._cond:  # the reload and the put, before the live instance looks again
+            kinds["live"] = False
+            # The reload's wake reached the live instance only (the new background worker began waiting after it).
+            woken = next(t for t in queue._idle if t.background is None)
+            woken.woken = True
+            woken.cond.notify()
+            queue.put([_item(loop, slot, queue, BACKGROUND, "job")], "m")
+        second.join(2)  # at once, not at either taker's timeout
+        assert got == ["job"]
+        queue.close()
+        first.join(10)
+    finally:
+        loop.close()
+
+
 def test_the_queue_hands_background_items_to_background_takers_and_live_ones_to_live_takers() -> None:
     loop = asyncio.new_event_loop()
     try:

@@ -297,7 +297,7 @@ class BatchQueue:
         with self._cond:
             while True:
                 now = time.monotonic()
-                me.background = kind()
+                before, me.background = me.background, kind()
                 handout, wait = self._decide(now, lanes, me.background)
                 if self._posted and runs_posted:
                     handout.posted, self._posted = self._posted, []
@@ -317,6 +317,11 @@ class BatchQueue:
                     if handout.batch and self._claim is not None:
                         self._claim(handout.batch)
                     return handout
+                if me.background != before:
+                    # What it takes changed while it slept (a settings reload), and it took nothing: a wake meant for
+                    # it as the taker of the other kind (``_wake_one`` wakes one taker of a kind, and none while one
+                    # is woken) goes on to a taker of that kind, or that work waits for the next put.
+                    self._wake_for_pending()
                 if self._closed and not any(_of_kind(lane.pending, me.background) for lane in self._lanes.values()
                                             if lanes is None or lanes(lane)):
                     return None
