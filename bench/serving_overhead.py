@@ -40,7 +40,7 @@ from inferd import corpus as bench_corpus
 from inferd.bench.ceiling import load_handler as ceiling_handler
 from inferd.bench.ceiling import token_counts
 from inferd.bench.load import Target, TextSource, run_closed
-from inferd.bench.procs import ROOT, _base_env, start_inferd, thread_cpu
+from inferd.bench.procs import inferd_env, start_inferd, thread_cpu
 from inferd.core.loading import load_handler
 from inferd.core.spec import ModelSpec
 from inferd.settings import ModelSettings, resolve_model_path
@@ -97,19 +97,24 @@ def served(model: Path, runtime: str, source: TextSource, args: argparse.Namespa
                        if line.startswith("VmRSS:")))
     finally:
         server.stop()
-    texts = max(1, int(result["texts"]))
+    return {**cpu_figures(int(result["texts"]), cpu, threads0, threads, result["texts_per_s"]),
+            "errors": result["errors"], "rss_mb_after": round(rss / 1024)}
+
+
+def cpu_figures(texts: int, cpu: float, threads0: dict[str, float], threads: dict[str, float],
+                texts_per_s: float) -> dict[str, Any]:
+    """A side's CPU per text, whole and by OS thread name (``thread_cpu`` readings before and after)."""
+    texts = max(1, texts)
     by_thread = {name: round(1e3 * (threads[name] - threads0.get(name, 0.0)) / texts, 3) for name in threads}
     return {"texts": texts, "cpu_s": round(cpu, 3), "cpu_ms_per_text": round(1e3 * cpu / texts, 4),
-            "texts_per_s": result["texts_per_s"], "errors": result["errors"], "rss_mb_after": round(rss / 1024),
+            "texts_per_s": texts_per_s,
             "ms_per_text_by_thread": {k: v for k, v in sorted(by_thread.items(), key=lambda kv: -kv[1]) if v >= 0.005}}
 
 
 def engine(model: Path, runtime: str, args: argparse.Namespace, cache: Path) -> dict[str, Any]:
     """The engine side, in a child process of the server's environment (``--engine-child``)."""
-    env = {**_base_env(None), "INFERD_ENV": "prod", "INFERD__SERVER__LOG_LEVEL": "WARNING",
-           "INFERD__MODEL__PATH": str(model), "INFERD_CONFIG_DIR": str(ROOT / "configs"),
-           **runtime_env(runtime), "INFERD__MODEL__CACHE_DIR": str(cache),
-           **dict(item.split("=", 1) for item in args.server_env)}
+    env = inferd_env(model, None, {**runtime_env(runtime), "INFERD__MODEL__CACHE_DIR": str(cache),
+                                   **dict(item.split("=", 1) for item in args.server_env)})
     out = subprocess.run([sys.executable, __file__, "--engine-child", "--duration", str(args.duration),
                           "--concurrency", str(args.concurrency)], env=env, capture_output=True, text=True,
                          timeout=900 + 2 * args.duration)
@@ -157,12 +162,7 @@ def engine_child(args: argparse.Namespace) -> int:
             cpu0, threads0, t0 = process_cpu(pid), thread_cpu(pid), time.perf_counter()
             await phase(args.duration)
             cpu, threads, wall = process_cpu(pid) - cpu0, thread_cpu(pid), time.perf_counter() - t0
-        n = max(1, done[0])
-        by_thread = {name: round(1e3 * (threads[name] - threads0.get(name, 0.0)) / n, 3) for name in threads}
-        return {"texts": n, "cpu_s": round(cpu, 3), "cpu_ms_per_text": round(1e3 * cpu / n, 4),
-                "texts_per_s": round(n / wall, 2),
-                "ms_per_text_by_thread": {k: v for k, v in sorted(by_thread.items(), key=lambda kv: -kv[1])
-                                          if v >= 0.005}}
+        return cpu_figures(done[0], cpu, threads0, threads, round(done[0] / wall, 2))
 
     print(json.dumps(asyncio.run(run())), flush=True)
     return 0

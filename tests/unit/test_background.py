@@ -8,6 +8,7 @@ import asyncio
 import os
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -195,92 +196,89 @@ def _item(loop: asyncio.AbstractEventLoop, slot: Any, queue: BatchQueue, priorit
                     slot)
 
 
-def test_the_queue_says_whether_a_live_item_waits_beside_background_ones() -> None:
+Lane = tuple[asyncio.AbstractEventLoop, Any, BatchQueue]
+
+
+@pytest.fixture
+def lane() -> Iterator[Lane]:
+    """A loop for the items' futures, a fake slot and a queue of one lane "m" that never waits for companions."""
     loop = asyncio.new_event_loop()
+    queue = BatchQueue()
+    queue.add_lane("m", Policy(max_wait_ms=0.0), 64)
     try:
-        slot = type("Slot", (), {"capabilities": HashHandler.capabilities})()
-        queue = BatchQueue()
-        queue.add_lane("m", Policy(max_wait_ms=0.0), 64)
-        assert not queue.live_waiting("m") and not queue.live_waiting("unknown")
-        queue.put([_item(loop, slot, queue, BACKGROUND, f"line {i}") for i in range(3)], "m")
-        assert queue.depth("m") == 3 and not queue.live_waiting("m")  # a job's lines are no burst
-        queue.put([_item(loop, slot, queue, 0, "live")], "m")
-        assert queue.live_waiting("m")
+        yield loop, type("Slot", (), {"capabilities": HashHandler.capabilities})(), queue
     finally:
         loop.close()
 
 
-def test_a_taker_that_no_longer_takes_background_items_passes_their_wake_on() -> None:
+def test_the_queue_says_whether_a_live_item_waits_beside_background_ones(lane: Lane) -> None:
+    loop, slot, queue = lane
+    assert not queue.live_waiting("m") and not queue.live_waiting("unknown")
+    queue.put([_item(loop, slot, queue, BACKGROUND, f"line {i}") for i in range(3)], "m")
+    assert queue.depth("m") == 3 and not queue.live_waiting("m")  # a job's lines are no burst
+    queue.put([_item(loop, slot, queue, 0, "live")], "m")
+    assert queue.live_waiting("m")
+
+
+def test_a_taker_that_no_longer_takes_background_items_passes_their_wake_on(lane: Lane) -> None:
     # A settings reload turns background_pauses back on: a live instance that took both kinds takes live ones only,
     # and the model's new background worker waits too. A background item put while the live instance's wake (the
     # reload's) is pending must still reach the background worker.
-    loop = asyncio.new_event_loop()
-    try:
-        slot = type("Slot", (), {"capabilities": HashHandler.capabilities})()
-        queue = BatchQueue()
-        queue.add_lane("m", Policy(max_wait_ms=0.0), 64)
-        kinds: dict[str, bool | None] = {"live": None}
-        got: list[str] = []
+    loop, slot, queue = lane
+    kinds: dict[str, bool | None] = {"live": None}
+    got: list[str] = []
 
-        def live() -> None:
-            queue.take(timeout=10, background=lambda: kinds["live"])
+    def live() -> None:
+        queue.take(timeout=10, background=lambda: kinds["live"])
 
-        def background() -> None:
-            handout = queue.take(timeout=10, background=True)
-            if handout is not None:
-                got.extend(decode(it.encoded) for it in handout.batch)
+    def background() -> None:
+        handout = queue.take(timeout=10, background=True)
+        if handout is not None:
+            got.extend(decode(it.encoded) for it in handout.batch)
 
-        first, second = threading.Thread(target=live), threading.Thread(target=background)
-        first.start()
-        second.start()
-        wait_for(lambda: len(queue._idle) == 2, what="both takers waiting")
-        with queue._cond:  # the reload and the put, before the live instance looks again
-            kinds["live"] = False
-            # The reload's wake reached the live instance only (the new background worker began waiting after it).
-            woken = next(t for t in queue._idle if t.background is None)
-            woken.woken = True
-            woken.cond.notify()
-            queue.put([_item(loop, slot, queue, BACKGROUND, "job")], "m")
-        second.join(2)  # at once, not at either taker's timeout
-        assert got == ["job"]
-        queue.close()
-        first.join(10)
-    finally:
-        loop.close()
-
-
-def test_the_queue_hands_background_items_to_background_takers_and_live_ones_to_live_takers() -> None:
-    loop = asyncio.new_event_loop()
-    try:
-        slot = type("Slot", (), {"capabilities": HashHandler.capabilities})()
-        queue = BatchQueue()
-        queue.add_lane("m", Policy(max_wait_ms=0.0), 64)
-        got: dict[str, list[str]] = {"live": [], "background": []}
-
-        def taker(name: str, background: bool) -> None:
-            handout = queue.take(timeout=10, background=background)
-            if handout is not None:
-                got[name] += [decode(it.encoded) for it in handout.batch]
-
-        threads = [threading.Thread(target=taker, args=("background", True)),
-                   threading.Thread(target=taker, args=("live", False))]
-        for t in threads:
-            t.start()
-        wait_for(lambda: len(queue._idle) == 2, what="both takers waiting")
-        # A live item wakes the live taker although the background one waits too (and was first to wait).
-        queue.put([_item(loop, slot, queue, 0, "live")], "m")
-        threads[1].join(10)
-        assert got["live"] == ["live"] and threads[0].is_alive()
+    first, second = threading.Thread(target=live), threading.Thread(target=background)
+    first.start()
+    second.start()
+    wait_for(lambda: len(queue._idle) == 2, what="both takers waiting")
+    with queue._cond:  # the reload and the put, before the live instance looks again
+        kinds["live"] = False
+        # The reload's wake reached the live instance only (the new background worker began waiting after it).
+        woken = next(t for t in queue._idle if t.background is None)
+        woken.woken = True
+        woken.cond.notify()
         queue.put([_item(loop, slot, queue, BACKGROUND, "job")], "m")
-        threads[0].join(10)
-        assert got["background"] == ["job"]
-        # A worker's death drains only the kind it took.
-        queue.put([_item(loop, slot, queue, 0, "a")], "m")
-        queue.put([_item(loop, slot, queue, BACKGROUND, "b")], "m")
-        assert [decode(it.encoded) for it in queue.drain_all(background=True)] == ["b"]
-        assert queue.depth("m") == 1
-    finally:
-        loop.close()
+    second.join(2)  # at once, not at either taker's timeout
+    assert got == ["job"]
+    queue.close()
+    first.join(10)
+
+
+def test_the_queue_hands_background_items_to_background_takers_and_live_ones_to_live_takers(lane: Lane) -> None:
+    loop, slot, queue = lane
+    got: dict[str, list[str]] = {"live": [], "background": []}
+
+    def taker(name: str, background: bool) -> None:
+        handout = queue.take(timeout=10, background=background)
+        if handout is not None:
+            got[name] += [decode(it.encoded) for it in handout.batch]
+
+    threads = [threading.Thread(target=taker, args=("background", True)),
+               threading.Thread(target=taker, args=("live", False))]
+    for t in threads:
+        t.start()
+    wait_for(lambda: len(queue._idle) == 2, what="both takers waiting")
+    # A live item wakes the live taker although the background one waits too (and was first to wait).
+    queue.put([_item(loop, slot, queue, 0, "live")], "m")
+    threads[1].join(10)
+    assert got["live"] == ["live"] and threads[0].is_alive()
+    queue.put([_item(loop, slot, queue, BACKGROUND, "job")], "m")
+    threads[0].join(10)
+    assert got["background"] == ["job"]
+    # A worker's death drains only the kind it took.
+    queue.put([_item(loop, slot, queue, 0, "a")], "m")
+    queue.put([_item(loop, slot, queue, BACKGROUND, "b")], "m")
+    assert [decode(it.encoded) for it in queue.drain_all(background=True)] == ["b"]
+    assert queue.depth("m") == 1
 
 
 class PausingHandler(HashHandler):

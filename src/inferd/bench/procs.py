@@ -101,18 +101,12 @@ def _spawn(name: str, cmd: list[str], env: dict[str, str], port: int, log_dir: P
     return ServerProc(name, proc, f"http://127.0.0.1:{port}", log_path)
 
 
-def start_inferd(log_dir: Path, model_path: Path | None, torch_threads: int | None,
-                 extra_env: dict[str, str], config_dir: Path | None = None,
-                 timeout: float = 180.0, tree: Path | None = None, python: Path | None = None,
-                 name: str = "inferd") -> ServerProc:
-    """``inferd serve`` with the prod overlay, quiet logs, on a free port; returns once it is ready.
-
-    ``tree`` and ``python``: another checkout's code and configs, run by another venv's Python (--compare).
-    """
-    port = free_port()
+def inferd_env(model_path: Path | None, torch_threads: int | None, extra_env: dict[str, str],
+               config_dir: Path | None = None, tree: Path | None = None) -> dict[str, str]:
+    """The environment of an inferd process under measurement: the prod overlay, quiet logs, the model, this
+    checkout's configs (``tree``: another's, and its code), then ``extra_env``."""
     env = _base_env(torch_threads)
-    env.update({"INFERD_ENV": "prod", "INFERD__SERVER__HOST": "127.0.0.1", "INFERD__SERVER__PORT": str(port),
-                "INFERD__SERVER__LOG_LEVEL": "WARNING",
+    env.update({"INFERD_ENV": "prod", "INFERD__SERVER__LOG_LEVEL": "WARNING",
                 # prod.yaml's backend auto would judge and switch runtimes in the middle of a measurement: each
                 # phase names its runtime (extra_env), torch unless it does; bench/auto_start.py measures auto.
                 "INFERD__MODEL__BACKEND": "torch"})
@@ -126,6 +120,21 @@ def start_inferd(log_dir: Path, model_path: Path | None, torch_threads: int | No
     if torch_threads:
         env["INFERD__RUNTIME__TORCH_THREADS"] = str(torch_threads)
     env.update(extra_env)
+    return env
+
+
+def start_inferd(log_dir: Path, model_path: Path | None, torch_threads: int | None,
+                 extra_env: dict[str, str], config_dir: Path | None = None,
+                 timeout: float = 180.0, tree: Path | None = None, python: Path | None = None,
+                 name: str = "inferd") -> ServerProc:
+    """``inferd serve`` with the prod overlay, quiet logs, on a free port; returns once it is ready.
+
+    ``tree`` and ``python``: another checkout's code and configs, run by another venv's Python (--compare).
+    """
+    port = free_port()
+    env = inferd_env(model_path, torch_threads, extra_env, config_dir, tree)
+    env.update({"INFERD__SERVER__HOST": "127.0.0.1", "INFERD__SERVER__PORT": str(port)})
+    env.update(extra_env)  # a caller's own host or port stands
     server = _spawn(name, [str(python or sys.executable), "-m", "inferd.cli", "serve"], env, port, log_dir, cwd=tree)
     server.wait_ready("/health/ready", timeout)
     return server
