@@ -7,7 +7,8 @@ the server, getrusage for this process), so the load client's own CPU on a small
 
 - in process: this process loads the model on the runtime (the server's own loading code and settings), then
   tokenises, runs and pools the corpus in sorted batches of ``--batch`` texts, as the ceiling of ``inferd bench``
-  does; CPU seconds over texts;
+  does (around a compiled graph on one torch thread, as the server's workers: core/instances.py); CPU seconds over
+  texts;
 - server: ``inferd serve`` (prod overlay) on the same runtime under a closed loop of ``--concurrency`` users, one
   corpus text per request; the server process's CPU seconds over the texts it answered, and the same split by OS
   thread name (``main`` is the event loop; ``inferd-<n>`` the instances' workers; the rest the runtime's pools);
@@ -35,6 +36,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from inferd import corpus as bench_corpus
 from inferd.bench.ceiling import load_handler as ceiling_handler
@@ -66,6 +69,9 @@ def in_process(model: Path, runtime: str, texts: list[str], batch: int, cache: P
     backend, _, dtype = runtime.partition(":")
     handler = load_handler(ModelSpec(model, "bench", backend=backend, dtype=dtype or "float32", device="cpu",
                                      cache_dir=str(cache)))
+    threads = torch.get_num_threads()
+    if not handler.runner.capabilities.torch_threads:
+        torch.set_num_threads(1)  # as the server's workers do around a compiled graph (core/instances.py)
     try:
         encoded = handler.preprocess(texts[:batch])
         handler.postprocess(handler.infer(encoded))  # warm: allocators, the runtime's first shapes
@@ -77,6 +83,7 @@ def in_process(model: Path, runtime: str, texts: list[str], batch: int, cache: P
         cpu, wall = own_cpu() - cpu0, time.perf_counter() - t0
     finally:
         handler.close()
+        torch.set_num_threads(threads)
     return {"texts": len(texts), "cpu_s": round(cpu, 3), "cpu_ms_per_text": round(1e3 * cpu / len(texts), 4),
             "texts_per_s": round(len(texts) / wall, 1)}
 

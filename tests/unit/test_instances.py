@@ -145,6 +145,44 @@ def test_each_instance_runs_with_its_own_torch_thread_count(tmp_path: Path) -> N
         torch.set_num_threads(previous)
 
 
+class GraphThreadsHandler(ThreadsHandler):
+    """A handler whose pass computes on a compiled graph's own threads (``Capabilities.torch_threads`` False)."""
+
+    capabilities = Capabilities(torch_threads=False)
+
+
+def test_a_compiled_graph_s_batch_does_its_torch_work_on_one_thread_and_a_torch_batch_on_its_instance_s(
+        tmp_path: Path) -> None:
+    # The torch work around a graph's pass (collate, pooling) on one thread wakes no second OpenMP thread to spin
+    # beside the runtime's own; a torch model's batch on the same worker thread gets the instance's count back.
+    previous = torch.get_num_threads()
+    instance = Instance("m", 0, 2, live_lane("m"))
+    counts: list[int] = []
+
+    def on_worker() -> None:
+        for torch_compute in (True, False, False, True):
+            instance.apply_threads(torch_compute)
+            counts.append(torch.get_num_threads())
+
+    worker = threading.Thread(target=on_worker)
+    worker.start()
+    worker.join(10)
+    assert counts == [2, 1, 1, 2]
+    handlers: dict[str, HashHandler] = {"graph": GraphThreadsHandler(), "torch": ThreadsHandler()}
+    kit = engine_of(tmp_path, handlers, [entry(tmp_path, "graph", threads=2), entry(tmp_path, "torch", threads=2)])
+
+    async def scenario() -> None:
+        for _ in range(2):
+            await asyncio.gather(ask(kit.engine, ["x"], model="graph"), ask(kit.engine, ["y"], model="torch"))
+        assert handlers["graph"].threads == [1, 1]  # type: ignore[attr-defined]
+        assert handlers["torch"].threads == [2, 2]  # type: ignore[attr-defined]
+
+    try:
+        kit.run(scenario)
+    finally:
+        torch.set_num_threads(previous)
+
+
 def test_the_cores_are_split_between_every_instance_unless_a_model_sets_its_own(tmp_path: Path) -> None:
     a, b = entry(tmp_path, "a"), entry(tmp_path, "b", instances=2)
     assert thread_budgets((a, b), 6) == {"a": 2, "b": 2}
@@ -699,6 +737,8 @@ def test_an_openvino_model_of_several_instances_compiles_a_one_stream_twin_for_a
     assert not one.capabilities.can_use_all_threads and one.info["threads_alone"] is None
     runner = OpenVINORunner(tmp_path / "g.xml", "hidden", "float32", "none", threads=2, streams=2)
     assert runner.capabilities.can_use_all_threads and runner.info["threads_alone"] == 2
+    # Its own threads compute: the torch work around its pass keeps to one (core/instances.py apply_threads).
+    assert not one.capabilities.torch_threads and not runner.capabilities.torch_threads
     wide = runner._wide  # noqa: SLF001
     assert int(wide.get_property("NUM_STREAMS")) == 1 and int(wide.get_property("INFERENCE_NUM_THREADS")) == 2
     shared = runner._run(feed)  # noqa: SLF001

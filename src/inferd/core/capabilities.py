@@ -27,3 +27,9 @@ class Capabilities:
     # (a batch job's lines) gives the cores back within one module's time (core/background.py): torch on a CPU. A
     # compiled graph (OpenVINO, ONNX Runtime) runs whole once called.
     pauses: bool = False
+    # Whether the pass computes on torch's intra-op threads. A compiled graph (OpenVINO, ONNX Runtime) has threads of
+    # its own, and the torch work around it (collate, pooling, a head: small tensors) runs on one torch thread
+    # (core/instances.py ``Instance.apply_threads``): a second OpenMP thread woken for it spun after each batch, or
+    # took a core from the runtime's own threads (OpenVINO mixed, MiniLM, sorted batches of 4 on the model's two
+    # threads: 6.1 -> 4.9 ms of CPU per text; bench/RESULTS.md, "torch's threads beside a compiled graph").
+    torch_threads: bool = True

@@ -128,6 +128,7 @@ class Instance:
     batches: int = 0
     busy_s: float = 0.0
     _applied: int = field(default=0, repr=False)
+    _own: int = field(default=0, repr=False)
 
     @property
     def label(self) -> str:
@@ -144,14 +145,18 @@ class Instance:
         """On the worker's own thread, before its first batch."""
         self.apply_threads()
 
-    def apply_threads(self) -> None:
-        """This thread's intra-op count, when it changed (a SIGHUP that adds instances splits the cores anew)."""
-        if self.threads and self.threads != self._applied:
+    def apply_threads(self, torch_compute: bool = True) -> None:
+        """This thread's intra-op count, when it changed (a SIGHUP that adds instances splits the cores anew): its
+        own, or one for a batch whose pass computes on threads of its own (``torch_compute`` False: a compiled
+        graph, ``Capabilities.torch_threads``), so the torch work around it wakes no second thread."""
+        if not self._own:
             # Initialise the thread first: its first parallel call would otherwise copy the last count set by any
-            # thread over the one set here.
-            torch.get_num_threads()
-            torch.set_num_threads(self.threads)
-            self._applied = self.threads
+            # thread over the one set here. Its count then is its own when the instance has none (threads 0).
+            self._own = torch.get_num_threads()
+        count = (self.threads or self._own) if torch_compute else 1
+        if count != self._applied:
+            torch.set_num_threads(count)
+            self._applied = count
 
     @contextlib.contextmanager
     def running(self) -> Iterator[None]:

@@ -245,7 +245,7 @@ class BatchWorker:
             slot = handout.batch[0].slot
             live = not handout.lane.endswith(SHADOW_SUFFIX)  # shadow work stays out of the live metrics
             if self.instance is not None:
-                self.instance.apply_threads()
+                self.instance.apply_threads(slot.capabilities.torch_threads)
             sharing = self._sharing(slot)
             on_background = self._takes_background is True
             if on_background:

@@ -291,7 +291,7 @@ class GraphRunner:
     backend = "graph"
     # Dynamic shapes, but every row runs to the batch's longest; host memory, so nothing is staged. OpenVINO's,
     # compiled for several instances, can use all threads (openvino.py).
-    capabilities = Capabilities(pads=True)
+    capabilities = Capabilities(pads=True, torch_threads=False)
 
     def __init__(self, graph_path: Path, head: str, dtype: str, quantize: str, threads: int = 0,
                  info: dict[str, Any] | None = None, compile_cache: Path | None = None, streams: int = 1) -> None:

@@ -154,7 +154,7 @@ class OpenVINORunner(GraphRunner):
                 source, "CPU", {**config, "NUM_STREAMS": "1"})
         except RuntimeError as exc:
             raise BackendError(f"OpenVINO cannot compile {graph_path}: {exc}") from exc
-        self.capabilities = Capabilities(can_use_all_threads=self._wide is not None)
+        self.capabilities = Capabilities(can_use_all_threads=self._wide is not None, torch_threads=False)
         self._threads = threads
         # One request per calling thread (an instance's worker, or the gate's); results are copied out of it.
         self._requests = threading.local()
