@@ -132,9 +132,10 @@ def start_inferd(log_dir: Path, model_path: Path | None, torch_threads: int | No
     ``tree`` and ``python``: another checkout's code and configs, run by another venv's Python (--compare).
     """
     port = free_port()
-    env = inferd_env(model_path, torch_threads, extra_env, config_dir, tree)
-    env.update({"INFERD__SERVER__HOST": "127.0.0.1", "INFERD__SERVER__PORT": str(port)})
-    env.update(extra_env)  # a caller's own host or port stands
+    # On 127.0.0.1 and the free port, unless the caller's extra_env names its own.
+    env = inferd_env(model_path, torch_threads,
+                     {"INFERD__SERVER__HOST": "127.0.0.1", "INFERD__SERVER__PORT": str(port), **extra_env},
+                     config_dir, tree)
     server = _spawn(name, [str(python or sys.executable), "-m", "inferd.cli", "serve"], env, port, log_dir, cwd=tree)
     server.wait_ready("/health/ready", timeout)
     return server
