@@ -4,7 +4,9 @@ against the owner's usage; bad files (not JSONL, a line over the limit, no line,
 fail validation) get a clear error and touch no other job.
 
 And a job's lines run below online requests: queued behind a held worker, they let an online request that came
-after them run first.
+after them run first. A job's lines do not take their owner's concurrency or request rate from its online requests;
+a tenant removed by a SIGHUP has its running job stopped (cancelled, with the reason in its ``errors`` and an error
+record for every line it never ran), not run as no one past its limits.
 
 One real server of the fake HashHandler (no model weights) with two tenants, ``alice`` and ``bob``.
 """
@@ -12,7 +14,9 @@ One real server of the fake HashHandler (no model weights) with two tenants, ``a
 from __future__ import annotations
 
 import json
+import signal
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -23,6 +27,7 @@ from batchkit import create, embedding_lines, jsonl, line, records, upload, wait
 from conftest import Server, metric_value, wait_for
 
 from hostile.conftest import internal_errors
+from inferd.jobs.store import Store
 
 KEYS = {"alice": "alice-secret-key-0001", "bob": "bob-secret-key-0002"}
 ADMIN = "admin-secret-key-0003"
@@ -178,3 +183,85 @@ def _ran(record: Path) -> list[list[str]]:
     if not record.exists():
         return []
     return [json.loads(raw)["texts"] for raw in record.read_text().splitlines() if raw.strip()]
+
+
+LIMITED = {"dave": "dave-secret-key-0004", "carol": "carol-secret-key-0005"}
+
+
+def _limited_tenants(with_carol: bool = True) -> dict:
+    rules = [{"name": "dave", "keys": [LIMITED["dave"]], "max_concurrent": 2, "requests_per_second": 3}]
+    if with_carol:
+        rules.append({"name": "carol", "keys": [LIMITED["carol"]]})
+    return {"tenants": rules}
+
+
+@pytest.fixture(scope="module")
+def limited_server(module_server: Callable[..., Server], tmp_path_factory: pytest.TempPathFactory) -> Server:
+    tmp = tmp_path_factory.mktemp("batch-limits")
+    (tmp / "tenants.yaml").write_text(yaml.safe_dump(_limited_tenants()))
+    return module_server(INFERD__SERVER__TENANTS_FILE=str(tmp / "tenants.yaml"), FAKE_RECORD=str(tmp / "ran.jsonl"),
+                         INFERD__JOBS__DATA_DIR=str(tmp / "jobs"), INFERD__JOBS__CHUNK_SIZE="20",
+                         INFERD__BATCHING__MAX_BATCH_SIZE="8")
+
+
+def _held_job(server: Server, who: str, gate: str, lines: int) -> str:
+    """A job of ``who``'s whose first line holds the model's background worker until ``gate`` is touched."""
+    held = [line(f"{gate}-hold", {"input": f"hold:{gate} x"}), *embedding_lines(lines - 1, gate)]
+    with server.client(headers={"Authorization": f"Bearer {LIMITED[who]}"}) as c:
+        batch_id = create(c, upload(c, jsonl(held)).json()["id"]).json()["id"]
+    wait_for(lambda: any(f"hold:{gate} x" in r for r in _ran(Path(server.env["FAKE_RECORD"]))), 30,
+             f"{who}'s job holding the background worker")
+    return batch_id
+
+
+def test_a_job_takes_neither_its_owner_s_concurrency_nor_its_request_rate(limited_server: Server) -> None:
+    """dave may have 2 requests running and send 3 a second; his job's lines (held: up to jobs.lines_in_flight of
+    them admitted and queued) are none of those, so his online requests, at 2 a second, are all answered."""
+    server = limited_server
+    gate = Path(server.env["FAKE_GATE_DIR"]) / "dave-job"
+    try:
+        batch_id = _held_job(server, "dave", "dave-job", 60)
+        with server.client(headers={"Authorization": f"Bearer {LIMITED['dave']}"}) as dave:
+            answers = []
+            for i in range(6):
+                answers.append(dave.post("/v1/embeddings", json={"input": f"online {i}"}))
+                time.sleep(0.5)
+            assert dave.get(f"/v1/batches/{batch_id}").json()["status"] == "in_progress"  # held all along
+            assert [a.status_code for a in answers] == [200] * 6, [a.text for a in answers if a.status_code != 200]
+            gate.touch()
+            batch = wait_final(dave, batch_id)
+    finally:
+        gate.touch()
+    assert batch["status"] == "completed" and batch["request_counts"]["completed"] == 60
+
+
+def test_a_removed_tenant_s_job_stops_with_its_reason_and_a_record_for_every_line(limited_server: Server,
+                                                                                   tmp_path: Path) -> None:
+    server = limited_server
+    tenants_file = Path(server.env["INFERD__SERVER__TENANTS_FILE"])
+    gate = Path(server.env["FAKE_GATE_DIR"]) / "carol-job"
+    store = Store.at(Path(server.env["INFERD__JOBS__DATA_DIR"]), None)
+    try:
+        batch_id = _held_job(server, "carol", "carol-job", 100)
+        tenants_file.write_text(yaml.safe_dump(_limited_tenants(with_carol=False)))
+        mark = len(server.log())
+        server.proc.send_signal(signal.SIGHUP)
+        wait_for(lambda: "SIGHUP: tenants" in server.log()[mark:], 30, "the SIGHUP's tenants")
+        gate.touch()  # the chunk running goes on to its end; no other chunk of carol's runs
+        stopped = wait_for(lambda: (b := store.batch(batch_id, None)) and b["status"] == "cancelled" and b, 60,
+                           "carol's job stopped")
+    finally:
+        gate.touch()
+        tenants_file.write_text(yaml.safe_dump(_limited_tenants()))
+        mark = len(server.log())
+        server.proc.send_signal(signal.SIGHUP)
+        wait_for(lambda: "SIGHUP: tenants" in server.log()[mark:], 30, "carol back")
+        store.close()
+    assert stopped["completed"] < 100 and stopped["completed"] + stopped["failed"] == 100
+    with server.client(headers={"Authorization": f"Bearer {LIMITED['carol']}"}) as carol:
+        batch = carol.get(f"/v1/batches/{batch_id}").json()
+        assert batch["errors"]["data"][0]["code"] == "tenant_removed", batch
+        out, errors = records(carol, batch["output_file_id"]), records(carol, batch["error_file_id"])
+    assert sorted(r["custom_id"] for r in out + errors) == sorted(["carol-job-hold", *(f"carol-job{i}"
+                                                                                        for i in range(99))])
+    assert {r["error"]["code"] for r in errors} == {"batch_cancelled"} and len(errors) == stopped["failed"]

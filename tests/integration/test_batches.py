@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -114,14 +115,40 @@ def test_cancel_stops_within_a_chunk_and_keeps_what_was_done(server: Server) -> 
         assert cancelled.status_code == 200 and cancelled.json()["status"] in ("cancelling", "cancelled")
         batch = wait_final(client, batch_id)
         assert batch["status"] == "cancelled" and batch["cancelled_at"] is not None
-        done = batch["request_counts"]["completed"] + batch["request_counts"]["failed"]
+        counts = batch["request_counts"]
         # The chunks running when the cancel came finish (jobs.concurrency 2 of them, and as many claimed at
-        # that moment); no other starts.
-        assert done <= 4 * CHUNK, batch
-        out = records(client, batch["output_file_id"])
-        assert len(out) == batch["request_counts"]["completed"] and len({r["custom_id"] for r in out}) == len(out)
+        # that moment); no other starts. Every line it never ran has an error record of its own.
+        assert counts["completed"] <= 4 * CHUNK and counts["completed"] + counts["failed"] == 6000, batch
+        out = records(client, batch["output_file_id"]) if counts["completed"] else []
+        errors = records(client, batch["error_file_id"])
+        assert len(out) == counts["completed"] and len(errors) == counts["failed"]
+        assert sorted(r["custom_id"] for r in out + errors) == sorted(f"x{i}" for i in range(6000))
+        assert {r["error"]["code"] for r in errors} == {"batch_cancelled"}
+        assert all(r["response"] is None for r in errors)
         again = client.post(f"/v1/batches/{batch_id}/cancel")
         assert again.status_code == 200 and again.json()["status"] == "cancelled"
+
+
+def test_a_file_deleted_while_a_batch_is_made_of_it_leaves_no_batch_without_its_input(server: Server) -> None:
+    """A DELETE of a file and a batch made of it, sent at once: the delete is refused (the batch reads it) or the
+    batch is (the file is gone), never both answered, which left a batch that could never run (its chunks failed
+    and were retried for ever, ahead of every newer job)."""
+    data = jsonl(embedding_lines(300, "r"))
+    made = []
+    with server.client() as client, ThreadPoolExecutor(2) as pool:
+        for _ in range(8):
+            file_id = upload(client, data).json()["id"]
+            creating = pool.submit(create, client, file_id)
+            deleting = pool.submit(client.delete, f"/v1/files/{file_id}")
+            batch, gone = creating.result(), deleting.result()
+            assert (batch.status_code, gone.status_code) in ((200, 409), (404, 200)), (batch.text, gone.text)
+            if batch.status_code == 200:
+                made.append(batch.json()["id"])
+            else:
+                assert batch.json()["error"]["code"] == "file_not_found"
+                assert client.get(f"/v1/files/{file_id}").status_code == 404
+        for batch_id in made:
+            assert wait_final(client, batch_id)["request_counts"]["completed"] == 300
 
 
 @pytest.mark.parametrize(("data", "code"), [

@@ -1,6 +1,8 @@
 """The job store's guarantees, on SQLite files shared by two Store objects (two processes' view of one store):
 a chunk is one worker's at a time; a commit by a worker that lost its lease changes nothing; a dead worker's chunk
-is taken again once its lease runs out; a batch is finished once; owners see only their own; old rows expire.
+is taken again once its lease runs out; a batch is finished once, from the chunks committed when it is; a batch past
+its window gives no chunk and a late commit counts nothing; a file read by a running batch is not deleted, and a
+batch is not made from a deleted file; owners see only their own; old rows expire; a schema 1 store is migrated.
 No server: jobs/store.py alone.
 """
 
@@ -12,7 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from inferd.jobs.store import Store
+from inferd.jobs.store import SCHEMA_VERSION, FileGone, Store
+
+
+def _file(store: Store, owner: str = "", file_id: str = "file-x") -> None:
+    store.add_file({"id": file_id, "owner": owner, "purpose": "batch", "filename": "in.jsonl", "bytes": 30, "lines": 3,
+                    "created_at": time.time(), "expires_at": None})
 
 
 def _batch(batch_id: str, owner: str = "", status: str = "in_progress", total: int = 3) -> dict:
@@ -26,6 +33,7 @@ def _batch(batch_id: str, owner: str = "", status: str = "in_progress", total: i
 @pytest.fixture
 def stores(tmp_path: Path) -> Iterator[tuple[Store, Store]]:
     one, two = Store.at(tmp_path, None), Store.at(tmp_path, None)
+    _file(one)
     yield one, two
     one.close()
     two.close()
@@ -56,7 +64,8 @@ def test_a_dead_worker_s_chunk_is_taken_again_after_its_lease(stores: tuple[Stor
     assert not one.commit_chunk("b2", taken.seq, "dead", "late", 1, 0)
     assert two.commit_chunk("b2", again.seq, "alive", "r", 1, 0)
     assert [b["id"] for b in one.to_finish()] == ["b2"] and one.results("b2") == ["r"]
-    assert one.finish("b2", "completed", None, None) and not two.finish("b2", "completed", None, None)
+    assert not one.finish("b2", "completed", None, None, [])  # made of other chunks than those committed
+    assert one.finish("b2", "completed", None, None, ["r"]) and not two.finish("b2", "completed", None, None, ["r"])
     assert one.batch("b2", None)["status"] == "completed"
 
 
@@ -75,8 +84,10 @@ def test_a_cancelled_batch_gives_no_chunk_and_finishes_once_its_running_chunks_e
 
 def test_owners_see_only_their_own_and_old_rows_expire(stores: tuple[Store, Store]) -> None:
     one, _ = stores
-    one.add_batch(_batch("mine", owner="alice", status="completed"), [])
-    one.add_batch(_batch("theirs", owner="bob"), [])
+    _file(one, "alice", "file-a")
+    _file(one, "bob", "file-y")
+    one.add_batch({**_batch("mine", owner="alice", status="completed"), "input_file_id": "file-a"}, [])
+    one.add_batch({**_batch("theirs", owner="bob"), "input_file_id": "file-y"}, [])
     assert one.batch("mine", "bob") is None and one.batch("mine", "alice") is not None
     assert [b["id"] for b in one.batches("bob", None, 10)[0]] == ["theirs"]
     assert one.batches("bob", "mine", 10) == ([], False)  # a cursor of another's id finds nothing
@@ -84,3 +95,65 @@ def test_owners_see_only_their_own_and_old_rows_expire(stores: tuple[Store, Stor
     assert batches == ["mine"]  # only a finished one
     one.forget(files, batches)
     assert one.batch("mine", "alice") is None and one.batch("theirs", "bob") is not None
+
+
+def test_a_batch_past_its_window_gives_no_chunk_and_a_late_commit_counts_nothing(stores: tuple[Store, Store]) -> None:
+    one, two = stores
+    one.add_batch(_batch("b4"), [(0, 10, 0), (10, 20, 1)])
+    running = one.claim("w1", 60)
+    assert running is not None
+    with one.engine.begin() as conn:  # its window ends while the chunk runs
+        conn.exec_driver_sql("UPDATE inferd_batches SET expires_at = 1 WHERE id = 'b4'")
+    assert two.claim("w2", 60) is None
+    assert one.to_finish() == []  # its running chunk first
+    one.release_chunk("b4", running.seq, "w1")
+    assert [b["id"] for b in one.to_finish()] == ["b4"] and one.undone("b4") == [(0, 10, 0), (10, 20, 1)]
+    again = one.claim("w1", 60)
+    assert again is None
+    assert one.finish("b4", "expired", None, None, [], unrun=3)
+    late = one.batch("b4", None)
+    assert (late["status"], late["completed"], late["failed"]) == ("expired", 0, 3)
+
+
+def test_a_commit_after_the_batch_ended_changes_nothing(stores: tuple[Store, Store]) -> None:
+    one, two = stores
+    one.add_batch(_batch("b5"), [(0, 10, 0)])
+    running = one.claim("w1", 60)
+    assert running is not None and two.set_status("b5", "cancelling", "", ("in_progress",))
+    with one.engine.begin() as conn:  # its lease ran out, and the batch was finished without it
+        conn.exec_driver_sql("UPDATE inferd_chunks SET lease_until = 1 WHERE batch_id = 'b5'")
+    assert two.finish("b5", "cancelled", None, None, [], unrun=1)
+    assert not one.commit_chunk("b5", running.seq, "w1", "late", 1, 0)
+    assert one.batch("b5", None)["completed"] == 0 and one.results("b5") == []
+
+
+def test_a_file_a_running_batch_reads_is_kept_and_a_deleted_one_makes_no_batch(stores: tuple[Store, Store]) -> None:
+    one, two = stores
+    one.add_batch(_batch("b6"), [(0, 10, 0)])
+    assert two.delete_file("file-x", "") == "in_use"
+    assert two.delete_file("file-x", "mallory") == "missing"  # another owner's: as if it did not exist
+    assert two.set_status("b6", "cancelled", "", ("in_progress",))
+    assert two.delete_file("file-x", "") == "deleted" and two.delete_file("file-x", "") == "missing"
+    with pytest.raises(FileGone):
+        one.add_batch(_batch("b7"), [(0, 10, 0)])
+    assert one.batch("b7", None) is None and one.undone("b7") == []
+
+
+def test_a_schema_1_store_is_migrated_and_keeps_its_rows(tmp_path: Path) -> None:
+    old = Store.at(tmp_path, None)
+    _file(old)
+    old.add_batch(_batch("kept"), [(0, 10, 0)])
+    with old.engine.begin() as conn:  # the store as version 1 made it: no errors column
+        conn.exec_driver_sql("ALTER TABLE inferd_batches DROP COLUMN errors")
+        conn.exec_driver_sql("UPDATE inferd_jobs_meta SET value = 1 WHERE key = 'schema'")
+    old.close()
+    store = Store.at(tmp_path, None)
+    try:
+        with store.engine.connect() as conn:
+            assert conn.exec_driver_sql("SELECT value FROM inferd_jobs_meta").scalar() == SCHEMA_VERSION == 2
+        assert store.batch("kept", "")["errors"] is None
+        errors = [{"code": "tenant_removed", "message": "gone", "param": None, "line": None}]
+        assert store.set_status("kept", "cancelling", "", ("in_progress",), errors=errors)
+        assert store.batch("kept", "")["errors"] in (errors, __import__("json").dumps(errors))
+    finally:
+        store.close()

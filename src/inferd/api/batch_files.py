@@ -125,9 +125,11 @@ async def file_content(request: Request, file_id: str) -> Response:
 async def delete_file(request: Request, file_id: str) -> Response:
     row = await owned_file(request, file_id)
     jobs = runner(request)
-    if await asyncio.to_thread(jobs.store().in_use, row["id"]):
+    # Decided with the row locked (jobs/store.py): a batch made from the file at the same time keeps it or fails.
+    outcome = await asyncio.to_thread(jobs.store().delete_file, row["id"], owner())
+    if outcome == "in_use":
         raise APIError(409, f"file {file_id!r} is the input of a batch still running; cancel it first",
                        "file_in_use", "file_id")
-    if await asyncio.to_thread(jobs.store().delete_file, row["id"], owner()):
+    if outcome == "deleted":
         await asyncio.to_thread(jobs.files.remove, row["id"])
     return json_response({"id": row["id"], "object": "file", "deleted": True})

@@ -28,7 +28,7 @@ from inferd.api.services import inference_auth
 from inferd.jobs.files import new_id
 from inferd.jobs.lines import FileRefused, duplicates_in, endpoint_of, split
 from inferd.jobs.runner import JobRunner
-from inferd.jobs.store import decoded
+from inferd.jobs.store import FileGone, decoded
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +58,9 @@ def batch_object(row: dict[str, Any]) -> dict[str, Any]:
         value = row.get(key)
         return int(value) if value else None
 
-    return {"id": row["id"], "object": "batch", "endpoint": row["endpoint"], "errors": None,
+    errors = decoded(row.get("errors"))
+    return {"id": row["id"], "object": "batch", "endpoint": row["endpoint"],
+            "errors": {"object": "list", "data": errors} if errors else None,
             "input_file_id": row["input_file_id"], "completion_window": row["completion_window"],
             "status": row["status"], "output_file_id": row["output_file_id"], "error_file_id": row["error_file_id"],
             "created_at": int(row["created_at"]),
@@ -108,7 +110,10 @@ async def create_batch(request: Request) -> Response:
     if source["purpose"] != "batch":
         raise APIError(400, f"file {body.input_file_id!r} is not a batch input file (purpose {source['purpose']!r})",
                        "invalid_file", "input_file_id")
-    row = await asyncio.to_thread(_record, jobs, source, endpoint.path, body, int(window.group(1)))
+    try:
+        row = await asyncio.to_thread(_record, jobs, source, endpoint.path, body, int(window.group(1)))
+    except (FileGone, FileNotFoundError):  # deleted since it was looked up
+        raise APIError(404, f"no file {body.input_file_id!r}", "file_not_found", "input_file_id") from None
     log.info("batch %s: in_progress (%d lines of %s, %s)", row["id"], row["total"], source["id"], endpoint.path,
              extra={"batch": row["id"], "state": "in_progress"})
     jobs.wake()

@@ -11,6 +11,10 @@ refused, dropped or fails; a cache hit is never charged (the model ran nothing; 
 core/cache.py). A budget may go below zero by one request (the debt model): the next requests are refused until
 the bucket has refilled past zero, so one large request is never refused for ever. A reload that changes a limit
 keeps the level, debt included.
+
+A batch job's lines (jobs/lines.py, with ``job_line`` set) are charged to the budget as any request, but are not the
+tenant's requests in flight or per second: a job of 128 lines in flight would otherwise take its owner's
+``max_concurrent`` and rate from the owner's own online traffic, which goes first.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from __future__ import annotations
 import math
 import time
 from collections import defaultdict
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -31,6 +36,10 @@ if TYPE_CHECKING:
 # Refusal reasons (the metric's label values, /admin/usage's keys).
 REFUSALS = ("requests_per_second", "tokens_per_minute", "max_concurrent", "model_not_allowed",
             "priority_not_allowed")
+
+
+# Set by the batch runner for a job line's own task (jobs/lines.py): admission's request limits pass it.
+job_line: ContextVar[bool] = ContextVar("inferd_job_line", default=False)
 
 
 class RateLimited(EngineError):
@@ -96,6 +105,10 @@ class Tenant:
             raise EngineError(Kind.INVALID_INPUT, f"priority {priority} is above this API key's ceiling, "
                               f"{rules.priority_ceiling}", "priority_not_allowed", field="priority")
         now = time.monotonic()
+        if job_line.get():
+            if self.tokens is not None and (wait := self.tokens.wait(now)) > 0:
+                raise self._spent(model, wait)
+            return priority
         if rules.max_concurrent is not None and self.in_flight >= rules.max_concurrent:
             self._refuse("max_concurrent", model)
             raise RateLimited(f"this API key has {rules.max_concurrent} requests running, its limit "
@@ -113,7 +126,8 @@ class Tenant:
         return priority
 
     def leave(self) -> None:
-        self.in_flight -= 1
+        if not job_line.get():  # admitted in the same task, so the same context: a job line was not counted
+            self.in_flight -= 1
 
     def reserve(self, tokens: int) -> int:
         """Before tokenising (after ``admit``): an estimate of the request's tokens taken from the budget at once, so

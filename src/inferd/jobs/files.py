@@ -88,6 +88,11 @@ class FileStore:
 
         return _durable(self.path(output_id), joined(".out")), _durable(self.path(error_id), joined(".err"))
 
+    def remove_result(self, batch_id: str, name: str) -> None:
+        """One attempt's result files (``write_result``'s name), not committed."""
+        for suffix in (".out", ".err"):
+            (self._chunk_dir(batch_id) / f"{name}{suffix}").unlink(missing_ok=True)
+
     def remove_results(self, batch_id: str) -> None:
         shutil.rmtree(self._chunk_dir(batch_id), ignore_errors=True)
 

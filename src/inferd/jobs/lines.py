@@ -46,7 +46,7 @@ from inferd.api.errors import APIError, error_response, excerpt
 from inferd.api.middleware import new_request_id
 from inferd.api.schemas import ClassifyRequest, EmbeddingsRequest, EncodeRequest
 from inferd.core.request import MAX_TIMEOUT_MS
-from inferd.core.tenant import Tenant
+from inferd.core.tenant import Tenant, job_line
 from inferd.core.tenants import current_tenant
 from inferd.utils.logger import request_id_var
 
@@ -267,6 +267,7 @@ class LineRunner:
         # This line's own task (gather): what it sets is its own.
         request_id_var.set(rid)
         current_tenant.set(tenant)
+        job_line.set(True)  # charged to its owner's token budget, not its requests in flight or per second
         scope: Scope = {"type": "http", "method": "POST", "path": endpoint.path, "raw_path": endpoint.path.encode(),
                         "query_string": b"", "headers": [(b"content-type", b"application/json")], "app": self.app,
                         "inferd": {"request_id": rid}, "http_version": "1.1", "scheme": "http", "root_path": "",

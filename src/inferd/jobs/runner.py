@@ -25,7 +25,7 @@ from starlette.applications import Starlette
 
 from inferd.core.tenants import Tenancy
 from inferd.jobs.files import FileStore, new_id
-from inferd.jobs.lines import LineRunner, Record, endpoint_of, parse_all, split
+from inferd.jobs.lines import LineRunner, Record, bad, endpoint_of, parse_all, split
 from inferd.jobs.store import Claim, Store, decoded
 from inferd.settings import JobsSettings
 from inferd.utils.metrics import Metrics
@@ -39,6 +39,13 @@ RETRY_WAIT_S = 1.0
 RETRIES = 30
 # Seconds between expiry sweeps and metric refreshes.
 SWEEP_S = 5.0
+# The error record of a line a batch finished without running (OpenAI's codes for the expired ones).
+UNRUN = {"expired": ("batch_expired", "this request could not be executed before the completion window expired"),
+         "cancelled": ("batch_cancelled", "the batch was cancelled before this request ran")}
+
+
+class Stopped(Exception):
+    """A chunk's batch cannot go on (its input file is gone, its owner removed): the batch was moved to its end."""
 
 
 class JobRunner:
@@ -141,13 +148,18 @@ class JobRunner:
                                                                           ok, failed))
         except asyncio.CancelledError:
             raise  # stopping: stop() gives the chunk back at once
+        except Stopped:
+            self._held.discard(key)
+            await self._io(lambda: self.store().release_chunk(batch["id"], claim.seq, self.worker))
+            return
         except BaseException:
             self._held.discard(key)  # its lease runs out; any worker takes it then
             raise
         self._held.discard(key)
-        if not committed:  # the lease ran out and another worker took the chunk: its results count, not these
-            log.warning("batch %s: chunk %d was taken by another worker; its result here is dropped",
-                        batch["id"], claim.seq)
+        if not committed:  # another worker took the chunk (its results count), or the batch ended meanwhile
+            await self._io(self.files.remove_result, batch["id"], name)
+            log.warning("batch %s: chunk %d was taken by another worker or the batch ended; its result here is "
+                        "dropped", batch["id"], claim.seq)
             return
         self.metrics.job_lines.labels("ok").inc(ok)
         self.metrics.job_lines.labels("failed").inc(failed)
@@ -166,12 +178,20 @@ class JobRunner:
     async def _records(self, claim: Claim) -> list[Record]:
         """Every line of the chunk's span as a record: bad lines' errors, and the valid lines' answers."""
         batch = claim.batch
-        data = await self._io(self.files.read_span, batch["input_file_id"], claim.start, claim.stop)
+        owner = batch["owner"]
+        tenant = self.tenancy.tenants.get(owner) if owner else None
+        if owner and tenant is None and self.tenancy.enabled:
+            # Its tenant was removed (a SIGHUP): its lines would run as no one, past every limit of its own.
+            await self._stop(batch, "cancelling", "tenant_removed",
+                             f"tenant {owner!r} is no longer configured; its batch stops", None)
+        try:
+            data = await self._io(self.files.read_span, batch["input_file_id"], claim.start, claim.stop)
+        except FileNotFoundError:
+            await self._stop(batch, "failed", "input_file_missing",
+                             f"the input file {batch['input_file_id']!r} is gone from jobs.data_dir", "input_file_id")
         endpoint = endpoint_of(batch["endpoint"])
         lines, records = parse_all(split(data), claim.first_line, endpoint, batch["id"],
                                    frozenset(decoded(batch["duplicates"]) or ()))
-        owner = batch["owner"]
-        tenant = self.tenancy.tenants.get(owner) if owner else None
         pending = lines
         idle = 0
         while pending:
@@ -189,6 +209,18 @@ class JobRunner:
                          len(pending), claim.seq, sorted({r.status for r in answered if r.retry}), RETRY_WAIT_S)
                 await asyncio.sleep(RETRY_WAIT_S)
         return records
+
+    async def _stop(self, batch: dict[str, Any], status: str, code: str, message: str, param: str | None) -> None:
+        """The batch moved to ``status`` (cancelling: it finishes as cancelled, with its unrun lines' records; failed:
+        at once) with the reason in its ``errors``; raises Stopped."""
+        errors = [{"code": code, "message": message, "param": param, "line": None}]
+        if await self._io(lambda: self.store().set_status(batch["id"], status, expected=("in_progress",),
+                                                          errors=errors)):
+            log.error("batch %s: %s (%s)", batch["id"], status, message, extra={"batch": batch["id"], "state": status})
+            if status == "failed":  # no output: what its chunks did goes with it
+                await self._io(self.files.remove_results, batch["id"])
+            self.wake()
+        raise Stopped(code)
 
     # -- finishing -------------------------------------------------------------------------------------------
 
@@ -213,16 +245,21 @@ class JobRunner:
         fresh = store.batch(batch["id"], None) or batch
         output_id, error_id = new_id("file-"), new_id("file-")
         try:
-            out_bytes, err_bytes = self.files.assemble(batch["id"], results, output_id, error_id)
+            # The lines it never ran, each an error record: every input line has one.
+            unrun = self._unrun(batch, final) if final in UNRUN else []
+            extra = [self.files.write_result(batch["id"], 99_999_999, unrun)] if unrun else []
+            out_bytes, err_bytes = self.files.assemble(batch["id"], [*results, *extra], output_id, error_id)
         except FileNotFoundError:
-            return  # another worker finished it and removed the chunks' files
+            return  # another worker finished it and removed the chunks' files (or its input file is gone)
         now = time.time()
-        base = {"owner": batch["owner"], "purpose": "batch_output", "created_at": now, "expires_at": None}
+        base = {"owner": batch["owner"], "purpose": "batch_output", "created_at": now,
+                "expires_at": now + self.settings.expiry_s}
         output = {**base, "id": output_id, "filename": f"{batch['id']}_output.jsonl", "bytes": out_bytes,
                   "lines": fresh["completed"]} if fresh["completed"] else None
+        failed = fresh["failed"] + len(unrun)
         errors = {**base, "id": error_id, "filename": f"{batch['id']}_error.jsonl", "bytes": err_bytes,
-                  "lines": fresh["failed"]} if fresh["failed"] else None
-        if store.finish(batch["id"], final, output, errors):
+                  "lines": failed} if failed else None
+        if store.finish(batch["id"], final, output, errors, results, len(unrun)):
             for file_id, row in ((output_id, output), (error_id, errors)):
                 if row is None:
                     self.files.remove(file_id)
@@ -232,6 +269,21 @@ class JobRunner:
         else:
             self.files.remove(output_id)
             self.files.remove(error_id)
+            for name in extra:
+                self.files.remove_result(batch["id"], name)
+
+    def _unrun(self, batch: dict[str, Any], final: str) -> list[Record]:
+        """The records of the lines of the batch's chunks not done: a bad line's own error, the others ``final``'s."""
+        code, message = UNRUN[final]
+        endpoint = endpoint_of(batch["endpoint"])
+        duplicates = frozenset(decoded(batch["duplicates"]) or ())
+        out: list[Record] = []
+        for start, stop, first in self.store().undone(batch["id"]):
+            data = self.files.read_span(batch["input_file_id"], start, stop)
+            lines, records = parse_all(split(data), first, endpoint, batch["id"], duplicates)
+            out += records
+            out += [bad(line.number, line.custom_id, code, message, batch["id"]) for line in lines]
+        return out
 
     # -- sweeps ----------------------------------------------------------------------------------------------
 

@@ -45,7 +45,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.engine import Connection, Engine
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 # A batch's states (OpenAI's); the last four are final.
 ACTIVE = ("validating", "in_progress", "finalizing", "cancelling")
 FINAL = ("completed", "failed", "expired", "cancelled")
@@ -86,6 +86,8 @@ batches = Table(
     Column("metadata", JSON, nullable=True),
     # The line numbers whose custom_id an earlier line has (jobs/lines.py duplicates_in): chunks parse apart.
     Column("duplicates", JSON, nullable=False),
+    # Why a batch failed or stopped on its own (OpenAI's ``errors.data``: code, message, line, param); schema 2.
+    Column("errors", JSON, nullable=True),
 )
 chunks = Table(
     "inferd_chunks", metadata,
@@ -113,6 +115,14 @@ class Claim:
     stop: int
     first_line: int
     lease_until: float
+
+
+class _Undo(Exception):
+    """Raised inside a transaction to roll it back."""
+
+
+class FileGone(LookupError):
+    """The input file of a batch being made was deleted meanwhile."""
 
 
 class Store:
@@ -146,15 +156,22 @@ class Store:
             yield conn
 
     def migrate(self) -> None:
-        """Tables made, and the schema brought to SCHEMA_VERSION (one step per version, none yet past 1)."""
+        """Tables made, and the schema brought to SCHEMA_VERSION, one step per version (the row locked, so two
+        processes starting at once step it once)."""
         metadata.create_all(self.engine, checkfirst=True)
         with self._tx() as conn:
-            found = conn.execute(select(meta.c.value).where(meta.c.key == "schema")).scalar()
+            found = conn.execute(select(meta.c.value).where(meta.c.key == "schema").with_for_update()).scalar()
             if found is None:
                 conn.execute(insert(meta).values(key="schema", value=SCHEMA_VERSION))
-            elif found > SCHEMA_VERSION:
+                return
+            if found > SCHEMA_VERSION:
                 raise RuntimeError(f"the job store's schema is version {found}; this inferd knows up to "
                                    f"{SCHEMA_VERSION}: upgrade inferd")
+            if found < 2:  # 1 -> 2: batches.errors
+                kind = "TEXT" if self.sqlite else "JSON"
+                conn.exec_driver_sql(f"ALTER TABLE {batches.name} ADD COLUMN errors {kind}")
+            if found < SCHEMA_VERSION:
+                conn.execute(update(meta).where(meta.c.key == "schema").values(value=SCHEMA_VERSION))
 
     # -- files ---------------------------------------------------------------------------------------------
 
@@ -179,15 +196,29 @@ class Store:
             return conn.execute(select(batches.c.id).where(batches.c.input_file_id == file_id,
                                                            batches.c.status.in_(ACTIVE)).limit(1)).first() is not None
 
-    def delete_file(self, file_id: str, owner: str) -> bool:
+    def delete_file(self, file_id: str, owner: str) -> str:
+        """"deleted", "in_use" (a batch not yet final reads it: kept) or "missing", decided and done in one
+        transaction with the file's row locked, as ``add_batch`` locks it: a batch made from the file at the same
+        time either sees it gone or keeps it."""
         with self._tx() as conn:
-            return conn.execute(delete(files).where(files.c.id == file_id, files.c.owner == owner)).rowcount == 1
+            if conn.execute(select(files.c.id).where(files.c.id == file_id, files.c.owner == owner)
+                            .with_for_update()).first() is None:
+                return "missing"
+            if conn.execute(select(batches.c.id).where(batches.c.input_file_id == file_id,
+                                                       batches.c.status.in_(ACTIVE)).limit(1)).first() is not None:
+                return "in_use"
+            conn.execute(delete(files).where(files.c.id == file_id, files.c.owner == owner))
+        return "deleted"
 
     # -- batches -------------------------------------------------------------------------------------------
 
     def add_batch(self, row: dict[str, Any], spans: Sequence[tuple[int, int, int]]) -> None:
-        """A batch and its chunks (``spans``: start byte, stop byte, first line), in one transaction."""
+        """A batch and its chunks (``spans``: start byte, stop byte, first line), in one transaction; FileGone when
+        its input file's row is gone (deleted since it was read: ``delete_file``)."""
         with self._tx() as conn:
+            if conn.execute(select(files.c.id).where(files.c.id == row["input_file_id"], files.c.owner == row["owner"])
+                            .with_for_update()).first() is None:
+                raise FileGone(row["input_file_id"])
             conn.execute(insert(batches).values(**row))
             if spans:
                 conn.execute(insert(chunks), [{"batch_id": row["id"], "seq": i, "start": a, "stop": b,
@@ -245,7 +276,7 @@ class Store:
         """The next chunk to run (the oldest running batch's first pending one, or one whose lease ran out)."""
         now = time.time()
         query = (select(chunks).join(batches, batches.c.id == chunks.c.batch_id)
-                 .where(batches.c.status == "in_progress",
+                 .where(batches.c.status == "in_progress", batches.c.expires_at >= now,
                         or_(chunks.c.state == "pending", and_(chunks.c.state == "running", chunks.c.lease_until < now)))
                  .order_by(batches.c.n, chunks.c.seq).limit(1).with_for_update(skip_locked=True, of=chunks))
         with self._tx() as conn:
@@ -271,17 +302,31 @@ class Store:
 
     def commit_chunk(self, batch_id: str, seq: int, worker: str, result: str, ok: int, failed: int) -> bool:
         """The chunk done with its result files and counts, and the batch's progress, at once; False (nothing
-        changed) when the lease is no longer this worker's: another took the chunk."""
-        with self._tx() as conn:
-            done = conn.execute(update(chunks).where(
-                chunks.c.batch_id == batch_id, chunks.c.seq == seq, chunks.c.state == "running",
-                chunks.c.lease_owner == worker).values(state="done", result=result, ok=ok, failed=failed,
-                                                       lease_owner=None, lease_until=None)).rowcount
-            if done != 1:
-                return False
-            conn.execute(update(batches).where(batches.c.id == batch_id).values(
-                completed=batches.c.completed + ok, failed=batches.c.failed + failed))
+        changed) when the lease is no longer this worker's (another took the chunk) or the batch is final already
+        (finished as cancelled, expired or failed while the chunk ran: its output is made)."""
+        try:
+            with self._tx() as conn:
+                done = conn.execute(update(chunks).where(
+                    chunks.c.batch_id == batch_id, chunks.c.seq == seq, chunks.c.state == "running",
+                    chunks.c.lease_owner == worker).values(state="done", result=result, ok=ok, failed=failed,
+                                                           lease_owner=None, lease_until=None)).rowcount
+                if done != 1:
+                    return False
+                counted = conn.execute(update(batches).where(batches.c.id == batch_id,
+                                                             batches.c.status.in_(ACTIVE)).values(
+                    completed=batches.c.completed + ok, failed=batches.c.failed + failed)).rowcount
+                if counted != 1:
+                    raise _Undo
+        except _Undo:
+            return False
         return True
+
+    def undone(self, batch_id: str) -> list[tuple[int, int, int]]:
+        """The spans (start byte, stop byte, first line) of the batch's chunks not done, in order."""
+        with self.engine.connect() as conn:
+            return [(a, b, first) for (a, b, first) in conn.execute(
+                select(chunks.c.start, chunks.c.stop, chunks.c.first_line).where(
+                    chunks.c.batch_id == batch_id, chunks.c.state != "done").order_by(chunks.c.seq))]
 
     def release_chunk(self, batch_id: str, seq: int, worker: str) -> None:
         """A chunk its worker could not finish (stopping, or an error) back to pending, for anyone."""
@@ -303,26 +348,39 @@ class Store:
         with self.engine.connect() as conn:
             open_chunks = select(chunks.c.batch_id).where(chunks.c.state != "done")
             live = select(chunks.c.batch_id).where(chunks.c.state == "running", chunks.c.lease_until >= now)
+            # Past its window, a batch is claimed no further (``claim``) and finished once its chunks running end.
             query = select(batches).where(or_(
                 and_(batches.c.status.in_(("in_progress", "finalizing")), batches.c.id.not_in(open_chunks)),
                 and_(batches.c.status == "cancelling", batches.c.id.not_in(live)),
-                and_(batches.c.status == "in_progress", batches.c.expires_at < now)))
+                and_(batches.c.status == "in_progress", batches.c.expires_at < now, batches.c.id.not_in(live))))
             return [dict(r) for r in conn.execute(query).mappings()]
 
-    def finish(self, batch_id: str, status: str, output: dict | None, errors: dict | None) -> bool:
-        """The batch's final state, with its output and error files' rows, at once (if no one finished it first)."""
-        with self._tx() as conn:
-            values: dict[str, Any] = {"status": status, f"{status}_at": time.time()}
-            for key, row in (("output_file_id", output), ("error_file_id", errors)):
-                if row is not None:
-                    values[key] = row["id"]
-            changed = conn.execute(update(batches).where(batches.c.id == batch_id, batches.c.status.in_(ACTIVE))
-                                   .values(**values)).rowcount
-            if changed != 1:
-                return False
-            for row in (output, errors):
-                if row is not None:
-                    conn.execute(insert(files).values(**row))
+    def finish(self, batch_id: str, status: str, output: dict | None, errors: dict | None,
+               results: Sequence[str], unrun: int = 0) -> bool:
+        """The batch's final state, with its output and error files' rows, at once, if no one finished it first and
+        its committed chunks are still ``results`` (those the files were made of: a late commit makes them stale,
+        and the batch is finished again from the new ones); ``unrun``: lines that never ran, counted failed."""
+        try:
+            with self._tx() as conn:
+                values: dict[str, Any] = {"status": status, f"{status}_at": time.time()}
+                for key, row in (("output_file_id", output), ("error_file_id", errors)):
+                    if row is not None:
+                        values[key] = row["id"]
+                if unrun:
+                    values["failed"] = batches.c.failed + unrun
+                changed = conn.execute(update(batches).where(batches.c.id == batch_id,
+                                                             batches.c.status.in_(ACTIVE)).values(**values)).rowcount
+                if changed != 1:
+                    return False
+                now = [r for (r,) in conn.execute(select(chunks.c.result).where(
+                    chunks.c.batch_id == batch_id, chunks.c.state == "done").order_by(chunks.c.seq))]
+                if now != list(results):
+                    raise _Undo
+                for row in (output, errors):
+                    if row is not None:
+                        conn.execute(insert(files).values(**row))
+        except _Undo:
+            return False
         return True
 
     # -- expiry --------------------------------------------------------------------------------------------
