@@ -79,8 +79,11 @@ def test_a_tenant_cannot_read_cancel_or_list_another_s_files_or_jobs(server: Ser
         assert stolen.status_code == 404 and stolen.json()["error"]["code"] == "file_not_found"
         assert file_id not in [f["id"] for f in bob.get("/v1/files").json()["data"]]
         assert batch_id not in [b["id"] for b in bob.get("/v1/batches").json()["data"]]
-        # Paging from another tenant's id leaks nothing either.
-        assert bob.get("/v1/batches", params={"after": batch_id}).json()["data"] == []
+        # Paging from another tenant's id leaks nothing either: as an id that names nothing.
+        for after in (batch_id, "batch_none"):
+            paged = bob.get("/v1/batches", params={"after": after})
+            assert paged.status_code == 400 and paged.json()["error"]["message"] == (
+                f"after {after!r} names no object of yours (deleted since the last page?)")
         assert httpx.get(server.url + "/v1/files", timeout=10).status_code == 401  # and no key, no files
         batch = wait_final(alice, batch_id)
         assert batch["status"] == "completed" and batch["request_counts"]["completed"] == 20

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import httpx
 import numpy as np
 import openai
 import pytest
@@ -21,6 +22,7 @@ from tinymodel import write_tiny_bert
 
 CHUNK = 256
 MAX_LINE = 4096
+MAX_FILE = 4 * 1024 * 1024
 
 
 @pytest.fixture(scope="module")
@@ -28,7 +30,8 @@ def server(tmp_path_factory: pytest.TempPathFactory, module_serve: Callable[...,
     model = write_tiny_bert(tmp_path_factory.mktemp("batch-model") / "bert", seed=11)
     return module_serve({"INFERD__MODEL__PATH": str(model), "INFERD__MODEL__LOAD_MODE": "eager",
                          "INFERD__CACHE__MAX_ENTRIES": "0", "INFERD__SERVER__ACCESS_LOG": "false",
-                         "INFERD__JOBS__CHUNK_SIZE": str(CHUNK), "INFERD__JOBS__MAX_LINE_BYTES": str(MAX_LINE)},
+                         "INFERD__JOBS__CHUNK_SIZE": str(CHUNK), "INFERD__JOBS__MAX_LINE_BYTES": str(MAX_LINE),
+                         "INFERD__JOBS__MAX_FILE_BYTES": str(MAX_FILE)},
                         wait="/health/ready")
 
 
@@ -187,6 +190,42 @@ def test_the_files_routes(server: Server, tmp_path: Path) -> None:
         assert client.delete(f"/v1/files/{sent['id']}").json() == {"id": sent["id"], "object": "file", "deleted": True}
         assert client.get(f"/v1/files/{sent['id']}").status_code == 404
         assert client.get(f"/v1/files/{sent['id']}/content").status_code == 404
+
+
+def test_the_files_options_the_openai_client_sends(server: Server) -> None:
+    """expires_after, order and filenames as the openai client sends them; a cursor that names nothing; a file over
+    jobs.max_file_bytes refused by that setting's name; metadata within OpenAI's bounds."""
+    sdk = openai.OpenAI(base_url=server.url + "/v1", api_key="unused")
+    data = jsonl(embedding_lines(2, "o"))
+    kept = sdk.files.create(file=("a\"b.jsonl", data), purpose="batch",
+                            expires_after={"anchor": "created_at", "seconds": 3600})
+    assert kept.filename == 'a"b.jsonl' and kept.expires_at - kept.created_at == 3600
+    made = [kept.id, *(sdk.files.create(file=(f"{i}.jsonl", data), purpose="batch").id for i in range(2))]
+    oldest_first = [f.id for f in sdk.files.list(order="asc", limit=100) if f.id in made]
+    assert oldest_first == made
+    page = sdk.files.list(order="asc", limit=1, after=made[0])
+    assert [f.id for f in page.data] == [made[1]]
+    with server.client() as client:
+        bad_window = upload_with(client, data, {"expires_after[anchor]": "created_at", "expires_after[seconds]": "60"})
+        assert bad_window.status_code == 400 and bad_window.json()["error"]["param"] == "expires_after.seconds"
+        unnamed = client.post("/v1/files", files={"file": (None, data, "application/jsonl")},
+                              data={"purpose": "batch"})
+        assert unnamed.status_code == 200 and unnamed.json()["filename"] == "file", unnamed.text
+        too_big = upload(client, b"{}\n" * (MAX_FILE // 3 + 1))
+        assert too_big.status_code == 413 and too_big.json()["error"]["code"] == "file_too_large", too_big.text
+        assert "jobs.max_file_bytes" in too_big.json()["error"]["message"]
+        client.delete(f"/v1/files/{made[0]}")
+        lost = client.get("/v1/files", params={"after": made[0]})  # a client paging past a deleted file
+        assert lost.status_code == 400 and lost.json()["error"]["code"] == "invalid_cursor", lost.text
+        assert client.get("/v1/batches", params={"after": "batch_none"}).json()["error"]["code"] == "invalid_cursor"
+        for metadata in ({"k" * 65: "v"}, {"k": "v" * 513}):
+            refused = client.post("/v1/batches", json={"input_file_id": made[1], "endpoint": "/v1/embeddings",
+                                                       "completion_window": "24h", "metadata": metadata})
+            assert refused.status_code == 422 and refused.json()["error"]["param"].startswith("metadata"), refused.text
+
+
+def upload_with(client: httpx.Client, data: bytes, fields: dict[str, str]) -> httpx.Response:
+    return client.post("/v1/files", files={"file": ("in.jsonl", data)}, data={"purpose": "batch", **fields})
 
 
 def test_batches_are_listed_newest_first_in_pages(server: Server) -> None:

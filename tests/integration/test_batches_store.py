@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from inferd.jobs.store import SCHEMA_VERSION, FileGone, Store
+from inferd.jobs.store import SCHEMA_VERSION, FileGone, Store, UnknownCursor
 
 
 def _file(store: Store, owner: str = "", file_id: str = "file-x") -> None:
@@ -90,7 +90,8 @@ def test_owners_see_only_their_own_and_old_rows_expire(stores: tuple[Store, Stor
     one.add_batch({**_batch("theirs", owner="bob"), "input_file_id": "file-y"}, [])
     assert one.batch("mine", "bob") is None and one.batch("mine", "alice") is not None
     assert [b["id"] for b in one.batches("bob", None, 10)[0]] == ["theirs"]
-    assert one.batches("bob", "mine", 10) == ([], False)  # a cursor of another's id finds nothing
+    with pytest.raises(UnknownCursor):  # a cursor of another's id names nothing of bob's
+        one.batches("bob", "mine", 10)
     files, batches = one.old(time.time() + 1)
     assert batches == ["mine"]  # only a finished one
     one.forget(files, batches)

@@ -184,7 +184,10 @@ def create_app(settings: Settings, loader: Callable[[ModelSpec], Handler] = load
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.limits.max_body_bytes,
                        larger={**dict.fromkeys(DOCUMENT_PATHS, max(settings.limits.max_document_body_bytes,
                                                                    settings.limits.max_body_bytes)),
-                               "/v1/files": max(settings.jobs.max_file_bytes, settings.limits.max_body_bytes)})
+                               # The file and the form around it: the route refuses a file over max_file_bytes
+                               # by that setting's name, which this bound alone could not (it counts the form too).
+                               "/v1/files": max(settings.jobs.max_file_bytes + 65536,
+                                                settings.limits.max_body_bytes)})
     app.add_middleware(RequestContextMiddleware, metrics=metrics, paths=route_paths(settings),
                        access=settings.server.access_log)
     return app

@@ -12,7 +12,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Literal
 
 from fastapi import APIRouter, Depends, Query, Request
 from starlette.responses import Response
@@ -26,6 +27,7 @@ from inferd.core.tenants import current_tenant
 from inferd.jobs.files import new_id
 from inferd.jobs.lines import FileRefused, check_file
 from inferd.jobs.runner import JobRunner
+from inferd.jobs.store import UnknownCursor
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +65,18 @@ def file_object(row: dict[str, Any]) -> dict[str, Any]:
             "expires_at": int(row["expires_at"]) if row["expires_at"] else None, "status_details": None}
 
 
+async def paged(after: str | None, listing: Callable[..., tuple[list[dict], bool]],
+                *args: Any) -> tuple[list[dict], bool]:
+    """A page of the store's ``listing`` (called with ``args``) after ``after``; a cursor that names none of the
+    caller's objects (deleted, or never theirs) is a 400: an empty page would end a client's paging early without a
+    word."""
+    try:
+        return await asyncio.to_thread(listing, *args)
+    except UnknownCursor:
+        raise APIError(400, f"after {after!r} names no object of yours (deleted since the last page?)",
+                       "invalid_cursor", "after") from None
+
+
 async def owned_file(request: Request, file_id: str) -> dict[str, Any]:
     row = await asyncio.to_thread(runner(request).store().file, file_id, owner())
     if row is None:
@@ -79,9 +93,13 @@ async def upload(request: Request) -> Response:
     if purpose is None or purpose.data.decode("utf-8", "replace") not in PURPOSES:
         raise APIError(400, f"purpose must be one of {list(PURPOSES)}", "invalid_purpose", "purpose")
     sent = form.get("file")
-    if sent is None or sent.filename is None:
+    if sent is None:
         raise APIError(400, "no file part: send the file as the multipart field 'file'", "missing_file", "file")
     settings = jobs.settings
+    if len(sent.data) > settings.max_file_bytes:
+        raise APIError(413, f"the file is {len(sent.data)} bytes; at most {settings.max_file_bytes} "
+                       "(jobs.max_file_bytes)", "file_too_large", "file")
+    lifetime = _lifetime(form, settings.expiry_s)
     try:
         lines = await asyncio.to_thread(check_file, sent.data, settings.max_line_bytes)
     except FileRefused as exc:
@@ -91,18 +109,34 @@ async def upload(request: Request) -> Response:
                        "too_many_lines", "file")
     file_id = new_id("file-")
     now = time.time()
-    row = {"id": file_id, "owner": owner(), "purpose": "batch", "filename": sent.filename[:512],
-           "bytes": len(sent.data), "lines": lines, "created_at": now, "expires_at": now + settings.expiry_s}
+    row = {"id": file_id, "owner": owner(), "purpose": "batch", "filename": (sent.filename or "file")[:512],
+           "bytes": len(sent.data), "lines": lines, "created_at": now, "expires_at": now + lifetime}
     await asyncio.to_thread(jobs.files.write, file_id, sent.data)  # on disk before any row names it
     await asyncio.to_thread(jobs.store().add_file, row)
     log.info("file %s: uploaded (%d lines, %d bytes)", file_id, lines, len(sent.data), extra={"file": file_id})
     return json_response(file_object(row))
 
 
+def _lifetime(form: dict[str, uploads.Part], default: float) -> float:
+    """Seconds the file is kept: OpenAI's ``expires_after`` (anchor ``created_at``, 1 hour to 30 days, as the
+    openai client sends it: ``expires_after[anchor]``, ``expires_after[seconds]``) up to ``jobs.expiry_s`` (every
+    file's bound), else ``jobs.expiry_s``."""
+    anchor, seconds = form.get("expires_after[anchor]"), form.get("expires_after[seconds]")
+    if anchor is None and seconds is None:
+        return default
+    if anchor is None or anchor.data != b"created_at":
+        raise APIError(400, "expires_after.anchor must be 'created_at'", "invalid_value", "expires_after.anchor")
+    text = b"" if seconds is None else seconds.data.strip()
+    if not text.isdigit() or not 3600 <= int(text) <= 30 * 86400:
+        raise APIError(400, "expires_after.seconds must be a whole number of seconds from 3600 (1 hour) to 2592000 "
+                       "(30 days)", "invalid_value", "expires_after.seconds")
+    return min(float(int(text)), default)
+
+
 @files_router.get("/v1/files", responses=responses(_OBJECT, *_ERRORS))
 async def list_files(request: Request, after: str | None = None, limit: int = Query(100, ge=1, le=10_000),
-                     purpose: str | None = None) -> Response:
-    rows, more = await asyncio.to_thread(runner(request).store().files, owner(), purpose, after, limit)
+                     purpose: str | None = None, order: Literal["asc", "desc"] = "desc") -> Response:
+    rows, more = await paged(after, runner(request).store().files, owner(), purpose, after, limit, order == "asc")
     data = [file_object(r) for r in rows]
     return json_response({"object": "list", "data": data, "has_more": more,
                           "first_id": data[0]["id"] if data else None, "last_id": data[-1]["id"] if data else None})

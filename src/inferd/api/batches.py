@@ -13,14 +13,14 @@ import asyncio
 import logging
 import re
 import time
-from typing import Any
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query, Request
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 from starlette.responses import Response
 
 from inferd.api.answers import raw_body, responses
-from inferd.api.batch_files import owned_file, owner, runner
+from inferd.api.batch_files import owned_file, owner, paged, runner
 from inferd.api.bodies import json_response, read_body
 from inferd.api.errors import APIError
 from inferd.api.schemas import request_body
@@ -48,7 +48,9 @@ class BatchRequest(BaseModel):
     endpoint: str = Field(min_length=1, max_length=64)
     completion_window: str = Field("24h", description="Hours, as '24h' (OpenAI's only value); past it, a batch "
                                    "not done is expired with what it has done")
-    metadata: dict[str, str] | None = Field(None, max_length=16)
+    # OpenAI's bounds: 16 pairs, keys of 64 characters at most, values of 512.
+    metadata: dict[Annotated[str, StringConstraints(max_length=64)],
+                   Annotated[str, StringConstraints(max_length=512)]] | None = Field(None, max_length=16)
     # The openai client's; output files here expire with jobs.expiry_s.
     output_expires_after: dict[str, Any] | None = None
 
@@ -164,7 +166,7 @@ async def cancel_batch(request: Request, batch_id: str) -> Response:
 @batches_router.get("/v1/batches", responses=responses(_OBJECT, *_ERRORS))
 async def list_batches(request: Request, after: str | None = None,
                        limit: int = Query(20, ge=1, le=100)) -> Response:
-    rows, more = await asyncio.to_thread(runner(request).store().batches, owner(), after, limit)
+    rows, more = await paged(after, runner(request).store().batches, owner(), after, limit)
     data = [batch_object(r) for r in rows]
     return json_response({"object": "list", "data": data, "has_more": more,
                           "first_id": data[0]["id"] if data else None, "last_id": data[-1]["id"] if data else None})

@@ -8,10 +8,13 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from email.message import Message
+from email.utils import collapse_rfc2231_value
 
 from inferd.api.errors import APIError
 
 _BOUNDARY = re.compile(r"^[0-9A-Za-z'()+_,\-./:=? ]{1,70}$")
+# What browsers and httpx escape in a quoted filename (the HTML standard's multipart encoding): '"', CR and LF.
+_ESCAPED = {"%22": '"', "%0D": "\r", "%0A": "\n", "%0d": "\r", "%0a": "\n"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,8 +63,23 @@ def parts(body: bytes, content_type: str) -> dict[str, Part]:
             raise _bad("a part of the multipart/form-data body has no Content-Disposition")
         header = _params(f"form-data; {disposition.partition(';')[2]}")
         name = header.get_param("name", header="content-type")
-        filename = header.get_param("filename", header="content-type")
         if not isinstance(name, str):
             raise _bad("a part of the multipart/form-data body has no name")
-        found.setdefault(name, Part(name, filename if isinstance(filename, str) else None, data))
+        found.setdefault(name, Part(name, filename_of(header), data))
     return found
+
+
+def filename_of(header: Message) -> str | None:
+    """A part's filename: RFC 5987's ``filename*`` first (UTF-8, percent-encoded), else ``filename`` with the HTML
+    standard's escapes undone; None when neither is given or it is empty."""
+    extended = header.get_param("filename*", header="content-type")
+    if extended is not None:
+        value = collapse_rfc2231_value(extended) if isinstance(extended, tuple) else None
+        if value:
+            return value
+    plain = header.get_param("filename", header="content-type")
+    if isinstance(plain, tuple):  # RFC 2231 continuations
+        plain = collapse_rfc2231_value(plain)
+    if not isinstance(plain, str) or not plain:
+        return None
+    return re.sub(r"%(22|0[DdAa])", lambda m: _ESCAPED[m.group(0)], plain)

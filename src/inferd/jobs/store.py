@@ -117,6 +117,10 @@ class Claim:
     lease_until: float
 
 
+class UnknownCursor(LookupError):
+    """A page asked for after an id that names none of the owner's rows."""
+
+
 class _Undo(Exception):
     """Raised inside a transaction to roll it back."""
 
@@ -184,11 +188,12 @@ class Store:
             found = conn.execute(select(files).where(files.c.id == file_id, files.c.owner == owner)).mappings().first()
         return dict(found) if found else None
 
-    def files(self, owner: str, purpose: str | None, after: str | None, limit: int) -> tuple[list[dict], bool]:
+    def files(self, owner: str, purpose: str | None, after: str | None, limit: int,
+              ascending: bool = False) -> tuple[list[dict], bool]:
         query = select(files).where(files.c.owner == owner)
         if purpose:
             query = query.where(files.c.purpose == purpose)
-        return self._page(files, query, owner, after, limit)
+        return self._page(files, query, owner, after, limit, ascending)
 
     def in_use(self, file_id: str) -> bool:
         """Whether a batch not yet final reads this file."""
@@ -237,15 +242,18 @@ class Store:
     def batches(self, owner: str, after: str | None, limit: int) -> tuple[list[dict], bool]:
         return self._page(batches, select(batches).where(batches.c.owner == owner), owner, after, limit)
 
-    def _page(self, table: Table, query: Any, owner: str, after: str | None, limit: int) -> tuple[list[dict], bool]:
-        """Newest first; ``after`` an id of the owner's: those older than it; has_more: a further page exists."""
+    def _page(self, table: Table, query: Any, owner: str, after: str | None, limit: int,
+              ascending: bool = False) -> tuple[list[dict], bool]:
+        """Newest first (``ascending``: oldest first); ``after`` an id of the owner's: those past it in that order
+        (UnknownCursor when it names none of the owner's); has_more: a further page exists."""
         with self.engine.connect() as conn:
             if after:
                 n = conn.execute(select(table.c.n).where(table.c.id == after, table.c.owner == owner)).scalar()
                 if n is None:
-                    return [], False
-                query = query.where(table.c.n < n)
-            rows = [dict(r) for r in conn.execute(query.order_by(table.c.n.desc()).limit(limit + 1)).mappings()]
+                    raise UnknownCursor(after)
+                query = query.where(table.c.n > n if ascending else table.c.n < n)
+            order = table.c.n.asc() if ascending else table.c.n.desc()
+            rows = [dict(r) for r in conn.execute(query.order_by(order).limit(limit + 1)).mappings()]
         return rows[:limit], len(rows) > limit
 
     def set_status(self, batch_id: str, status: str, owner: str | None = None,
@@ -386,11 +394,13 @@ class Store:
     # -- expiry --------------------------------------------------------------------------------------------
 
     def old(self, before: float) -> tuple[list[str], list[str]]:
-        """Files created before ``before`` (but a running batch's input), and final batches created before it."""
+        """Files past their ``expires_at`` or created before ``before`` (``jobs.expiry_s`` ago: lowering it applies
+        to the files kept already), but a running batch's input; and final batches created before ``before``."""
+        now = time.time()
         with self.engine.connect() as conn:
             in_use = select(batches.c.input_file_id).where(batches.c.status.in_(ACTIVE))
-            old_files = [f for (f,) in conn.execute(select(files.c.id).where(files.c.created_at < before,
-                                                                             files.c.id.not_in(in_use)))]
+            due = or_(files.c.expires_at < now, files.c.created_at < before)
+            old_files = [f for (f,) in conn.execute(select(files.c.id).where(due, files.c.id.not_in(in_use)))]
             old_batches = [b for (b,) in conn.execute(select(batches.c.id).where(
                 batches.c.status.in_(FINAL), batches.c.created_at < before))]
         return old_files, old_batches
