@@ -6,7 +6,8 @@ fail validation) get a clear error and touch no other job.
 And a job's lines run below online requests: queued behind a held worker, they let an online request that came
 after them run first. A job's lines do not take their owner's concurrency or request rate from its online requests;
 a tenant removed by a SIGHUP has its running job stopped (cancelled, with the reason in its ``errors`` and an error
-record for every line it never ran), not run as no one past its limits.
+record for every line it never ran), not run as no one past its limits; a job past its window ends expired with
+a record for every line too.
 
 One real server of the fake HashHandler (no model weights) with two tenants, ``alice`` and ``bob``.
 """
@@ -268,3 +269,28 @@ def test_a_removed_tenant_s_job_stops_with_its_reason_and_a_record_for_every_lin
     assert sorted(r["custom_id"] for r in out + errors) == sorted(["carol-job-hold", *(f"carol-job{i}"
                                                                                         for i in range(99))])
     assert {r["error"]["code"] for r in errors} == {"batch_cancelled"} and len(errors) == stopped["failed"]
+
+
+def test_a_job_past_its_window_ends_expired_with_a_record_for_every_line(limited_server: Server) -> None:
+    """Its window passes while a chunk runs: that chunk ends and counts, no other starts, and the lines never run
+    are each an error record (batch_expired, OpenAI's code), so the files hold every line once."""
+    server = limited_server
+    gate = Path(server.env["FAKE_GATE_DIR"]) / "late-job"
+    store = Store.at(Path(server.env["INFERD__JOBS__DATA_DIR"]), None)
+    try:
+        batch_id = _held_job(server, "dave", "late-job", 100)
+        with store.engine.begin() as conn:  # the 24 h window, over
+            conn.exec_driver_sql(f"UPDATE inferd_batches SET expires_at = 1 WHERE id = '{batch_id}'")
+        gate.touch()
+        with server.client(headers={"Authorization": f"Bearer {LIMITED['dave']}"}) as dave:
+            batch = wait_final(dave, batch_id)
+            out, errors = records(dave, batch["output_file_id"]), records(dave, batch["error_file_id"])
+    finally:
+        gate.touch()
+        store.close()
+    counts = batch["request_counts"]
+    assert batch["status"] == "expired" and batch["expired_at"] is not None, batch
+    assert counts["completed"] == len(out) >= 1 and counts["completed"] + counts["failed"] == 100 == len(out + errors)
+    expected = ["late-job-hold", *(f"late-job{i}" for i in range(99))]
+    assert sorted(r["custom_id"] for r in out + errors) == sorted(expected)
+    assert {r["error"]["code"] for r in errors} == {"batch_expired"}
