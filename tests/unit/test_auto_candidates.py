@@ -1,12 +1,19 @@
-"""backend auto's choice without a model: which candidates a machine offers and why the others are not tried, and the
-judge's walk over them (refused, busy, passed, what is left) against a fake switch."""
+"""backend auto's choice without a model: which candidates a machine offers and why the others are not tried, the
+judge's walk over them (refused, busy, passed, what is left) against a fake switch, and the choice a warm start
+adopts (kept per device, and only while its cache entry is whole)."""
 
 from __future__ import annotations
 
+import json
+import logging
+from pathlib import Path
+
 import pytest
 
-from inferd.core.backends.auto import AutoUpgrade, ModelChangeBusy, candidates
+from inferd.core.backends import factory
+from inferd.core.backends.auto import AutoUpgrade, ModelChangeBusy, candidates, remember, remembered
 from inferd.core.backends.gate_verdict import LESS_PRECISE, WRONG_GRAPH
+from inferd.core.spec import ModelSpec
 
 AMX = {"avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_int8", "avx512_vnni"}
 ZEN3 = {"avx2"}
@@ -103,3 +110,32 @@ def test_mixed_refused_as_less_precise_settles_plain_bf16_without_judging_it(cau
     else:
         assert states["openvino-bfloat16"] == (
             "skipped", f"openvino-mixed was refused as {LESS_PRECISE}; plain bf16 rounds what it rounds and more")
+
+
+def whole_entry(folder: Path) -> Path:
+    """A cache entry as factory.build leaves it: a graph file and a meta.json recording it."""
+    folder.mkdir(parents=True)
+    (folder / "model.bin").write_bytes(bytes(range(256)) * 64)
+    meta = {"format": factory.FORMAT, "graph": "model.bin", "files": factory.manifest(folder)}
+    (folder / factory.META).write_text(json.dumps(meta))
+    return folder
+
+
+def test_a_remembered_choice_whose_entry_is_damaged_is_not_adopted(tmp_path: Path,
+                                                                   caplog: pytest.LogCaptureFixture) -> None:
+    """A warm start would load the damaged graph in the foreground: it starts on torch instead, and the judging
+    builds the entry again."""
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text("{}")
+    spec = ModelSpec(tmp_path / "model", "1", backend="auto", device="cpu", cache_dir=str(tmp_path / "cache"))
+    entry = whole_entry(tmp_path / "cache" / "embedding-openvino-none-float32-x")
+    remember(spec, "openvino-float32", str(entry))
+    assert remembered(spec) == "openvino-float32"
+    data = bytearray((entry / "model.bin").read_bytes())
+    data[100] ^= 0xFF  # same size, one byte other
+    (entry / "model.bin").write_bytes(data)
+    with caplog.at_level(logging.WARNING, logger="inferd.core.backends.auto"):
+        assert remembered(spec) is None
+    assert f"its cache entry {entry} is broken (model.bin is not the file written" in caplog.text
+    (entry / factory.META).write_text('{"format": ')  # cut short
+    assert remembered(spec) is None
