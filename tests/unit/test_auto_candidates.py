@@ -6,14 +6,16 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 from pathlib import Path
 
 import pytest
 
 from inferd.core.backends import factory
-from inferd.core.backends.auto import AutoUpgrade, ModelChangeBusy, candidates, remember, remembered
+from inferd.core.backends.auto import ALL, AutoUpgrade, ModelChangeBusy, candidates, remember, remembered
 from inferd.core.backends.gate_verdict import LESS_PRECISE, WRONG_GRAPH
 from inferd.core.spec import ModelSpec
+from inferd.settings import AUTO_CANDIDATES
 
 AMX = {"avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_int8", "avx512_vnni"}
 ZEN3 = {"avx2"}
@@ -110,6 +112,32 @@ def test_mixed_refused_as_less_precise_settles_plain_bf16_without_judging_it(cau
     else:
         assert states["openvino-bfloat16"] == (
             "skipped", f"openvino-mixed was refused as {LESS_PRECISE}; plain bf16 rounds what it rounds and more")
+
+
+def test_the_candidates_settings_accept_are_the_ones_auto_knows() -> None:
+    assert tuple(c.name for c in ALL) == AUTO_CANDIDATES
+
+
+def test_a_judging_that_cannot_start_or_fails_midway_is_logged_not_lost(caplog: pytest.LogCaptureFixture) -> None:
+    """``start`` runs in the first load's thread, under a task nobody awaits, and the judging in a thread of its own:
+    an exception of either would vanish (or reach stderr only) while torch serves on without a word."""
+    unknown = AutoUpgrade(wanted=("openvino-foo",), flags=AMX, openvino_installed=True)
+    with caplog.at_level(logging.ERROR, logger="inferd.core.backends.auto"):
+        unknown.start("torch-float32", lambda runtime: pytest.fail("judged an unknown candidate"))
+    assert "model.auto_candidates ['openvino-foo']" in caplog.text
+    assert unknown.describe()["state"] == "done" and unknown.describe()["serving"] == "torch-float32"
+
+    def listener(verdicts: list) -> None:
+        if threading.current_thread().name == "inferd-auto":
+            raise RuntimeError("the metrics broke")
+
+    broken = AutoUpgrade(flags=ZEN3, on_verdict=listener, openvino_installed=True)
+    caplog.clear()
+    with caplog.at_level(logging.ERROR, logger="inferd.core.backends.auto"):
+        broken.start("torch-float32", lambda runtime: None)
+        assert broken.wait(30)
+    assert "the judging stopped on an error" in caplog.text and "the metrics broke" in caplog.text
+    assert broken.describe()["serving"] == "torch-float32"
 
 
 def whole_entry(folder: Path) -> Path:

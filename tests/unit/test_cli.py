@@ -198,3 +198,15 @@ def test_check_config_redacts_every_tenant_s_keys() -> None:
     settings = Settings.model_validate({"server": {"tenants": [{"name": "a", "keys": ["sk-tenant-a", "sk-a2"]}]}})
     data = cli.redacted(settings)
     assert data["server"]["tenants"][0]["keys"] == ["***", "***"] and "sk-tenant" not in str(data)
+
+
+def test_an_unknown_auto_candidate_is_refused_with_the_configuration(
+        ran: list[Settings], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Refused at start, as any bad key is: the background judging, where it was found before, lost it, and the
+    server stayed on torch without a word."""
+    monkeypatch.setenv("INFERD__MODEL__AUTO_CANDIDATES", "[openvino-foo]")
+    assert cli.main(["check-config"]) == 2
+    assert cli.main(["serve", "--backend", "auto"]) == 2 and ran == []
+    err = capsys.readouterr().err
+    assert "model.auto_candidates" in err and "'openvino-float32'" in err
+    assert "env INFERD__MODEL__AUTO_CANDIDATES" in err

@@ -229,7 +229,16 @@ class AutoUpgrade:
         """Judge the candidates for the load now serving on ``serving`` (a runtime name; ``cuda``: on a GPU), in
         the background; ``switch`` replaces that load (and only it: a model changed since is not switched back)."""
         self.stop()
-        todo, skipped = candidates(self._flags, cuda, self._wanted, self._openvino)
+        try:
+            todo, skipped = candidates(self._flags, cuda, self._wanted, self._openvino)
+        except Exception:
+            # Called from the first load's thread, whose caller at start is a background task that nobody awaits:
+            # raised from here it would be lost, the model serving on torch without a word of why.
+            log.exception("backend auto: the candidates could not be chosen; %s keeps serving", serving)
+            with self._lock:
+                self.serving, self.state = serving, "done"
+                self.started_at = self.finished_at = time.monotonic()
+            return
         for c in [c for c in todo if c.name == serving]:  # torch float16 configured on a GPU: nothing to switch to
             todo.remove(c)
             skipped[c.name] = "serving already"
@@ -282,6 +291,16 @@ class AutoUpgrade:
         self._on_verdict(verdicts)
 
     def _run(self, todo: list[Candidate], switch: Switch, stop: threading.Event) -> None:
+        try:
+            self._judge(todo, switch, stop)
+        except Exception:
+            # A refusal is caught per candidate; this is anything else (a verdict's listener, a bug): a thread's
+            # exception goes to stderr, not the log, so it is logged here and the judging ends saying so.
+            log.exception("backend auto: the judging stopped on an error; %s keeps serving", self.serving)
+            with self._lock:  # not told: the listener may be what failed
+                self.state, self.finished_at = "done", time.monotonic()
+
+    def _judge(self, todo: list[Candidate], switch: Switch, stop: threading.Event) -> None:
         for candidate in todo:
             if stop.is_set():
                 return
