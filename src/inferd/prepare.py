@@ -22,7 +22,7 @@ import sys
 import time
 from typing import Any
 
-from inferd.core.backends.auto import candidates, follows_from, remember
+from inferd.core.backends.auto import candidates, device_type, follows_from, remember
 from inferd.core.backends.base import cpu_flags
 from inferd.core.errors import ModelLoadError
 from inferd.core.loading import load_handler
@@ -59,7 +59,7 @@ def prepare(settings: Settings) -> int:
         print(json.dumps({"ready": verdict["state"] == "passed", **verdict}, indent=2))
         return 0 if verdict["state"] == "passed" else 1
     try:
-        todo, skipped = candidates(cpu_flags(), spec.device.startswith("cuda"), settings.model.auto_candidates)
+        todo, skipped = candidates(cpu_flags(), device_type(spec) == "cuda", settings.model.auto_candidates)
     except ValueError as exc:
         print(f"inferd prepare: {exc}", file=sys.stderr)
         return 2

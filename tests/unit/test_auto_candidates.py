@@ -10,6 +10,7 @@ import threading
 from pathlib import Path
 
 import pytest
+import torch
 
 from inferd.core.backends import factory
 from inferd.core.backends.auto import ALL, AutoUpgrade, ModelChangeBusy, candidates, remember, remembered
@@ -167,3 +168,22 @@ def test_a_remembered_choice_whose_entry_is_damaged_is_not_adopted(tmp_path: Pat
     assert f"its cache entry {entry} is broken (model.bin is not the file written" in caplog.text
     (entry / factory.META).write_text('{"format": ')  # cut short
     assert remembered(spec) is None
+
+
+def test_the_remembered_choice_is_the_devices_own(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A GPU node sharing a cache prepared on a CPU one would otherwise start on the CPU's OpenVINO choice."""
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text("{}")
+
+    def spec(device: str) -> ModelSpec:
+        return ModelSpec(tmp_path / "model", "1", backend="auto", device=device, cache_dir=str(tmp_path / "cache"))
+
+    entry = whole_entry(tmp_path / "cache" / "embedding-openvino-none-float32-x")
+    remember(spec("cpu"), "openvino-float32", str(entry))
+    assert remembered(spec("cpu")) == "openvino-float32"
+    assert remembered(spec("cuda")) is None
+    # device auto is the device the load resolves it to.
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert remembered(spec("auto")) == "openvino-float32"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert remembered(spec("auto")) is None

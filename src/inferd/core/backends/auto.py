@@ -37,6 +37,8 @@ from importlib import util
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from inferd import __version__
 from inferd.core.backends.base import INT8_DOT_FLAGS, NATIVE_BF16_FLAGS, cpu_flags, kernel_flags
 from inferd.core.backends.factory import FORMAT, check_entry, default_cache_dir, folder_digest, versions
@@ -133,14 +135,24 @@ def by_name(name: str) -> Candidate:
     return next(c for c in ALL if c.name == name)
 
 
+def device_type(spec: ModelSpec) -> str:
+    """The kind of device the model's torch load runs on (``cuda``, ``cpu``, ``mps``): ``auto`` is CUDA where there
+    is one, as the load resolves it."""
+    if spec.device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return torch.device(spec.device).type
+
+
 # -- the remembered choice: a warm start loads the passed candidate at once, without torch first ------------------
 
 
 def _choice_file(spec: ModelSpec) -> Path:
     """Where the choice for this model, machine and settings is kept: keyed by all a verdict depends on (the model's
-    content, the CPU's kernel flags, inferd's and the runtimes' versions, the cache's format, the gate and the
-    candidates asked for)."""
-    key = {"format": FORMAT, "model": folder_digest(spec.path), "cpu": kernel_flags(cpu_flags()), "inferd": __version__,
+    content, the device the model runs on, the CPU's kernel flags, inferd's and the runtimes' versions, the cache's
+    format, the gate and the candidates asked for). The device: a GPU node sharing a cache prepared on a CPU one has
+    other candidates (torch float16, no OpenVINO), so it must not adopt the CPU's choice."""
+    key = {"format": FORMAT, "model": folder_digest(spec.path), "device": device_type(spec),
+           "cpu": kernel_flags(cpu_flags()), "inferd": __version__,
            "libraries": versions("openvino"), "gate": spec.gate.model_dump(),
            "candidates": list(spec.settings.auto_candidates), "max_seq_length": spec.max_seq_length,
            "task": spec.task, "pooling": spec.pooling, "calibration_file": spec.calibration_file}
