@@ -22,8 +22,11 @@ import sys
 import time
 from typing import Any
 
+import torch
+
 from inferd.core.backends.auto import candidates, device_type, follows_from, remember
-from inferd.core.backends.base import cpu_flags
+from inferd.core.backends.base import BackendError, cpu_flags, options_for
+from inferd.core.backends.factory import check_load
 from inferd.core.errors import ModelLoadError
 from inferd.core.loading import load_handler
 from inferd.core.spec import ModelSpec, spec_from_settings
@@ -47,8 +50,27 @@ def judge(spec: ModelSpec, runtime: dict[str, str]) -> dict[str, Any]:
             "cache_entry": info.get("cache_entry"), "gate": info.get("gate")}
 
 
+def refusal(spec: ModelSpec) -> str | None:
+    """Why the server's load would refuse these settings before loading anything (``check_load``), or None. The
+    device is the one that load resolves: a converted backend's ``auto`` is the CPU; torch's is CUDA where there is
+    one (not asked to be there: an init container may have no GPU its server will have)."""
+    if spec.device != "auto":
+        device = torch.device(spec.device)
+    else:
+        device = torch.device(device_type(spec) if spec.backend in ("torch", "auto") else "cpu")
+    try:
+        check_load(options_for(spec), device)
+    except BackendError as exc:
+        return str(exc)
+    return None
+
+
 def prepare(settings: Settings) -> int:
     spec = spec_from_settings(settings)
+    refused = refusal(spec)
+    if refused is not None:
+        print(f"inferd prepare: {refused}", file=sys.stderr)
+        return 2
     if settings.model.backend != "auto":
         runtime = {"backend": spec.backend, "dtype": spec.dtype, "quantize": spec.quantize}
         if spec.backend == "torch":

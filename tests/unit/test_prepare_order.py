@@ -38,3 +38,26 @@ def test_prepare_does_not_judge_plain_bf16_after_mixed_was_refused_as_less_preci
     assert out["serves"] == "openvino-float32-int8"
     assert out["candidates"]["openvino-bfloat16"]["state"] == "skipped"
     assert LESS_PRECISE in out["candidates"]["openvino-bfloat16"]["reason"]
+
+
+def auto_settings(**model: Any) -> Settings:
+    base = Settings()
+    return base.model_copy(update={"model": base.model.model_copy(update={"backend": "auto", "device": "cpu",
+                                                                          **model})})
+
+
+@pytest.mark.parametrize(("backend", "dtype", "quantize", "words"), [
+    ("openvino", "float16", "none", "model.dtype float16 is for CUDA"),
+    ("onnx", "mixed", "none", "model.dtype mixed (bf16, index arithmetic and attention in float32) is OpenVINO's"),
+    ("torch", "float32", "int8", "model.quantize int8 needs model.backend onnx or openvino"),
+])
+def test_prepare_refuses_what_the_servers_load_refuses_with_exit_2(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], backend: str, dtype: str, quantize: str,
+        words: str) -> None:
+    """A configuration the server refuses at load is a refused configuration (2), before anything loads: not a
+    failed export (1), nor a cache said to be ready for a server that will not start (0)."""
+    monkeypatch.setattr(prepare_module, "judge", lambda *a: pytest.fail("loaded a refused configuration"))
+    settings = auto_settings(backend=backend, dtype=dtype, quantize=quantize)
+    assert prepare_module.prepare(settings) == 2
+    said = capsys.readouterr()
+    assert said.out == "" and said.err.count("\n") == 1 and words in said.err

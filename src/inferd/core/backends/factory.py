@@ -382,11 +382,18 @@ def build(path: Path, entry: Path, key: dict[str, Any], options: BackendOptions,
     return meta
 
 
+def check_load(options: BackendOptions, device: torch.device) -> tuple[str, str]:
+    """What a load refuses before it loads anything (a combination that cannot work, a dtype the backend cannot run
+    there), raised as BackendError; else the dtype it runs at and why. ``inferd prepare`` and ``inferd export`` ask
+    it first, so a configuration the server would refuse exits 2 there too."""
+    check_options(options, device)
+    return resolve_dtype(options.dtype, options.backend, device, quantize=options.quantize)
+
+
 def open_backend(path: Path, options: BackendOptions, device: torch.device, probe: gate_inputs.GatedTask,
                  safetensors: bool = True) -> Runner:
     """The runner for this model and these options: torch eager, or a cached (exported once) graph."""
-    check_options(options, device)
-    dtype, why = resolve_dtype(options.dtype, options.backend, device, quantize=options.quantize)
+    dtype, why = check_load(options, device)
     threads = options.threads or torch.get_num_threads()
     if options.backend == "torch":
         model = task_model(path, safetensors, options.head, probe)
