@@ -20,6 +20,7 @@ from inferd.fleet import command as fleet_command
 from inferd.hosting import hosted
 from inferd.jobs import cli as jobs_cli
 from inferd.settings import Settings
+from inferd.utils.logger import configure_logging
 
 _SECRETS = ("admin_key", "api_keys", "metrics_key")
 
@@ -88,6 +89,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "check-config":
         print(yaml.safe_dump(redacted(settings), sort_keys=False), end="")
         return 0
+    if args.command in ("export", "prepare"):
+        # Their loads log what they do (an export, a broken cache entry built again) as the server's do.
+        configure_logging(settings.server.log_level, settings.server.log_format)
     if args.command == "export":
         return export(settings)
     if args.command == "prepare":

@@ -210,3 +210,13 @@ def test_an_unknown_auto_candidate_is_refused_with_the_configuration(
     err = capsys.readouterr().err
     assert "model.auto_candidates" in err and "'openvino-float32'" in err
     assert "env INFERD__MODEL__AUTO_CANDIDATES" in err
+
+
+@pytest.mark.parametrize("command", ["prepare", "export"])
+def test_prepare_and_export_log_as_their_flags_say(monkeypatch: pytest.MonkeyPatch, command: str) -> None:
+    configured: list[tuple[str, str]] = []
+    monkeypatch.setattr(cli, "configure_logging", lambda level, fmt: configured.append((level, fmt)))
+    monkeypatch.setattr("inferd.prepare.prepare", lambda settings: 0)
+    monkeypatch.setattr(cli, "export", lambda settings: 0)
+    assert cli.main([command, "--log-level", "DEBUG", "--log-format", "json"]) == 0
+    assert configured == [("DEBUG", "json")]

@@ -1,5 +1,6 @@
 """``inferd prepare``'s walk over backend auto's candidates, without a model: what a refusal settles for the candidates
-after it (the judge faked; tests/integration/test_prepare.py runs the real one)."""
+after it, where a failure stops it, and the configurations refused before any (the judge faked;
+tests/integration/test_prepare.py runs the real one)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pytest
 
 from inferd import prepare as prepare_module
 from inferd.core.backends.gate_verdict import LESS_PRECISE
+from inferd.core.spec import ModelSpec
 from inferd.settings import Settings
 
 AMX = {"avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_int8", "avx512_vnni"}
@@ -61,3 +63,38 @@ def test_prepare_refuses_what_the_servers_load_refuses_with_exit_2(
     assert prepare_module.prepare(settings) == 2
     said = capsys.readouterr()
     assert said.out == "" and said.err.count("\n") == 1 and words in said.err
+
+
+def test_prepare_stops_at_the_first_failure_that_is_not_the_gates_and_says_it_once(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """An unwritable cache folder or a missing model fails every candidate alike: said once, not once per candidate."""
+    judged: list[str] = []
+
+    def judge(spec: Any, runtime: dict[str, str]) -> dict[str, Any]:
+        judged.append(runtime["dtype"])
+        return {"state": "failed", "reason": "model.cache_dir /ro is not writable (Read-only file system)",
+                "seconds": 0.1}
+
+    monkeypatch.setattr(prepare_module, "judge", judge)
+    monkeypatch.setattr(prepare_module, "cpu_flags", lambda: AMX)
+    monkeypatch.setattr("inferd.core.backends.auto.util.find_spec", lambda name: object())
+    assert prepare_module.prepare(auto_settings()) == 1
+    said = capsys.readouterr()
+    out = json.loads(said.out)
+    assert judged == ["mixed"] and not out["ready"]
+    assert said.err.count("is not writable") == 1 and "openvino-mixed failed" in said.err
+    for name in ("openvino-bfloat16", "openvino-float32-int8", "openvino-float32"):
+        assert out["candidates"][name] == {"state": "skipped", "reason": "not judged: openvino-mixed failed first"}
+
+
+def test_a_candidate_whose_load_raises_anything_is_one_failed_verdict(monkeypatch: pytest.MonkeyPatch) -> None:
+    """OpenVINO raises RuntimeError on a damaged graph: a verdict of that candidate, in one line, not a traceback."""
+    def load(spec: Any) -> None:
+        raise RuntimeError("Exception from src/core/src/runtime/ov_tensor.cpp: Incorrect weights in bin file!")
+
+    monkeypatch.setattr(prepare_module, "load_handler", load)
+    spec = ModelSpec(Path("/m"), "1", backend="auto", device="cpu")
+    verdict = prepare_module.judge(spec, {"backend": "openvino", "dtype": "mixed", "quantize": "none"})
+    assert verdict["state"] == "failed"
+    assert verdict["reason"] == ("RuntimeError: Exception from src/core/src/runtime/ov_tensor.cpp: Incorrect weights "
+                                 "in bin file!")
