@@ -20,6 +20,7 @@ from inferd.fleet import command as fleet_command
 from inferd.hosting import hosted
 from inferd.jobs import cli as jobs_cli
 from inferd.settings import Settings
+from inferd.utils.logger import configure_logging
 
 _SECRETS = ("admin_key", "api_keys", "metrics_key")
 
@@ -88,6 +89,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "check-config":
         print(yaml.safe_dump(redacted(settings), sort_keys=False), end="")
         return 0
+    if args.command in ("export", "prepare"):
+        # Their loads log what they do (an export, a broken cache entry built again) as the server's do.
+        configure_logging(settings.server.log_level, settings.server.log_format)
     if args.command == "export":
         return export(settings)
     if args.command == "prepare":
@@ -103,7 +107,8 @@ def export(settings: Settings) -> int:
     """``inferd export``: fill the cache for the configured model and backend, print the entry, exit.
 
     Exit status 0 when the graph passed the gate (a later start with the same settings is a cache hit),
-    1 when it was refused or could not be made; the figures are printed either way.
+    1 when it was refused or could not be made (the figures are printed either way), 2 for a configuration the
+    server's load refuses before loading anything (a dtype the backend cannot run).
     """
     import dataclasses
     import json
@@ -112,6 +117,7 @@ def export(settings: Settings) -> int:
     from inferd.core.errors import ModelLoadError
     from inferd.core.loading import load_handler
     from inferd.core.spec import spec_from_settings
+    from inferd.prepare import refusal
 
     if settings.model.backend == "torch":
         print("inferd export: model.backend is torch, which needs no export (give --backend onnx or openvino)",
@@ -121,8 +127,13 @@ def export(settings: Settings) -> int:
         print("inferd export: model.backend is auto, whose candidates `inferd prepare` judges into the cache "
               "(or give --backend onnx or openvino)", file=sys.stderr)
         return 2
+    spec = spec_from_settings(settings)
+    refused = refusal(spec)
+    if refused is not None:  # as the server's load would refuse it, before anything loads
+        print(f"inferd export: {refused}", file=sys.stderr)
+        return 2
     try:
-        handler = load_handler(dataclasses.replace(spec_from_settings(settings), warmup=False))
+        handler = load_handler(dataclasses.replace(spec, warmup=False))
     except ModelLoadError as exc:
         print(f"inferd export: {exc}", file=sys.stderr)
         return 1

@@ -10,8 +10,9 @@ exporting twice.
 
 Exit status: 0 when the cache is ready (a candidate passed, or every one was refused by the gate or skipped on this
 machine: torch will serve at once, judging nothing); 1 when a candidate could not be made for another reason (a cache
-folder that cannot be written, a model that does not load: a server would try again at every start); 2 for a
-configuration refused.
+folder that cannot be written, a model that does not load: a server would try again at every start), which stops the
+walk there, its reason said once; 2 for a configuration refused, as the server's load refuses it (core/backends/
+factory.py ``check_load``: a dtype the backend cannot run, a quantisation torch cannot do), before anything loads.
 """
 
 from __future__ import annotations
@@ -22,8 +23,11 @@ import sys
 import time
 from typing import Any
 
-from inferd.core.backends.auto import candidates, follows_from, remember
-from inferd.core.backends.base import cpu_flags
+import torch
+
+from inferd.core.backends.auto import candidates, device_type, follows_from, remember
+from inferd.core.backends.base import BackendError, cpu_flags, options_for
+from inferd.core.backends.factory import check_load
 from inferd.core.errors import ModelLoadError
 from inferd.core.loading import load_handler
 from inferd.core.spec import ModelSpec, spec_from_settings
@@ -38,17 +42,37 @@ def judge(spec: ModelSpec, runtime: dict[str, str]) -> dict[str, Any]:
     started = time.monotonic()
     try:
         handler = load_handler(dataclasses.replace(spec, warmup=False, **runtime))
-    except ModelLoadError as exc:
-        state = "refused" if GATE_REFUSAL in str(exc) else "failed"
-        return {"state": state, "reason": str(exc), "seconds": round(time.monotonic() - started, 3)}
+    except Exception as exc:  # any failure is this candidate's verdict, said in one line, never a traceback
+        reason = str(exc) if isinstance(exc, ModelLoadError) else f"{type(exc).__name__}: {exc}"
+        state = "refused" if GATE_REFUSAL in reason else "failed"
+        return {"state": state, "reason": reason, "seconds": round(time.monotonic() - started, 3)}
     info = dict(handler.loaded.backend_info or {})
     handler.close()
     return {"state": "passed", "seconds": round(time.monotonic() - started, 3), "cache": info.get("cache"),
             "cache_entry": info.get("cache_entry"), "gate": info.get("gate")}
 
 
+def refusal(spec: ModelSpec) -> str | None:
+    """Why the server's load would refuse these settings before loading anything (``check_load``), or None. The
+    device is the one that load resolves: a converted backend's ``auto`` is the CPU; torch's is CUDA where there is
+    one (not asked to be there: an init container may have no GPU its server will have)."""
+    if spec.device != "auto":
+        device = torch.device(spec.device)
+    else:
+        device = torch.device(device_type(spec) if spec.backend in ("torch", "auto") else "cpu")
+    try:
+        check_load(options_for(spec), device)
+    except BackendError as exc:
+        return str(exc)
+    return None
+
+
 def prepare(settings: Settings) -> int:
     spec = spec_from_settings(settings)
+    refused = refusal(spec)
+    if refused is not None:
+        print(f"inferd prepare: {refused}", file=sys.stderr)
+        return 2
     if settings.model.backend != "auto":
         runtime = {"backend": spec.backend, "dtype": spec.dtype, "quantize": spec.quantize}
         if spec.backend == "torch":
@@ -56,10 +80,12 @@ def prepare(settings: Settings) -> int:
             return 0
         # One backend asked for, as ``inferd export``: a refusal leaves the server nothing to start on, so it fails.
         verdict = judge(spec, runtime)
+        if verdict["state"] != "passed":
+            print(f"inferd prepare: {verdict['state']}: {verdict['reason']}", file=sys.stderr)
         print(json.dumps({"ready": verdict["state"] == "passed", **verdict}, indent=2))
         return 0 if verdict["state"] == "passed" else 1
     try:
-        todo, skipped = candidates(cpu_flags(), spec.device.startswith("cuda"), settings.model.auto_candidates)
+        todo, skipped = candidates(cpu_flags(), device_type(spec) == "cuda", settings.model.auto_candidates)
     except ValueError as exc:
         print(f"inferd prepare: {exc}", file=sys.stderr)
         return 2
@@ -73,13 +99,20 @@ def prepare(settings: Settings) -> int:
             continue
         verdict = judge(spec, candidate.runtime())
         out["candidates"][candidate.name] = verdict
-        print(f"inferd prepare: {candidate.name} {verdict['state']} in {verdict['seconds']} s", file=sys.stderr)
+        said = f"inferd prepare: {candidate.name} {verdict['state']} in {verdict['seconds']} s"
+        if verdict["state"] == "failed":
+            # Not the gate's verdict: a cache folder that cannot be written, a model folder that is not there.
+            # What failed one candidate fails the next alike, so the walk stops and says it once.
+            print(f"{said}: {verdict['reason']}", file=sys.stderr)
+            for later in todo[todo.index(candidate) + 1:]:
+                skipped.setdefault(later.name, f"not judged: {candidate.name} failed first")
+            break
+        print(said, file=sys.stderr)
         if verdict["state"] == "passed":
             out["serves"] = candidate.name
             remember(spec, candidate.name, verdict.get("cache_entry"))  # a server starts on it at once
             break
-        if verdict["state"] == "refused":
-            skipped.update(follows_from(candidate.name, verdict["reason"]))
+        skipped.update(follows_from(candidate.name, verdict["reason"]))
     out["candidates"].update({name: {"state": "skipped", "reason": why} for name, why in skipped.items()})
     failed = [name for name, v in out["candidates"].items() if v["state"] == "failed"]
     out["ready"] = not failed

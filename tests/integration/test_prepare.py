@@ -66,7 +66,7 @@ def test_prepare_fails_when_the_cache_cannot_be_written_and_refuses_an_unknown_c
     assert "not writable" in out["candidates"][FP32]["reason"]
     code, out, err = finish(start(prepare_env(tiny_model, tmp_path / "cache",
                                               INFERD__MODEL__AUTO_CANDIDATES='["openvino-float64"]')))
-    assert code == 2 and "model.auto_candidates ['openvino-float64']: choose among" in err
+    assert code == 2 and "model.auto_candidates.0: Input should be 'openvino-mixed'" in err
 
 
 def test_export_refuses_backend_auto_naming_prepare(capsys: pytest.CaptureFixture[str],

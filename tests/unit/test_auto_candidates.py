@@ -1,12 +1,22 @@
-"""backend auto's choice without a model: which candidates a machine offers and why the others are not tried, and the
-judge's walk over them (refused, busy, passed, what is left) against a fake switch."""
+"""backend auto's choice without a model: which candidates a machine offers and why the others are not tried, the
+judge's walk over them (refused, busy, passed, what is left) against a fake switch, and the choice a warm start
+adopts (kept per device, and only while its cache entry is whole)."""
 
 from __future__ import annotations
 
-import pytest
+import json
+import logging
+import threading
+from pathlib import Path
 
-from inferd.core.backends.auto import AutoUpgrade, ModelChangeBusy, candidates
+import pytest
+import torch
+
+from inferd.core.backends import factory
+from inferd.core.backends.auto import ALL, AutoUpgrade, ModelChangeBusy, candidates, remember, remembered
 from inferd.core.backends.gate_verdict import LESS_PRECISE, WRONG_GRAPH
+from inferd.core.spec import ModelSpec
+from inferd.settings import AUTO_CANDIDATES
 
 AMX = {"avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_int8", "avx512_vnni"}
 ZEN3 = {"avx2"}
@@ -103,3 +113,77 @@ def test_mixed_refused_as_less_precise_settles_plain_bf16_without_judging_it(cau
     else:
         assert states["openvino-bfloat16"] == (
             "skipped", f"openvino-mixed was refused as {LESS_PRECISE}; plain bf16 rounds what it rounds and more")
+
+
+def test_the_candidates_settings_accept_are_the_ones_auto_knows() -> None:
+    assert tuple(c.name for c in ALL) == AUTO_CANDIDATES
+
+
+def test_a_judging_that_cannot_start_or_fails_midway_is_logged_not_lost(caplog: pytest.LogCaptureFixture) -> None:
+    """``start`` runs in the first load's thread, under a task nobody awaits, and the judging in a thread of its own:
+    an exception of either would vanish (or reach stderr only) while torch serves on without a word."""
+    unknown = AutoUpgrade(wanted=("openvino-foo",), flags=AMX, openvino_installed=True)
+    with caplog.at_level(logging.ERROR, logger="inferd.core.backends.auto"):
+        unknown.start("torch-float32", lambda runtime: pytest.fail("judged an unknown candidate"))
+    assert "model.auto_candidates ['openvino-foo']" in caplog.text
+    assert unknown.describe()["state"] == "done" and unknown.describe()["serving"] == "torch-float32"
+
+    def listener(verdicts: list) -> None:
+        if threading.current_thread().name == "inferd-auto":
+            raise RuntimeError("the metrics broke")
+
+    broken = AutoUpgrade(flags=ZEN3, on_verdict=listener, openvino_installed=True)
+    caplog.clear()
+    with caplog.at_level(logging.ERROR, logger="inferd.core.backends.auto"):
+        broken.start("torch-float32", lambda runtime: None)
+        assert broken.wait(30)
+    assert "the judging stopped on an error" in caplog.text and "the metrics broke" in caplog.text
+    assert broken.describe()["serving"] == "torch-float32"
+
+
+def whole_entry(folder: Path) -> Path:
+    """A cache entry as factory.build leaves it: a graph file and a meta.json recording it."""
+    folder.mkdir(parents=True)
+    (folder / "model.bin").write_bytes(bytes(range(256)) * 64)
+    meta = {"format": factory.FORMAT, "graph": "model.bin", "files": factory.manifest(folder)}
+    (folder / factory.META).write_text(json.dumps(meta))
+    return folder
+
+
+def test_a_remembered_choice_whose_entry_is_damaged_is_not_adopted(tmp_path: Path,
+                                                                   caplog: pytest.LogCaptureFixture) -> None:
+    """A warm start would load the damaged graph in the foreground: it starts on torch instead, and the judging
+    builds the entry again."""
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text("{}")
+    spec = ModelSpec(tmp_path / "model", "1", backend="auto", device="cpu", cache_dir=str(tmp_path / "cache"))
+    entry = whole_entry(tmp_path / "cache" / "embedding-openvino-none-float32-x")
+    remember(spec, "openvino-float32", str(entry))
+    assert remembered(spec) == "openvino-float32"
+    data = bytearray((entry / "model.bin").read_bytes())
+    data[100] ^= 0xFF  # same size, one byte other
+    (entry / "model.bin").write_bytes(data)
+    with caplog.at_level(logging.WARNING, logger="inferd.core.backends.auto"):
+        assert remembered(spec) is None
+    assert f"its cache entry {entry} is broken (model.bin is not the file written" in caplog.text
+    (entry / factory.META).write_text('{"format": ')  # cut short
+    assert remembered(spec) is None
+
+
+def test_the_remembered_choice_is_the_devices_own(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A GPU node sharing a cache prepared on a CPU one would otherwise start on the CPU's OpenVINO choice."""
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text("{}")
+
+    def spec(device: str) -> ModelSpec:
+        return ModelSpec(tmp_path / "model", "1", backend="auto", device=device, cache_dir=str(tmp_path / "cache"))
+
+    entry = whole_entry(tmp_path / "cache" / "embedding-openvino-none-float32-x")
+    remember(spec("cpu"), "openvino-float32", str(entry))
+    assert remembered(spec("cpu")) == "openvino-float32"
+    assert remembered(spec("cuda")) is None
+    # device auto is the device the load resolves it to.
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert remembered(spec("auto")) == "openvino-float32"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert remembered(spec("auto")) is None

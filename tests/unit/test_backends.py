@@ -352,11 +352,15 @@ def test_default_cache_dir_follows_xdg(monkeypatch: pytest.MonkeyPatch, tmp_path
 
 def test_an_entry_of_another_format_is_not_read(tmp_path: Path) -> None:
     (tmp_path / factory.META).write_text(json.dumps({"format": factory.FORMAT + 1}))
-    assert factory.read_meta(tmp_path) is None
+    assert factory.check_entry(tmp_path)[0] is None
     (tmp_path / factory.META).write_text("{half")
-    assert factory.read_meta(tmp_path) is None
+    assert factory.check_entry(tmp_path)[0] is None
+    # Of this format but recording no files: nothing to check its graph against.
     (tmp_path / factory.META).write_text(json.dumps({"format": factory.FORMAT, "graph": "model.xml"}))
-    assert factory.read_meta(tmp_path) == {"format": factory.FORMAT, "graph": "model.xml"}
+    assert factory.check_entry(tmp_path) == (None, "meta.json records no files")
+    whole = {"format": factory.FORMAT, "graph": "model.xml", "files": {}}
+    (tmp_path / factory.META).write_text(json.dumps(whole))
+    assert factory.check_entry(tmp_path) == (whole, None)
 
 
 class WordProbe:

@@ -198,3 +198,25 @@ def test_check_config_redacts_every_tenant_s_keys() -> None:
     settings = Settings.model_validate({"server": {"tenants": [{"name": "a", "keys": ["sk-tenant-a", "sk-a2"]}]}})
     data = cli.redacted(settings)
     assert data["server"]["tenants"][0]["keys"] == ["***", "***"] and "sk-tenant" not in str(data)
+
+
+def test_an_unknown_auto_candidate_is_refused_with_the_configuration(
+        ran: list[Settings], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Refused at start, as any bad key is: the background judging, where it was found before, lost it, and the
+    server stayed on torch without a word."""
+    monkeypatch.setenv("INFERD__MODEL__AUTO_CANDIDATES", "[openvino-foo]")
+    assert cli.main(["check-config"]) == 2
+    assert cli.main(["serve", "--backend", "auto"]) == 2 and ran == []
+    err = capsys.readouterr().err
+    assert "model.auto_candidates" in err and "'openvino-float32'" in err
+    assert "env INFERD__MODEL__AUTO_CANDIDATES" in err
+
+
+@pytest.mark.parametrize("command", ["prepare", "export"])
+def test_prepare_and_export_log_as_their_flags_say(monkeypatch: pytest.MonkeyPatch, command: str) -> None:
+    configured: list[tuple[str, str]] = []
+    monkeypatch.setattr(cli, "configure_logging", lambda level, fmt: configured.append((level, fmt)))
+    monkeypatch.setattr("inferd.prepare.prepare", lambda settings: 0)
+    monkeypatch.setattr(cli, "export", lambda settings: 0)
+    assert cli.main([command, "--log-level", "DEBUG", "--log-format", "json"]) == 0
+    assert configured == [("DEBUG", "json")]

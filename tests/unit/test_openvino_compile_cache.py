@@ -1,5 +1,6 @@
 """core/backends/openvino.py: a compile cache that fails to load (a blob another process is still writing) falls back
-to compiling the graph without it, instead of failing the load."""
+to compiling the graph without it, instead of failing the load; a graph that cannot be read or compiled is a
+BackendError naming it, whichever step reads it."""
 
 from __future__ import annotations
 
@@ -50,5 +51,25 @@ def test_a_compile_cache_that_fails_to_load_is_bypassed(tmp_path: Path, monkeypa
     assert "compiling without it" in caplog.text
     # Without a compile cache, a failing compile still fails the load, naming the graph.
     monkeypatch.setattr(Core, "compile_model", lambda self, *a, **k: (_ for _ in ()).throw(RuntimeError("bad")))
-    with pytest.raises(runner_module.BackendError, match="OpenVINO cannot compile .*g.xml"):
+    with pytest.raises(runner_module.BackendError, match="OpenVINO cannot read or compile .*g.xml"):
         runner_module.OpenVINORunner(graph, "hidden", "float32", "none", threads=1)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "mixed"])
+def test_a_graph_whose_weights_are_cut_short_is_a_backend_error(tmp_path: Path, dtype: str) -> None:
+    """mixed reads the graph itself before compiling it (to mark what stays in float32): a model.bin cut short
+    failed there with a bare RuntimeError, past the load's error handling (`inferd prepare` printed a traceback)."""
+    import openvino as ov
+    import openvino.opset13 as ops
+
+    from inferd.core.backends import openvino as runner_module
+
+    ids = ops.parameter([-1, -1], ov.Type.i64, name="input_ids")
+    weights = ops.constant(np.arange(4096, dtype=np.float32).reshape(64, 64))
+    hidden = ops.matmul(ops.convert(ops.unsqueeze(ids, 2), ov.Type.f32), ops.reshape(weights, [1, 4096], False),
+                        False, False)
+    ov.save_model(ov.Model([hidden], [ids]), tmp_path / "g.xml", compress_to_fp16=False)
+    with (tmp_path / "g.bin").open("r+b") as f:
+        f.truncate(1000)
+    with pytest.raises(runner_module.BackendError, match="OpenVINO cannot read or compile .*g.xml"):
+        runner_module.OpenVINORunner(tmp_path / "g.xml", "hidden", dtype, "none", threads=1)

@@ -12,6 +12,7 @@ jobs, fleet, and whole (Settings itself, the served models, the rules across sec
 from __future__ import annotations
 
 from inferd.settings.base import (
+    AUTO_CANDIDATES,
     BACKENDS,
     DTYPES,
     LOAD_MODES,
@@ -20,6 +21,7 @@ from inferd.settings.base import (
     PLATFORMS,
     QUANTIZE,
     UNPADDED,
+    AutoCandidate,
     Backend,
     Docs,
     Dtype,
@@ -44,6 +46,7 @@ from inferd.settings.server import KEY_HASH, TENANT_NAME, ServerSettings, Tenant
 from inferd.settings.whole import MODEL_NAME, ModelEntry, Settings, check_tenant_rules, env_name
 
 __all__ = [
+    "AUTO_CANDIDATES", "AutoCandidate",
     "BACKENDS", "Backend", "BatchingSettings", "CacheSettings", "CanarySettings", "ChunkingSettings", "DTYPES",
     "Docs", "Dtype", "FleetSettings", "GateSettings", "JobsSettings", "KEY_HASH", "LOAD_MODES", "LOG_FORMATS",
     "LOG_LEVELS", "LimitSettings", "LoadMode", "LogFormat", "LogLevel", "MODEL_NAME", "MemorySettings",

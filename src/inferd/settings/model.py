@@ -8,7 +8,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
-from inferd.settings.base import Backend, Dtype, LoadMode, Quantize, Section
+from inferd.settings.base import AutoCandidate, Backend, Dtype, LoadMode, Quantize, Section
 
 
 class GateSettings(Section):
@@ -66,8 +66,9 @@ class ModelSettings(Section):
     backend: Backend = "torch"
     quantize: Quantize = "none"
     # backend auto's candidates, fastest first, as <backend>-<dtype>[-int8] (openvino-bfloat16, openvino-mixed,
-    # openvino-float32-int8, openvino-float32); empty: every one this machine offers. Only lossless: [openvino-float32].
-    auto_candidates: tuple[str, ...] = ()
+    # openvino-float32-int8, openvino-float32, torch-float16); empty: every one this machine offers. Only lossless:
+    # [openvino-float32].
+    auto_candidates: tuple[AutoCandidate, ...] = ()
     # The torch backend on real tokens only (core/backends/varlen.py); auto: BERT encoders on the CPU.
     unpadded: bool | Literal["auto"] = "auto"
     # None = $XDG_CACHE_HOME/inferd (~/.cache/inferd).

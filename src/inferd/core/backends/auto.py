@@ -37,9 +37,11 @@ from importlib import util
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from inferd import __version__
 from inferd.core.backends.base import INT8_DOT_FLAGS, NATIVE_BF16_FLAGS, cpu_flags, kernel_flags
-from inferd.core.backends.factory import FORMAT, default_cache_dir, folder_digest, versions
+from inferd.core.backends.factory import FORMAT, check_entry, default_cache_dir, folder_digest, versions
 from inferd.core.backends.gate_verdict import LESS_PRECISE
 from inferd.core.description import runtime_label
 from inferd.core.spec import ModelSpec
@@ -133,14 +135,24 @@ def by_name(name: str) -> Candidate:
     return next(c for c in ALL if c.name == name)
 
 
+def device_type(spec: ModelSpec) -> str:
+    """The kind of device the model's torch load runs on (``cuda``, ``cpu``, ``mps``): ``auto`` is CUDA where there
+    is one, as the load resolves it."""
+    if spec.device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return torch.device(spec.device).type
+
+
 # -- the remembered choice: a warm start loads the passed candidate at once, without torch first ------------------
 
 
 def _choice_file(spec: ModelSpec) -> Path:
     """Where the choice for this model, machine and settings is kept: keyed by all a verdict depends on (the model's
-    content, the CPU's kernel flags, inferd's and the runtimes' versions, the cache's format, the gate and the
-    candidates asked for)."""
-    key = {"format": FORMAT, "model": folder_digest(spec.path), "cpu": kernel_flags(cpu_flags()), "inferd": __version__,
+    content, the device the model runs on, the CPU's kernel flags, inferd's and the runtimes' versions, the cache's
+    format, the gate and the candidates asked for). The device: a GPU node sharing a cache prepared on a CPU one has
+    other candidates (torch float16, no OpenVINO), so it must not adopt the CPU's choice."""
+    key = {"format": FORMAT, "model": folder_digest(spec.path), "device": device_type(spec),
+           "cpu": kernel_flags(cpu_flags()), "inferd": __version__,
            "libraries": versions("openvino"), "gate": spec.gate.model_dump(),
            "candidates": list(spec.settings.auto_candidates), "max_seq_length": spec.max_seq_length,
            "task": spec.task, "pooling": spec.pooling, "calibration_file": spec.calibration_file}
@@ -164,13 +176,23 @@ def remember(spec: ModelSpec, name: str, entry: str | None) -> None:
 
 def remembered(spec: ModelSpec) -> str | None:
     """The candidate a previous start chose for this model, machine and settings, if its cache entry is still there
-    (else loading it would export in the foreground: the start goes through torch and judges instead)."""
+    and whole (else loading it would export in the foreground: the start goes through torch and judges instead, and
+    the judging builds the entry again). The entry's files are hashed here and again by its load: 0.05 s each for
+    MiniLM (factory.damage)."""
     try:
         kept = json.loads(_choice_file(spec).read_text())
     except (OSError, ValueError):
         return None
+    if not isinstance(kept, dict):
+        return None
     name, entry = kept.get("candidate"), kept.get("entry")
-    if name not in {c.name for c in ALL} or not entry or not (Path(entry) / "meta.json").is_file():
+    if name not in {c.name for c in ALL} or not entry:
+        return None
+    meta, problem = check_entry(Path(entry))
+    if meta is None:
+        if problem is not None:
+            log.warning("backend auto: not starting on %s, chosen by an earlier start: its cache entry %s is broken "
+                        "(%s); starting on torch and judging again", name, entry, problem)
         return None
     return str(name)
 
@@ -219,7 +241,16 @@ class AutoUpgrade:
         """Judge the candidates for the load now serving on ``serving`` (a runtime name; ``cuda``: on a GPU), in
         the background; ``switch`` replaces that load (and only it: a model changed since is not switched back)."""
         self.stop()
-        todo, skipped = candidates(self._flags, cuda, self._wanted, self._openvino)
+        try:
+            todo, skipped = candidates(self._flags, cuda, self._wanted, self._openvino)
+        except Exception:
+            # Called from the first load's thread, whose caller at start is a background task that nobody awaits:
+            # raised from here it would be lost, the model serving on torch without a word of why.
+            log.exception("backend auto: the candidates could not be chosen; %s keeps serving", serving)
+            with self._lock:
+                self.serving, self.state = serving, "done"
+                self.started_at = self.finished_at = time.monotonic()
+            return
         for c in [c for c in todo if c.name == serving]:  # torch float16 configured on a GPU: nothing to switch to
             todo.remove(c)
             skipped[c.name] = "serving already"
@@ -272,6 +303,16 @@ class AutoUpgrade:
         self._on_verdict(verdicts)
 
     def _run(self, todo: list[Candidate], switch: Switch, stop: threading.Event) -> None:
+        try:
+            self._judge(todo, switch, stop)
+        except Exception:
+            # A refusal is caught per candidate; this is anything else (a verdict's listener, a bug): a thread's
+            # exception goes to stderr, not the log, so it is logged here and the judging ends saying so.
+            log.exception("backend auto: the judging stopped on an error; %s keeps serving", self.serving)
+            with self._lock:  # not told: the listener may be what failed
+                self.state, self.finished_at = "done", time.monotonic()
+
+    def _judge(self, todo: list[Candidate], switch: Switch, stop: threading.Event) -> None:
         for candidate in todo:
             if stop.is_set():
                 return

@@ -6,7 +6,9 @@ hidden states, or a classification head's logits), the backend, dtype and quanti
 calibration texts, the length limit, the CPU's kernel flags, and the versions of inferd and of the libraries
 that export and run it. The entry holds the graph and ``meta.json`` with the gate's figures, so a warm start
 needs neither torch weights nor a new comparison: the stored figures are judged against the current
-``model.gate.*`` thresholds.
+``model.gate.*`` thresholds. ``meta.json`` records each graph file's size and sha256 too, checked at every open: an
+entry that fails the check, or whose meta.json cannot be read, is moved aside and built again (``check_entry``,
+``discard``), never served.
 Entries are written to a temporary folder and renamed into place, so concurrent starts never see half a
 graph, and one process builds an entry at a time (``entry_lock``: a fleet sharing a cache exports a model once);
 the model folder itself is only read (read-only model folders work).
@@ -49,8 +51,12 @@ from inferd.core.backends.varlen import VarlenRunner, choose
 
 log = logging.getLogger(__name__)
 
-FORMAT = 6  # bump when what an entry holds, or how it is made, changes (6: mixed keeps attention in float32)
+# Bump when what an entry holds, or how it is made, changes (6: mixed keeps attention in float32; 7: meta.json and
+# the shared export record each file's size and sha256).
+FORMAT = 7
 META = "meta.json"
+# The shared export's record of its files (an entry's is in its meta.json).
+EXPORT_RECORD = "files.json"
 _LIBRARIES = {"torch": ("torch", "transformers"),
               "onnx": ("torch", "transformers", "onnx", "onnxruntime"),
               "openvino": ("torch", "transformers", "openvino", "nncf")}
@@ -148,24 +154,29 @@ _EXPORT_KEY = ("format", "model", "task", "head", "max_seq_length", "libraries",
 
 def shared_export(root: Path, key: dict[str, Any], model: torch.nn.Module, head: str) -> Path:
     """This model's OpenVINO IR, exported once for every dtype and quantisation of it (backend auto judges bf16,
-    int8 and float32 in turn: one export, not three); built under its own lock, renamed into place."""
+    int8 and float32 in turn: one export, not three); built under its own lock, renamed into place. Its files are
+    checked against their record each time it is reused: each entry links them, so a damaged export would spread."""
     from inferd.core.backends import openvino as ov
 
     digest = hashlib.sha256(json.dumps({k: key[k] for k in _EXPORT_KEY}, sort_keys=True).encode()).hexdigest()[:24]
     folder = root / f"export-{key['task']}-{key['head']}-{digest}"
-    graph = folder / ov.GRAPH
-    if graph.is_file():
-        return graph
+    if checked(folder, EXPORT_RECORD)[0] is not None:
+        return folder / ov.GRAPH
     with entry_lock(folder):
-        if not graph.is_file():
+        record, problem = checked(folder, EXPORT_RECORD)  # another process exported it while this one waited
+        if record is None:
+            if problem is not None:
+                discard(folder, problem)
             work = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=root))
             try:
                 ov.export(model, work, head)
+                files = manifest(work)
+                (work / EXPORT_RECORD).write_text(json.dumps({"format": FORMAT, "files": files}, indent=2))
                 os.rename(work, folder)
             except BaseException:
                 shutil.rmtree(work, ignore_errors=True)
                 raise
-    return graph
+    return folder / ov.GRAPH
 
 
 def linked(graph: Path, folder: Path) -> Path:
@@ -180,12 +191,77 @@ def linked(graph: Path, folder: Path) -> Path:
     return folder / graph.name
 
 
-def read_meta(entry: Path) -> dict[str, Any] | None:
+def manifest(folder: Path) -> dict[str, dict[str, Any]]:
+    """Each file under ``folder`` by its relative path: its size and sha256 (what ``damage`` checks)."""
+    files = {}
+    for file in sorted(p for p in folder.rglob("*") if p.is_file()):
+        with file.open("rb") as f:
+            files[str(file.relative_to(folder))] = {"size": file.stat().st_size,
+                                                    "sha256": hashlib.file_digest(f, "sha256").hexdigest()}
+    return files
+
+
+def damage(folder: Path, files: dict[str, Any]) -> str | None:
+    """What differs between ``folder``'s files and their record (missing, another size, another sha256); None when
+    every one is whole. The sizes catch a truncated copy at no cost; the hashes a flipped byte, which OpenVINO would
+    serve as wrong vectors without a word. Every open of an entry pays the hashing: 0.05 s for MiniLM's float32 graph
+    (90 MB, from the page cache, on a 2-core EPYC), against the tens of seconds of the export it stands in for."""
+    for name, want in files.items():
+        file = folder / name
+        try:
+            size = file.stat().st_size
+            if size != want["size"]:
+                return f"{name} holds {size} bytes, {want['size']} were written"
+            with file.open("rb") as f:
+                if hashlib.file_digest(f, "sha256").hexdigest() != want["sha256"]:
+                    return f"{name} is not the file written (its sha256 differs)"
+        except OSError as exc:
+            return f"{name} cannot be read ({exc.strerror})"
+        except (KeyError, TypeError):
+            return f"the record of {name} is not one this inferd writes"
+    return None
+
+
+def checked(folder: Path, record: str) -> tuple[dict[str, Any] | None, str | None]:
+    """A folder's record (``META`` of an entry, ``EXPORT_RECORD`` of the shared export) when the folder can be
+    served, else why not: (None, None) where there is no folder, (None, a reason) where it is broken (no record, a
+    record that cannot be read or is of another format, a file that is not the one recorded)."""
+    if not folder.is_dir():
+        return None, None
     try:
-        meta = json.loads((entry / META).read_text())
-    except (OSError, ValueError):
-        return None
-    return meta if isinstance(meta, dict) and meta.get("format") == FORMAT else None
+        meta = json.loads((folder / record).read_text())
+    except FileNotFoundError:
+        return None, f"no {record}"
+    except OSError as exc:
+        return None, f"{record} cannot be read ({exc.strerror})"
+    except ValueError:
+        return None, f"{record} is not valid JSON (cut short?)"
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        found = meta.get("format") if isinstance(meta, dict) else None
+        return None, f"{record} of format {found!r}, where this inferd writes {FORMAT}"
+    if not isinstance(meta.get("files"), dict):
+        return None, f"{record} records no files"
+    problem = damage(folder, meta["files"])
+    return (None, problem) if problem else (meta, None)
+
+
+def check_entry(entry: Path) -> tuple[dict[str, Any] | None, str | None]:
+    """An entry's meta.json when the entry can be served, else why not (``checked``)."""
+    return checked(entry, META)
+
+
+def discard(folder: Path, why: str) -> None:
+    """A broken entry (or shared export) moved aside, then removed, so it is built again: a rename first, so a
+    process that reads it now keeps whole files, and the name is free at once for the new one."""
+    log.warning("cache entry %s is broken (%s): removing it and building it again", folder, why)
+    aside = Path(tempfile.mkdtemp(prefix=f".{folder.name}.broken-", dir=folder.parent))
+    try:
+        os.rename(folder, aside / folder.name)
+    except OSError as exc:
+        shutil.rmtree(aside, ignore_errors=True)
+        raise BackendError(f"cache entry {folder} is broken ({why}) and cannot be removed ({exc.strerror}): remove "
+                           "it, or set model.cache_dir to a writable folder") from exc
+    shutil.rmtree(aside, ignore_errors=True)
 
 
 def _texts(options: BackendOptions) -> tuple[list[str], list[str], str]:
@@ -281,28 +357,43 @@ def build(path: Path, entry: Path, key: dict[str, Any], options: BackendOptions,
         shutil.rmtree(work / "export", ignore_errors=True)  # quantised from it: the entry keeps its own graph
         in_folder = not graph.is_relative_to(work)
         meta = {"format": FORMAT, "key": key, "graph": str(graph if in_folder else graph.relative_to(work)),
-                "from_model_folder": in_folder, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                # What an open checks (``damage``). A graph the model folder holds is not recorded: the folder's
+                # content digest, read at every start, is the entry's key already.
+                "files": manifest(work), "from_model_folder": in_folder,
+                "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                 "export_seconds": round(exported, 3), "build_seconds": round(time.perf_counter() - started, 3),
                 "gate": {"kind": gate_kind(key["dtype"], options.quantize), "task": options.task,
                          "figures": figures.as_dict()}}
         (work / META).write_text(json.dumps(meta, indent=2))
         try:
             os.rename(work, entry)
-        except OSError:
-            # Another process finished the same entry first: serve theirs, which is the same graph.
+        except OSError as exc:
+            # Another process finished the same entry first (one that could not take the lock): serve theirs, which
+            # is the same graph, if it is whole; a broken one was moved aside under the lock before this build.
             shutil.rmtree(work, ignore_errors=True)
-            meta = read_meta(entry) or meta
+            theirs, problem = check_entry(entry)
+            if theirs is None:
+                raise BackendError(f"cache entry {entry} could not be put in place ({exc.strerror}); the folder "
+                                   f"there is broken ({problem})") from exc
+            meta = theirs
     except BaseException:
         shutil.rmtree(work, ignore_errors=True)
         raise
     return meta
 
 
+def check_load(options: BackendOptions, device: torch.device) -> tuple[str, str]:
+    """What a load refuses before it loads anything (a combination that cannot work, a dtype the backend cannot run
+    there), raised as BackendError; else the dtype it runs at and why. ``inferd prepare`` and ``inferd export`` ask
+    it first, so a configuration the server would refuse exits 2 there too."""
+    check_options(options, device)
+    return resolve_dtype(options.dtype, options.backend, device, quantize=options.quantize)
+
+
 def open_backend(path: Path, options: BackendOptions, device: torch.device, probe: gate_inputs.GatedTask,
                  safetensors: bool = True) -> Runner:
     """The runner for this model and these options: torch eager, or a cached (exported once) graph."""
-    check_options(options, device)
-    dtype, why = resolve_dtype(options.dtype, options.backend, device, quantize=options.quantize)
+    dtype, why = check_load(options, device)
     threads = options.threads or torch.get_num_threads()
     if options.backend == "torch":
         model = task_model(path, safetensors, options.head, probe)
@@ -319,13 +410,16 @@ def open_backend(path: Path, options: BackendOptions, device: torch.device, prob
         """The entry for this dtype (built on a miss) and the gate's verdict on it under today's thresholds."""
         key = entry_key(digest, options, dtype, probe.max_seq_length, calibration)
         entry = entry_folder(root, key)
-        meta = read_meta(entry)
+        meta, _ = check_entry(entry)
         cache = "hit"
         if meta is None:
             with entry_lock(entry):
-                meta = read_meta(entry)  # another process built it while this one waited for the lock
+                # Another process built (or repaired) it while this one waited for the lock.
+                meta, problem = check_entry(entry)
                 cache = "hit" if meta is not None else "miss"
                 if meta is None:
+                    if problem is not None:
+                        discard(entry, problem)
                     log.info("exporting %s for %s (dtype %s, quantize %s) into %s", path, options.backend, dtype,
                              options.quantize, entry)
                     meta = build(path, entry, key, options, probe, safetensors, threads)

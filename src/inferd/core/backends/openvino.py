@@ -132,9 +132,10 @@ class OpenVINORunner(GraphRunner):
                                   "NUM_STREAMS": str(self.streams), "INFERENCE_NUM_THREADS": threads}
         source: Any = str(graph_path)
         self._kept: set[str] = set()
-        if self.dtype == "mixed":
-            source, self._kept = self._mixed(core, graph_path)
         try:
+            if self.dtype == "mixed":
+                # Reads the graph itself (not the compile): a damaged or cut short model.bin fails here first.
+                source, self._kept = self._mixed(core, graph_path)
             try:
                 self._compiled = core.compile_model(source, "CPU", config)
             except RuntimeError:
@@ -153,7 +154,7 @@ class OpenVINORunner(GraphRunner):
             self._wide = None if self.streams == 1 else core.compile_model(
                 source, "CPU", {**config, "NUM_STREAMS": "1"})
         except RuntimeError as exc:
-            raise BackendError(f"OpenVINO cannot compile {graph_path}: {exc}") from exc
+            raise BackendError(f"OpenVINO cannot read or compile {graph_path}: {exc}") from exc
         self.capabilities = Capabilities(can_use_all_threads=self._wide is not None, torch_threads=False)
         self._threads = threads
         # One request per calling thread (an instance's worker, or the gate's); results are copied out of it.
