@@ -319,6 +319,10 @@ def test_calls_are_counted_and_logged_as_http_requests(channel: grpc.Channel, se
     call = rpc.EmbedStub(channel).Embed.with_call(pb.EmbedRequest(inputs="counted"),
                                                  metadata=(*AUTH, ("x-request-id", rid)))
     assert ("x-request-id", rid) in call[1].initial_metadata()
+    trailing = dict(call[1].trailing_metadata())  # which model version and runtime answered, as HTTP's headers say
+    answered = http.post("/embed", json={"inputs": "counted"})
+    assert trailing["x-inferd-runtime"] == answered.headers["x-inferd-runtime"] != ""
+    assert trailing["x-model-version"] == answered.headers["x-model-version"]
     _status(lambda: rpc.EmbedStub(channel).Embed(pb.EmbedRequest(inputs=" "), metadata=AUTH))
     assert count("OK") == ok + 1
     assert count("INVALID_ARGUMENT", "") == refused + 1

@@ -110,6 +110,10 @@ class Call:
             raise engine_refusal(exc, names, self.s.metrics) from None
         self.ctx.update(result.timings)
         self.ctx["model"], self.ctx["version"] = result.model, result.version
+        # As HTTP's X-Model-Version and X-Inferd-Runtime headers, but trailing: the initial metadata left before
+        # the engine answered (backend auto may switch runtimes between two calls). A stream's last answer says it.
+        self.grpc.set_trailing_metadata((("x-model-version", str(result.version)),
+                                         ("x-inferd-runtime", str(result.description.runtime))))
         self.ctx["tokens"] = self.ctx.get("tokens", 0) + result.prompt_tokens
         return result
 
