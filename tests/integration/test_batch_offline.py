@@ -16,6 +16,7 @@ import asyncio
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -30,7 +31,7 @@ import pyarrow.parquet as pq
 import pytest
 from conftest import ROOT, Server, wait_for
 from settingskit import make_settings
-from tinymodel import WORDS
+from tinymodel import WORDS, write_tiny_bert
 
 from inferd import cli
 from inferd.jobs import checkpoint, offline
@@ -184,6 +185,21 @@ class Stopped(Exception):
     """Stands for a kill between a chunk's part file and its checkpoint."""
 
 
+def stop_after_chunks(monkeypatch: pytest.MonkeyPatch, chunks: int) -> None:
+    """A kill after ``chunks`` chunks are committed, as the next chunk's checkpoint is to be written (its output is
+    in place)."""
+    save, committed = checkpoint.save, []
+
+    def save_then_stop(path: Path, cp: checkpoint.Checkpoint) -> None:
+        if cp.lines_done > 0:  # a chunk's checkpoint, not a run's first
+            if len(committed) == chunks:
+                raise Stopped
+            committed.append(cp)
+        save(path, cp)
+
+    monkeypatch.setattr(checkpoint, "save", save_then_stop)
+
+
 def test_parquet_in_and_out_stopped_between_a_part_and_its_checkpoint(
         tiny_model: Path, server_records: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     rows = [orjson.loads(line) for line in corpus() if line and not line.startswith(b"{not")]
@@ -193,19 +209,11 @@ def test_parquet_in_and_out_stopped_between_a_part_and_its_checkpoint(
                              "input": [r["body"]["input"] for r in rows]}), source)
     out = tmp_path / "out.parquet"
     settings = make_settings(tiny_model, jobs={"enabled": False}, runtime={"torch_threads": 1})
-    save, saves = checkpoint.save, []
-
-    def save_then_stop(path: Path, cp: checkpoint.Checkpoint) -> None:
-        if len(saves) == 2:
-            raise Stopped  # the third chunk's part is in place, its checkpoint never written
-        saves.append(cp)
-        save(path, cp)
-
-    monkeypatch.setattr(checkpoint, "save", save_then_stop)
+    stop_after_chunks(monkeypatch, 2)  # the third chunk's part is in place, its checkpoint never written
     with pytest.raises(Stopped):
         asyncio.run(offline.batch_file(run_args(source, out), settings))
     assert len(list((tmp_path / "out.parquet.parts").glob("*.parquet"))) == 3
-    monkeypatch.setattr(checkpoint, "save", save)
+    monkeypatch.undo()
     assert asyncio.run(offline.batch_file(run_args(source, out), settings)) == 0
     got = read_records(out)
     assert [r["custom_id"] for r in got] == [r["custom_id"] for r in rows]
@@ -244,3 +252,26 @@ def test_a_finished_run_another_input_s_checkpoint_or_an_input_or_output_it_cann
         asyncio.run(offline.batch_file(run_args(input_file, input_file), settings))
     with pytest.raises(BadFile, match="no folder"):
         asyncio.run(offline.batch_file(run_args(input_file, tmp_path / "absent" / "out.jsonl"), settings))
+
+
+def test_a_resume_with_other_model_settings_or_another_model_is_refused_naming_what_changed(
+        tiny_model: Path, input_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue: a resume with ``--set model.normalize=false`` appended unnormalized vectors to normalized ones."""
+    folder = Path(shutil.copytree(tiny_model, tmp_path / "model"))
+    out = tmp_path / "out.jsonl"
+    settings = make_settings(folder, jobs={"enabled": False}, runtime={"torch_threads": 1})
+    stop_after_chunks(monkeypatch, 2)
+    with pytest.raises(Stopped):
+        asyncio.run(offline.batch_file(run_args(input_file, out), settings))
+    monkeypatch.undo()
+    assert checkpoint.load(out).lines_done == 64
+    unnormalized = make_settings(folder, jobs={"enabled": False}, runtime={"torch_threads": 1},
+                                 model={"normalize": False})
+    with pytest.raises(checkpoint.CheckpointError) as refused:
+        asyncio.run(offline.batch_file(run_args(input_file, out), unnormalized))
+    assert "normalize True, now False" in str(refused.value) and "--restart" in str(refused.value)
+    write_tiny_bert(folder, seed=2)  # other weights in the same folder, the same settings
+    with pytest.raises(checkpoint.CheckpointError, match=r"\.content '[0-9a-f]{64}', now '[0-9a-f]{64}'"):
+        asyncio.run(offline.batch_file(run_args(input_file, out), settings))
+    assert checkpoint.load(out).lines_done == 64  # refused before any line ran: the checkpoint is as it was

@@ -152,5 +152,7 @@ def test_batch_runs_without_keys_tenants_or_a_jobs_store_whatever_the_configurat
     settings = offline.offline_settings(args)
     assert (settings.server.api_keys, settings.server.tenants, settings.server.tenants_file) == ((), (), None)
     assert not settings.jobs.enabled and settings.model.exit_on_load_failure
+    # Loaded before the first line, whatever the configuration: the checkpoint names the model that answers.
+    assert settings.model.load_mode == "eager"
     assert settings.model.path == "/m" and settings.jobs.chunk_size == 7  # the flags still apply
     assert settings.server.log_level == "WARNING"  # the progress bar is the output

@@ -5,7 +5,9 @@ here, its lifespan run, no port opened), so every output record is the one a ser
 same line: the same routes, validation and engine call. The run goes chunk by chunk, two in flight so the
 scheduler is never idle between them; each chunk is committed in input order (output fsynced, then the
 checkpoint replaced: jobs/checkpoint.py), so ``kill -9`` at any moment and the same command again finish the file
-with every line in the output exactly once. OUT holds every line's record in input order, answered or failed
+with every line in the output exactly once. The checkpoint names the input and, once it has loaded, the model
+(``model_fingerprint``): a resume with another model or other settings that change its answers is refused, as its
+lines would mix two models' outputs. OUT holds every line's record in input order, answered or failed
 (the server's output and error files together); the exit status is 0 when every line was answered, 1 when some
 failed (their records say why), 2 when the run was refused (a bad file, a checkpoint of another run, a model
 that did not load).
@@ -15,18 +17,23 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import shutil
 import sys
 from collections import deque
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
+from fastapi import FastAPI
 from tqdm import tqdm
 
 from inferd.api.app import LoadFailed, create_app
+from inferd.api.services import services_of
 from inferd.config import ConfigError, load_settings
 from inferd.config_flags import overrides
+from inferd.core.backends.factory import folder_digest
 from inferd.core.memory import MemoryGuard, configure_process
 from inferd.jobs import checkpoint
 from inferd.jobs.checkpoint import Checkpoint, CheckpointError
@@ -66,15 +73,20 @@ _OFFLINE = {"jobs.enabled": False, "model.exit_on_load_failure": True}
 
 
 def offline_settings(args: argparse.Namespace) -> Settings:
-    """The settings the flags and files give, as a serverless run needs them: no jobs store, and no keys or
-    tenants (no port is open: the run is this process's only caller, and no tenant's limits apply to it)."""
+    """The settings the flags and files give, as a serverless run needs them: no jobs store, no keys or tenants (no
+    port is open: the run is this process's only caller, and no tenant's limits apply to it), models loaded first."""
     given = {**overrides(args, server=False), **_OFFLINE}
     if args.log_level is None:
         given["server.log_level"] = "WARNING"  # the progress bar is the run's output; warnings still show
     settings = load_settings(args.env, given, config_dir=args.config_dir)
     # Set on the object: a None override means "not given" to the loader, so it could not clear tenants_file.
     server = settings.server.model_copy(update={"api_keys": (), "tenants": (), "tenants_file": None})
-    return settings.model_copy(update={"server": server})
+    # Every model loaded before the first line (each ``models:`` entry too, whatever its own load_mode): the
+    # checkpoint names the models that answer (model_fingerprint), and a failed load is the run's refusal.
+    eager = {"load_mode": "eager"}
+    models = tuple(e.model_copy(update={"model": e.model.model_copy(update=eager)}) for e in settings.models)
+    return settings.model_copy(update={"server": server, "model": settings.model.model_copy(update=eager),
+                                       "models": models})
 
 
 def main(args: argparse.Namespace) -> int:
@@ -157,6 +169,12 @@ async def batch_file(args: argparse.Namespace, settings: Settings, memory_guard:
     if not cp.finished:
         app = create_app(settings, memory_guard=memory_guard)
         async with app.router.lifespan_context(app):  # the model loads here: the bar starts after it
+            model = model_fingerprint(app)
+            if cp.model is None:  # a fresh run: its checkpoint names the model from now on
+                cp = replace(cp, model=model)
+                checkpoint.save(args.out, cp)
+            else:
+                checkpoint.check_same_model(cp, model, args.out)
             with tqdm(total=total, initial=cp.lines_done, unit="line", file=sys.stderr, dynamic_ncols=True,
                       disable=args.no_progress, desc=args.out.name) as bar:
                 runner = LineRunner(app, settings.jobs.lines_in_flight)
@@ -167,6 +185,49 @@ async def batch_file(args: argparse.Namespace, settings: Settings, memory_guard:
     print(f"inferd batch: {cp.lines_done} lines, {cp.lines_done - cp.failed} answered, {cp.failed} failed "
           f"-> {args.out}", file=sys.stderr)
     return 1 if cp.failed else 0
+
+
+# What a load's description says that changes its answers (not its load time, device or id, which change per load).
+_DESCRIBED = ("path", "task", "backend", "dtype", "quantize", "pooling", "normalize", "max_seq_length", "dimension",
+              "prompts", "default_prompt_name", "matryoshka_dimensions", "similarity_fn_name", "labels", "multi_label",
+              "outputs")
+# Settings that change answers and that a description does not carry.
+_SET = ("truncate", "chunking", "input_type_prompts", "sparse_top_k", "sparse_threshold", "rerank_instruction")
+
+
+def model_fingerprint(app: FastAPI) -> dict[str, Any]:
+    """What decides each served model's outputs, as its load describes it (core/slots.py) and its settings say, with
+    its folder's content digest (the one the export cache keys on; computed once per process): a key per fact,
+    ``<model>.<fact>`` (``<model>/canary.<fact>`` for a canary), in JSON types, so a checkpoint compares equal."""
+    found: dict[str, Any] = {}
+    for served in services_of(app).engine.registry:
+        configured = served.settings.model
+        slots = served.manager.slots()
+        if not slots:  # eager loads (offline_settings) are done or have failed by now: never an empty fingerprint
+            raise BadFile(f"model {served.name!r} is not loaded ({served.manager.reason or served.manager.state})")
+        for role, slot in slots:
+            d = slot.description
+            prefix = served.name if role == "active" else f"{served.name}/{role}"
+            facts = {field: getattr(d, field) for field in _DESCRIBED}
+            path = Path(d.path)
+            facts["content"] = (folder_digest(path) if path.is_dir()
+                                else checkpoint.file_sha256(path) if path.is_file() else None)
+            if configured.backend == "auto":  # its runtime changes during the run: the setting is what is held
+                facts["backend"], facts["dtype"], facts["quantize"] = "auto", configured.dtype, configured.quantize
+            facts |= {field: getattr(configured, field) for field in _SET}
+            if role == "canary":
+                facts["weight"] = served.settings.canary.weight
+            found |= {f"{prefix}.{field}": value for field, value in facts.items()}
+    # As JSON gives it back (tuples as lists, mappings as dicts, settings objects as dicts).
+    return json.loads(json.dumps(found, default=_plain))
+
+
+def _plain(value: Any) -> Any:
+    if hasattr(value, "model_dump"):
+        return value.model_dump(mode="json")
+    if hasattr(value, "items"):
+        return dict(value.items())
+    raise TypeError(f"{type(value).__name__} in a model fingerprint")
 
 
 @dataclass
