@@ -34,6 +34,7 @@ from settingskit import make_settings
 from tinymodel import WORDS, write_tiny_bert
 
 from inferd import cli
+from inferd.api.app import LoadFailed
 from inferd.jobs import checkpoint, offline
 from inferd.jobs.lines import FileRefused
 from inferd.jobs.tables import BadFile, read_records
@@ -275,3 +276,22 @@ def test_a_resume_with_other_model_settings_or_another_model_is_refused_naming_w
     with pytest.raises(checkpoint.CheckpointError, match=r"\.content '[0-9a-f]{64}', now '[0-9a-f]{64}'"):
         asyncio.run(offline.batch_file(run_args(input_file, out), settings))
     assert checkpoint.load(out).lines_done == 64  # refused before any line ran: the checkpoint is as it was
+
+
+def test_a_run_stopped_before_its_first_chunk_s_checkpoint_runs_again_from_the_first_line(
+        tiny_model: Path, input_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue: OUT was made before the model loaded, so a run killed (or refused) before its first checkpoint left an
+    OUT that the same command took for a finished run's, and refused."""
+    out = tmp_path / "out.jsonl"
+    missing = make_settings(tmp_path / "no-model", jobs={"enabled": False}, model={"exit_on_load_failure": True})
+    with pytest.raises(LoadFailed):
+        asyncio.run(offline.batch_file(run_args(input_file, out), missing))
+    assert not out.exists() and checkpoint.load(out) is None
+    settings = make_settings(tiny_model, jobs={"enabled": False}, runtime={"torch_threads": 1})
+    stop_after_chunks(monkeypatch, 0)  # the first chunk written to OUT, its checkpoint not
+    with pytest.raises(Stopped):
+        asyncio.run(offline.batch_file(run_args(input_file, out), settings))
+    monkeypatch.undo()
+    assert out.stat().st_size > 0
+    assert asyncio.run(offline.batch_file(run_args(input_file, out), settings)) == 1  # 1: the three broken lines
+    assert [r["custom_id"] for r in read_records(out)] == expected_order()

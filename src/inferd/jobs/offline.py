@@ -164,9 +164,10 @@ async def batch_file(args: argparse.Namespace, settings: Settings, memory_guard:
     total, duplicates = source.check(settings.jobs.max_line_bytes)
     cp = _start(args, source, total)
     job = f"offline-{cp.input_sha256[:16]}"  # record ids are the job's and the line's: equal in a resumed run
-    output = ParquetOutput(args.out, cp.parts) if parquet_output(args.out) else JsonlOutput(args.out, cp.out_bytes)
     lines = source.lines(cp.next_line, cp.in_offset)
-    if not cp.finished:
+    if cp.finished:  # stopped after its last chunk, before the checkpoint's removal: only the end is left to do
+        output = _output(args.out, cp)
+    else:
         app = create_app(settings, memory_guard=memory_guard)
         async with app.router.lifespan_context(app):  # the model loads here: the bar starts after it
             model = model_fingerprint(app)
@@ -175,6 +176,9 @@ async def batch_file(args: argparse.Namespace, settings: Settings, memory_guard:
                 checkpoint.save(args.out, cp)
             else:
                 checkpoint.check_same_model(cp, model, args.out)
+            # OUT only now, its checkpoint beside it: a run stopped before (killed, or its model did not load) leaves
+            # neither, and the same command starts afresh instead of taking OUT for a finished run's.
+            output = _output(args.out, cp)
             with tqdm(total=total, initial=cp.lines_done, unit="line", file=sys.stderr, dynamic_ncols=True,
                       disable=args.no_progress, desc=args.out.name) as bar:
                 runner = LineRunner(app, settings.jobs.lines_in_flight)
@@ -228,6 +232,10 @@ def _plain(value: Any) -> Any:
     if hasattr(value, "items"):
         return dict(value.items())
     raise TypeError(f"{type(value).__name__} in a model fingerprint")
+
+
+def _output(out: Path, cp: Checkpoint) -> JsonlOutput | ParquetOutput:
+    return ParquetOutput(out, cp.parts) if parquet_output(out) else JsonlOutput(out, cp.out_bytes)
 
 
 @dataclass
