@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from inferd.jobs import checkpoint
+from inferd.jobs import checkpoint, offline
 from inferd.jobs.checkpoint import Checkpoint, CheckpointError
 from inferd.jobs.lines import Line, Record, endpoint_of, parse, parse_all, split
 from inferd.jobs.tables import (
@@ -58,6 +58,20 @@ def test_parquet_body_column_as_json_text_or_struct(tmp_path: Path) -> None:
     assert orjson.loads(broken.data)["error"]["code"] == "invalid_json"
     struct = table(tmp_path / "struct.parquet", {"custom_id": ["s"], "body": [{"input": "one", "user": "u"}]})
     assert lines_of(struct) == [Line(0, "s", {"input": "one", "user": "u"})]
+
+
+def test_parquet_bodies_as_pretty_printed_json_are_one_line_each(tmp_path: Path) -> None:
+    """Issue: rows were joined with newlines and split again, so an indented body was many lines and the file was
+    refused as "not JSONL"; and a broken body with line breaks must not count as several lines."""
+    pretty = json.dumps({"input": ["hi", "there"], "user": "u"}, indent=1)
+    path = table(tmp_path / "pretty.parquet", {"custom_id": ["a", "b", "c"],
+                                               "body": [pretty, '{"input":\n oops}', "\r\n" + pretty]})
+    total, duplicates = offline.source_of(path, EMBEDDINGS).check(1 << 20)
+    assert (total, duplicates) == (3, frozenset())
+    first, broken, third = lines_of(path)
+    assert first == Line(0, "a", {"input": ["hi", "there"], "user": "u"})
+    assert third == Line(2, "c", {"input": ["hi", "there"], "user": "u"})
+    assert isinstance(broken, Record) and orjson.loads(broken.data)["error"]["code"] == "invalid_json"
 
 
 @pytest.mark.parametrize(("columns", "types", "says"), [

@@ -103,7 +103,7 @@ def main(args: argparse.Namespace) -> int:
 
 
 @dataclass
-class _Source:
+class Source:
     """The input's lines, as jobs/lines.py numbers them, from a checkpoint's place on."""
 
     path: Path
@@ -129,7 +129,11 @@ class _Source:
         return total, duplicates_in(raws)
 
 
-def _start(args: argparse.Namespace, source: _Source, total: int) -> Checkpoint:
+def source_of(path: Path, endpoint: Endpoint) -> Source:
+    return Source(path, is_parquet(path), endpoint)
+
+
+def _start(args: argparse.Namespace, source: Source, total: int) -> Checkpoint:
     """The checkpoint this run starts from: a fresh one, or the one beside OUT when it is this run's."""
     out: Path = args.out
     wanted = Checkpoint(checkpoint.file_sha256(source.path), source.path.stat().st_size, source.endpoint.path,
@@ -160,7 +164,7 @@ async def batch_file(args: argparse.Namespace, settings: Settings, memory_guard:
         raise BadFile(f"--out {args.out} is the input file; the output goes to a file of its own")
     if not args.out.parent.is_dir():
         raise BadFile(f"--out {args.out}: no folder {args.out.parent}")
-    source = _Source(args.input, is_parquet(args.input), endpoint)
+    source = source_of(args.input, endpoint)
     total, duplicates = source.check(settings.jobs.max_line_bytes)
     cp = _start(args, source, total)
     job = f"offline-{cp.input_sha256[:16]}"  # record ids are the job's and the line's: equal in a resumed run

@@ -127,12 +127,19 @@ def parquet_lines(path: Path, endpoint: str, start: int = 0) -> Iterator[tuple[i
             cid_text = json.dumps(None if cid is None else str(cid), ensure_ascii=False)
             if whole_body:
                 body = row["body"]
-                # JSON text goes in as written, so a body that is not JSON fails as that line, not the file.
-                body_text = body if isinstance(body, str) else json.dumps(body, ensure_ascii=False)
+                # JSON text goes in as written, so a body that is not JSON fails as that line, not the file; its line
+                # breaks as spaces, so each row stays one line (pretty-printed JSON has them between its tokens, where
+                # a space means the same; inside a JSON string a raw line break is invalid either way).
+                body_text = (_one_line(body) if isinstance(body, str)
+                             else json.dumps(body, ensure_ascii=False))
             else:
                 body_text = json.dumps({k: v for k, v in row.items() if v is not None}, ensure_ascii=False)
             line = f'{{"custom_id": {cid_text}, "method": "POST", "url": {url}, "body": {body_text}}}'
             yield number, line.encode(), 0
+
+
+def _one_line(text: str) -> str:
+    return text.replace("\r", " ").replace("\n", " ")
 
 
 # -- output -------------------------------------------------------------------------------------------------------
