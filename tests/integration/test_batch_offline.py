@@ -34,7 +34,6 @@ from settingskit import make_settings
 from tinymodel import WORDS, write_tiny_bert
 
 from inferd import cli
-from inferd.api.app import LoadFailed
 from inferd.jobs import checkpoint, offline
 from inferd.jobs.lines import FileRefused
 from inferd.jobs.tables import BadFile, read_records
@@ -284,7 +283,7 @@ def test_a_run_stopped_before_its_first_chunk_s_checkpoint_runs_again_from_the_f
     OUT that the same command took for a finished run's, and refused."""
     out = tmp_path / "out.jsonl"
     missing = make_settings(tmp_path / "no-model", jobs={"enabled": False}, model={"exit_on_load_failure": True})
-    with pytest.raises(LoadFailed):
+    with pytest.raises(offline.ModelNotLoaded, match="no-model does not exist"):
         asyncio.run(offline.batch_file(run_args(input_file, out), missing))
     assert not out.exists() and checkpoint.load(out) is None
     settings = make_settings(tiny_model, jobs={"enabled": False}, runtime={"torch_threads": 1})
@@ -295,3 +294,18 @@ def test_a_run_stopped_before_its_first_chunk_s_checkpoint_runs_again_from_the_f
     assert out.stat().st_size > 0
     assert asyncio.run(offline.batch_file(run_args(input_file, out), settings)) == 1  # 1: the three broken lines
     assert [r["custom_id"] for r in read_records(out)] == expected_order()
+
+
+def test_a_model_that_does_not_load_refuses_the_run_with_its_reason_on_one_line(
+        input_file: Path, tmp_path: Path) -> None:
+    """Issue: ``--model-path /nonexistent`` exited 3 through os._exit from a background load, among log lines (with
+    ``--load-mode eager``: "inferd batch: 3"), leaving an OUT behind."""
+    out = tmp_path / "out.jsonl"
+    for extra in ((), ("--load-mode", "background")):
+        run = subprocess.run(batch_command(tmp_path / "nonexistent", str(input_file), "--out", str(out), *extra),
+                             env=batch_env(), cwd=tmp_path, capture_output=True, timeout=120)
+        err = run.stderr.decode()
+        assert run.returncode == 2, err[-3000:]
+        assert err.splitlines()[-1] == f"inferd batch: the model did not load: model folder {tmp_path}/nonexistent " \
+                                       "does not exist"
+        assert "Traceback" not in err and not out.exists() and checkpoint.load(out) is None

@@ -22,6 +22,7 @@ import shutil
 import sys
 from collections import deque
 from collections.abc import Iterator, Sequence
+from contextlib import AsyncExitStack
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -72,6 +73,10 @@ _RETRY_ROUNDS = 600
 _OFFLINE = {"jobs.enabled": False, "model.exit_on_load_failure": True}
 
 
+class ModelNotLoaded(Exception):
+    """A model that did not load: the run is refused (exit 2), the reason on one line."""
+
+
 def offline_settings(args: argparse.Namespace) -> Settings:
     """The settings the flags and files give, as a serverless run needs them: no jobs store, no keys or tenants (no
     port is open: the run is this process's only caller, and no tenant's limits apply to it), models loaded first."""
@@ -94,7 +99,7 @@ def main(args: argparse.Namespace) -> int:
         settings = offline_settings(args)
         configure_logging(settings.server.log_level, settings.server.log_format)
         return asyncio.run(batch_file(args, settings, configure_process(settings)))
-    except (ConfigError, ValueError, BadFile, CheckpointError, LoadFailed, OSError) as exc:
+    except (ConfigError, ValueError, BadFile, CheckpointError, ModelNotLoaded, OSError) as exc:
         print(f"inferd batch: {exc}", file=sys.stderr)  # OSError: a file it could not read or write
         return 2
     except FileRefused as exc:
@@ -173,7 +178,11 @@ async def batch_file(args: argparse.Namespace, settings: Settings, memory_guard:
         output = _output(args.out, cp)
     else:
         app = create_app(settings, memory_guard=memory_guard)
-        async with app.router.lifespan_context(app):  # the model loads here: the bar starts after it
+        async with AsyncExitStack() as stack:
+            try:  # the model loads here: the bar starts after it
+                await stack.enter_async_context(app.router.lifespan_context(app))
+            except LoadFailed as exc:  # its exit status (3) is a server's; the reason is the ModelLoadError's
+                raise ModelNotLoaded(f"the model did not load: {' '.join(str(exc.__cause__ or exc).split())}") from exc
             model = model_fingerprint(app)
             if cp.model is None:  # a fresh run: its checkpoint names the model from now on
                 cp = replace(cp, model=model)
@@ -212,7 +221,8 @@ def model_fingerprint(app: FastAPI) -> dict[str, Any]:
         configured = served.settings.model
         slots = served.manager.slots()
         if not slots:  # eager loads (offline_settings) are done or have failed by now: never an empty fingerprint
-            raise BadFile(f"model {served.name!r} is not loaded ({served.manager.reason or served.manager.state})")
+            why = served.manager.reason or served.manager.state
+            raise ModelNotLoaded(f"model {served.name!r} is not loaded ({why})")
         for role, slot in slots:
             d = slot.description
             prefix = served.name if role == "active" else f"{served.name}/{role}"
