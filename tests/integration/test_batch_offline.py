@@ -309,3 +309,48 @@ def test_a_model_that_does_not_load_refuses_the_run_with_its_reason_on_one_line(
         assert err.splitlines()[-1] == f"inferd batch: the model did not load: model folder {tmp_path}/nonexistent " \
                                        "does not exist"
         assert "Traceback" not in err and not out.exists() and checkpoint.load(out) is None
+
+
+@pytest.fixture(scope="module")
+def long_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Lines enough that a run of 8-line chunks is still going seconds after its first checkpoint."""
+    path = tmp_path_factory.mktemp("long") / "long.jsonl"
+    path.write_bytes(b"".join(orjson.dumps({"custom_id": f"l{n}", "method": "POST", "url": "/v1/embeddings",
+                                            "body": {"input": " ".join(WORDS[n % 50:n % 50 + n % 9 + 1])}}) + b"\n"
+                              for n in range(20_000)))
+    return path
+
+
+def start_batch(tiny_model: Path, source: Path, out: Path, log: Path) -> subprocess.Popen[bytes]:
+    """``inferd batch`` in a process of its own, returned once it has committed some lines (8-line chunks)."""
+    with open(log, "wb") as f:
+        # SIGINT as a terminal gives it (a process started in the background from a shell would ignore it).
+        run = subprocess.Popen(batch_command(tiny_model, str(source), "--out", str(out), "--chunk-lines", "8"),
+                               env=batch_env(), cwd=out.parent, stdout=f, stderr=subprocess.STDOUT,
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+
+    def progress() -> int:
+        assert run.poll() is None, log.read_text()
+        found = checkpoint.load(out) if checkpoint.checkpoint_path(out).exists() else None
+        return found.lines_done if found else 0
+    try:
+        wait_for(lambda: progress() >= 16, 120, "two chunks committed", every=0.005)
+    except BaseException:
+        run.kill()
+        raise
+    return run
+
+
+def test_a_second_run_on_the_same_out_is_refused_at_once_while_the_first_runs(
+        tiny_model: Path, long_file: Path, tmp_path: Path) -> None:
+    """Issue: two runs on one --out both wrote it, and one died renaming the other's checkpoint."""
+    out = tmp_path / "out.jsonl"
+    first = start_batch(tiny_model, long_file, out, tmp_path / "first.log")
+    try:
+        settings = make_settings(tiny_model, jobs={"enabled": False})
+        with pytest.raises(BadFile, match=f"being written by another inferd batch \\(pid {first.pid}\\)"):
+            asyncio.run(offline.batch_file(run_args(long_file, out), settings))
+        assert first.poll() is None  # the first run goes on
+    finally:
+        first.kill()
+        first.wait(10)

@@ -17,12 +17,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import fcntl
 import json
+import os
 import shutil
 import sys
 from collections import deque
 from collections.abc import Iterator, Sequence
-from contextlib import AsyncExitStack
+from contextlib import AsyncExitStack, contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -169,6 +171,44 @@ async def batch_file(args: argparse.Namespace, settings: Settings, memory_guard:
         raise BadFile(f"--out {args.out} is the input file; the output goes to a file of its own")
     if not args.out.parent.is_dir():
         raise BadFile(f"--out {args.out}: no folder {args.out.parent}")
+    with _exclusive(args.out):
+        return await _run(args, settings, memory_guard, endpoint)
+
+
+@contextmanager
+def _exclusive(out: Path) -> Iterator[None]:
+    """OUT to this run alone, for the whole run: two runs on one OUT wrote the same files and one died renaming the
+    other's. ``OUT.lock`` is held with flock (the kernel lets it go with the process, kill -9 included) and holds the
+    holder's pid; a second run is refused at once."""
+    path = out.with_name(out.name + ".lock")
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+            os.close(fd)
+            raise BadFile(f"{out} is being written by another inferd batch (pid {holder}); wait for it to end, or "
+                          "give another --out") from None
+        # The run before may have removed the file it held between our open and our flock: the lock must be on the
+        # file now at the path, or a third run would lock another one beside ours.
+        try:
+            if os.stat(path).st_ino == os.fstat(fd).st_ino:
+                break
+        except FileNotFoundError:
+            pass
+        os.close(fd)
+    try:
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        yield
+    finally:
+        path.unlink(missing_ok=True)  # while still held: see above
+        os.close(fd)
+
+
+async def _run(args: argparse.Namespace, settings: Settings, memory_guard: MemoryGuard | None,
+               endpoint: Endpoint) -> int:
     source = source_of(args.input, endpoint)
     total, duplicates = source.check(settings.jobs.max_line_bytes)
     cp = _start(args, source, total)
