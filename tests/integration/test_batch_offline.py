@@ -313,11 +313,11 @@ def test_a_model_that_does_not_load_refuses_the_run_with_its_reason_on_one_line(
 
 @pytest.fixture(scope="module")
 def long_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Lines enough that a run of 8-line chunks is still going seconds after its first checkpoint."""
+    """Lines enough that a run of 8-line chunks is still going a second after its first checkpoint."""
     path = tmp_path_factory.mktemp("long") / "long.jsonl"
     path.write_bytes(b"".join(orjson.dumps({"custom_id": f"l{n}", "method": "POST", "url": "/v1/embeddings",
                                             "body": {"input": " ".join(WORDS[n % 50:n % 50 + n % 9 + 1])}}) + b"\n"
-                              for n in range(20_000)))
+                              for n in range(4_000)))
     return path
 
 
@@ -354,3 +354,21 @@ def test_a_second_run_on_the_same_out_is_refused_at_once_while_the_first_runs(
     finally:
         first.kill()
         first.wait(10)
+
+
+def test_ctrl_c_mid_run_says_how_far_it_got_exits_130_and_the_same_command_resumes(
+        tiny_model: Path, long_file: Path, tmp_path: Path) -> None:
+    """Issue: SIGINT printed two tracebacks and exited 1, the status of a run whose lines failed."""
+    out = tmp_path / "out.jsonl"
+    log = tmp_path / "first.log"
+    first = start_batch(tiny_model, long_file, out, log)
+    first.send_signal(signal.SIGINT)
+    assert first.wait(60) == 130, log.read_text()[-3000:]
+    done = checkpoint.load(out).lines_done
+    assert log.read_text().splitlines()[-1] == (f"inferd batch: interrupted after {done} lines; run the same "
+                                                "command to resume")
+    assert "Traceback" not in log.read_text() and 16 <= done < 4_000
+    again = subprocess.run(batch_command(tiny_model, str(long_file), "--out", str(out), "--chunk-lines", "8"),
+                           env=batch_env(), cwd=tmp_path, capture_output=True, timeout=300)
+    assert again.returncode == 0, again.stderr.decode()[-3000:]
+    assert [r["custom_id"] for r in read_records(out)] == [f"l{n}" for n in range(4_000)]

@@ -107,6 +107,16 @@ def main(args: argparse.Namespace) -> int:
     except FileRefused as exc:
         print(f"inferd batch: {args.input}: {exc.message} ({exc.code})", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        # asyncio.run cancelled the run: the chunks in flight were stopped uncommitted, so the checkpoint is where
+        # the same command goes on from. 130: a shell's status for SIGINT, apart from 1 (lines failed).
+        try:
+            found = checkpoint.load(args.out)
+        except CheckpointError:
+            found = None
+        print(f"inferd batch: interrupted after {found.lines_done if found else 0} lines; run the same command to "
+              "resume", file=sys.stderr)
+        return 130
 
 
 @dataclass
