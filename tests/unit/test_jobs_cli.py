@@ -118,6 +118,22 @@ def test_a_refusal_prints_the_server_s_reason_and_exits_1(capsys: pytest.Capture
     assert "502 <html>bad gateway</html>" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(("batch_id", "path"), [("../files", "/v1/batches/..%2Ffiles"),
+                                                ("x?limit=1", "/v1/batches/x%3Flimit%3D1")])
+def test_an_id_is_one_path_segment_and_an_answer_that_is_not_a_batch_is_refused(
+        batch_id: str, path: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue: ``show ../files`` fetched /v1/files and printed a job of None fields (exit 0); ``x?limit=1`` sent a
+    query."""
+    files = {"object": "list", "data": [], "has_more": False}  # what /v1/files answers
+    stand = Stand(lambda r: httpx.Response(200, json=files))
+    for action in ("show", "cancel"):
+        assert run([action, batch_id], stand) == 1
+        assert "the answer is not a batch (object 'list')" in capsys.readouterr().err
+    assert [(r.url.raw_path.decode(), r.url.query) for r in stand.requests] == [(path, b""), (path + "/cancel", b"")]
+    assert run(["show", ".."], stand) == 1 and len(stand.requests) == 2  # refused before any request
+    assert "'..' is not a batch id" in capsys.readouterr().err
+
+
 def test_a_server_that_is_not_there_is_named(capsys: pytest.CaptureFixture[str],
                                              monkeypatch: pytest.MonkeyPatch) -> None:
     url = f"http://127.0.0.1:{free_port()}"  # nothing listens: a real connection refused

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 from tqdm import tqdm
@@ -101,10 +102,19 @@ class BatchesClient:
             after = page.get("last_id") or data[-1]["id"]
 
     def get(self, batch_id: str) -> dict[str, Any]:
-        return self._call("GET", f"/v1/batches/{batch_id}")
+        return self._batch("GET", f"/v1/batches/{_segment(batch_id)}")
 
     def cancel(self, batch_id: str) -> dict[str, Any]:
-        return self._call("POST", f"/v1/batches/{batch_id}/cancel")
+        return self._batch("POST", f"/v1/batches/{_segment(batch_id)}/cancel")
+
+    def _batch(self, method: str, path: str) -> dict[str, Any]:
+        """A call answered by one batch: anything else (another route's answer, another server's) is refused,
+        never printed as a job of None fields."""
+        body = self._call(method, path)
+        if body.get("object") != "batch":
+            raise JobsError(f"{method} {path}: the answer is not a batch (object {body.get('object')!r}); is "
+                            f"{self.url} an inferd server?")
+        return body
 
     def _call(self, method: str, path: str, **kw: Any) -> dict[str, Any]:
         try:
@@ -120,6 +130,13 @@ class BatchesClient:
             reason = error.get("message") if isinstance(error, dict) else (r.text[:200] or r.reason_phrase)
             raise JobsError(f"{method} {path}: {r.status_code} {reason}")
         return body
+
+
+def _segment(batch_id: str) -> str:
+    """The id as one path segment: as typed it reached other routes (``../files``) or sent a query (``x?limit=1``)."""
+    if batch_id in ("", ".", ".."):  # dot segments that no quoting keeps: the URL would go up a level
+        raise JobsError(f"{batch_id!r} is not a batch id")
+    return quote(batch_id, safe="")
 
 
 def main(args: argparse.Namespace, transport: httpx.BaseTransport | None = None,
