@@ -372,3 +372,26 @@ def test_ctrl_c_mid_run_says_how_far_it_got_exits_130_and_the_same_command_resum
                            env=batch_env(), cwd=tmp_path, capture_output=True, timeout=300)
     assert again.returncode == 0, again.stderr.decode()[-3000:]
     assert [r["custom_id"] for r in read_records(out)] == [f"l{n}" for n in range(4_000)]
+
+
+def test_a_parquet_run_stopped_after_writing_out_but_before_removing_its_checkpoint_finishes_again(
+        tiny_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue: finish() deleted the parts before the checkpoint was removed; stopped between the two, the same command
+    was refused ("lacks parts its checkpoint counts") and the run could not be finished."""
+    source = tmp_path / "in.parquet"
+    pq.write_table(pa.table({"custom_id": [f"p{n}" for n in range(40)], "input": [WORDS[n] for n in range(40)]}),
+                   source)
+    out = tmp_path / "out.parquet"
+    settings = make_settings(tiny_model, jobs={"enabled": False}, runtime={"torch_threads": 1})
+
+    def stopped(path: Path) -> None:
+        raise Stopped
+
+    monkeypatch.setattr(checkpoint, "remove", stopped)
+    with pytest.raises(Stopped):
+        asyncio.run(offline.batch_file(run_args(source, out), settings))
+    monkeypatch.undo()
+    assert checkpoint.load(out).finished and out.exists()
+    assert asyncio.run(offline.batch_file(run_args(source, out), settings)) == 0
+    assert [r["custom_id"] for r in read_records(out)] == [f"p{n}" for n in range(40)]
+    assert checkpoint.load(out) is None and not (tmp_path / "out.parquet.parts").exists()

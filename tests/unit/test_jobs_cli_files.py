@@ -137,6 +137,8 @@ def test_parquet_output_rewrites_an_uncommitted_part_and_gathers_the_parts_in_or
     resumed = ParquetOutput(out, 1)
     resumed.write_chunk(records(range(2, 4)), 1)
     resumed.finish(2)
+    assert resumed.parts_dir.exists()  # until the checkpoint is removed: a resume may gather them again
+    resumed.clean_up()
     assert not resumed.parts_dir.exists()
     got = read_records(out)
     assert got == [orjson.loads(r.data) for r in records(range(0, 4))]  # the JSONL records, column by column

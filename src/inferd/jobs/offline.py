@@ -249,6 +249,7 @@ async def _run(args: argparse.Namespace, settings: Settings, memory_guard: Memor
                                        output, args.out, bar)
     output.finish(cp.parts)
     checkpoint.remove(args.out)
+    output.clean_up()
     print(f"inferd batch: {cp.lines_done} lines, {cp.lines_done - cp.failed} answered, {cp.failed} failed "
           f"-> {args.out}", file=sys.stderr)
     return 1 if cp.failed else 0

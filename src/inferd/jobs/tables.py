@@ -14,7 +14,7 @@ Output. JSONL holds OpenAI's batch output records, one per input line. Parquet h
 flattened into the columns of ``OUTPUT_SCHEMA``: ``id``, ``custom_id``, ``status_code`` and ``request_id`` (null
 when the line never ran), ``body`` (the endpoint's answer as JSON text) and ``error`` (the record's error object as
 JSON text, null when none). Parquet cannot be appended to after a crash, so each committed chunk is a part file
-under ``OUT.parts/`` and the parts become OUT when the run ends.
+under ``OUT.parts/`` and the parts become OUT when the run ends (removed only after the checkpoint is).
 """
 
 from __future__ import annotations
@@ -189,6 +189,9 @@ class JsonlOutput:
     def finish(self, parts: int) -> None:
         pass  # every chunk is already in place
 
+    def clean_up(self) -> None:
+        pass
+
 
 class ParquetOutput:
     """One part file per chunk (written beside, renamed into place), gathered into OUT at the end."""
@@ -226,6 +229,10 @@ class ParquetOutput:
             os.fsync(f.fileno())
         os.replace(tmp, self.path)
         fsync_dir(self.path.parent)
+
+    def clean_up(self) -> None:
+        """The parts, once the checkpoint is gone: until then a resume of the finished run gathers them again (a
+        kill between the two left a checkpoint whose parts were deleted, which no resume could finish)."""
         shutil.rmtree(self.parts_dir, ignore_errors=True)
 
 
