@@ -74,6 +74,23 @@ def test_parquet_bodies_as_pretty_printed_json_are_one_line_each(tmp_path: Path)
     assert isinstance(broken, Record) and orjson.loads(broken.data)["error"]["code"] == "invalid_json"
 
 
+def test_parquet_as_pandas_writes_it_whole_number_floats_as_ints_and_categories_decoded(tmp_path: Path) -> None:
+    """Issue: an integer column with nulls (pandas makes it float: 16.0) gave ``"dimensions": 16.0``, which the route
+    refuses; a categorical (dictionary-encoded) text column was refused as having no JSON form."""
+    categories = pa.DictionaryArray.from_arrays(pa.array([0, 1, 0], pa.int32()), pa.array(["a b", "c"]))
+    ids = pa.DictionaryArray.from_arrays(pa.array([0, 1, 2], pa.int8()), pa.array(["x", "y", "z"]))
+    path = tmp_path / "pandas.parquet"
+    pq.write_table(pa.table({"custom_id": ids, "input": categories, "dimensions": pa.array([16.0, None, 8.5])}), path)
+    assert pa.types.is_dictionary(pq.read_schema(path).field("input").type)  # as pandas' category dtype writes it
+    assert check_parquet_input(path) == 3
+    raws = [raw for _, raw, _ in parquet_lines(path, EMBEDDINGS.path)]
+    assert [orjson.loads(raw)["body"] for raw in raws] == [{"input": "a b", "dimensions": 16}, {"input": "c"},
+                                                            {"input": "a b", "dimensions": 8.5}]
+    assert b'"dimensions": 16}' in raws[0]  # an int in the line itself, not 16.0
+    struct = table(tmp_path / "struct.parquet", {"custom_id": ["s"], "body": [{"input": "one", "dimensions": 4.0}]})
+    assert b'"dimensions": 4}' in next(parquet_lines(struct, EMBEDDINGS.path))[1]
+
+
 @pytest.mark.parametrize(("columns", "types", "says"), [
     ({"id": ["a"], "input": ["x"]}, {}, "no custom_id column"),
     ({"custom_id": [1.5], "input": ["x"]}, {}, "custom_id is double"),

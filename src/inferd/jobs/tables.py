@@ -71,6 +71,8 @@ def jsonl_lines(path: Path, number: int = 0, offset: int = 0) -> Iterator[tuple[
 
 
 def _json_typed(t: pa.DataType) -> bool:
+    if pa.types.is_dictionary(t):  # a categorical column (pandas'): its values are what to_pylist gives
+        return _json_typed(t.value_type)
     if pa.types.is_struct(t):
         return all(_json_typed(t.field(i).type) for i in range(t.num_fields))
     if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
@@ -94,6 +96,7 @@ def check_parquet_input(path: Path) -> int:
     if "custom_id" not in names:
         raise BadFile(f"{path}: no custom_id column (columns: {', '.join(names)}); every row needs its id")
     cid = schema.field("custom_id").type
+    cid = cid.value_type if pa.types.is_dictionary(cid) else cid
     if not (pa.types.is_string(cid) or pa.types.is_large_string(cid) or pa.types.is_integer(cid)):
         raise BadFile(f"{path}: custom_id is {cid}; it must be text or an integer")
     fields = [n for n in names if n != "custom_id"]
@@ -131,11 +134,23 @@ def parquet_lines(path: Path, endpoint: str, start: int = 0) -> Iterator[tuple[i
                 # breaks as spaces, so each row stays one line (pretty-printed JSON has them between its tokens, where
                 # a space means the same; inside a JSON string a raw line break is invalid either way).
                 body_text = (_one_line(body) if isinstance(body, str)
-                             else json.dumps(body, ensure_ascii=False))
+                             else json.dumps(_whole(body), ensure_ascii=False))
             else:
-                body_text = json.dumps({k: v for k, v in row.items() if v is not None}, ensure_ascii=False)
+                body_text = json.dumps({k: _whole(v) for k, v in row.items() if v is not None}, ensure_ascii=False)
             line = f'{{"custom_id": {cid_text}, "method": "POST", "url": {url}, "body": {body_text}}}'
             yield number, line.encode(), 0
+
+
+def _whole(value: Any) -> Any:
+    """Whole-number floats as ints: pandas stores an integer column with nulls as floats, and ``dimensions: 384.0``
+    is refused where ``384`` is asked for."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, list):
+        return [_whole(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _whole(v) for k, v in value.items()}
+    return value
 
 
 def _one_line(text: str) -> str:
