@@ -10,7 +10,8 @@ with every line in the output exactly once. The checkpoint names the input and, 
 lines would mix two models' outputs. OUT holds every line's record in input order, answered or failed
 (the server's output and error files together); the exit status is 0 when every line was answered, 1 when some
 failed (their records say why), 2 when the run was refused (a bad file, a checkpoint of another run, a model
-that did not load).
+that did not load, another run writing the same OUT), 130 when it was interrupted (Ctrl-C; the same command
+resumes).
 """
 
 from __future__ import annotations
