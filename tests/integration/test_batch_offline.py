@@ -16,6 +16,7 @@ import asyncio
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -30,7 +31,7 @@ import pyarrow.parquet as pq
 import pytest
 from conftest import ROOT, Server, wait_for
 from settingskit import make_settings
-from tinymodel import WORDS
+from tinymodel import WORDS, write_tiny_bert
 
 from inferd import cli
 from inferd.jobs import checkpoint, offline
@@ -184,6 +185,21 @@ class Stopped(Exception):
     """Stands for a kill between a chunk's part file and its checkpoint."""
 
 
+def stop_after_chunks(monkeypatch: pytest.MonkeyPatch, chunks: int) -> None:
+    """A kill after ``chunks`` chunks are committed, as the next chunk's checkpoint is to be written (its output is
+    in place)."""
+    save, committed = checkpoint.save, []
+
+    def save_then_stop(path: Path, cp: checkpoint.Checkpoint) -> None:
+        if cp.lines_done > 0:  # a chunk's checkpoint, not a run's first
+            if len(committed) == chunks:
+                raise Stopped
+            committed.append(cp)
+        save(path, cp)
+
+    monkeypatch.setattr(checkpoint, "save", save_then_stop)
+
+
 def test_parquet_in_and_out_stopped_between_a_part_and_its_checkpoint(
         tiny_model: Path, server_records: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     rows = [orjson.loads(line) for line in corpus() if line and not line.startswith(b"{not")]
@@ -193,19 +209,11 @@ def test_parquet_in_and_out_stopped_between_a_part_and_its_checkpoint(
                              "input": [r["body"]["input"] for r in rows]}), source)
     out = tmp_path / "out.parquet"
     settings = make_settings(tiny_model, jobs={"enabled": False}, runtime={"torch_threads": 1})
-    save, saves = checkpoint.save, []
-
-    def save_then_stop(path: Path, cp: checkpoint.Checkpoint) -> None:
-        if len(saves) == 2:
-            raise Stopped  # the third chunk's part is in place, its checkpoint never written
-        saves.append(cp)
-        save(path, cp)
-
-    monkeypatch.setattr(checkpoint, "save", save_then_stop)
+    stop_after_chunks(monkeypatch, 2)  # the third chunk's part is in place, its checkpoint never written
     with pytest.raises(Stopped):
         asyncio.run(offline.batch_file(run_args(source, out), settings))
     assert len(list((tmp_path / "out.parquet.parts").glob("*.parquet"))) == 3
-    monkeypatch.setattr(checkpoint, "save", save)
+    monkeypatch.undo()
     assert asyncio.run(offline.batch_file(run_args(source, out), settings)) == 0
     got = read_records(out)
     assert [r["custom_id"] for r in got] == [r["custom_id"] for r in rows]
@@ -244,3 +252,146 @@ def test_a_finished_run_another_input_s_checkpoint_or_an_input_or_output_it_cann
         asyncio.run(offline.batch_file(run_args(input_file, input_file), settings))
     with pytest.raises(BadFile, match="no folder"):
         asyncio.run(offline.batch_file(run_args(input_file, tmp_path / "absent" / "out.jsonl"), settings))
+
+
+def test_a_resume_with_other_model_settings_or_another_model_is_refused_naming_what_changed(
+        tiny_model: Path, input_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue: a resume with ``--set model.normalize=false`` appended unnormalized vectors to normalized ones."""
+    folder = Path(shutil.copytree(tiny_model, tmp_path / "model"))
+    out = tmp_path / "out.jsonl"
+    settings = make_settings(folder, jobs={"enabled": False}, runtime={"torch_threads": 1})
+    stop_after_chunks(monkeypatch, 2)
+    with pytest.raises(Stopped):
+        asyncio.run(offline.batch_file(run_args(input_file, out), settings))
+    monkeypatch.undo()
+    assert checkpoint.load(out).lines_done == 64
+    unnormalized = make_settings(folder, jobs={"enabled": False}, runtime={"torch_threads": 1},
+                                 model={"normalize": False})
+    with pytest.raises(checkpoint.CheckpointError) as refused:
+        asyncio.run(offline.batch_file(run_args(input_file, out), unnormalized))
+    assert "normalize True, now False" in str(refused.value) and "--restart" in str(refused.value)
+    write_tiny_bert(folder, seed=2)  # other weights in the same folder, the same settings
+    with pytest.raises(checkpoint.CheckpointError, match=r"\.content '[0-9a-f]{64}', now '[0-9a-f]{64}'"):
+        asyncio.run(offline.batch_file(run_args(input_file, out), settings))
+    assert checkpoint.load(out).lines_done == 64  # refused before any line ran: the checkpoint is as it was
+
+
+def test_a_run_stopped_before_its_first_chunk_s_checkpoint_runs_again_from_the_first_line(
+        tiny_model: Path, input_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue: OUT was made before the model loaded, so a run killed (or refused) before its first checkpoint left an
+    OUT that the same command took for a finished run's, and refused."""
+    out = tmp_path / "out.jsonl"
+    missing = make_settings(tmp_path / "no-model", jobs={"enabled": False}, model={"exit_on_load_failure": True})
+    with pytest.raises(offline.ModelNotLoaded, match="no-model does not exist"):
+        asyncio.run(offline.batch_file(run_args(input_file, out), missing))
+    assert not out.exists() and checkpoint.load(out) is None
+    settings = make_settings(tiny_model, jobs={"enabled": False}, runtime={"torch_threads": 1})
+    stop_after_chunks(monkeypatch, 0)  # the first chunk written to OUT, its checkpoint not
+    with pytest.raises(Stopped):
+        asyncio.run(offline.batch_file(run_args(input_file, out), settings))
+    monkeypatch.undo()
+    assert out.stat().st_size > 0
+    assert asyncio.run(offline.batch_file(run_args(input_file, out), settings)) == 1  # 1: the three broken lines
+    assert [r["custom_id"] for r in read_records(out)] == expected_order()
+
+
+def test_a_model_that_does_not_load_refuses_the_run_with_its_reason_on_one_line(
+        input_file: Path, tmp_path: Path) -> None:
+    """Issue: ``--model-path /nonexistent`` exited 3 through os._exit from a background load, among log lines (with
+    ``--load-mode eager``: "inferd batch: 3"), leaving an OUT behind."""
+    out = tmp_path / "out.jsonl"
+    for extra in ((), ("--load-mode", "background")):
+        run = subprocess.run(batch_command(tmp_path / "nonexistent", str(input_file), "--out", str(out), *extra),
+                             env=batch_env(), cwd=tmp_path, capture_output=True, timeout=120)
+        err = run.stderr.decode()
+        assert run.returncode == 2, err[-3000:]
+        assert err.splitlines()[-1] == f"inferd batch: the model did not load: model folder {tmp_path}/nonexistent " \
+                                       "does not exist"
+        assert "Traceback" not in err and not out.exists() and checkpoint.load(out) is None
+
+
+@pytest.fixture(scope="module")
+def long_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Lines enough that a run of 8-line chunks is still going a second after its first checkpoint."""
+    path = tmp_path_factory.mktemp("long") / "long.jsonl"
+    path.write_bytes(b"".join(orjson.dumps({"custom_id": f"l{n}", "method": "POST", "url": "/v1/embeddings",
+                                            "body": {"input": " ".join(WORDS[n % 50:n % 50 + n % 9 + 1])}}) + b"\n"
+                              for n in range(4_000)))
+    return path
+
+
+def start_batch(tiny_model: Path, source: Path, out: Path, log: Path) -> subprocess.Popen[bytes]:
+    """``inferd batch`` in a process of its own, returned once it has committed some lines (8-line chunks)."""
+    with open(log, "wb") as f:
+        # SIGINT as a terminal gives it (a process started in the background from a shell would ignore it).
+        run = subprocess.Popen(batch_command(tiny_model, str(source), "--out", str(out), "--chunk-lines", "8"),
+                               env=batch_env(), cwd=out.parent, stdout=f, stderr=subprocess.STDOUT,
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+
+    def progress() -> int:
+        assert run.poll() is None, log.read_text()
+        found = checkpoint.load(out) if checkpoint.checkpoint_path(out).exists() else None
+        return found.lines_done if found else 0
+    try:
+        wait_for(lambda: progress() >= 16, 120, "two chunks committed", every=0.005)
+    except BaseException:
+        run.kill()
+        raise
+    return run
+
+
+def test_a_second_run_on_the_same_out_is_refused_at_once_while_the_first_runs(
+        tiny_model: Path, long_file: Path, tmp_path: Path) -> None:
+    """Issue: two runs on one --out both wrote it, and one died renaming the other's checkpoint."""
+    out = tmp_path / "out.jsonl"
+    first = start_batch(tiny_model, long_file, out, tmp_path / "first.log")
+    try:
+        settings = make_settings(tiny_model, jobs={"enabled": False})
+        with pytest.raises(BadFile, match=f"being written by another inferd batch \\(pid {first.pid}\\)"):
+            asyncio.run(offline.batch_file(run_args(long_file, out), settings))
+        assert first.poll() is None  # the first run goes on
+    finally:
+        first.kill()
+        first.wait(10)
+
+
+def test_ctrl_c_mid_run_says_how_far_it_got_exits_130_and_the_same_command_resumes(
+        tiny_model: Path, long_file: Path, tmp_path: Path) -> None:
+    """Issue: SIGINT printed two tracebacks and exited 1, the status of a run whose lines failed."""
+    out = tmp_path / "out.jsonl"
+    log = tmp_path / "first.log"
+    first = start_batch(tiny_model, long_file, out, log)
+    first.send_signal(signal.SIGINT)
+    assert first.wait(60) == 130, log.read_text()[-3000:]
+    done = checkpoint.load(out).lines_done
+    assert log.read_text().splitlines()[-1] == (f"inferd batch: interrupted after {done} lines; run the same "
+                                                "command to resume")
+    assert "Traceback" not in log.read_text() and 16 <= done < 4_000
+    again = subprocess.run(batch_command(tiny_model, str(long_file), "--out", str(out), "--chunk-lines", "8"),
+                           env=batch_env(), cwd=tmp_path, capture_output=True, timeout=300)
+    assert again.returncode == 0, again.stderr.decode()[-3000:]
+    assert [r["custom_id"] for r in read_records(out)] == [f"l{n}" for n in range(4_000)]
+
+
+def test_a_parquet_run_stopped_after_writing_out_but_before_removing_its_checkpoint_finishes_again(
+        tiny_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue: finish() deleted the parts before the checkpoint was removed; stopped between the two, the same command
+    was refused ("lacks parts its checkpoint counts") and the run could not be finished."""
+    source = tmp_path / "in.parquet"
+    pq.write_table(pa.table({"custom_id": [f"p{n}" for n in range(40)], "input": [WORDS[n] for n in range(40)]}),
+                   source)
+    out = tmp_path / "out.parquet"
+    settings = make_settings(tiny_model, jobs={"enabled": False}, runtime={"torch_threads": 1})
+
+    def stopped(path: Path) -> None:
+        raise Stopped
+
+    monkeypatch.setattr(checkpoint, "remove", stopped)
+    with pytest.raises(Stopped):
+        asyncio.run(offline.batch_file(run_args(source, out), settings))
+    monkeypatch.undo()
+    assert checkpoint.load(out).finished and out.exists()
+    assert asyncio.run(offline.batch_file(run_args(source, out), settings)) == 0
+    assert [r["custom_id"] for r in read_records(out)] == [f"p{n}" for n in range(40)]
+    assert checkpoint.load(out) is None and not (tmp_path / "out.parquet.parts").exists()

@@ -5,6 +5,7 @@ the settings ``inferd batch`` runs with; check-config's mask on the jobs store's
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -116,6 +117,26 @@ def test_a_refusal_prints_the_server_s_reason_and_exits_1(capsys: pytest.Capture
     assert "inferd jobs show: GET /v1/batches/batch_x: 404 no batch 'batch_x'" in err
     assert run(["cancel", "batch_x"], Stand(lambda r: httpx.Response(502, text="<html>bad gateway</html>"))) == 1
     assert "502 <html>bad gateway</html>" in capsys.readouterr().err
+    # Another server's page: its first line, not the page (the issue's HTML 404 spread over the terminal).
+    page = "\n<!DOCTYPE html>\n<html><body>\n<h1>Not Found</h1>\n</body></html>\n"
+    assert run(["show", "batch_x"], Stand(lambda r: httpx.Response(404, text=page))) == 1
+    assert capsys.readouterr().err == "inferd jobs show: GET /v1/batches/batch_x: 404 <!DOCTYPE html>\n"
+
+
+@pytest.mark.parametrize(("batch_id", "path"), [("../files", "/v1/batches/..%2Ffiles"),
+                                                ("x?limit=1", "/v1/batches/x%3Flimit%3D1")])
+def test_an_id_is_one_path_segment_and_an_answer_that_is_not_a_batch_is_refused(
+        batch_id: str, path: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue: ``show ../files`` fetched /v1/files and printed a job of None fields (exit 0); ``x?limit=1`` sent a
+    query."""
+    files = {"object": "list", "data": [], "has_more": False}  # what /v1/files answers
+    stand = Stand(lambda r: httpx.Response(200, json=files))
+    for action in ("show", "cancel"):
+        assert run([action, batch_id], stand) == 1
+        assert "the answer is not a batch (object 'list')" in capsys.readouterr().err
+    assert [(r.url.raw_path.decode(), r.url.query) for r in stand.requests] == [(path, b""), (path + "/cancel", b"")]
+    assert run(["show", ".."], stand) == 1 and len(stand.requests) == 2  # refused before any request
+    assert "'..' is not a batch id" in capsys.readouterr().err
 
 
 def test_a_server_that_is_not_there_is_named(capsys: pytest.CaptureFixture[str],
@@ -152,5 +173,105 @@ def test_batch_runs_without_keys_tenants_or_a_jobs_store_whatever_the_configurat
     settings = offline.offline_settings(args)
     assert (settings.server.api_keys, settings.server.tenants, settings.server.tenants_file) == ((), (), None)
     assert not settings.jobs.enabled and settings.model.exit_on_load_failure
+    # Loaded before the first line, whatever the configuration: the checkpoint names the model that answers.
+    assert settings.model.load_mode == "eager"
     assert settings.model.path == "/m" and settings.jobs.chunk_size == 7  # the flags still apply
     assert settings.server.log_level == "WARNING"  # the progress bar is the output
+
+
+class Clock:
+    """tqdm's clock and ``show --follow``'s sleep, as one: sleeping moves it on."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+        self.slept: list[float] = []
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+        self.now += seconds
+
+
+def follow(argv: list[str], stand: Stand, clock: Clock) -> int:
+    return jobs_cli.main(cli.build_parser().parse_args(["jobs", "show", "batch_7", "--follow", *argv]),
+                         httpx.MockTransport(stand), sleep=clock.sleep)
+
+
+def test_follow_s_rate_counts_the_lines_done_while_followed(monkeypatch: pytest.MonkeyPatch,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue: the lines done before the first answer were counted as done in its first refresh (a rate of millions)."""
+    import tqdm.std
+
+    clock = Clock()
+    monkeypatch.setattr(tqdm.std, "time", clock)
+    states = iter([job(7, done=9000, total=10_000), job(7, done=9500, total=10_000),
+                   job(7, "completed", done=10_000, total=10_000)])
+    assert follow([], Stand(lambda r: httpx.Response(200, json=next(states))), clock) == 0
+    err = capsys.readouterr().err
+    rates = [float(n) * {"": 1, "k": 1e3, "M": 1e6}[unit] for n, unit in re.findall(r"([\d.]+)([kM]?)line/s", err)]
+    assert rates and max(rates) == 500  # 1000 lines in the 2 s followed
+    assert "10000/10000" in err
+
+
+def test_ctrl_c_during_follow_is_one_line_and_exit_130(capsys: pytest.CaptureFixture[str]) -> None:
+    def interrupted(seconds: float) -> None:
+        raise KeyboardInterrupt
+
+    args = cli.build_parser().parse_args(["jobs", "show", "batch_7", "--follow"])
+    stand = Stand(lambda r: httpx.Response(200, json=job(7, done=1)))
+    assert jobs_cli.main(args, httpx.MockTransport(stand), sleep=interrupted) == 130
+    assert capsys.readouterr().err.splitlines()[-1] == "inferd jobs show: interrupted"
+
+
+@pytest.mark.parametrize("interval", ["0", "-1", "nan"])
+def test_an_interval_of_no_time_is_refused_by_the_parser(interval: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        cli.build_parser().parse_args(["jobs", "show", "batch_7", "--follow", "--interval", interval])
+    assert exited.value.code == 2
+    assert f"--interval: must be more than 0, not {interval}" in capsys.readouterr().err
+
+
+def test_follow_asks_an_unreachable_server_again_for_a_minute_then_gives_up(capsys: pytest.CaptureFixture[str]) -> None:
+    answers = iter([job(7, done=1), "down", "down", job(7, "completed", done=10)])
+
+    def blip(request: httpx.Request) -> httpx.Response:
+        answer = next(answers)
+        if answer == "down":
+            raise httpx.ConnectError("connection refused", request=request)
+        return httpx.Response(200, json=answer)
+
+    clock = Clock()
+    assert follow(["--interval", "5"], Stand(blip), clock) == 0
+    assert "status: completed" in capsys.readouterr().out
+
+    first = iter([job(7, done=1)])
+
+    def down(request: httpx.Request) -> httpx.Response:  # answers once, then never again
+        answer = next(first, None)
+        if answer is None:
+            raise httpx.ConnectError("connection refused", request=request)
+        return httpx.Response(200, json=answer)
+
+    clock = Clock()
+    assert follow(["--interval", "5"], Stand(down), clock) == 1
+    assert sum(clock.slept[1:]) == jobs_cli.FOLLOW_GRACE_S  # the intervals after the first failure
+    assert "cannot reach http://127.0.0.1:8000: connection refused (for 60 s" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("argv", "says"), [
+    (["--url", "http://[::1", "list"], "inferd jobs list: --url 'http://[::1' is not a URL"),
+    (["--key", "clé", "list"], "inferd jobs list: --key has characters other than ASCII"),
+])
+def test_a_url_or_key_that_cannot_be_sent_is_one_line(argv: list[str], says: str,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    stand = Stand(lambda r: httpx.Response(200, json={"data": []}))
+    assert run(argv, stand) == 1 and stand.requests == []
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith(says)
+
+
+def test_a_job_being_cancelled_shows_when_the_cancel_was_asked() -> None:
+    shown = jobs_cli.format_job({**job(4, "cancelling"), "cancelling_at": 1_700_000_100})
+    assert "cancelling_at: 2023-11-14 22:15:00Z" in shown.splitlines()

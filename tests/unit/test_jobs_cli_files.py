@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from inferd.jobs import checkpoint
+from inferd.jobs import checkpoint, offline
 from inferd.jobs.checkpoint import Checkpoint, CheckpointError
 from inferd.jobs.lines import Line, Record, endpoint_of, parse, parse_all, split
 from inferd.jobs.tables import (
@@ -58,6 +58,37 @@ def test_parquet_body_column_as_json_text_or_struct(tmp_path: Path) -> None:
     assert orjson.loads(broken.data)["error"]["code"] == "invalid_json"
     struct = table(tmp_path / "struct.parquet", {"custom_id": ["s"], "body": [{"input": "one", "user": "u"}]})
     assert lines_of(struct) == [Line(0, "s", {"input": "one", "user": "u"})]
+
+
+def test_parquet_bodies_as_pretty_printed_json_are_one_line_each(tmp_path: Path) -> None:
+    """Issue: rows were joined with newlines and split again, so an indented body was many lines and the file was
+    refused as "not JSONL"; and a broken body with line breaks must not count as several lines."""
+    pretty = json.dumps({"input": ["hi", "there"], "user": "u"}, indent=1)
+    path = table(tmp_path / "pretty.parquet", {"custom_id": ["a", "b", "c"],
+                                               "body": [pretty, '{"input":\n oops}', "\r\n" + pretty]})
+    total, duplicates = offline.source_of(path, EMBEDDINGS).check(1 << 20)
+    assert (total, duplicates) == (3, frozenset())
+    first, broken, third = lines_of(path)
+    assert first == Line(0, "a", {"input": ["hi", "there"], "user": "u"})
+    assert third == Line(2, "c", {"input": ["hi", "there"], "user": "u"})
+    assert isinstance(broken, Record) and orjson.loads(broken.data)["error"]["code"] == "invalid_json"
+
+
+def test_parquet_as_pandas_writes_it_whole_number_floats_as_ints_and_categories_decoded(tmp_path: Path) -> None:
+    """Issue: an integer column with nulls (pandas makes it float: 16.0) gave ``"dimensions": 16.0``, which the route
+    refuses; a categorical (dictionary-encoded) text column was refused as having no JSON form."""
+    categories = pa.DictionaryArray.from_arrays(pa.array([0, 1, 0], pa.int32()), pa.array(["a b", "c"]))
+    ids = pa.DictionaryArray.from_arrays(pa.array([0, 1, 2], pa.int8()), pa.array(["x", "y", "z"]))
+    path = tmp_path / "pandas.parquet"
+    pq.write_table(pa.table({"custom_id": ids, "input": categories, "dimensions": pa.array([16.0, None, 8.5])}), path)
+    assert pa.types.is_dictionary(pq.read_schema(path).field("input").type)  # as pandas' category dtype writes it
+    assert check_parquet_input(path) == 3
+    raws = [raw for _, raw, _ in parquet_lines(path, EMBEDDINGS.path)]
+    assert [orjson.loads(raw)["body"] for raw in raws] == [{"input": "a b", "dimensions": 16}, {"input": "c"},
+                                                            {"input": "a b", "dimensions": 8.5}]
+    assert b'"dimensions": 16}' in raws[0]  # an int in the line itself, not 16.0
+    struct = table(tmp_path / "struct.parquet", {"custom_id": ["s"], "body": [{"input": "one", "dimensions": 4.0}]})
+    assert b'"dimensions": 4}' in next(parquet_lines(struct, EMBEDDINGS.path))[1]
 
 
 @pytest.mark.parametrize(("columns", "types", "says"), [
@@ -123,6 +154,8 @@ def test_parquet_output_rewrites_an_uncommitted_part_and_gathers_the_parts_in_or
     resumed = ParquetOutput(out, 1)
     resumed.write_chunk(records(range(2, 4)), 1)
     resumed.finish(2)
+    assert resumed.parts_dir.exists()  # until the checkpoint is removed: a resume may gather them again
+    resumed.clean_up()
     assert not resumed.parts_dir.exists()
     got = read_records(out)
     assert got == [orjson.loads(r.data) for r in records(range(0, 4))]  # the JSONL records, column by column

@@ -5,7 +5,9 @@ the chunk it counts is durable in the output, so after a ``kill -9`` at any mome
 the checkpoint says and perhaps one chunk more, which the resume cuts off (JSONL: truncated to ``out_bytes``;
 Parquet: the chunk's part file is written again) before it runs that chunk again. Every input line therefore
 ends in the output exactly once, whatever the chunk size of either run. The input is named by its size and
-SHA-256, so a checkpoint is never resumed against another file or endpoint.
+SHA-256, so a checkpoint is never resumed against another file or endpoint; and the model by what decides its
+outputs (``model``: its folder's content, runtime, pooling, normalisation, ...), so a resume never appends one
+model's vectors to another's.
 """
 
 from __future__ import annotations
@@ -15,8 +17,10 @@ import json
 import os
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import Any
 
-VERSION = 1
+# 2: the model's fingerprint (``model``). A version 1 checkpoint names no model, so it cannot be held to one.
+VERSION = 2
 
 
 class CheckpointError(Exception):
@@ -35,6 +39,8 @@ class Checkpoint:
     in_offset: int = 0  # JSONL input: the byte after the last line done, so a resume seeks instead of re-reading
     out_bytes: int = 0  # JSONL output: the committed length
     parts: int = 0  # Parquet output: the committed part files
+    # What decides the outputs (jobs/offline.py model_fingerprint), as JSON gives it back; None: not known yet.
+    model: dict[str, Any] | None = None
     version: int = VERSION
 
     def advanced(self, lines: int, failed: int, next_line: int, in_offset: int, out_bytes: int,
@@ -88,7 +94,8 @@ def load(out: Path) -> Checkpoint | None:
     try:
         raw = json.loads(path.read_bytes())
         if raw.get("version") != VERSION:
-            raise CheckpointError(f"{path}: version {raw.get('version')!r}, this inferd writes {VERSION}")
+            raise CheckpointError(f"{path}: version {raw.get('version')!r}, this inferd writes {VERSION} (an older "
+                                  "one did not record the model the lines ran on); give --restart to start over")
         return Checkpoint(**raw)
     except FileNotFoundError:
         return None
@@ -105,6 +112,19 @@ def check_resumable(found: Checkpoint, wanted: Checkpoint, out: Path) -> None:
             raise CheckpointError(
                 f"{checkpoint_path(out)} belongs to another run (its {label} differs: {getattr(found, field)!r}, "
                 f"now {getattr(wanted, field)!r}); give --restart to start over, or another --out")
+
+
+def check_same_model(found: Checkpoint, model: dict[str, Any], out: Path) -> None:
+    """Refuse a resume whose model would answer differently from the one that wrote the lines done: the output would
+    hold two models' vectors (or scores) with nothing to tell them apart."""
+    before = found.model or {}
+    changed = [f"{key} {before.get(key)!r}, now {model.get(key)!r}" for key in sorted(before.keys() | model.keys())
+               if before.get(key) != model.get(key)]
+    if changed:
+        raise CheckpointError(
+            f"{checkpoint_path(out)}: its {found.lines_done} lines were run by another model or other model settings "
+            f"({'; '.join(changed)}); run with the settings of the first run to resume, or give --restart to start "
+            "over")
 
 
 def remove(out: Path) -> None:

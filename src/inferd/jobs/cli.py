@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 from tqdm import tqdm
@@ -23,12 +24,25 @@ from tqdm import tqdm
 from inferd.config_flags import add_config_flags
 
 DEFAULT_URL = "http://127.0.0.1:8000"
+# ``show --follow``: a server that cannot be reached (a restart, a network blip) is asked again for this long.
+FOLLOW_GRACE_S = 60.0
 # OpenAI's batch states after which a batch never changes again.
 TERMINAL = frozenset({"completed", "failed", "expired", "cancelled"})
 
 
 class JobsError(Exception):
     """The server could not be reached or refused: the message is what the user reads."""
+
+
+class Unreachable(JobsError):
+    """No answer came (connection refused or cut, a timeout): worth asking again, unlike a refusal."""
+
+
+def _positive(text: str) -> float:
+    value = float(text)
+    if not value > 0:  # 0 polled without pause; a negative one was a ValueError traceback from sleep
+        raise argparse.ArgumentTypeError(f"must be more than 0, not {text}")
+    return value
 
 
 def add_parsers(sub: Any) -> None:
@@ -44,7 +58,7 @@ def add_parsers(sub: Any) -> None:
     show.add_argument("batch_id")
     show.add_argument("--follow", action="store_true",
                       help="poll until the job ends, with a progress bar on stderr; exit 0 only if it completed")
-    show.add_argument("--interval", type=float, default=1.0, help="seconds between polls with --follow")
+    show.add_argument("--interval", type=_positive, default=1.0, help="seconds between polls with --follow")
     cancel = actions.add_parser("cancel", help="cancel a job (it stops within one chunk)")
     cancel.add_argument("batch_id")
     for action in (listing, show, cancel):
@@ -101,14 +115,25 @@ class BatchesClient:
             after = page.get("last_id") or data[-1]["id"]
 
     def get(self, batch_id: str) -> dict[str, Any]:
-        return self._call("GET", f"/v1/batches/{batch_id}")
+        return self._batch("GET", f"/v1/batches/{_segment(batch_id)}")
 
     def cancel(self, batch_id: str) -> dict[str, Any]:
-        return self._call("POST", f"/v1/batches/{batch_id}/cancel")
+        return self._batch("POST", f"/v1/batches/{_segment(batch_id)}/cancel")
+
+    def _batch(self, method: str, path: str) -> dict[str, Any]:
+        """A call answered by one batch: anything else (another route's answer, another server's) is refused,
+        never printed as a job of None fields."""
+        body = self._call(method, path)
+        if body.get("object") != "batch":
+            raise JobsError(f"{method} {path}: the answer is not a batch (object {body.get('object')!r}); is "
+                            f"{self.url} an inferd server?")
+        return body
 
     def _call(self, method: str, path: str, **kw: Any) -> dict[str, Any]:
         try:
             r = self._http.request(method, path, **kw)
+        except httpx.TransportError as exc:
+            raise Unreachable(f"cannot reach {self.url}: {exc}") from exc
         except httpx.HTTPError as exc:
             raise JobsError(f"cannot reach {self.url}: {exc}") from exc
         try:
@@ -117,9 +142,19 @@ class BatchesClient:
             body = None
         if r.status_code >= 400 or not isinstance(body, dict):
             error = body.get("error") if isinstance(body, dict) else None
-            reason = error.get("message") if isinstance(error, dict) else (r.text[:200] or r.reason_phrase)
+            if isinstance(error, dict):
+                reason = error.get("message")
+            else:  # not inferd's JSON (a proxy's or another server's page): its first line, not the whole page
+                reason = next((line.strip() for line in r.text.splitlines() if line.strip()), r.reason_phrase)[:200]
             raise JobsError(f"{method} {path}: {r.status_code} {reason}")
         return body
+
+
+def _segment(batch_id: str) -> str:
+    """The id as one path segment: as typed it reached other routes (``../files``) or sent a query (``x?limit=1``)."""
+    if batch_id in ("", ".", ".."):  # dot segments that no quoting keeps: the URL would go up a level
+        raise JobsError(f"{batch_id!r} is not a batch id")
+    return quote(batch_id, safe="")
 
 
 def main(args: argparse.Namespace, transport: httpx.BaseTransport | None = None,
@@ -127,7 +162,15 @@ def main(args: argparse.Namespace, transport: httpx.BaseTransport | None = None,
     """``inferd jobs``: 0 done (``show --follow``: the job completed), 1 refused or the job did not complete."""
     url = getattr(args, "url", None) or os.environ.get("INFERD_URL") or DEFAULT_URL
     key = getattr(args, "key", None) or os.environ.get("INFERD_API_KEY")
-    client = BatchesClient(url, key, transport)
+    try:
+        client = BatchesClient(url, key, transport)
+    except httpx.InvalidURL as exc:
+        print(f"inferd jobs {args.action}: --url {url!r} is not a URL ({exc})", file=sys.stderr)
+        return 1
+    except UnicodeEncodeError:  # a header is ASCII; the key is never echoed
+        print(f"inferd jobs {args.action}: --key has characters other than ASCII; an API key has none",
+              file=sys.stderr)
+        return 1
     try:
         if args.action == "list":
             return _list(client, args)
@@ -141,6 +184,9 @@ def main(args: argparse.Namespace, transport: httpx.BaseTransport | None = None,
     except JobsError as exc:
         print(f"inferd jobs {args.action}: {exc}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:  # Ctrl-C, mostly during --follow: the job goes on on the server
+        print(f"inferd jobs {args.action}: interrupted", file=sys.stderr)
+        return 130
     finally:
         client.close()
 
@@ -165,21 +211,49 @@ def _list(client: BatchesClient, args: argparse.Namespace) -> int:
 
 def _follow(client: BatchesClient, args: argparse.Namespace, sleep: Callable[[float], None]) -> int:
     job = client.get(args.batch_id)
-    with tqdm(total=None, unit="line", file=sys.stderr, dynamic_ncols=True, desc=args.batch_id) as bar:
+    total, done, failed = _counts(job)
+    # Made after the first answer and moved by deltas: from 0, the lines done before it were counted as done in its
+    # first refresh's instant (an absurd rate).
+    with tqdm(total=total or None, initial=done, unit="line", file=sys.stderr, dynamic_ncols=True,
+              desc=args.batch_id) as bar:
         while True:
-            counts = job.get("request_counts") or {}
-            total = int(counts.get("total") or 0)
+            total, done, failed = _counts(job)
             if total and bar.total != total:  # 0 while the file is still being validated
                 bar.total = total
-            bar.n = int(counts.get("completed") or 0) + int(counts.get("failed") or 0)
-            bar.set_postfix(status=job.get("status"), failed=int(counts.get("failed") or 0), refresh=False)
+            bar.update(done - bar.n)
+            bar.set_postfix(status=job.get("status"), failed=failed, refresh=False)
             bar.refresh()
             if job.get("status") in TERMINAL:
                 break
-            sleep(args.interval)
-            job = client.get(args.batch_id)
+            job = _poll(client, args, sleep, bar)
     _print(job, args.json)
     return 0 if job.get("status") == "completed" else 1
+
+
+def _counts(job: dict[str, Any]) -> tuple[int, int, int]:
+    """(total, done, failed) lines of a job, done counting failed ones."""
+    counts = job.get("request_counts") or {}
+    failed = int(counts.get("failed") or 0)
+    return int(counts.get("total") or 0), int(counts.get("completed") or 0) + failed, failed
+
+
+def _poll(client: BatchesClient, args: argparse.Namespace, sleep: Callable[[float], None], bar: tqdm) -> dict[str, Any]:
+    """The job after the next interval; a server that does not answer is asked again for FOLLOW_GRACE_S."""
+    failing_since: float | None = None
+    waited = 0.0  # the intervals slept since the first failure (the clock's figure is the other measure)
+    while True:
+        sleep(args.interval)
+        try:
+            return client.get(args.batch_id)
+        except Unreachable as exc:
+            now = time.monotonic()
+            if failing_since is None:
+                failing_since = now
+            else:
+                waited += args.interval
+            if max(now - failing_since, waited) >= FOLLOW_GRACE_S:
+                raise JobsError(f"{exc} (for {FOLLOW_GRACE_S:.0f} s; the job goes on on the server)") from exc
+            bar.set_postfix(status="server unreachable, asking again", refresh=True)
 
 
 def _print(job: dict[str, Any], as_json: bool) -> None:
@@ -211,8 +285,8 @@ def format_job(job: dict[str, Any]) -> str:
     lines = [f"{k}: {job.get(k)}" for k in ("id", "status", "endpoint", "input_file_id", "output_file_id",
                                              "error_file_id", "completion_window")]
     lines.append(f"lines: {_progress(job)}")
-    for stamp in ("created_at", "in_progress_at", "finalizing_at", "completed_at", "failed_at", "cancelled_at",
-                  "expires_at", "expired_at"):
+    for stamp in ("created_at", "in_progress_at", "finalizing_at", "completed_at", "failed_at", "cancelling_at",
+                  "cancelled_at", "expires_at", "expired_at"):
         if job.get(stamp):
             lines.append(f"{stamp}: {_when(job[stamp])}")
     for error in ((job.get("errors") or {}).get("data") or []):

@@ -14,7 +14,7 @@ Output. JSONL holds OpenAI's batch output records, one per input line. Parquet h
 flattened into the columns of ``OUTPUT_SCHEMA``: ``id``, ``custom_id``, ``status_code`` and ``request_id`` (null
 when the line never ran), ``body`` (the endpoint's answer as JSON text) and ``error`` (the record's error object as
 JSON text, null when none). Parquet cannot be appended to after a crash, so each committed chunk is a part file
-under ``OUT.parts/`` and the parts become OUT when the run ends.
+under ``OUT.parts/`` and the parts become OUT when the run ends (removed only after the checkpoint is).
 """
 
 from __future__ import annotations
@@ -71,6 +71,8 @@ def jsonl_lines(path: Path, number: int = 0, offset: int = 0) -> Iterator[tuple[
 
 
 def _json_typed(t: pa.DataType) -> bool:
+    if pa.types.is_dictionary(t):  # a categorical column (pandas'): its values are what to_pylist gives
+        return _json_typed(t.value_type)
     if pa.types.is_struct(t):
         return all(_json_typed(t.field(i).type) for i in range(t.num_fields))
     if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
@@ -94,6 +96,7 @@ def check_parquet_input(path: Path) -> int:
     if "custom_id" not in names:
         raise BadFile(f"{path}: no custom_id column (columns: {', '.join(names)}); every row needs its id")
     cid = schema.field("custom_id").type
+    cid = cid.value_type if pa.types.is_dictionary(cid) else cid
     if not (pa.types.is_string(cid) or pa.types.is_large_string(cid) or pa.types.is_integer(cid)):
         raise BadFile(f"{path}: custom_id is {cid}; it must be text or an integer")
     fields = [n for n in names if n != "custom_id"]
@@ -127,12 +130,31 @@ def parquet_lines(path: Path, endpoint: str, start: int = 0) -> Iterator[tuple[i
             cid_text = json.dumps(None if cid is None else str(cid), ensure_ascii=False)
             if whole_body:
                 body = row["body"]
-                # JSON text goes in as written, so a body that is not JSON fails as that line, not the file.
-                body_text = body if isinstance(body, str) else json.dumps(body, ensure_ascii=False)
+                # JSON text goes in as written, so a body that is not JSON fails as that line, not the file; its line
+                # breaks as spaces, so each row stays one line (pretty-printed JSON has them between its tokens, where
+                # a space means the same; inside a JSON string a raw line break is invalid either way).
+                body_text = (_one_line(body) if isinstance(body, str)
+                             else json.dumps(_whole(body), ensure_ascii=False))
             else:
-                body_text = json.dumps({k: v for k, v in row.items() if v is not None}, ensure_ascii=False)
+                body_text = json.dumps({k: _whole(v) for k, v in row.items() if v is not None}, ensure_ascii=False)
             line = f'{{"custom_id": {cid_text}, "method": "POST", "url": {url}, "body": {body_text}}}'
             yield number, line.encode(), 0
+
+
+def _whole(value: Any) -> Any:
+    """Whole-number floats as ints: pandas stores an integer column with nulls as floats, and ``dimensions: 384.0``
+    is refused where ``384`` is asked for."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, list):
+        return [_whole(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _whole(v) for k, v in value.items()}
+    return value
+
+
+def _one_line(text: str) -> str:
+    return text.replace("\r", " ").replace("\n", " ")
 
 
 # -- output -------------------------------------------------------------------------------------------------------
@@ -182,6 +204,9 @@ class JsonlOutput:
     def finish(self, parts: int) -> None:
         pass  # every chunk is already in place
 
+    def clean_up(self) -> None:
+        pass
+
 
 class ParquetOutput:
     """One part file per chunk (written beside, renamed into place), gathered into OUT at the end."""
@@ -219,6 +244,10 @@ class ParquetOutput:
             os.fsync(f.fileno())
         os.replace(tmp, self.path)
         fsync_dir(self.path.parent)
+
+    def clean_up(self) -> None:
+        """The parts, once the checkpoint is gone: until then a resume of the finished run gathers them again (a
+        kill between the two left a checkpoint whose parts were deleted, which no resume could finish)."""
         shutil.rmtree(self.parts_dir, ignore_errors=True)
 
 
