@@ -2,7 +2,9 @@
 moments of the job, three times, and started again on the same data folder: the output holds every line exactly
 once. Then two workers sharing a PostgreSQL job store (Debian's postgresql, started here with initdb in a
 temporary folder on a free port, as the ``postgres`` user: initdb refuses root): one is killed mid-job, the other
-finishes it.
+finishes it. And the store's own rules on PostgreSQL, where they rest on row locks rather than SQLite's one writer:
+a schema 1 store migrated, a file a running batch reads kept, a batch of a deleted file refused, a late commit
+counting nothing.
 
 A short lease (jobs.lease_s 2) frees a killed worker's chunks two seconds after its last renewal.
 """
@@ -15,6 +17,7 @@ import shutil
 import signal
 import subprocess
 import tempfile
+import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,7 +30,7 @@ from servers import free_port, start_server
 from sqlalchemy import select
 from tinymodel import write_tiny_bert
 
-from inferd.jobs.store import Store, chunks
+from inferd.jobs.store import SCHEMA_VERSION, FileGone, Store, chunks
 
 PG_BIN = Path("/usr/lib/postgresql/15/bin")
 LINES = 20_000
@@ -145,3 +148,38 @@ def test_a_server_stopped_mid_job_gives_its_running_chunks_back(tmp_path: Path) 
     finally:
         store.close()
     assert states["running"] == 0 and states["pending"] > 0, states
+
+
+def test_the_store_s_rules_hold_on_postgresql_and_a_schema_1_store_is_migrated(postgres: str) -> None:
+    now = time.time()
+    batch = {"id": "b1", "owner": "", "endpoint": "/v1/embeddings", "input_file_id": "file-x",
+             "completion_window": "24h", "status": "in_progress", "created_at": now, "in_progress_at": now,
+             "expires_at": now + 86400, "total": 2, "completed": 0, "failed": 0, "metadata": None, "duplicates": []}
+    old = Store(postgres)
+    old.add_file({"id": "file-x", "owner": "", "purpose": "batch", "filename": "in.jsonl", "bytes": 20, "lines": 2,
+                  "created_at": now, "expires_at": None})
+    old.add_batch(batch, [(0, 10, 0), (10, 20, 1)])
+    with old.engine.begin() as conn:  # the store as schema 1 made it
+        conn.exec_driver_sql("ALTER TABLE inferd_batches DROP COLUMN errors")
+        conn.exec_driver_sql("UPDATE inferd_jobs_meta SET value = 1 WHERE key = 'schema'")
+    old.close()
+    one, two = Store(postgres), Store(postgres)  # the first migrates it, the second finds it done
+    try:
+        with one.engine.connect() as conn:
+            assert conn.exec_driver_sql("SELECT value FROM inferd_jobs_meta").scalar() == SCHEMA_VERSION
+        assert one.batch("b1", "")["errors"] is None and two.delete_file("file-x", "") == "in_use"
+        running = one.claim("w1", 60)
+        assert running is not None
+        errors = [{"code": "tenant_removed", "message": "gone", "param": None, "line": None}]
+        assert two.set_status("b1", "cancelling", "", ("in_progress",), errors=errors)
+        assert one.batch("b1", "")["errors"] == errors
+        assert two.finish("b1", "cancelled", None, None, [], unrun=2)
+        assert not one.commit_chunk("b1", running.seq, "w1", "late", 1, 0)  # the batch ended under it
+        assert one.batch("b1", "")["completed"] == 0
+        assert two.delete_file("file-x", "") == "deleted"
+        with pytest.raises(FileGone):
+            one.add_batch({**batch, "id": "b2"}, [(0, 10, 0)])
+        assert one.batch("b2", None) is None
+    finally:
+        one.close()
+        two.close()
