@@ -484,3 +484,18 @@ def test_the_gate_costs_its_own_texts_not_the_models_maximum_length() -> None:
     # padded to a long one cost most, and the whole stays within what 64 x 6 long documents would.
     assert figures.ran["padded_tokens"] <= 6 * len(texts) * gate_inputs.LONG_TOKENS
     assert max(rows * longest for rows, longest in ran) <= 32 * gate_inputs.LONG_TOKENS
+
+
+def test_an_entry_s_lock_clears_the_work_folders_a_dead_builder_left_and_nothing_else(tmp_path: Path) -> None:
+    """A build's work folder (``.<entry>.<random>``) exists only while its builder holds the entry's lock: one
+    found by the next holder is a killed builder's, a graph's copy that nothing would ever remove."""
+    entry = tmp_path / "embedding-openvino-x"
+    for leftover in (".embedding-openvino-x.k2j4h1", ".embedding-openvino-x.broken-9f8e"):
+        (tmp_path / leftover / "export").mkdir(parents=True)
+        (tmp_path / leftover / "export" / "model.bin").write_bytes(b"\0" * 64)
+    other = tmp_path / ".embedding-openvino-y.k2j4h1"  # another entry's work: not this lock's to clear
+    other.mkdir()
+    entry.mkdir()
+    with factory.entry_lock(entry):
+        left = sorted(p.name for p in tmp_path.iterdir())
+    assert left == [".embedding-openvino-x.lock", ".embedding-openvino-y.k2j4h1", "embedding-openvino-x"]

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import glob
 import hashlib
 import json
 import logging
@@ -142,6 +143,13 @@ def entry_lock(entry: Path) -> Iterator[None]:
     with handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
         try:
+            # Work folders of this entry (``.<entry>.<random>``, and broken ones moved aside) are made only under this
+            # lock: any found now is a dead builder's (kill -9 mid-export), a full copy of a graph where the cache
+            # cannot hard-link, left for ever otherwise.
+            for stale in entry.parent.glob(f".{glob.escape(entry.name)}.*"):
+                if stale.is_dir():
+                    log.info("removing %s, left by a build that did not finish", stale)
+                    shutil.rmtree(stale, ignore_errors=True)
             yield
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
