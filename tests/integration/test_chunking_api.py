@@ -157,6 +157,21 @@ def test_refusals_name_the_limit(client: httpx.Client, chunking: dict[str, Any],
     assert error["code"] == code and error["param"] == field, error
 
 
+def test_a_split_whose_pieces_one_count_foresees_over_the_limit_is_refused_before_it_runs(
+        client: httpx.Client) -> None:
+    """An overlap near the piece size makes a piece of every token or two: the splitter's work grows with its pieces
+    (a probe's document took 40 s of a core to be refused after its split), so one count of the text's tokens refuses
+    it first."""
+    error = _post(client, "/v1/embeddings", {"input": document(3, 6), "model": "dense",
+                                             "chunking": {"max_tokens": 40, "overlap": 39}}, 422)["error"]
+    assert error["code"] == "too_many_pieces" and "would split into about" in error["message"], error
+    assert f"the limit is {MAX_PIECES} per document" in error["message"]
+    # Under the limit the guess lets the split run, and the pieces are counted as before.
+    fine = _post(client, "/v1/embeddings", {"input": document(3, 1), "model": "dense",
+                                            "chunking": {"mode": "pieces", "max_tokens": 40, "overlap": 10}})
+    assert len(fine["data"][0]["pieces"]) > 1
+
+
 def test_document_limits_and_the_body_limit(client: httpx.Client) -> None:
     long = document(4, 400)[:MAX_DOC_CHARS + 1]
     error = _post(client, "/v1/embeddings", {"input": [long], "model": "dense", "chunking": {}}, 422)["error"]

@@ -142,6 +142,17 @@ def test_a_late_chunked_request_answers_every_piece_with_its_span(client: httpx.
     np.testing.assert_allclose([p["embedding"] for p in got[: len(want)]], want, atol=1e-5)
 
 
+def test_a_text_of_no_token_late_chunked_gets_a_vector_not_nan(client: httpx.Client) -> None:
+    """Zero-width characters tokenise to nothing: the window held only its special tokens, and the piece's mean of
+    no token was a vector of NaN (null in JSON), answered 200."""
+    r = client.post("/v1/embeddings", json={"input": ["\u200b\u200b", "a word"], "model": "tiny",
+                                            "chunking": {"mode": "late"}})
+    assert r.status_code == 200, r.text
+    for item in r.json()["data"]:
+        vector = np.asarray(item["embedding"], dtype=np.float64)
+        assert np.isfinite(vector).all() and abs(np.linalg.norm(vector) - 1.0) < 1e-5, item["embedding"][:4]
+
+
 def test_a_model_that_cannot_late_chunk_is_refused_naming_why(client: httpx.Client) -> None:
     r = client.post("/v1/embeddings", json={"input": document(7, 20), "model": "cls", "chunking": {"mode": "late"}})
     assert r.status_code == 422, r.text

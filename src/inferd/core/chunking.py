@@ -15,6 +15,7 @@ when the piece runs as its own input, which is the figure the scheduler and the 
 
 from __future__ import annotations
 
+import math
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -108,3 +109,31 @@ def split(text: str, tokenizer: Any, *, max_tokens: int, overlap: int = 0) -> li
     spans = [(start, start + len(chunk), chunk) for start, chunk in splitter.chunk_indices(text)]
     counted = counter.encode_batch([chunk for _, _, chunk in spans], add_special_tokens=False)
     return [Piece(start, end, len(enc.ids)) for (start, end, _), enc in zip(spans, counted, strict=True)]
+
+
+def split_within(text: str, tokenizer: Any, *, max_tokens: int, overlap: int, per_document: int, left: int,
+                 index: int) -> list[Piece]:
+    """``split``, refused (``too_many_pieces``) when the text makes more than ``per_document`` pieces
+    (``limits.max_document_pieces``) or more than the request's ``left`` (``limits.max_request_pieces`` less its
+    documents before). Refused before the split where one count of the text's tokens says it would be: the splitter's
+    work grows with its pieces (each is counted again), and with an overlap near the piece size a piece adds a token
+    or two, so a long text made ~10,000 pieces in 40 s of a core before its count was refused (the guess assumes the
+    whole overlap is shared, as the splitter shares it where it can)."""
+    if not text or text.isspace():
+        return []
+    _, counter = _splitter(tokenizer, max_tokens, overlap)
+    tokens = len(counter.encode(text, add_special_tokens=False).ids)
+    guess = max(1, math.ceil(max(tokens - overlap, 1) / (max_tokens - overlap)))
+    _check_count(guess, per_document, left, index, max_tokens, "would split into about")
+    found = split(text, tokenizer, max_tokens=max_tokens, overlap=overlap)
+    _check_count(len(found), per_document, left, index, max_tokens, "splits into")
+    return found
+
+
+def _check_count(count: int, per_document: int, left: int, index: int, max_tokens: int, verb: str) -> None:
+    if count > per_document:
+        raise EngineError(Kind.TOO_LONG, f"{verb} {count} pieces of at most {max_tokens} tokens; the limit is "
+                          f"{per_document} per document (limits.max_document_pieces)", "too_many_pieces", index=index)
+    if count > left:
+        raise EngineError(Kind.TOO_LONG, f"{verb} {count} pieces of at most {max_tokens} tokens, beyond the {left} "
+                          "the request has left of limits.max_request_pieces", "too_many_pieces", index=index)

@@ -145,7 +145,9 @@ def piece_vectors(states: np.ndarray, encoding: Encoding, spans: Sequence[tuple[
     out = []
     for a, b in spans:
         inside = real & (offsets[:, 0] < b) & (offsets[:, 1] > a)
-        chosen = states[inside] if inside.any() else states[real]  # a span of no token of its own: the window's
+        # A span of no token of its own: the window's; a window of no token but its specials (a text of zero-width
+        # characters, which tokenise to nothing), its specials: never the mean of nothing, a vector of NaN.
+        chosen = states[inside] if inside.any() else states[real] if real.any() else states
         vector = np.concatenate([SPAN_POOLERS[m](chosen.astype(np.float32)) for m in modes]).astype(np.float32)
         if normalize:
             norm = float(np.linalg.norm(vector))

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from inferd.core.chunking import Chunking, Piece, split
+from inferd.core.chunking import Chunking, Piece, split_within
 from inferd.core.errors import EngineError, Kind
 from inferd.core.late_chunking import untruncated
 from inferd.core.outcomes import TaskResult, merged_timings
@@ -115,15 +115,9 @@ def plan(pairs: Sequence[tuple[Any, Any]], slot: ModelSlot, chunking: Chunking, 
             out.append([Piece(0, len(text), 0)])
             was_split.append(False)
             continue
-        found = split(text, tokenizer, max_tokens=size, overlap=chunking.overlap)
-        if len(found) > max_document:
-            raise EngineError(Kind.TOO_LONG, f"splits into {len(found)} pieces of at most {size} tokens; the limit "
-                              f"is {max_document} per document (limits.max_document_pieces)", "too_many_pieces",
-                              index=i)
+        found = split_within(text, tokenizer, max_tokens=size, overlap=chunking.overlap, per_document=max_document,
+                             left=max_request - total, index=i)
         total += len(found)
-        if total > max_request:
-            raise EngineError(Kind.TOO_LONG, f"the documents up to this one split into {total} pieces; the limit is "
-                              f"{max_request} per request (limits.max_request_pieces)", "too_many_pieces", index=i)
         out.append(found or [Piece(0, len(text), 0)])
         was_split.append(bool(found))
     return Plan(out, was_split)

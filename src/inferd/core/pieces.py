@@ -17,15 +17,16 @@ each piece's span, token count and answer, beside the pooled one.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
 from inferd.core import late_chunking, long_rerank
 from inferd.core.admission import Admission
-from inferd.core.chunking import LATE, Chunking, Piece, backend, split
+from inferd.core.chunking import LATE, Chunking, Piece, backend, split_within
 from inferd.core.errors import EngineError, Kind, deadline_passed
 from inferd.core.outcomes import TaskResult, merged_timings
 from inferd.core.prompts import prompt_text
@@ -115,11 +116,11 @@ class Documents:
                 slot.description, request.prompt, served.settings.model.input_type_prompts)
             size = self._piece_size(slot, chunking, prompt)
             texts = list(request.inputs)
-            async with self._threads:
-                pieces = await asyncio.to_thread(self._split, texts, slot, size, chunking.overlap)
-            inputs = [text[p.start:p.end] for text, found in zip(texts, pieces, strict=True) for p in found]
             timeout_ms = request.timeout_ms or served.settings.batching.default_timeout_ms
             deadline = started + timeout_ms / 1e3
+            async with self._splitting(deadline):
+                pieces = await asyncio.to_thread(self._split, texts, slot, size, chunking.overlap)
+            inputs = [text[p.start:p.end] for text, found in zip(texts, pieces, strict=True) for p in found]
             # Pinned to this load: its tokenizer counted the pieces. Each piece is encoded as its document asked.
             options = request.text_options.taking(d for d, found in enumerate(pieces) for _ in found)
             pinned = dataclasses.replace(request, model=served.name, version=slot.version, chunking=None,
@@ -137,7 +138,7 @@ class Documents:
         """Late chunking (core/late_chunking.py): windows of whole pieces run as inputs asking for their token
         states, each piece pooled from its window's; answered as mode ``pieces`` is."""
         window = slot.description.max_seq_length or slot.loaded.max_seq_length or 0
-        async with self._threads:
+        async with self._splitting(deadline):
             late = await asyncio.to_thread(late_chunking.plan, texts, pieces, slot.loaded.tokenizer, prompt, window)
         inputs = [text for _, text in late.inputs]
         asking = dataclasses.replace(request, outputs=(TOKEN_STATES.name,),
@@ -153,19 +154,32 @@ class Documents:
         chunking = request.chunking
         assert chunking is not None
         pairs = list(request.inputs)
-        async with self._threads:
+        deadline = started + (request.timeout_ms or batching.default_timeout_ms) / 1e3
+        async with self._splitting(deadline):
             planned = await asyncio.to_thread(long_rerank.plan, pairs, slot, chunking,
                                               self.limits.max_document_pieces, self.limits.max_request_pieces)
         inputs = [(query, document[p.start:p.end] if was_split else document)
                   for (query, document), found, was_split in zip(pairs, planned.pieces, planned.split, strict=True)
                   for p in found]
-        deadline = started + (request.timeout_ms or batching.default_timeout_ms) / 1e3
         options = request.text_options.taking(i for i, found in enumerate(planned.pieces) for _ in found)
         pinned = dataclasses.replace(request, model=slot.description.name, version=slot.version, chunking=None,
                                      text_options=options)
         wave, in_flight = wave_plan(batching)
         results = await self._waves(pinned, inputs, wave, in_flight, deadline, disconnected)
         return long_rerank.scored(planned, results, chunking.mode, slot.description)
+
+    @contextlib.asynccontextmanager
+    async def _splitting(self, deadline: float) -> AsyncIterator[None]:
+        """One of the ``limits.preprocess_concurrency`` places that split documents, waited for no longer than the
+        request's deadline (504 past it): a request behind another's long split was held past its timeout_ms."""
+        try:
+            await asyncio.wait_for(self._threads.acquire(), max(0.0, deadline - time.monotonic()))
+        except TimeoutError:
+            raise deadline_passed() from None
+        try:
+            yield
+        finally:
+            self._threads.release()
 
     def _piece_size(self, slot: ModelSlot, chunking: Chunking, prompt: str) -> int:
         tokenizer = slot.loaded.tokenizer
@@ -194,16 +208,10 @@ class Documents:
         out: list[list[Piece]] = []
         total = 0
         for i, text in enumerate(texts):
-            found = split(text, slot.loaded.tokenizer, max_tokens=size, overlap=overlap)
-            if len(found) > self.limits.max_document_pieces:
-                raise EngineError(Kind.TOO_LONG, f"splits into {len(found)} pieces of at most {size} tokens; the "
-                                  f"limit is {self.limits.max_document_pieces} per document "
-                                  "(limits.max_document_pieces)", "too_many_pieces", index=i)
+            found = split_within(text, slot.loaded.tokenizer, max_tokens=size, overlap=overlap,
+                                 per_document=self.limits.max_document_pieces,
+                                 left=self.limits.max_request_pieces - total, index=i)
             total += len(found)
-            if total > self.limits.max_request_pieces:
-                raise EngineError(Kind.TOO_LONG, f"the documents up to this one split into {total} pieces; the "
-                                  f"limit is {self.limits.max_request_pieces} per request "
-                                  "(limits.max_request_pieces)", "too_many_pieces", index=i)
             out.append(found)
         return out
 
