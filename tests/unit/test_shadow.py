@@ -408,6 +408,28 @@ def test_promotion_follows_the_verdict_unless_forced(tmp_path: Path) -> None:
     kit.run(scenario)
 
 
+def test_a_promoted_canary_starts_the_shadow_s_report_afresh(tmp_path: Path) -> None:
+    """The report compares the shadow with the active model: a canary promoted to active is another baseline, as a
+    reload is, so the comparisons made against the old one must not count towards the shadow's verdict."""
+    kit, _ = engine_with(tmp_path)
+    engine = kit.engine
+    manager = engine.manager
+    manager.set_shadow(str(tmp_path / "shifted"), "v2", 1.0)
+
+    async def scenario() -> None:
+        for i in range(3):
+            await engine.process(engine.request([f"sentence {i}"]))
+        shadow = manager.shadow
+        assert shadow is not None
+        await until(lambda: shadow.report.computed == 3)
+        manager.set_canary(str(tmp_path / "same"), "c1", 0.5)
+        manager.promote()
+        assert manager.active.version == "c1" and manager.shadow is shadow
+        assert shadow.report.computed == 0 and shadow.report.as_dict()["requests"]["sampled"] == 0
+
+    kit.run(scenario)
+
+
 def test_a_canary_of_another_embedding_space_is_refused_unless_forced(tmp_path: Path) -> None:
     kit, _ = engine_with(tmp_path)
     engine = kit.engine

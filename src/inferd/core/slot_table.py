@@ -179,6 +179,7 @@ class SlotTable:
                 raise NoCanary("there is no canary to promote")
             old, self.active, self.canary, self.canary_weight = self.active, new, None, 0.0
             self.switches += 1
+            self._shadow.active_changed()  # its report compared with the old active: afresh, as after a reload
             return old, new
 
     def drop_canary(self) -> tuple[ModelSlot, ModelSlot | None]:

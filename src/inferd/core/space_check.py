@@ -2,8 +2,9 @@
 active model's, measured by running both on the gate's built-in texts.
 
 It runs inference, so on the worker thread (handlers are not shared across threads): between two batches, as
-a call posted to the worker's thread, while the caller (a model change, off the event loop) waits up to
-``SPACE_TIMEOUT_S`` for it. A different size, or any text's cosine below ``model.gate.int8_cosine_min``, is
+calls posted to the worker's thread, each a small batch of one model's (``SPACE_BATCH`` texts: live batches run
+between them, as beside shadow work), while the caller (a model change, off the event loop) waits up to
+``SPACE_TIMEOUT_S`` for each. A different size, or any text's cosine below ``model.gate.int8_cosine_min``, is
 another space: the loosest bound the accuracy gate accepts (int8's), so quantisation noise stays above it and
 another model's vectors (cosine near 0) fall far below; the half-precision bound would refuse an int8 canary
 its own gate passed.
@@ -29,6 +30,9 @@ log = logging.getLogger(__name__)
 # How many of the gate's built-in texts, and how long the check may wait for the worker.
 SPACE_TEXTS = 64
 SPACE_TIMEOUT_S = 120.0
+# Texts of one posted call: a live request waits for one such batch at most. The whole check in one call (64 texts
+# through both models) held live requests 1.7 s behind a canary's POST (a probe, MiniLM on the CPU).
+SPACE_BATCH = 8
 
 
 def space_changed(candidate: ModelSlot, active: ModelSlot, bound: float,
@@ -40,7 +44,7 @@ def space_changed(candidate: ModelSlot, active: ModelSlot, bound: float,
     texts = builtin_texts(SPACE_TEXTS)
     active.acquire()
     try:
-        a, b = on_worker(post_to_worker, lambda: (_vectors(active, texts), _vectors(candidate, texts)))
+        a, b = _vectors(active, texts, post_to_worker), _vectors(candidate, texts, post_to_worker)
     except ModelLoadError as exc:
         log.warning("the canary's space check could not run: %s", exc, extra={"version": candidate.version})
         return None
@@ -78,9 +82,11 @@ def on_worker(post_to_worker: PostToWorker | None, fn: Callable[[], Any]) -> Any
     return box["value"]
 
 
-def _vectors(slot: ModelSlot, texts: list[str]) -> np.ndarray:
+def _vectors(slot: ModelSlot, texts: list[str], post_to_worker: PostToWorker | None) -> np.ndarray:
     handler = slot.handler
     rows = []
-    for k in range(0, len(texts), 16):
-        rows += handler.postprocess(handler.infer(handler.preprocess(texts[k:k + 16])))
+    for k in range(0, len(texts), SPACE_BATCH):
+        part = texts[k:k + SPACE_BATCH]
+        rows += on_worker(post_to_worker,
+                          lambda part=part: handler.postprocess(handler.infer(handler.preprocess(part))))
     return np.asarray([np.asarray(r, dtype=np.float64) for r in rows])
