@@ -430,6 +430,43 @@ def test_a_promoted_canary_starts_the_shadow_s_report_afresh(tmp_path: Path) -> 
     kit.run(scenario)
 
 
+class HeldHandler(HashHandler):
+    """A candidate whose passes wait for ``release`` (set by the test): a comparison in flight."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.release, self.entered = threading.Event(), threading.Event()
+
+    def infer(self, batch: list[Any]) -> list[str]:
+        self.entered.set()
+        assert self.release.wait(10), "the test never released the candidate"
+        return super().infer(batch)
+
+
+def test_a_comparison_in_flight_across_a_reload_joins_the_old_report_not_the_new(tmp_path: Path) -> None:
+    held = HeldHandler()
+    handlers = {"active": HashHandler(), "same": HashHandler(), "held": held}
+    for name in handlers:
+        (tmp_path / name).mkdir()
+    kit = EngineKit(make_settings(tmp_path / "active"), by_folder(handlers))
+    engine, manager = kit.engine, kit.engine.manager
+    manager.set_shadow(str(tmp_path / "held"), "s1", 1.0)
+
+    async def scenario() -> None:
+        await engine.process(engine.request(["compared against the first active model"]))
+        shadow = manager.shadow
+        assert shadow is not None
+        old = shadow.report
+        await asyncio.to_thread(held.entered.wait, 10)
+        await asyncio.to_thread(manager.reload, str(tmp_path / "same"), "v2")
+        assert shadow.report is not old  # afresh against the new active model
+        held.release.set()
+        await until(lambda: old.computed == 1)
+        assert shadow.report.computed == 0 and shadow.report.as_dict()["requests"]["sampled"] == 0
+
+    kit.run(scenario)
+
+
 def test_a_canary_of_another_embedding_space_is_refused_unless_forced(tmp_path: Path) -> None:
     kit, _ = engine_with(tmp_path)
     engine = kit.engine

@@ -19,7 +19,7 @@ from inferd.core.errors import Kind
 from inferd.core.outcomes import TaskResult, Ticket, WorkItem
 from inferd.core.preprocess import InputError
 from inferd.core.registry import ServedModel
-from inferd.core.shadow import SHADOW_PRIORITY, SHADOW_TIMEOUT_S, Shadow, shadow_lane, shadow_policy
+from inferd.core.shadow import SHADOW_PRIORITY, SHADOW_TIMEOUT_S, DriftReport, Shadow, shadow_lane, shadow_policy
 from inferd.core.text_options import InputOptions
 from inferd.core.tokenizing import Tokenizing
 from inferd.utils.logger import request_id_var
@@ -49,18 +49,21 @@ class ShadowMirror:
             shadow = served.manager.pick_shadow(routing_key, random.random())
             if shadow is None:
                 return
-            shadow.report.count("sampled")
+            # The report of the active model that answered: a reload or promotion while the candidate computes starts
+            # a new one (against the new active), which this comparison must not join.
+            report = shadow.report
+            report.count("sampled")
             self.metrics.shadow_requests.labels(served.name, "sampled").inc()
             task = asyncio.get_running_loop().create_task(
-                self._compare_on_shadow(served, shadow, inputs, options, live, request_id_var.get()))
+                self._compare_on_shadow(served, shadow, report, inputs, options, live, request_id_var.get()))
         except Exception:  # whatever goes wrong here, the live answer is given
             log.exception("mirroring a request to the shadow candidate failed", extra={"model": served.name})
             return
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _compare_on_shadow(self, served: ServedModel, shadow: Shadow, inputs: list[Any], options: InputOptions,
-                                 live: TaskResult, request_id: str | None) -> None:
+    async def _compare_on_shadow(self, served: ServedModel, shadow: Shadow, report: DriftReport, inputs: list[Any],
+                                 options: InputOptions, live: TaskResult, request_id: str | None) -> None:
         """Tokenise for the candidate, queue in the model's shadow lane, and fold both answers into the report.
         Holds the candidate's slot."""
         slot, name, lane = shadow.slot, served.name, shadow_lane(served.name)
@@ -87,7 +90,7 @@ class ShadowMirror:
             if error is not None:
                 outcome = "shed" if error.kind in (Kind.DEADLINE, Kind.DRAINING) else "failed"
                 return
-            figures = shadow.report.add(live.outputs, ticket.results, request_id, live.tokens, inputs)
+            figures = report.add(live.outputs, ticket.results, request_id, live.tokens, inputs)
             outcome = "computed"
             self._publish(name, shadow, figures)
         except InputError:
@@ -104,7 +107,7 @@ class ShadowMirror:
                 self.metrics.shadow_queue_depth.labels(name).set(self.queue.depth(lane))
             slot.release()
             if outcome != "computed":
-                shadow.report.count(outcome)
+                report.count(outcome)
             self.metrics.shadow_requests.labels(name, outcome).inc()
 
     def _publish(self, name: str, shadow: Shadow, figures: dict[str, Any]) -> None:
