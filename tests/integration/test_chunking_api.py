@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import random
 import shutil
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -33,6 +34,7 @@ MAX_QUEUE = 16  # the dense model's queue: a document of more pieces runs in wav
 MAX_DOC_CHARS = 60_000
 MAX_PIECES = 120
 MAX_BODY = 20_000
+MAX_TOKEN_VECTORS = 4096
 
 
 def document(seed: int, paragraphs: int) -> str:
@@ -57,7 +59,8 @@ def server(tmp_path_factory: pytest.TempPathFactory, module_serve: Callable[...,
                     "chunking": {"mode": "pooled"}},
                    {"name": "m3", "path": str(write_tiny_m3(tmp / "m3"))}],
         "limits": {"max_document_chars": MAX_DOC_CHARS, "max_document_pieces": MAX_PIECES,
-                   "max_body_bytes": MAX_BODY, "max_document_body_bytes": 200_000}}))
+                   "max_body_bytes": MAX_BODY, "max_document_body_bytes": 200_000,
+                   "max_multivector_tokens": MAX_TOKEN_VECTORS}}))
     return module_serve({"INFERD_CONFIG_DIR": str(config), "INFERD__MODEL__LOAD_MODE": "eager"},
                         wait="/health/ready", timeout=180)
 
@@ -170,6 +173,24 @@ def test_a_split_whose_pieces_one_count_foresees_over_the_limit_is_refused_befor
     fine = _post(client, "/v1/embeddings", {"input": document(3, 1), "model": "dense",
                                             "chunking": {"mode": "pieces", "max_tokens": 40, "overlap": 10}})
     assert len(fine["data"][0]["pieces"]) > 1
+
+
+def test_a_multivector_answer_over_its_limit_is_refused_before_any_piece_runs(client: httpx.Client) -> None:
+    """Each wave of pieces passed the token vectors' check alone: the whole answer was refused after every piece had
+    run and been charged. Mode pieces answers each piece's vectors and the document's (their join): twice as many."""
+    text = document(9, 64)
+    body = {"input": text, "model": "m3", "outputs": ["multivector"]}
+    pooled = _post(client, "/v1/encode", {**body, "chunking": {"mode": "pooled"}})["data"][0]["multivector"]
+    assert MAX_TOKEN_VECTORS / 2 < len(pooled) <= MAX_TOKEN_VECTORS, len(pooled)  # the document this test needs
+    def batches() -> float:
+        return metric_value(client.get("/metrics").text, "inferd_batch_size_count", model="m3")
+
+    ran = batches()
+    while time.sleep(0.3) or batches() != ran:  # the pooled answer's last batches are counted as they end
+        ran = batches()
+    error = _post(client, "/v1/encode", {**body, "chunking": {"mode": "pieces"}}, 422)["error"]
+    assert error["code"] == "too_many_token_vectors" and str(2 * len(pooled)) in error["message"], error
+    assert batches() == ran
 
 
 def test_document_limits_and_the_body_limit(client: httpx.Client) -> None:

@@ -29,11 +29,13 @@ from inferd.core.admission import Admission
 from inferd.core.chunking import LATE, Chunking, Piece, backend, split_within
 from inferd.core.errors import EngineError, Kind, deadline_passed
 from inferd.core.outcomes import TaskResult, merged_timings
+from inferd.core.outputs import token_vectors_refusal
 from inferd.core.prompts import prompt_text
 from inferd.core.registry import ModelRegistry, Resolved
 from inferd.core.request import InferenceRequest
 from inferd.core.slots import ModelSlot
-from inferd.core.tasks.embedding_task import TOKEN_STATES
+from inferd.core.tasks.base import TokenVectorTask
+from inferd.core.tasks.embedding_task import MULTIVECTOR, TOKEN_STATES
 from inferd.core.tasks.kinds import task_of
 from inferd.core.tasks.piece_merge import merge, mergeable
 from inferd.settings import LimitSettings
@@ -125,6 +127,8 @@ class Documents:
             options = request.text_options.taking(d for d, found in enumerate(pieces) for _ in found)
             pinned = dataclasses.replace(request, model=served.name, version=slot.version, chunking=None,
                                          text_options=options)
+            await self._check_token_vectors(slot, pinned, inputs, prompt, 2 if chunking.mode == "pieces" else 1,
+                                            deadline)
             wave, in_flight = wave_plan(served.settings.batching)
             if late:
                 return await self._late(pinned, texts, pieces, slot, prompt, (wave, in_flight), deadline,
@@ -167,6 +171,25 @@ class Documents:
         wave, in_flight = wave_plan(batching)
         results = await self._waves(pinned, inputs, wave, in_flight, deadline, disconnected)
         return long_rerank.scored(planned, results, chunking.mode, slot.description)
+
+    async def _check_token_vectors(self, slot: ModelSlot, request: InferenceRequest, inputs: list[str], prompt: str,
+                                   answers: int, deadline: float) -> None:
+        """A multi-vector answer over ``limits.max_multivector_tokens`` is refused before any piece runs, as a text's
+        is (core/tasks/base.py TokenVectorTask): each wave passes the check alone, so the whole answer was refused
+        only after every piece had run, and been charged. ``answers``: how many times the answer holds each piece's
+        vectors (mode pieces: each piece's, and the document's, which joins them)."""
+        handler = slot.handler
+        if MULTIVECTOR.name not in request.outputs or not isinstance(handler, TokenVectorTask):
+            return
+        # As admission will tokenise them: the outputs asked and the prompt are the texts' options (core/admission.py).
+        options = request.text_options.chosen(request.outputs, prompt)
+        texts = [prompt + t for t in inputs] if prompt else inputs
+        async with self._splitting(deadline):
+            encoded = await asyncio.to_thread(handler.encode_texts, texts, options)
+        count = answers * sum(map(handler.token_vectors, encoded))
+        if count > handler.max_token_vectors:
+            raise EngineError(Kind.TOO_LONG, token_vectors_refusal(count, handler.max_token_vectors),
+                              "too_many_token_vectors")
 
     @contextlib.asynccontextmanager
     async def _splitting(self, deadline: float) -> AsyncIterator[None]:
