@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 import yaml
 from conftest import ROOT, Server, metric_value
-from tinymodel import CJK, WORDS, write_tiny_bert
+from tinymodel import CJK, WORDS, write_tiny_bert, write_tiny_colbert
 
 from integration.test_sparse_api import write_tiny_m3
 
@@ -57,7 +57,8 @@ def server(tmp_path_factory: pytest.TempPathFactory, module_serve: Callable[...,
         "models": [{"name": "dense", "path": str(write_tiny_bert(tmp / "dense", seed=11)),
                     "batching": {"max_queue": MAX_QUEUE, "max_batch_size": 8}, "cache": {"max_entries": 512},
                     "chunking": {"mode": "pooled"}},
-                   {"name": "m3", "path": str(write_tiny_m3(tmp / "m3"))}],
+                   {"name": "m3", "path": str(write_tiny_m3(tmp / "m3"))},
+                   {"name": "colbert", "path": str(write_tiny_colbert(tmp / "colbert"))}],
         "limits": {"max_document_chars": MAX_DOC_CHARS, "max_document_pieces": MAX_PIECES,
                    "max_body_bytes": MAX_BODY, "max_document_body_bytes": 200_000,
                    "max_multivector_tokens": MAX_TOKEN_VECTORS}}))
@@ -226,3 +227,21 @@ def test_cohere_and_tei_answer_pieces_and_refusals_in_their_own_shapes(client: h
     body = refused.json()
     assert refused.status_code == 422 and body["error"]["param"] == "chunking.max_tokens", refused.text
     assert "window" in body["message"]
+
+
+@pytest.mark.parametrize(("input_type", "length"), [("document", 24), ("query", 12)])
+def test_a_colbert_document_s_pieces_fit_its_role_s_length_marker_included(client: httpx.Client, input_type: str,
+                                                                           length: int) -> None:
+    """Pieces were sized by the model's window (the longer role's) less [CLS] and [SEP]: the role's marker and, for a
+    query, its shorter length were not counted, so each full piece lost its last tokens to the cut, embedded nowhere.
+    Each piece now fits: its vectors are its text's own, alone."""
+    text = " ".join(WORDS[i % len(WORDS)] for i in range(160))
+    body = {"model": "colbert", "outputs": ["multivector"], "input_type": input_type}
+    pieces = client.post("/v1/encode", json={**body, "input": text, "chunking": {"mode": "pieces"}})
+    assert pieces.status_code == 200, pieces.text
+    found = pieces.json()["data"][0]["pieces"]
+    assert len(found) > 3
+    for piece in found:
+        assert piece["tokens"] + 3 <= length, piece  # [CLS], the marker and [SEP] beside it
+        alone = client.post("/v1/encode", json={**body, "input": text[piece["start"]:piece["end"]]}).json()
+        np.testing.assert_allclose(piece["multivector"], alone["data"][0]["multivector"], atol=1e-5)

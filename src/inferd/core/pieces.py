@@ -116,7 +116,7 @@ class Documents:
                                   "splits texts to embed", "chunking_unsupported", field="chunking")
             prompt = "" if request.prompt is None else prompt_text(
                 slot.description, request.prompt, served.settings.model.input_type_prompts)
-            size = self._piece_size(slot, chunking, prompt)
+            size = self._piece_size(slot, chunking, prompt, request)
             texts = list(request.inputs)
             timeout_ms = request.timeout_ms or served.settings.batching.default_timeout_ms
             deadline = started + timeout_ms / 1e3
@@ -204,9 +204,14 @@ class Documents:
         finally:
             self._threads.release()
 
-    def _piece_size(self, slot: ModelSlot, chunking: Chunking, prompt: str) -> int:
+    def _piece_size(self, slot: ModelSlot, chunking: Chunking, prompt: str, request: InferenceRequest) -> int:
         tokenizer = slot.loaded.tokenizer
         window = slot.description.max_seq_length or slot.loaded.max_seq_length
+        # The handler's own bound for these texts where it has one (a ColBERT role's length), the tightest of them.
+        own = [w for o in set(request.text_options.per_text(len(request.inputs)))
+               if (w := slot.handler.text_window(o.chosen(request.outputs, prompt))) is not None]
+        if own:
+            window = min([*own, *([window] if window else [])])
         if tokenizer is None or window is None:
             raise EngineError(Kind.INVALID_INPUT, f"model {slot.description.name!r} cannot split documents: it has "
                               "no tokenizer or no window to count pieces by", "chunking_unsupported",

@@ -31,7 +31,7 @@ from inferd.core.preprocess import Encoded, InputError
 from inferd.core.spec import ModelSpec
 from inferd.core.staging import StagedBatch, to_device
 from inferd.core.tasks.kinds import TASKS, task_of
-from inferd.core.text_options import PLAIN_INPUTS, InputOptions
+from inferd.core.text_options import PLAIN_INPUTS, InputOptions, TextOptions
 
 log = logging.getLogger(__name__)
 
@@ -118,6 +118,12 @@ class Handler(ABC):
         """The tokens a document may hold beside ``query`` in one input (a reranker's pair: what the model's limit
         leaves after the query, its template and special tokens), by which core/long_rerank.py splits a longer
         document; None (the default): this handler's documents are not split."""
+        return None
+
+    def text_window(self, options: TextOptions) -> int | None:
+        """The tokens one text may hold with its special tokens under ``options``, by which core/pieces.py sizes a
+        document's pieces; None (the default): the model's window (``max_seq_length``). A handler whose texts have
+        other bounds (a late-interaction model's role lengths, its marker token) says so, or a piece would be cut."""
         return None
 
     def incompatibility(self, serving: ModelDescription, allow_change: bool) -> str | None:

@@ -37,7 +37,7 @@ from inferd.core.tasks import st_files, st_modules
 from inferd.core.tasks.base import TokenVectorTask, check_weights, dimension_refusal, length_limit, load_tokenizer
 from inferd.core.tasks.embedding import PooledHead
 from inferd.core.tasks.heads import TokenHeads
-from inferd.core.text_options import PLAIN_INPUTS, InputOptions
+from inferd.core.text_options import PLAIN_INPUTS, InputOptions, TextOptions
 
 
 @dataclass(frozen=True)
@@ -185,6 +185,11 @@ class ColbertHandler(TokenVectorTask):
         else:
             keep = tuple(i for i, t in enumerate(ids) if t not in self.skiplist)
         return Marked(ids, enc.truncated, attended=attended, keep=keep)
+
+    def text_window(self, options: TextOptions) -> int | None:
+        # Its role's length, the marker taken out (the encoder's own bound): a piece sized by the model's window, the
+        # longer role's, lost its last tokens to the cut, or (a query) most of them.
+        return self.encoders["query" if is_query(options) else "document"].max_length
 
     def token_vectors(self, item: Encoded) -> int:
         return len(item.keep) if isinstance(item, Marked) else 0
