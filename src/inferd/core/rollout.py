@@ -98,7 +98,8 @@ class Rollout:
             return None
         canary = self.slot_loader.load(spec_from_settings(self.settings, Path(c.path), c.version or "canary"))
         try:
-            why = refusal(canary, active, allows_change(self.settings.model))
+            # Consent to a dimension change given: another size is another space, the check below with canary.force.
+            why = refusal(canary, active, True)
             if why is not None:
                 raise ModelLoadError(f"canary.path {c.path}: {why}")
             if canary.version == active.version:
@@ -247,27 +248,33 @@ class Rollout:
     def set_canary(self, path: str, version: str, weight: float,
                    runtime: dict[str, str] | None = None, force: bool = False) -> ModelSlot:
         """Load a canary beside the active model that takes ``weight`` of the requests; one whose vectors are
-        not the active model's space is refused unless ``force``."""
+        not the active model's space (another size included) is refused unless ``force``."""
         if not 0.0 <= weight <= 1.0:
             raise ValueError(f"canary weight must lie in [0, 1], not {weight}")
 
         def work() -> ModelSlot:
             self._require_serving()
-            slot = self.slot_loader.load_standby(self._client_spec(path, version, runtime))
-            why = self.slot_loader.space_changed(slot)
-            if why is not None and not force:
-                slot.retire()
-                raise SpaceChanged(why)
-            if why is not None:
-                log.warning("canary forced although its space differs: %s", why, extra={"version": slot.version})
-            old = self._install(slot, lambda: self.table.install_canary(slot, weight))
-            log.info("canary set", extra={"version": slot.version, "weight": weight})
-            if old is not None:
-                old.retire()
-            self._changed()
-            return slot
+            # allow_change: a canary's size is the space check's to judge, which force overrides (not the reload's
+            # dimension rule, whose refusal no force could lift); the task's other rules (labels) still apply.
+            slot = self.slot_loader.load_standby(self._client_spec(path, version, runtime), allow_change=True)
+            return self._put_canary(slot, weight, force)
 
         return self.change_lock.run_loading("canary", work)
+
+    def _put_canary(self, slot: ModelSlot, weight: float, force: bool, where: str = "") -> ModelSlot:
+        """Install a loaded canary once its space is the active model's (or ``force``); the one it replaces goes."""
+        why = self.slot_loader.space_changed(slot)
+        if why is not None and not force:
+            slot.retire()
+            raise SpaceChanged(where + why)
+        if why is not None:
+            log.warning("canary forced although its space differs: %s", why, extra={"version": slot.version})
+        old = self._install(slot, lambda: self.table.install_canary(slot, weight))
+        log.info("canary set", extra={"version": slot.version, "weight": weight})
+        if old is not None:
+            old.retire()
+        self._changed()
+        return slot
 
     def set_shadow(self, path: str, version: str, weight: float,
                    runtime: dict[str, str] | None = None) -> ModelSlot:
