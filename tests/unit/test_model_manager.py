@@ -496,6 +496,45 @@ def test_a_canary_of_another_dimension_is_another_space_which_force_overrides(ma
         manager.reload(str(tmp_path / "dim48-r"), "v2")
 
 
+# -- SIGHUP: the canary and the rules of change as the settings say ----------------------------------------------
+
+
+def test_the_canary_section_of_reread_settings_is_installed_reweighted_replaced_and_dropped(
+        manager: ModelManager, loader: Loader, tmp_path: Path, suite: dict[str, Any]) -> None:
+    def canary(**section: Any) -> Any:
+        return make_settings(**suite, canary={"weight": 0.5, **section})
+
+    first = manager.canary_from_settings(canary(path=str(tmp_path / "c1"), version="cv"))
+    assert first is not None and manager.canary is first and manager.canary_weight == 0.5
+    loads = len(loader.specs)
+    # The canary it already serves: a new weight, nothing loaded.
+    assert manager.canary_from_settings(canary(path=str(tmp_path / "c1"), version="cv", weight=0.2)) is first
+    assert manager.canary_weight == 0.2 and len(loader.specs) == loads and not first.freed.is_set()
+    second = manager.canary_from_settings(canary(path=str(tmp_path / "c2"), version="cv2"))
+    assert manager.canary is second and first.freed.is_set()
+    # Another space (another size) is refused as at start, unless canary.force.
+    with pytest.raises(SpaceChanged, match="canary.path .*dim48-c: .*48 dimensions"):
+        manager.canary_from_settings(canary(path=str(tmp_path / "dim48-c"), version="cv3"))
+    assert manager.canary is second
+    assert manager.canary_from_settings(make_settings(**suite)) is None
+    assert manager.canary is None and second.freed.is_set()
+    assert [(r, s.version) for r, s in manager.slots()] == [("active", "v1")]
+
+
+def test_followed_settings_rule_the_later_changes(manager: ModelManager, loader: Loader, tmp_path: Path,
+                                                 suite: dict[str, Any]) -> None:
+    elsewhere = tmp_path.parent / f"{tmp_path.name}-elsewhere"
+    with pytest.raises(ModelLoadError, match="not under an allowed model.root"):
+        manager.reload(str(elsewhere / "m2"), "v2")
+    manager.follow(make_settings(**suite, **{"model.root": [str(elsewhere)], "model.allow_dimension_change": True,
+                                             "model.load_timeout_s": 7.0}))
+    assert manager.roots == [elsewhere.resolve()] and manager.rollout.change_lock.timeout_s == 7.0
+    slot = manager.reload(str(elsewhere / "dim48-m"), "v2")  # the new root, and the consent to another size
+    assert manager.active is slot and slot.description.dimension == 48
+    with pytest.raises(ModelLoadError, match="not under an allowed model.root"):
+        manager.reload(str(tmp_path / "m3"), "v3")
+
+
 def test_a_model_over_its_memory_fraction_is_refused_and_closed(suite: dict[str, Any], loader: Loader,
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     """Several models on one GPU: a load taking more of the device than model.memory_fraction is refused (the

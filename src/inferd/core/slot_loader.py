@@ -7,6 +7,8 @@ own rule refuses the change (a dimension change unless allowed), or, for a canar
 serving model's space (core/space_check.py). A canary's size is that space check's to judge, not the dimension rule's:
 another size is another space, which the canary's ``force`` overrides (docs/changing-a-model.md). A refused slot is
 retired before the refusal is raised.
+
+``settings`` are the model's as last read (a SIGHUP's, ModelManager.follow): each load reads them when it runs.
 """
 
 from __future__ import annotations
