@@ -448,6 +448,40 @@ def test_sighup_rereads_the_model_section_and_a_second_change_gets_409(
     assert server.stop() == 0  # SIGTERM after the failed reloads: still a clean exit
 
 
+def test_sighup_serves_the_canary_section_and_names_what_only_a_restart_applies(
+        serve: Callable[..., Server], config_dir: Path, tiny_model: Path, models_root: Path) -> None:
+    # The probe's: adding canary: failed ("'v1' is already being served by the active model") and jammed every later
+    # SIGHUP of the model; a limits change was logged as the model "unchanged".
+    model = {"name": "tiny", "path": str(tiny_model), "version": "v1", "root": [str(models_root)]}
+    write_config(config_dir, model)
+    server = serve({"INFERD_CONFIG_DIR": str(config_dir), "INFERD__SERVER__ADMIN_KEY": "admin-secret"},
+                   wait="/health/ready")
+    canary = {"path": str(tiny_model), "version": "cv", "weight": 0.5}  # the same folder: the same space
+
+    def sighup(config: dict[str, Any]) -> dict[str, Any]:
+        ok = metric(server, "inferd_model_reloads_total", outcome="ok")
+        write_config(config_dir, yaml.safe_dump(config))
+        server.proc.send_signal(signal.SIGHUP)
+        wait_for(lambda: metric(server, "inferd_model_reloads_total", outcome="ok") == ok + 1, what="the SIGHUP")
+        models: dict[str, Any] = c.get("/admin/models", headers=ADMIN).json()
+        return models
+
+    with server.client() as c:
+        shown = sighup({"model": model, "canary": canary})
+        assert [(s["role"], s["version"]) for s in shown["slots"]] == [("active", "v1"), ("canary", "cv")]
+        assert shown["canary_weight"] == 0.5 and predict(c, body={"model": "cv"}).headers["X-Model-Version"] == "cv"
+        shown = sighup({"model": model, "canary": {**canary, "weight": 0.2}, "limits": {"max_items_per_request": 8}})
+        assert shown["canary_weight"] == 0.2 and shown["switches"] == 0
+        r = c.post("/predict", json={"texts": [TEXT] * 9})
+        assert r.status_code == 200, r.text  # the start's limit still holds: not applied, and said so
+        assert "SIGHUP: limits.max_items_per_request change only at a restart" in server.log()
+        shown = sighup({"model": model})
+        assert [(s["role"], s["version"]) for s in shown["slots"]] == [("active", "v1")]
+        sighup({"model": model, "batching": {"max_batch_size": 4}})  # a batching edit is just that
+        assert metric(server, "inferd_model_reloads_total", outcome="failed") == 0
+    assert server.stop() == 0
+
+
 # -- memory after repeated reloads -----------------------------------------------------------------------
 
 

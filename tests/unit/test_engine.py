@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from enginekit import EngineKit, by_folder, hold, until
+from enginekit import EngineKit, by_folder, hold, per_load, until
 from fakes import HashHandler, ShortHandler, loader_for, vector_for
 from settingskit import make_settings
 from starlette.testclient import TestClient
@@ -21,6 +21,7 @@ from inferd.api.services import services_of
 from inferd.core.engine import InferenceEngine
 from inferd.core.errors import ClientGone, EngineError, Kind
 from inferd.core.scheduler import Policy
+from inferd.core.spec import ModelSpec
 from inferd.settings import BatchingSettings, ModelEntry, ModelSettings
 
 
@@ -319,6 +320,108 @@ def test_a_request_s_bound_is_the_largest_served_model_s_queue_as_the_models_cha
         assert engine.limits.max_queue == 16
         await engine.reconfigure(make_settings(models=(_served(tmp_path, "a", 64), _served(tmp_path, "b", 16))))
         assert engine.limits.max_queue == 64
+
+    kit.run(scenario)
+
+
+# -- SIGHUP: each model's sections, part by part -----------------------------------------------------------------
+
+
+def _sighup_kit(tmp_path: Path) -> tuple[EngineKit, dict[str, Any]]:
+    """An engine serving m1 as v3 (model.root: tmp_path), each load a new HashHandler (one space); a folder named
+    broken* fails to load, one named wide* has vectors of 16. Returns it and its settings' model section."""
+    def make(spec: ModelSpec) -> HashHandler:
+        if spec.path.name.startswith("broken"):
+            raise RuntimeError("a broken model folder")
+        handler = HashHandler()
+        if spec.path.name.startswith("wide"):
+            handler.dimension = 16
+        return handler
+
+    model = {"path": str(tmp_path / "m1"), "version": "v3", "root": [str(tmp_path)]}
+    return EngineKit(make_settings(model=model), per_load(make)), model
+
+
+def _roles(engine: InferenceEngine) -> list[tuple[str, str]]:
+    return [(role, slot.version) for _, role, slot in engine.slots()]
+
+
+def test_sighup_installs_reweights_replaces_and_drops_the_configured_canary(tmp_path: Path):
+    kit, model = _sighup_kit(tmp_path)
+    engine = kit.engine
+    name = engine.manager.table.configured.name
+    canary = {"path": str(tmp_path / "c1"), "version": "cv", "weight": 0.5}
+
+    async def scenario() -> None:
+        # The probe's: "version 'v3' is already being served by the active model", the model reloaded instead.
+        assert await engine.reconfigure(make_settings(model=model, canary=canary)) == {name: "reloaded"}
+        assert _roles(engine) == [("active", "v3"), ("canary", "cv")] and engine.manager.canary_weight == 0.5
+        loads = len(kit.loaded)
+        assert await engine.reconfigure(make_settings(model=model, canary={**canary, "weight": 0.2})) == {
+            name: "updated"}
+        assert engine.manager.canary_weight == 0.2 and len(kit.loaded) == loads
+        # A new model and a new canary together: the model first, the canary measured against it.
+        v4 = {**model, "path": str(tmp_path / "m2"), "version": "v4"}
+        both = make_settings(model=v4, canary={**canary, "path": str(tmp_path / "c2"), "version": "cv2"})
+        assert await engine.reconfigure(both) == {name: "reloaded"}
+        assert _roles(engine) == [("active", "v4"), ("canary", "cv2")]
+        assert await engine.reconfigure(make_settings(model=v4)) == {name: "updated"}
+        assert _roles(engine) == [("active", "v4")]
+        assert await engine.reconfigure(make_settings(model=v4, batching={"max_batch_size": 4})) == {name: "updated"}
+        assert engine.registry.first().entry.batching.max_batch_size == 4  # type: ignore[union-attr]
+
+    kit.run(scenario)
+
+
+def test_a_failed_sighup_change_is_tried_again_and_never_holds_back_the_rest(tmp_path: Path):
+    kit, model = _sighup_kit(tmp_path)
+    engine = kit.engine
+    served = engine.registry.first()
+    assert served is not None
+    broken = {"path": str(tmp_path / "broken-c"), "version": "cv", "weight": 0.5}
+
+    async def scenario() -> None:
+        assert await engine.reconfigure(make_settings(model=model, canary=broken)) == {served.name: "failed"}
+        # Still named, still broken: tried again and refused again; the batching edit beside it applies all the same.
+        again = make_settings(model=model, canary=broken, batching={"max_batch_size": 4})
+        assert await engine.reconfigure(again) == {served.name: "failed"}
+        assert served.entry.batching.max_batch_size == 4 and _roles(engine) == [("active", "v3")]
+        # A new path under the served version: refused (version_in_use); the canary waits for its model.
+        same_version = make_settings(model={**model, "path": str(tmp_path / "m2")},
+                                     canary={**broken, "path": str(tmp_path / "c1")})
+        assert await engine.reconfigure(same_version) == {served.name: "failed"}
+        assert _roles(engine) == [("active", "v3")] and served.entry.model.path == model["path"]
+        # The configuration put right: the model and its canary change.
+        fixed = make_settings(model={**model, "path": str(tmp_path / "m2"), "version": "v4"},
+                              canary={**broken, "path": str(tmp_path / "c1")})
+        assert await engine.reconfigure(fixed) == {served.name: "reloaded"}
+        assert _roles(engine) == [("active", "v4"), ("canary", "cv")]
+
+    kit.run(scenario)
+
+
+def test_sighup_rules_of_change_follow_without_a_reload_and_start_keys_wait_for_a_restart(tmp_path: Path):
+    kit, model = _sighup_kit(tmp_path)
+    engine, manager = kit.engine, kit.engine.manager
+    served = engine.registry.first()
+    assert served is not None
+    elsewhere = tmp_path / "elsewhere"
+    fresh = make_settings(model={**model, "root": [str(elsewhere)], "allow_dimension_change": True,
+                                 "load_timeout_s": 7.0, "load_mode": "lazy"})
+
+    async def scenario() -> None:
+        assert engine.start_only(fresh) == ["model.load_mode"]
+        # The probe's: "v3 is already being served" (a reload was tried), or else nothing taken at all.
+        assert await engine.reconfigure(fresh) == {served.name: "updated"}
+        assert len(kit.loaded) == 1 and manager.roots == [elsewhere.resolve()]
+        assert manager.rollout.change_lock.timeout_s == 7.0 and served.settings.model.load_mode == "eager"
+        slot = await asyncio.to_thread(manager.reload, str(elsewhere / "wide"), "v4")  # under the new root, 16 wide
+        assert manager.active is slot and slot.description.dimension == 16
+        # Taken with a reload too (the probe's "reloaded", the old root kept).
+        third = tmp_path / "third"
+        renamed = make_settings(model={**model, "version": "v5", "root": [str(third)], "allow_dimension_change": True})
+        assert await engine.reconfigure(renamed) == {served.name: "reloaded"}
+        assert manager.roots == [third.resolve()] and _roles(engine) == [("active", "v5")]
 
     kit.run(scenario)
 

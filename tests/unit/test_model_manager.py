@@ -16,7 +16,15 @@ from fakes import FakeHandler
 from settingskit import make_settings
 
 from inferd.core import loading
-from inferd.core.errors import ManagerClosed, ModelLoadError, ModelNotReady, NoCanary, ReloadInProgress, VersionInUse
+from inferd.core.errors import (
+    ManagerClosed,
+    ModelLoadError,
+    ModelNotReady,
+    NoCanary,
+    ReloadInProgress,
+    SpaceChanged,
+    VersionInUse,
+)
 from inferd.core.loading import check_model_path
 from inferd.core.manager import ModelManager
 from inferd.core.spec import ModelSpec
@@ -461,14 +469,70 @@ def test_a_configured_canary_is_loaded_with_the_model(tmp_path: Path, suite: dic
     assert manager.canary_weight == 0.3
 
 
-def test_a_configured_canary_of_another_dimension_fails_the_start(tmp_path: Path, suite: dict[str, Any],
-                                                                  loader: Loader) -> None:
-    settings = make_settings(**suite, **{"canary.path": str(tmp_path / "dim48-c"), "canary.version": "v2",
-                                         "canary.weight": 0.3})
-    manager = ModelManager(settings, loader)
+def test_a_configured_canary_of_another_dimension_fails_the_start_unless_forced(
+        tmp_path: Path, suite: dict[str, Any], loader: Loader) -> None:
+    canary = {"canary.path": str(tmp_path / "dim48-c"), "canary.version": "v2", "canary.weight": 0.3}
+    manager = ModelManager(make_settings(**suite, **canary), loader)
     with pytest.raises(ModelLoadError, match="canary.path"):
         manager.load_initial()
-    assert manager.state == "failed" and "dimension is 48" in (manager.reason or "")
+    assert manager.state == "failed" and "48 dimensions, the active model's 32" in (manager.reason or "")
+    assert "canary.force: true" in (manager.reason or "")
+    # Another size is another space, which canary.force overrides (docs/changing-a-model.md).
+    forced = ModelManager(make_settings(**suite, **canary, **{"canary.force": True}), loader)
+    forced.load_initial()
+    assert [(role, s.version) for role, s in forced.slots()] == [("active", "v1"), ("canary", "v2")]
+
+
+def test_a_canary_of_another_dimension_is_another_space_which_force_overrides(manager: ModelManager, loader: Loader,
+                                                                             tmp_path: Path) -> None:
+    # The probe's: 422 model_load_failed ("set model.allow_dimension_change"), which no force could lift.
+    with pytest.raises(SpaceChanged, match="48 dimensions, the active model's 32.*force"):
+        manager.set_canary(str(tmp_path / "dim48-c"), "c2", 0.5)
+    assert manager.canary is None and loader.handlers[-1].closed
+    forced = manager.set_canary(str(tmp_path / "dim48-c"), "c3", 0.5, force=True)
+    assert manager.canary is forced and forced.description.dimension == 48
+    # A reload keeps its own rule: another size needs model.allow_dimension_change.
+    with pytest.raises(ModelLoadError, match="allow_dimension_change"):
+        manager.reload(str(tmp_path / "dim48-r"), "v2")
+
+
+# -- SIGHUP: the canary and the rules of change as the settings say ----------------------------------------------
+
+
+def test_the_canary_section_of_reread_settings_is_installed_reweighted_replaced_and_dropped(
+        manager: ModelManager, loader: Loader, tmp_path: Path, suite: dict[str, Any]) -> None:
+    def canary(**section: Any) -> Any:
+        return make_settings(**suite, canary={"weight": 0.5, **section})
+
+    first = manager.canary_from_settings(canary(path=str(tmp_path / "c1"), version="cv"))
+    assert first is not None and manager.canary is first and manager.canary_weight == 0.5
+    loads = len(loader.specs)
+    # The canary it already serves: a new weight, nothing loaded.
+    assert manager.canary_from_settings(canary(path=str(tmp_path / "c1"), version="cv", weight=0.2)) is first
+    assert manager.canary_weight == 0.2 and len(loader.specs) == loads and not first.freed.is_set()
+    second = manager.canary_from_settings(canary(path=str(tmp_path / "c2"), version="cv2"))
+    assert manager.canary is second and first.freed.is_set()
+    # Another space (another size) is refused as at start, unless canary.force.
+    with pytest.raises(SpaceChanged, match="canary.path .*dim48-c: .*48 dimensions"):
+        manager.canary_from_settings(canary(path=str(tmp_path / "dim48-c"), version="cv3"))
+    assert manager.canary is second
+    assert manager.canary_from_settings(make_settings(**suite)) is None
+    assert manager.canary is None and second.freed.is_set()
+    assert [(r, s.version) for r, s in manager.slots()] == [("active", "v1")]
+
+
+def test_followed_settings_rule_the_later_changes(manager: ModelManager, loader: Loader, tmp_path: Path,
+                                                 suite: dict[str, Any]) -> None:
+    elsewhere = tmp_path.parent / f"{tmp_path.name}-elsewhere"
+    with pytest.raises(ModelLoadError, match="not under an allowed model.root"):
+        manager.reload(str(elsewhere / "m2"), "v2")
+    manager.follow(make_settings(**suite, **{"model.root": [str(elsewhere)], "model.allow_dimension_change": True,
+                                             "model.load_timeout_s": 7.0}))
+    assert manager.roots == [elsewhere.resolve()] and manager.rollout.change_lock.timeout_s == 7.0
+    slot = manager.reload(str(elsewhere / "dim48-m"), "v2")  # the new root, and the consent to another size
+    assert manager.active is slot and slot.description.dimension == 48
+    with pytest.raises(ModelLoadError, match="not under an allowed model.root"):
+        manager.reload(str(tmp_path / "m3"), "v3")
 
 
 def test_a_model_over_its_memory_fraction_is_refused_and_closed(suite: dict[str, Any], loader: Loader,

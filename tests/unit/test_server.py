@@ -1,4 +1,5 @@
-"""inferd.server alone: a SIGHUP reload that cannot read its configuration, and the shutdown watchdog."""
+"""inferd.server alone: a SIGHUP reload that cannot read its configuration or changes what only a restart applies,
+and the shutdown watchdog."""
 
 from __future__ import annotations
 
@@ -11,7 +12,10 @@ from typing import Any
 import pytest
 import uvicorn
 from conftest import metric_value
+from enginekit import EngineKit
+from fakes import HashHandler
 from prometheus_client import generate_latest
+from settingskit import make_settings
 
 from inferd import server as server_mod
 from inferd.server import DrainingServer, reload_from_config
@@ -44,6 +48,26 @@ def test_a_sighup_whose_configuration_cannot_be_read_is_a_failed_reload_not_an_u
     assert outcome == "failed"
     assert failed_reloads(metrics) == 1
     assert any("SIGHUP reload failed" in r.getMessage() for r in caplog.records)
+
+
+def test_a_sighup_names_in_one_warning_every_change_only_a_restart_applies(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    # The probe's: such changes logged only "SIGHUP: <model> unchanged", load_mode taken as if applied.
+    kit = EngineKit(make_settings(tmp_path), HashHandler())
+    fresh = make_settings(tmp_path, server={"port": 9001, "log_level": "DEBUG", "log_format": "json",
+                                            "api_keys": ["k1"]},
+                          limits={"max_items_per_request": 8}, model={"load_mode": "lazy"},
+                          batching={"max_batch_size": 4})
+    with caplog.at_level(logging.INFO, logger="inferd.server"):
+        outcome = kit.run(lambda: reload_from_config(kit.engine, kit.metrics, lambda: fresh))
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    # The tenants' keys (server.api_keys) and the model's batching are applied: not named.
+    assert warnings == ["SIGHUP: server.port, server.log_level, server.log_format, limits.max_items_per_request, "
+                        "model.load_mode change only at a restart"]
+    assert outcome == "ok" and kit.engine.limits.max_items == 256
+    served = kit.engine.registry.first()
+    assert served is not None and served.settings.model.load_mode == "eager"
+    assert served.entry.batching.max_batch_size == 4 and served.settings.limits.max_items_per_request == 256
 
 
 def test_the_watchdog_ends_a_shutdown_that_overruns_the_margin(monkeypatch: pytest.MonkeyPatch) -> None:

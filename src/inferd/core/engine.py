@@ -44,6 +44,14 @@ log = logging.getLogger(__name__)
 # Told every served slot after any model's change: (model name, role, slot) (the app publishes them as metrics).
 OnModelsChange: TypeAlias = Callable[[list[tuple[str, str, ModelSlot]]], None]
 
+# SIGHUP and a served model's ``model:`` keys. These rule its later changes, not what it loads: taken without a reload
+# (the slot loader and the rollout read them when a change runs).
+LIVE_KEYS = frozenset({"root", "allow_dimension_change", "load_timeout_s", "load_delay_s"})
+# These rule its first load alone (when it runs, what its failure does), read once when the model is added: a model
+# already served keeps them until a restart (start_only names them). Every other key is what the model loads: a change
+# of one reloads it (and needs a new model.version).
+START_KEYS = frozenset({"load_mode", "exit_on_load_failure"})
+
 
 def _claim(batch: list[WorkItem]) -> None:
     # Under the queue's lock, as the batch is chosen: its slot cannot be freed between its hand-out and its pass.
@@ -176,9 +184,10 @@ class InferenceEngine:
 
     async def reconfigure(self, fresh: Settings) -> dict[str, str]:
         """Serve ``fresh``'s list of models: add the new ones (loaded as their load_mode says), remove the gone
-        ones (their requests finish first), reload those whose model or canary changed, and take the new
-        batching and cache rules of the rest. Returns each model's outcome: added, removed, reloaded, updated,
-        unchanged, or why it failed (conflict, not_ready, failed); a failure leaves that model as it was."""
+        ones (their requests finish first), and change the rest as ``_update`` says. Each model's sections are
+        fresh's; every other section stays the start's (``self.settings``: only a restart changes them). Returns
+        each model's outcome: added, removed, reloaded, updated, unchanged, or why a change failed (conflict,
+        not_ready, failed)."""
         outcomes: dict[str, str] = {}
         fresh = with_budgets(fresh)
         wanted = {e.name: e for e in fresh.served()}
@@ -194,7 +203,7 @@ class InferenceEngine:
         for name, entry in wanted.items():
             served = self.registry.get(name)
             if served is None:
-                served = self._build(entry, fresh)
+                served = self._build(entry, self.settings)
                 self.registry.add(served)
                 outcomes[name] = "added"
                 log.info("model added", extra={"model": name})
@@ -205,38 +214,76 @@ class InferenceEngine:
                         outcomes[name] = "failed"  # it stays listed, failed, as a failed start would
                 self._changed()
                 continue
-            outcomes[name] = await self._update(served, entry, fresh)
+            outcomes[name] = await self._update(served, entry)
         for served in self.registry:  # instances added or removed anywhere split the cores anew
             self.worker.set_model(served.entry, served.entry.model.device)
         return outcomes
 
-    async def _update(self, served: ServedModel, entry: ModelEntry, fresh: Settings) -> str:
-        outcome = "unchanged"
-        if entry.model != served.entry.model or entry.canary != served.entry.canary:
-            try:
-                slot = await asyncio.to_thread(served.manager.reload_from_settings, fresh.for_model(entry))
-            except ReloadInProgress:
-                log.warning("SIGHUP: another change of %s is in progress; it was not reloaded", served.name)
-                return "conflict"
-            except ModelNotReady as exc:
-                log.warning("SIGHUP: %s is not serving yet (%s); it was not reloaded", served.name, exc.state)
-                return "not_ready"
-            except ModelLoadError as exc:
-                log.error("SIGHUP reload failed for model %s; it serves as before: %s", served.name, exc)
-                return "failed"
-            log.info("SIGHUP: %s now serves %s", served.name, slot.version,
+    def start_only(self, fresh: Settings) -> list[str]:
+        """The keys of served models that ``fresh`` changes and only a restart applies (START_KEYS), by name."""
+        names = []
+        for entry in fresh.served():
+            served = self.registry.get(entry.name)
+            for key in sorted(START_KEYS):
+                if served is not None and getattr(entry.model, key) != getattr(served.entry.model, key):
+                    names.append(f"models.{entry.name}.{key}" if fresh.models else f"model.{key}")
+        return names
+
+    async def _update(self, served: ServedModel, entry: ModelEntry) -> str:
+        """A served model takes ``entry``, part by part: its model (reloaded when what it loads changed, else its
+        rules of change taken), then its canary (installed, replaced, reweighted or dropped), then its batching,
+        cache and entry keys. A part that fails stays as it was, and is tried again by the next SIGHUP; the canary
+        waits for a failed model (it is measured against the new one); the rules apply whatever the models do."""
+        old = served.entry
+        entry = entry.model_copy(update={"model": entry.model.model_copy(
+            update={k: getattr(old.model, k) for k in START_KEYS})})
+        taken, loaded, failure = old, False, None
+        if entry.model != old.model:
+            if entry.model.model_dump(exclude=set(LIVE_KEYS)) != old.model.model_dump(exclude=set(LIVE_KEYS)):
+                view = self.settings.for_model(entry)
+                failure = await self._change(served, "", lambda: served.manager.reload_from_settings(view))
+                loaded = failure is None
+            if failure is None:
+                taken = taken.model_copy(update={"model": entry.model})
+        if failure is None and entry.canary != old.canary:
+            view = self.settings.for_model(taken.model_copy(update={"canary": entry.canary}))
+            before = served.manager.canary
+            failure = await self._change(served, " (its canary)", lambda: served.manager.canary_from_settings(view))
+            if failure is None:
+                taken = taken.model_copy(update={"canary": entry.canary})
+                loaded = loaded or served.manager.canary not in (None, before)
+        taken = entry.model_copy(update={"model": taken.model, "canary": taken.canary})
+        if taken != old:
+            if taken.cache != old.cache:
+                served.cache = (ResultCache(taken.cache.max_entries, self.metrics, taken.name)
+                                if taken.cache.max_entries else None)
+            served.entry = taken
+            served.settings = self.settings.for_model(taken)
+            served.manager.follow(served.settings)
+            served.policy = Policy.from_settings(taken.batching)
+            self.queue.add_lane(taken.name, served.policy, taken.batching.max_queue, taken.share)
+        if failure is not None:
+            return failure
+        return "reloaded" if loaded else "updated" if taken != old else "unchanged"
+
+    async def _change(self, served: ServedModel, part: str, change: Callable[[], ModelSlot | None]) -> str | None:
+        """A SIGHUP's change of ``served`` (its model, or ``part``), off the loop: None when it went through, else
+        the outcome that says why not (it serves as before)."""
+        try:
+            slot = await asyncio.to_thread(change)
+        except ReloadInProgress:
+            log.warning("SIGHUP: another change of %s is in progress; it was not changed%s", served.name, part)
+            return "conflict"
+        except ModelNotReady as exc:
+            log.warning("SIGHUP: %s is not serving yet (%s); it was not changed%s", served.name, exc.state, part)
+            return "not_ready"
+        except ModelLoadError as exc:
+            log.error("SIGHUP reload failed for model %s%s; it serves as before: %s", served.name, part, exc)
+            return "failed"
+        if slot is not None:
+            log.info("SIGHUP: %s now serves %s%s", served.name, slot.version, part and " as its canary",
                      extra={"model": served.name, "version": slot.version, "path": str(slot.spec.path)})
-            outcome = "reloaded"
-        if entry != served.entry:
-            if entry.cache != served.entry.cache:
-                served.cache = (ResultCache(entry.cache.max_entries, self.metrics, entry.name)
-                                if entry.cache.max_entries else None)
-            served.entry = entry
-            served.settings = fresh.for_model(entry)
-            served.policy = Policy.from_settings(entry.batching)
-            self.queue.add_lane(entry.name, served.policy, entry.batching.max_queue, entry.share)
-            outcome = "reloaded" if outcome == "reloaded" else "updated"
-        return outcome
+        return None
 
     # -- requests (event loop) -------------------------------------------------------------------------
 

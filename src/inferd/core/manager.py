@@ -96,6 +96,16 @@ class ModelManager:
     def reload_from_settings(self, settings: Settings) -> ModelSlot:
         return self.rollout.reload_from_settings(settings)
 
+    def canary_from_settings(self, settings: Settings) -> ModelSlot | None:
+        return self.rollout.canary_from_settings(settings)
+
+    def follow(self, settings: Settings) -> None:
+        """SIGHUP: the model's sections as it took them, read by its later loads and changes (model.root,
+        allow_dimension_change, load_timeout_s...)."""
+        self.settings = settings
+        self.slot_loader.settings = settings
+        self.rollout.follow(settings)
+
     def set_canary(self, path: str, version: str, weight: float,
                    runtime: dict[str, str] | None = None, force: bool = False) -> ModelSlot:
         return self.rollout.set_canary(path, version, weight, runtime, force)

@@ -7,6 +7,10 @@ request lets go (core/slots.py). A failed load, or a model the task's own rule r
 place. Changes run one at a time (core/change_lock.py); one that loads is bounded by ``model.load_timeout_s`` and
 cancellable (``cancel_load``, core/load_guard.py). Once closed, nothing more is installed: a change still loading
 then discards its model.
+
+A SIGHUP changes the model (``reload_from_settings``) and its canary (``canary_from_settings``) as freshly read
+settings say; the rules of later changes (``model.root``, ``allow_dimension_change``, ``load_timeout_s``) are read
+from ``settings`` when a change runs, so they follow the settings the model last took (``follow``).
 """
 
 from __future__ import annotations
@@ -56,9 +60,18 @@ class Rollout:
         self.auto = AutoUpgrade(settings.model.auto_candidates) if settings.model.backend == "auto" else None
         self.change_lock = ChangeLock(settings.model.load_timeout_s)
         self._lazy_lock = asyncio.Lock()
-        roots = [Path(r).expanduser().resolve() for r in settings.model.root]
-        # Where a client's load may come from (model.root; default: the configured model's parent folder).
-        self.roots = roots or [table.configured.path.expanduser().resolve().parent]
+
+    def follow(self, settings: Settings) -> None:
+        """Later changes read these settings (a SIGHUP's, once the model took them): its roots, its consent to a
+        dimension change, its load bound. What they load at start (``model.backend: auto``) stays the start's."""
+        self.settings = settings
+        self.change_lock.timeout_s = settings.model.load_timeout_s
+
+    @property
+    def roots(self) -> list[Path]:
+        """Where a client's load may come from (model.root; default: the configured model's parent folder)."""
+        roots = [Path(r).expanduser().resolve() for r in self.settings.model.root]
+        return roots or [self.table.configured.path.expanduser().resolve().parent]
 
     # -- the first load ------------------------------------------------------------------------------------
 
@@ -98,7 +111,8 @@ class Rollout:
             return None
         canary = self.slot_loader.load(spec_from_settings(self.settings, Path(c.path), c.version or "canary"))
         try:
-            why = refusal(canary, active, allows_change(self.settings.model))
+            # Consent to a dimension change given: another size is another space, the check below with canary.force.
+            why = refusal(canary, active, True)
             if why is not None:
                 raise ModelLoadError(f"canary.path {c.path}: {why}")
             if canary.version == active.version:
@@ -247,27 +261,67 @@ class Rollout:
     def set_canary(self, path: str, version: str, weight: float,
                    runtime: dict[str, str] | None = None, force: bool = False) -> ModelSlot:
         """Load a canary beside the active model that takes ``weight`` of the requests; one whose vectors are
-        not the active model's space is refused unless ``force``."""
+        not the active model's space (another size included) is refused unless ``force``."""
         if not 0.0 <= weight <= 1.0:
             raise ValueError(f"canary weight must lie in [0, 1], not {weight}")
 
         def work() -> ModelSlot:
             self._require_serving()
-            slot = self.slot_loader.load_standby(self._client_spec(path, version, runtime))
-            why = self.slot_loader.space_changed(slot)
-            if why is not None and not force:
-                slot.retire()
-                raise SpaceChanged(why)
-            if why is not None:
-                log.warning("canary forced although its space differs: %s", why, extra={"version": slot.version})
-            old = self._install(slot, lambda: self.table.install_canary(slot, weight))
-            log.info("canary set", extra={"version": slot.version, "weight": weight})
-            if old is not None:
-                old.retire()
-            self._changed()
-            return slot
+            # allow_change: a canary's size is the space check's to judge, which force overrides (not the reload's
+            # dimension rule, whose refusal no force could lift); the task's other rules (labels) still apply.
+            slot = self.slot_loader.load_standby(self._client_spec(path, version, runtime), allow_change=True)
+            return self._put_canary(slot, weight, force)
 
         return self.change_lock.run_loading("canary", work)
+
+    def canary_from_settings(self, settings: Settings) -> ModelSlot | None:
+        """SIGHUP: serve the canary section of freshly read settings. A new path or version is loaded and replaces
+        the canary (held to a configured canary's rules: its task's, a version of its own, its space unless
+        ``canary.force``; not to ``model.root``, the configuration being the operator's own); the canary it already
+        names takes its new weight, nothing loaded; none named (no path, or weight 0) drops the canary. Before the
+        first load nothing is done: that load reads the canary from the settings the model follows. Returns the
+        canary served after (None: none)."""
+        c = settings.canary
+        if self.table.state == "not_loaded":
+            return None
+        if not (c.path and c.weight > 0):
+            with self.change_lock.held():
+                if self.table.canary is None:
+                    return None
+                old, _ = self.table.drop_canary()
+                log.info("canary dropped: the configuration names none", extra={"version": old.version})
+                old.retire()
+                self._changed()
+                return None
+        path, version = Path(c.path), c.version or "canary"
+        with self.change_lock.held():
+            serving = self.table.canary
+            if serving is not None and serving.version == version and serving.spec.path == path:
+                self.table.install_canary(serving, c.weight)  # itself replaced: nothing to retire
+                log.info("canary weight changed", extra={"version": version, "weight": c.weight})
+                return serving
+
+        def work() -> ModelSlot:
+            self._require_serving()
+            slot = self.slot_loader.load_standby(spec_from_settings(settings, path, version), allow_change=True)
+            return self._put_canary(slot, c.weight, c.force, f"canary.path {c.path}: ")
+
+        return self.change_lock.run_loading("canary", work, settings.model.load_timeout_s)
+
+    def _put_canary(self, slot: ModelSlot, weight: float, force: bool, where: str = "") -> ModelSlot:
+        """Install a loaded canary once its space is the active model's (or ``force``); the one it replaces goes."""
+        why = self.slot_loader.space_changed(slot)
+        if why is not None and not force:
+            slot.retire()
+            raise SpaceChanged(where + why)
+        if why is not None:
+            log.warning("canary forced although its space differs: %s", why, extra={"version": slot.version})
+        old = self._install(slot, lambda: self.table.install_canary(slot, weight))
+        log.info("canary set", extra={"version": slot.version, "weight": weight})
+        if old is not None:
+            old.retire()
+        self._changed()
+        return slot
 
     def set_shadow(self, path: str, version: str, weight: float,
                    runtime: dict[str, str] | None = None) -> ModelSlot:

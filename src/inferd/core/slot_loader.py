@@ -4,7 +4,11 @@ A load is the handler's own (core/loading.py ``load_handler``, or a test's fake)
 device (``model.memory_fraction``), followed by a settled heap, and registered in the slot table until it is freed.
 A model loaded to serve beside or instead of the serving one is refused when it is another task, when its task's
 own rule refuses the change (a dimension change unless allowed), or, for a canary, when its vectors are not the
-serving model's space (core/space_check.py). A refused slot is retired before the refusal is raised.
+serving model's space (core/space_check.py). A canary's size is that space check's to judge, not the dimension rule's:
+another size is another space, which the canary's ``force`` overrides (docs/changing-a-model.md). A refused slot is
+retired before the refusal is raised.
+
+``settings`` are the model's as last read (a SIGHUP's, ModelManager.follow): each load reads them when it runs.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from inferd.core.space_check import space_changed
 from inferd.core.spec import ModelSpec
 from inferd.core.tasks.base import Handler
 from inferd.core.tasks.embedding import allows_change
+from inferd.core.tasks.kinds import task_of
 from inferd.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -104,6 +109,15 @@ class SlotLoader:
         active = active or self._table.active
         if active is None:
             return None
+        new, old = slot.description.dimension, active.description.dimension
+        if (task_of(slot.task).stored_vectors and task_of(active.task).stored_vectors and None not in (new, old)
+                and new != old):
+            # Known from the loads alone: said even where the measure cannot run (a handler that cannot embed the
+            # built-in texts), so a canary of another size is never let through unmeasured.
+            return (f"the canary's embedding space differs from the active model's: its vectors have {new} "
+                    f"dimensions, the active model's {old}. Clients indexing during a canary would store vectors of "
+                    "two spaces that no query can search together; shadow it instead (POST /admin/models/shadow), "
+                    "or force the canary (force: true)")
         return space_changed(slot, active, self.settings.model.gate.int8_cosine_min, self._post_to_worker)
 
 

@@ -11,7 +11,9 @@ protocol), and a watchdog ends the process at the margin should the rest of the 
 
 SIGHUP re-reads the configuration and serves its models: new ones are added, gone ones removed (after their
 requests), and a model whose section changed (path, version, ...) is hot-reloaded exactly as
-``POST /admin/models/reload`` would; each model's outcome is logged and counted.
+``POST /admin/models/reload`` would, its canary set or dropped as its ``canary:`` says; each model's outcome is
+logged and counted. The tenants are taken again too. Every other section is read once at start (the listener,
+logging, limits, memory, shadow lanes, jobs): a change to one is named in one warning, never applied.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from types import FrameType
 from typing import Any
 
 import uvicorn
+from pydantic import BaseModel
 
 from inferd.config import ConfigError, load_settings
 from inferd.core.tenants import Tenancy
@@ -118,13 +121,39 @@ _OUTCOMES = {"added": "ok", "removed": "ok", "reloaded": "ok", "updated": "ok", 
              "conflict": "conflict", "not_ready": "not_ready"}
 
 
+# What a SIGHUP applies beside the models: each model's own sections are the engine's (InferenceEngine.reconfigure),
+# and these keys of server: are the tenants' (_reload_tenants). Every other key is read once at start.
+_MODEL_SECTIONS = frozenset({"model", "canary", "batching", "cache", "models"})
+_TENANT_KEYS = frozenset({"tenants", "tenants_file", "api_keys", "tenant_limits_fraction"})
+
+
+def restart_only(running: Settings, fresh: Settings) -> list[str]:
+    """The keys ``fresh`` changes that only a restart applies, by dotted name (server.port, limits.max_...)."""
+    names = []
+    for section in Settings.model_fields:
+        before, after = getattr(running, section), getattr(fresh, section)
+        if section in _MODEL_SECTIONS or before == after:
+            continue
+        if not isinstance(before, BaseModel):
+            names.append(section)
+            continue
+        names += [f"{section}.{key}" for key in type(before).model_fields
+                  if getattr(before, key) != getattr(after, key)
+                  and not (section == "server" and key in _TENANT_KEYS)]
+    return names
+
+
 async def reload_from_config(engine: Any, metrics: Any, reread: Callable[[], Settings],
                              tenancy: Tenancy | None = None) -> str:
     """SIGHUP: read the configuration again and serve its list of models (``engine.reconfigure``: models added,
-    removed, changed) and its tenants. Returns the outcome label: ok, unchanged, or the worst of failed, conflict,
-    not_ready (the models')."""
+    removed, changed) and its tenants; what only a restart applies is named in one warning. Returns the outcome
+    label: ok, unchanged, or the worst of failed, conflict, not_ready (the models')."""
     try:
         fresh = reread()
+        # Compared with the start's settings, which the engine keeps: unapplied, they are named at every SIGHUP.
+        later = restart_only(engine.settings, fresh) + engine.start_only(fresh)
+        if later:
+            log.warning("SIGHUP: %s change only at a restart", ", ".join(later), extra={"restart_only": later})
         if tenancy is not None:
             _reload_tenants(tenancy, fresh)
         outcomes: dict[str, str] = await engine.reconfigure(fresh)
