@@ -87,6 +87,8 @@ def _vectors(slot: ModelSlot, texts: list[str], post_to_worker: PostToWorker | N
     rows = []
     for k in range(0, len(texts), SPACE_BATCH):
         part = texts[k:k + SPACE_BATCH]
-        rows += on_worker(post_to_worker,
-                          lambda part=part: handler.postprocess(handler.infer(handler.preprocess(part))))
-    return np.asarray([np.asarray(r, dtype=np.float64) for r in rows])
+        # Made vectors inside the call too: a plug-in handler whose answers are not vectors fails the check there,
+        # which the caller takes as "could not run", as any failure of the handler's.
+        rows += on_worker(post_to_worker, lambda part=part: [
+            np.asarray(r, dtype=np.float64) for r in handler.postprocess(handler.infer(handler.preprocess(part)))])
+    return np.asarray(rows)
