@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from inferd.core.backends.auto import candidates, device_type, follows_from, remember
+from inferd.core.backends.auto import Verdict, candidates, device_type, follows_from, remember
 from inferd.core.backends.base import BackendError, cpu_flags, options_for
 from inferd.core.backends.factory import check_load
 from inferd.core.errors import ModelLoadError
@@ -110,7 +110,13 @@ def prepare(settings: Settings) -> int:
         print(said, file=sys.stderr)
         if verdict["state"] == "passed":
             out["serves"] = candidate.name
-            remember(spec, candidate.name, verdict.get("cache_entry"))  # a server starts on it at once
+            # A server starts on it at once, and says why the others do not serve (its /info, as a judging would).
+            later = todo[todo.index(candidate) + 1:]
+            others = [*(Verdict(n, v["state"], v.get("reason")) for n, v in out["candidates"].items()),
+                      *(Verdict(n, "skipped", why) for n, why in skipped.items()),
+                      *(Verdict(c.name, "skipped", f"not judged: {candidate.name}, ranked faster, passed first")
+                        for c in later if c.name not in skipped)]
+            remember(spec, candidate.name, verdict.get("cache_entry"), others)
             break
         skipped.update(follows_from(candidate.name, verdict["reason"]))
     out["candidates"].update({name: {"state": "skipped", "reason": why} for name, why in skipped.items()})

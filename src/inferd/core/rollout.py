@@ -23,7 +23,15 @@ from pathlib import Path
 from typing import TypeAlias, TypeVar
 
 from inferd.core import load_guard
-from inferd.core.backends.auto import AutoUpgrade, ModelChangeBusy, by_name, remember, remembered
+from inferd.core.backends.auto import (
+    AutoUpgrade,
+    ModelChangeBusy,
+    by_name,
+    earlier_verdicts,
+    not_judged,
+    remember,
+    remembered,
+)
 from inferd.core.change_lock import ChangeLock
 from inferd.core.errors import ManagerClosed, ModelLoadError, ModelNotReady, NoShadow, ReloadInProgress, SpaceChanged
 from inferd.core.load_guard import LoadGuard
@@ -139,7 +147,8 @@ class Rollout:
             except ModelLoadError as exc:
                 log.warning("backend auto: the cached choice %s did not load (%s); starting on torch", name, exc)
             else:
-                self.auto.adopt(name, "chosen by an earlier start on this machine (its cache entry, judged again)")
+                self.auto.adopt(name, "chosen by an earlier start on this machine (its cache entry, judged again)",
+                                earlier_verdicts(configured))
                 log.info("backend auto: serving %s at once, as an earlier start on this machine chose", name)
                 return slot
         return self.slot_loader.load(configured)
@@ -215,7 +224,8 @@ class Rollout:
                 raise
             self._switch(slot)
             d = slot.description
-            remember(base.spec, d.runtime, (d.backend_info or {}).get("cache_entry"))
+            others = not_judged(self.auto.verdicts, d.runtime) if self.auto is not None else []
+            remember(base.spec, d.runtime, (d.backend_info or {}).get("cache_entry"), others)
             return slot
 
         try:

@@ -161,14 +161,16 @@ def _choice_file(spec: ModelSpec) -> Path:
     return root / f"auto-{digest}.json"
 
 
-def remember(spec: ModelSpec, name: str, entry: str | None) -> None:
-    """Keep the candidate that passed for this model and its cache entry (best effort: a read-only cache keeps
-    nothing, and the next start judges again)."""
+def remember(spec: ModelSpec, name: str, entry: str | None, others: Sequence[Verdict] = ()) -> None:
+    """Keep the candidate that passed for this model and its cache entry, with the verdicts on the ``others`` (why
+    they were refused or skipped: a warm start's /info says so too); best effort: a read-only cache keeps nothing,
+    and the next start judges again."""
     try:
         file = _choice_file(spec)
         file.parent.mkdir(parents=True, exist_ok=True)
         tmp = file.with_name(f".{file.name}.{os.getpid()}")
-        tmp.write_text(json.dumps({"candidate": name, "entry": entry}))
+        kept = [{"candidate": v.candidate, "state": v.state, "reason": v.reason} for v in others if v.candidate != name]
+        tmp.write_text(json.dumps({"candidate": name, "entry": entry, "others": kept}))
         os.replace(tmp, file)
     except OSError as exc:
         log.info("backend auto: the choice of %s is not kept (%s)", name, exc)
@@ -195,6 +197,21 @@ def remembered(spec: ModelSpec) -> str | None:
                         "(%s); starting on torch and judging again", name, entry, problem)
         return None
     return str(name)
+
+
+def earlier_verdicts(spec: ModelSpec) -> list[Verdict]:
+    """The verdicts on the other candidates kept with the remembered choice (``remember``); none where not kept."""
+    try:
+        kept = json.loads(_choice_file(spec).read_text())
+        return [Verdict(str(v["candidate"]), str(v["state"]), v.get("reason")) for v in kept.get("others") or ()]
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        return []
+
+
+def not_judged(verdicts: Sequence[Verdict], chosen: str) -> list[Verdict]:
+    """``verdicts`` as kept with ``chosen``: one still pending was not judged, as the one chosen passed first."""
+    return [Verdict(v.candidate, "skipped", f"not judged: {chosen}, ranked faster, passed first")
+            if v.state in ("pending", "judging") else v for v in verdicts if v.candidate != chosen]
 
 
 @dataclass
@@ -268,13 +285,16 @@ class AutoUpgrade:
         self._thread = thread
         thread.start()
 
-    def adopt(self, serving: str, why: str) -> None:
-        """The load started on ``serving`` at once (a previous start's choice, ``remembered``): nothing to judge."""
+    def adopt(self, serving: str, why: str, earlier: Sequence[Verdict] = ()) -> None:
+        """The load started on ``serving`` at once (a previous start's choice, ``remembered``): nothing to judge;
+        ``earlier``: that start's verdicts on the others, said as its."""
         self.stop()
         with self._lock:
             self.serving, self.state = serving, "done"
             self.started_at = self.finished_at = time.monotonic()
-            self.verdicts = [Verdict(serving, "serving", why)]
+            self.verdicts = [Verdict(serving, "serving", why),
+                             *(Verdict(v.candidate, v.state, f"{v.reason} (an earlier start's verdict)")
+                               for v in earlier if v.candidate != serving)]
         self._told()
 
     def stop(self) -> None:
