@@ -5,8 +5,8 @@ For ``model.backend: auto`` it judges the candidates a server on this machine wo
 stops at the first the gate passes (core/backends/auto.py), keeping that choice in the cache: a server started on
 it with the same settings serves the passed graph from its first answer, loading no torch and judging nothing.
 For any other backend it is ``inferd export``. Each candidate is loaded as ``inferd export`` loads one (no
-warm-up); the entries' lock (core/backends/factory.py ``entry_lock``) lets several run at once on one cache without
-exporting twice.
+warm-up); the entries' lock (core/backends/cache_entries.py ``entry_lock``) lets several run at once on one cache
+without exporting twice.
 
 Exit status: 0 when the cache is ready (a candidate passed, or every one was refused by the gate or skipped on this
 machine: torch will serve at once, judging nothing); 1 when a candidate could not be made for another reason (a cache

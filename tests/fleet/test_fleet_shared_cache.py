@@ -1,5 +1,5 @@
 """A fleet's two workers start with backend auto on one cold cache: both serve torch at once, both judge the same
-candidate, and the model is exported once (the cache entry's lock: core/backends/factory.py ``entry_lock``); the
+candidate, and the model is exported once (the cache entry's lock: core/backends/cache_entries.py ``entry_lock``); the
 worker that waited reads the other's entry and both end on it."""
 
 from __future__ import annotations

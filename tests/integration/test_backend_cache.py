@@ -1,6 +1,6 @@
-"""The backend cache's entries checked at every open (core/backends/factory.py ``check_entry``): a graph that is not
-the one written (a flipped byte, a file cut short), a meta.json that cannot be read, an entry of another format, a
-damaged shared export: each is moved aside and built again, with a warning naming it, and never served.
+"""The backend cache's entries checked at every open (core/backends/cache_entries.py ``check_entry``): a graph
+that is not the one written (a flipped byte, a file cut short), a meta.json that cannot be read, an entry of another
+format, a damaged shared export: each is moved aside and built again, with a warning naming it, and never served.
 
 OpenVINO float32 on the tiny BERT, the gate on 32 texts: an export and its gate take seconds.
 """

@@ -210,8 +210,7 @@ class Documents:
         # The handler's own bound for these texts where it has one (a ColBERT role's length), the tightest of them.
         own = [w for o in set(request.text_options.per_text(len(request.inputs)))
                if (w := slot.handler.text_window(o.chosen(request.outputs, prompt))) is not None]
-        if own:
-            window = min([*own, *([window] if window else [])])
+        window = min(own + ([window] if window else []), default=window)
         if tokenizer is None or window is None:
             raise EngineError(Kind.INVALID_INPUT, f"model {slot.description.name!r} cannot split documents: it has "
                               "no tokenizer or no window to count pieces by", "chunking_unsupported",

@@ -105,16 +105,15 @@ class Tenant:
             raise EngineError(Kind.INVALID_INPUT, f"priority {priority} is above this API key's ceiling, "
                               f"{rules.priority_ceiling}", "priority_not_allowed", field="priority")
         now = time.monotonic()
-        if job_line.get():
-            if self.tokens is not None and (wait := self.tokens.wait(now)) > 0:
-                raise self._spent(model, wait)
-            return priority
-        if rules.max_concurrent is not None and self.in_flight >= rules.max_concurrent:
+        job = job_line.get()  # a batch job's line: its token budget only
+        if not job and rules.max_concurrent is not None and self.in_flight >= rules.max_concurrent:
             self._refuse("max_concurrent", model)
             raise RateLimited(f"this API key has {rules.max_concurrent} requests running, its limit "
                               "(max_concurrent); retry when one is answered", "rate_limit_exceeded", 1.0)
         if self.tokens is not None and (wait := self.tokens.wait(now)) > 0:
             raise self._spent(model, wait)
+        if job:
+            return priority
         if self.requests is not None:
             wait = self.requests.wait(now, 1.0 - 1e-9)
             if wait > 0:

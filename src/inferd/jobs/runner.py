@@ -42,6 +42,8 @@ SWEEP_S = 5.0
 # The error record of a line a batch finished without running (OpenAI's codes for the expired ones).
 UNRUN = {"expired": ("batch_expired", "this request could not be executed before the completion window expired"),
          "cancelled": ("batch_cancelled", "the batch was cancelled before this request ran")}
+# Their result file's place among the chunks' (write_result's seq): after every chunk, as the file is assembled.
+UNRUN_SEQ = 99_999_999
 
 
 class Stopped(Exception):
@@ -247,7 +249,7 @@ class JobRunner:
         try:
             # The lines it never ran, each an error record: every input line has one.
             unrun = self._unrun(batch, final) if final in UNRUN else []
-            extra = [self.files.write_result(batch["id"], 99_999_999, unrun)] if unrun else []
+            extra = [self.files.write_result(batch["id"], UNRUN_SEQ, unrun)] if unrun else []
             out_bytes, err_bytes = self.files.assemble(batch["id"], [*results, *extra], output_id, error_id)
         except FileNotFoundError:
             return  # another worker finished it and removed the chunks' files (or its input file is gone)

@@ -195,12 +195,6 @@ class Store:
             query = query.where(files.c.purpose == purpose)
         return self._page(files, query, owner, after, limit, ascending)
 
-    def in_use(self, file_id: str) -> bool:
-        """Whether a batch not yet final reads this file."""
-        with self.engine.connect() as conn:
-            return conn.execute(select(batches.c.id).where(batches.c.input_file_id == file_id,
-                                                           batches.c.status.in_(ACTIVE)).limit(1)).first() is not None
-
     def delete_file(self, file_id: str, owner: str) -> str:
         """"deleted", "in_use" (a batch not yet final reads it: kept) or "missing", decided and done in one
         transaction with the file's row locked, as ``add_batch`` locks it: a batch made from the file at the same
@@ -209,7 +203,7 @@ class Store:
             if conn.execute(select(files.c.id).where(files.c.id == file_id, files.c.owner == owner)
                             .with_for_update()).first() is None:
                 return "missing"
-            if conn.execute(select(batches.c.id).where(batches.c.input_file_id == file_id,
+            if conn.execute(select(batches.c.id).where(batches.c.input_file_id == file_id,  # a batch not final reads it
                                                        batches.c.status.in_(ACTIVE)).limit(1)).first() is not None:
                 return "in_use"
             conn.execute(delete(files).where(files.c.id == file_id, files.c.owner == owner))
@@ -346,8 +340,7 @@ class Store:
     def results(self, batch_id: str) -> list[str]:
         """The committed chunks' result names, in order."""
         with self.engine.connect() as conn:
-            return [r for (r,) in conn.execute(select(chunks.c.result).where(
-                chunks.c.batch_id == batch_id, chunks.c.state == "done").order_by(chunks.c.seq))]
+            return _results(conn, batch_id)
 
     def to_finish(self) -> list[dict[str, Any]]:
         """Batches ready to be finished: running or finalizing with every chunk done; cancelling with no chunk
@@ -380,9 +373,7 @@ class Store:
                                                              batches.c.status.in_(ACTIVE)).values(**values)).rowcount
                 if changed != 1:
                     return False
-                now = [r for (r,) in conn.execute(select(chunks.c.result).where(
-                    chunks.c.batch_id == batch_id, chunks.c.state == "done").order_by(chunks.c.seq))]
-                if now != list(results):
+                if _results(conn, batch_id) != list(results):
                     raise _Undo
                 for row in (output, errors):
                     if row is not None:
@@ -412,6 +403,11 @@ class Store:
             if batch_ids:
                 conn.execute(delete(chunks).where(chunks.c.batch_id.in_(batch_ids)))
                 conn.execute(delete(batches).where(batches.c.id.in_(batch_ids)))
+
+
+def _results(conn: Connection, batch_id: str) -> list[str]:
+    return [r for (r,) in conn.execute(select(chunks.c.result).where(
+        chunks.c.batch_id == batch_id, chunks.c.state == "done").order_by(chunks.c.seq))]
 
 
 def _sqlite_pragmas(dbapi_conn: Any, _: Any) -> None:

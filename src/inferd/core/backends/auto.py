@@ -41,7 +41,8 @@ import torch
 
 from inferd import __version__
 from inferd.core.backends.base import INT8_DOT_FLAGS, NATIVE_BF16_FLAGS, cpu_flags, kernel_flags
-from inferd.core.backends.factory import FORMAT, check_entry, default_cache_dir, folder_digest, versions
+from inferd.core.backends.cache_entries import FORMAT, check_entry
+from inferd.core.backends.factory import default_cache_dir, folder_digest, versions
 from inferd.core.backends.gate_verdict import LESS_PRECISE
 from inferd.core.description import runtime_label
 from inferd.core.spec import ModelSpec
@@ -180,7 +181,7 @@ def remembered(spec: ModelSpec) -> str | None:
     """The candidate a previous start chose for this model, machine and settings, if its cache entry is still there
     and whole (else loading it would export in the foreground: the start goes through torch and judges instead, and
     the judging builds the entry again). The entry's files are hashed here and again by its load: 0.05 s each for
-    MiniLM (factory.damage)."""
+    MiniLM (cache_entries.damage)."""
     try:
         kept = json.loads(_choice_file(spec).read_text())
     except (OSError, ValueError):
