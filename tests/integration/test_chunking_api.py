@@ -245,3 +245,25 @@ def test_a_colbert_document_s_pieces_fit_its_role_s_length_marker_included(clien
         assert piece["tokens"] + 3 <= length, piece  # [CLS], the marker and [SEP] beside it
         alone = client.post("/v1/encode", json={**body, "input": text[piece["start"]:piece["end"]]}).json()
         np.testing.assert_allclose(piece["multivector"], alone["data"][0]["multivector"], atol=1e-5)
+
+
+def test_a_request_that_says_how_to_cut_its_texts_is_cut_as_it_says_not_chunked_by_the_model_s_default(
+        client: httpx.Client) -> None:
+    """The dense model splits long texts by default (model.chunking); a Cohere ``truncate`` or TEI ``truncate`` in a
+    request chose cutting (or, NONE, refusing) and gets it: its vector is the text's first window's."""
+    text = document(6, 8)  # over the window of 128 tokens
+    chunked = _post(client, "/v1/embeddings", {"input": text, "model": "dense"})["data"][0]["embedding"]
+    tokens = _post(client, "/tokenize", {"inputs": text, "add_special_tokens": True})[0]
+    assert len(tokens) > 128
+    # [CLS], the text's first 126 tokens and [SEP]: the window of 128 (TEI's offsets count UTF-8 bytes)
+    window = text.encode()[:tokens[126]["stop"]].decode()
+    want = _post(client, "/v1/embeddings", {"input": window, "model": "dense"})["data"][0]["embedding"]
+    end = _post(client, "/v1/embed", {"texts": [text], "model": "dense", "truncate": "END"})["embeddings"][0]
+    tei = _post(client, "/embed", {"inputs": text, "truncate": True})[0]
+    np.testing.assert_allclose(end, want, atol=TOL)
+    np.testing.assert_allclose(tei, want, atol=TOL)
+    assert np.abs(np.asarray(end) - np.asarray(chunked)).max() > 10 * TOL
+    start = _post(client, "/v1/embed", {"texts": [text], "model": "dense", "truncate": "START"})["embeddings"][0]
+    assert np.abs(np.asarray(start) - np.asarray(end)).max() > 10 * TOL
+    error = _post(client, "/v1/embed", {"texts": [text], "model": "dense", "truncate": "NONE"}, 422)
+    assert "limit" in error["message"] or "long" in error["message"], error

@@ -81,8 +81,12 @@ class Documents:
 
     def with_default(self, request: InferenceRequest, resolved: Resolved | None) -> InferenceRequest:
         """``request`` with its model's default chunking (model.chunking) when it asks none itself; ``resolved``:
-        the request's model as the registry resolved it (None: no served model; admission refuses it)."""
+        the request's model as the registry resolved it (None: no served model; admission refuses it). A request
+        that says how its long texts are cut (Cohere's ``truncate`` END, START or NONE, TEI's ``truncate``, a
+        ``max_tokens``) asked for that, not for the model's default: it is cut, or refused, as it asked."""
         if resolved is None or request.chunking is not None or request.pairs or not mergeable(request.outputs):
+            return request
+        if any(o.truncate is not None or o.max_tokens is not None for o in request.text_options.per_text(1)):
             return request
         default = resolved[0].settings.model.chunking
         if default is None:
