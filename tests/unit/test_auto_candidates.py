@@ -187,3 +187,21 @@ def test_the_remembered_choice_is_the_devices_own(tmp_path: Path, monkeypatch: p
     assert remembered(spec("auto")) == "openvino-float32"
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert remembered(spec("auto")) is None
+
+
+def test_a_remembered_choice_follows_its_cache_to_another_path(tmp_path: Path) -> None:
+    """A cache prepared at one path (an image build's, ``inferd prepare`` on a host) and mounted at another (a pod's
+    volume) starts warm: the choice names its entry from the cache's root."""
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text("{}")
+
+    def spec(cache: Path) -> ModelSpec:
+        return ModelSpec(tmp_path / "model", "1", backend="auto", device="cpu", cache_dir=str(cache))
+
+    entry = whole_entry(tmp_path / "built" / "embedding-openvino-none-float32-x")
+    remember(spec(tmp_path / "built"), "openvino-float32", str(entry))
+    (tmp_path / "built").rename(tmp_path / "mounted")
+    assert remembered(spec(tmp_path / "mounted")) == "openvino-float32"
+    # The entry gone from the new place: no adoption.
+    (tmp_path / "mounted" / entry.name / "model.bin").unlink()
+    assert remembered(spec(tmp_path / "mounted")) is None

@@ -171,10 +171,22 @@ def remember(spec: ModelSpec, name: str, entry: str | None, others: Sequence[Ver
         file.parent.mkdir(parents=True, exist_ok=True)
         tmp = file.with_name(f".{file.name}.{os.getpid()}")
         kept = [{"candidate": v.candidate, "state": v.state, "reason": v.reason} for v in others if v.candidate != name]
-        tmp.write_text(json.dumps({"candidate": name, "entry": entry, "others": kept}))
+        tmp.write_text(json.dumps({"candidate": name, "entry": _relative(entry, file.parent), "others": kept}))
         os.replace(tmp, file)
     except OSError as exc:
         log.info("backend auto: the choice of %s is not kept (%s)", name, exc)
+
+
+def _relative(entry: str | None, root: Path) -> str | None:
+    """The entry's path from the cache's root where it lies inside it (it does, unless a runtime keeps its own): a
+    cache prepared at one path (an image build's, a host's) and mounted at another (a pod's volume) still finds its
+    entries, where an absolute path would send the start back to torch and a judging."""
+    if entry is None:
+        return None
+    try:
+        return str(Path(entry).resolve().relative_to(root.resolve()))
+    except ValueError:
+        return entry
 
 
 def remembered(spec: ModelSpec) -> str | None:
@@ -189,13 +201,14 @@ def remembered(spec: ModelSpec) -> str | None:
     if not isinstance(kept, dict):
         return None
     name, entry = kept.get("candidate"), kept.get("entry")
-    if name not in {c.name for c in ALL} or not entry:
+    if name not in {c.name for c in ALL} or not entry or not isinstance(entry, str):
         return None
-    meta, problem = check_entry(Path(entry))
+    folder = _choice_file(spec).parent / entry  # an absolute path (an older file's) stays itself
+    meta, problem = check_entry(folder)
     if meta is None:
         if problem is not None:
             log.warning("backend auto: not starting on %s, chosen by an earlier start: its cache entry %s is broken "
-                        "(%s); starting on torch and judging again", name, entry, problem)
+                        "(%s); starting on torch and judging again", name, folder, problem)
         return None
     return str(name)
 
