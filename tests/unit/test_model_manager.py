@@ -176,6 +176,27 @@ def test_reload_from_settings_applies_the_new_model_section(manager: ModelManage
     assert loader.specs[-1].path == elsewhere and loader.specs[-1].pooling == "cls"
 
 
+def test_a_reload_that_turns_backend_auto_on_starts_its_judging_and_one_that_turns_it_off_ends_it(
+        manager: ModelManager, suite: dict[str, Any], loader: Loader) -> None:
+    """A SIGHUP from backend torch to auto served on torch for ever: the judge was made at start or never."""
+    assert manager.auto is None
+    wanted = ["openvino-float32"]
+    manager.reload_from_settings(make_settings(**suite, **{"model.version": "v2", "model.backend": "auto",
+                                                           "model.auto_candidates": wanted}))
+    auto = manager.auto
+    assert auto is not None and auto.wanted == tuple(wanted) and auto.started_at is not None
+    auto.wait(30)
+    judged = {v.candidate: v.state for v in auto.verdicts if v.state != "skipped"}
+    assert list(judged) == wanted and judged[wanted[0]] != "pending", auto.verdicts
+    # Other candidates: a judge of its own for them; back to torch: none, the old one stopped.
+    manager.reload_from_settings(make_settings(**suite, **{"model.version": "v3", "model.backend": "auto"}))
+    assert manager.auto is not None and manager.auto is not auto and manager.auto.wanted == ()
+    previous = manager.auto
+    manager.reload_from_settings(make_settings(**suite, **{"model.version": "v4", "model.backend": "torch"}))
+    assert manager.auto is None and previous.state in ("done", "stopped")
+    assert loader.specs[-1].backend == "torch"
+
+
 def test_twenty_reloads_free_every_retired_model(manager: ModelManager, tmp_path: Path) -> None:
     retired = []
     for i in range(20):

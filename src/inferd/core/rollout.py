@@ -71,7 +71,8 @@ class Rollout:
 
     def follow(self, settings: Settings) -> None:
         """Later changes read these settings (a SIGHUP's, once the model took them): its roots, its consent to a
-        dimension change, its load bound. What they load at start (``model.backend: auto``) stays the start's."""
+        dimension change, its load bound (``model.backend: auto`` and its candidates follow with the reload that
+        takes them: ``_follow_auto``)."""
         self.settings = settings
         self.change_lock.timeout_s = settings.model.load_timeout_s
 
@@ -257,10 +258,21 @@ class Rollout:
         """
         def work() -> ModelSlot:
             slot = self.slot_loader.load_standby(spec_from_settings(settings), allows_change(settings.model))
+            self._follow_auto(settings)
             self._switch(slot)
             return slot
 
         return self.change_lock.run_loading("reload", work, settings.model.load_timeout_s)
+
+    def _follow_auto(self, settings: Settings) -> None:
+        """A reload's model section turns ``backend: auto`` on or off, or names other candidates: the judge is the
+        section's (the switch that follows starts it on the new load; a judging of the old one ends)."""
+        wanted = tuple(settings.model.auto_candidates) if settings.model.backend == "auto" else None
+        if wanted == (None if self.auto is None else self.auto.wanted):
+            return
+        if self.auto is not None:
+            self.auto.stop()
+        self.auto = None if wanted is None else AutoUpgrade(wanted)
 
     def _require_serving(self) -> None:
         # A canary or a shadow is measured against the active model: there must be one (unless closing, where

@@ -268,6 +268,11 @@ class AutoUpgrade:
         self.started_at: float | None = None
         self.finished_at: float | None = None
 
+    @property
+    def wanted(self) -> tuple[str, ...]:
+        """The candidates asked for (model.auto_candidates; empty: every one this machine offers)."""
+        return self._wanted
+
     def start(self, serving: str, switch: Switch, cuda: bool = False) -> None:
         """Judge the candidates for the load now serving on ``serving`` (a runtime name; ``cuda``: on a GPU), in
         the background; ``switch`` replaces that load (and only it: a model changed since is not switched back)."""
