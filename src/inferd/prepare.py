@@ -111,11 +111,10 @@ def prepare(settings: Settings) -> int:
         if verdict["state"] == "passed":
             out["serves"] = candidate.name
             # A server starts on it at once, and says why the others do not serve (its /info, as a judging would).
-            later = todo[todo.index(candidate) + 1:]
+            for later in todo[todo.index(candidate) + 1:]:  # printed below, and kept with the choice
+                skipped.setdefault(later.name, f"not judged: {candidate.name}, ranked faster, passed first")
             others = [*(Verdict(n, v["state"], v.get("reason")) for n, v in out["candidates"].items()),
-                      *(Verdict(n, "skipped", why) for n, why in skipped.items()),
-                      *(Verdict(c.name, "skipped", f"not judged: {candidate.name}, ranked faster, passed first")
-                        for c in later if c.name not in skipped)]
+                      *(Verdict(n, "skipped", why) for n, why in skipped.items())]
             remember(spec, candidate.name, verdict.get("cache_entry"), others)
             break
         skipped.update(follows_from(candidate.name, verdict["reason"]))

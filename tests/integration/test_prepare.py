@@ -41,7 +41,8 @@ def finish(proc: subprocess.Popen) -> tuple[int, dict, str]:
 
 
 def test_two_prepares_on_one_cold_cache_export_once_and_both_say_ready(tiny_model: Path, tmp_path: Path) -> None:
-    env = prepare_env(tiny_model, tmp_path / "cache")
+    # A second candidate ranked after the one that passes: not judged, and said so in the report as in the choice.
+    env = prepare_env(tiny_model, tmp_path / "cache", INFERD__MODEL__AUTO_CANDIDATES=f'["{FP32}", "openvino-bfloat16"]')
     first, second = start(env), start(env)
     results = [finish(first), finish(second)]
     for code, out, err in results:
@@ -60,8 +61,9 @@ def test_two_prepares_on_one_cold_cache_export_once_and_both_say_ready(tiny_mode
     # With the verdicts on the others (a warm start's /info says why they do not serve), each with its reason.
     others = {v["candidate"]: v for v in kept[0]["others"]}
     assert FP32 not in others and others and all(v["reason"] for v in others.values())
-    assert {n: v["state"] for n, v in others.items()} == {
-        n: v["state"] for n, v in results[0][1]["candidates"].items() if n != FP32}
+    assert {n: (v["state"], v["reason"]) for n, v in others.items()} == {
+        n: (v["state"], v["reason"]) for n, v in results[0][1]["candidates"].items() if n != FP32}
+    assert others["openvino-bfloat16"]["state"] == "skipped"
 
 
 def test_prepare_fails_when_the_cache_cannot_be_written_and_refuses_an_unknown_candidate(
