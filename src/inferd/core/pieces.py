@@ -86,10 +86,10 @@ class Documents:
         ``max_tokens``) asked for that, not for the model's default: it is cut, or refused, as it asked."""
         if resolved is None or request.chunking is not None or request.pairs or not mergeable(request.outputs):
             return request
-        if any(o.truncate is not None or o.max_tokens is not None for o in request.text_options.per_text(1)):
-            return request
         default = resolved[0].settings.model.chunking
         if default is None:
+            return request
+        if any(o.truncate is not None or o.max_tokens is not None for o in request.text_options.per_text(1)):
             return request
         chunking = Chunking(default.mode, default.max_tokens, default.overlap).check()
         return dataclasses.replace(request, chunking=chunking)
