@@ -19,6 +19,7 @@ import queue
 import shutil
 import signal
 import subprocess
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -186,6 +187,24 @@ def test_a_rerank_stream_cuts_each_document_as_its_own_message_chose(channel: gr
                                     "truncation_direction": side})[0]["score"] for side in sides]
     _close([got[0], got[1]], want)
     assert abs(want[0] - want[1]) > 1e-6  # the two cuts score apart: each message's own choice was applied
+
+
+def test_a_rerank_stream_past_the_item_limit_is_refused_without_waiting_for_its_end(channel: grpc.Channel) -> None:
+    """RerankStream answers once the client closes its side, at most limits.max_items_per_request texts: a stream
+    that goes past them is refused as the message past the limit arrives, not read on (held in memory) until the
+    client closes, which a hostile one never does."""
+    stop = threading.Event()
+
+    def messages() -> Iterator[Any]:
+        for i in range(257):  # one past the default limit
+            yield pb.RerankStreamRequest(query="a cat", text=f"document {i}")
+        stop.wait(30)  # the client's side stays open
+
+    try:
+        refused = _status(lambda: rpc.RerankStub(channel).RerankStream(messages(), metadata=AUTH, timeout=20))
+    finally:
+        stop.set()
+    assert refused.code() is grpc.StatusCode.INVALID_ARGUMENT and "256" in refused.details(), refused.details()
 
 
 def test_tokenize_decode_and_info_answer_as_teis_http_routes(channel: grpc.Channel, http: httpx.Client) -> None:

@@ -161,6 +161,11 @@ def test_bad_input_gets_the_protocols_error_never_a_500(server: Server,
          "shape [3] holds 3 elements; 2 were sent"),
         ({"json": {"inputs": [{"name": "text", "shape": [2], "datatype": "STRING", "data": ["a", "b"]}]}},
          "is not one of the protocol's"),
+        # A datatype that is not a string (a list or an object cannot even be looked up among the protocol's).
+        ({"json": {"inputs": [{"name": "text", "shape": [1], "datatype": ["BYTES"], "data": ["a"]}]}},
+         "is not one of the protocol's"),
+        ({"json": {"inputs": [{"name": "text", "shape": [1], "datatype": {"BYTES": 1}, "data": ["a"]}]}},
+         "is not one of the protocol's"),
         ({"json": {"inputs": [{"name": "text", "shape": [1], "datatype": "BYTES", "data": [7]}]}}, "holds strings"),
         ({"json": {"inputs": []}}, "non-empty list"),
         # A binary element whose length runs past the body, and a header length past the body.

@@ -9,8 +9,10 @@ call's deadline becomes the request's timeout, a little short of it.
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import sys
+from collections.abc import AsyncIterator
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -20,10 +22,11 @@ from google.protobuf.descriptor import FieldDescriptor as F
 
 from inferd.api.errors import Names, engine_refusal
 from inferd.core.errors import EngineError, Kind, deadline_passed
-from inferd.grpc import build
-from inferd.grpc.call import Call, deadline_ms
+from inferd.grpc import build, call
+from inferd.grpc.call import Call, deadline_ms, streaming
 from inferd.grpc.status import CODES, Refused, refused
 from inferd.grpc.stubs import pb
+from inferd.utils.logger import request_id_var
 
 S, U32, U64, B, FL, E, M = (F.TYPE_STRING, F.TYPE_UINT32, F.TYPE_UINT64, F.TYPE_BOOL, F.TYPE_FLOAT, F.TYPE_ENUM,
                             F.TYPE_MESSAGE)
@@ -203,6 +206,56 @@ def test_the_call_deadline_becomes_the_requests_timeout_a_little_short_of_it() -
     with pytest.raises(Refused) as bad:
         _call(_Context(None, (("x-priority", "high"),))).options()
     assert bad.value.code is grpc.StatusCode.INVALID_ARGUMENT and "x-priority" in bad.value.message
+
+
+class _Series:
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, ...]] = []
+
+    def labels(self, *labels: str) -> _Series:
+        self.seen.append(labels)
+        return self
+
+    def inc(self) -> None:
+        pass
+
+    def observe(self, value: float) -> None:
+        pass
+
+
+def test_a_stream_closed_by_the_event_loop_after_its_client_went_is_cancelled_without_an_error(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A client that cancels a stream while grpcio is sending an answer: grpcio stops reading the servicer's
+    generator, which the event loop's finaliser closes later, in a task (and a context) of its own. That close is
+    the client's going (CANCELLED, not OK), and the request id's context is let go without a ValueError."""
+    counted = _Series()
+    s = SimpleNamespace(metrics=SimpleNamespace(requests=counted, request_duration=_Series()),
+                        settings=SimpleNamespace(server=SimpleNamespace(access_log=False)))
+
+    async def begin(app: object, context: object, method: str) -> tuple[SimpleNamespace, list[object]]:
+        return SimpleNamespace(s=s, method=method, ctx={}, messages=0), [request_id_var.set("a-stream")]
+
+    monkeypatch.setattr(call, "_begin", begin)
+
+    @streaming("/tei.v1.Embed/EmbedStream")
+    async def answers(self: object, call_: object, messages: object) -> AsyncIterator[int]:
+        for i in range(3):
+            yield i
+
+    async def scenario() -> None:
+        stream = answers(SimpleNamespace(app=None), None, None)
+
+        async def first() -> int:
+            return await stream.__anext__()
+
+        async def close() -> None:
+            await stream.aclose()
+
+        assert await asyncio.create_task(first()) == 0  # grpcio's handler task reads the first answer
+        await asyncio.create_task(close())  # the finaliser closes the generator in a task of its own
+
+    asyncio.run(scenario())
+    assert counted.seen == [("/tei.v1.Embed/EmbedStream", "CANCELLED", "")]
 
 
 def test_missing_stubs_are_an_error_naming_the_build_command(monkeypatch: pytest.MonkeyPatch) -> None:

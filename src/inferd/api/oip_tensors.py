@@ -133,7 +133,7 @@ def tensor_texts(name: str, datatype: Any, shape: Any, *, data: Any = None, raw:
     """A BYTES input tensor's texts: its JSON ``data``, or ``raw``, its elements in binary (the binary extension's
     bytes over HTTP, ``raw_input_contents`` over gRPC); the datatype and the shape checked against them."""
     where = f"input {excerpt(name)!r}"
-    if datatype not in DATATYPES:
+    if not isinstance(datatype, str) or datatype not in DATATYPES:  # a list or an object is not hashable
         raise OIPError(f"{where}: datatype {excerpt(str(datatype))!r} is not one of the protocol's")
     if datatype != "BYTES":
         raise OIPError(f"{where}: datatype {datatype}; this input takes BYTES (UTF-8 texts)")

@@ -14,6 +14,7 @@ A stream is one RPC: one log line and one count when it ends, with the messages 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import time
@@ -151,7 +152,10 @@ def _end(call: Call, code: Code, started: float, undo: list[Any]) -> None:
         span.span.set_attribute("rpc.grpc.status_code", code.value[0])
         span.end(500 if code in _SERVER_FAULTS else 400 if code is not Code.OK else 200, call.ctx)
     for token in reversed(undo):
-        request_id_var.reset(token)
+        # A stream its client left is closed by the event loop's finaliser, in a context of its own: the request
+        # id was set in the call's, which is gone with it, so there is nothing to reset.
+        with contextlib.suppress(ValueError):
+            request_id_var.reset(token)
 
 
 def _refusal(exc: BaseException) -> Refused:
@@ -221,7 +225,9 @@ def streaming(method: str) -> Callable[[StreamHandler[M, R]], Callable[[Any, M, 
                 call, undo = await _begin(self.app, context_, method)
                 async for answer in handler(self, call, message):
                     yield answer
-            except asyncio.CancelledError:
+            except (asyncio.CancelledError, GeneratorExit):
+                # GeneratorExit: the client went while grpcio was sending an answer, and grpcio left this generator
+                # at its yield for the event loop to close.
                 code = Code.CANCELLED
                 raise
             except Exception as exc:

@@ -112,8 +112,12 @@ class RerankServicer(rpc.RerankServicer):
         texts: list[str] = []
         pairs: list[tuple[str, Any]] = []
         cuts: list[TextOptions] = []  # each message chooses its own cut
+        limit = self.s.settings.limits.max_items_per_request
         async for message in messages:
             call.messages += 1
+            if call.messages > limit:  # refused as it arrives: the texts are held until the client closes its side
+                raise Refused(Code.INVALID_ARGUMENT, f"texts: more than {limit} texts given; at most {limit} per "
+                              "request (one per message)")
             first = first or message  # raw_scores and return_text: the first message's (TEI's rule)
             texts.append(message.text)
             pairs += tei_pairs(message.query, [message.text])
