@@ -99,3 +99,26 @@ def test_two_authorization_headers_are_refused_whatever_they_hold(server: Server
         r = httpx.get(server.url + "/v1/models", headers=headers, timeout=10)
         assert r.status_code == 400, r.text
         assert r.json()["error"]["code"] == "invalid_authorization" and "2 Authorization headers" in r.text
+
+
+@pytest.mark.parametrize(("path", "body"), [
+    ("/v1/embeddings", {"input": "hello", "model": "no-such-model"}),
+    ("/v1/embed", {"texts": ["hello"], "model": "no-such-model"}),
+    ("/v2/embed", {"texts": ["hello"], "model": "no-such-model", "input_type": "search_query",
+                   "embedding_types": ["float"]}),
+    ("/v1/encode", {"input": ["hello"], "model": "no-such-model"})])
+def test_a_model_not_served_is_refused_naming_only_the_models_the_tenant_may_call(
+        server: Server, path: str, body: object) -> None:
+    """The refusal of an unknown name lists the models served: to a restricted tenant, only those /v1/models shows
+    it. It listed every one, so any tenant learnt by one typo what the others are served."""
+    refused = call(server, "narrow", "POST", path, body)
+    assert refused.status_code == 404, refused.text
+    message = refused.json()["error"]["message"]
+    assert "not served here" in message and listed(message) == {"b"}, message
+    wide = call(server, "wide", "POST", path, body)  # an unrestricted tenant still reads every name
+    assert wide.status_code == 404 and listed(wide.json()["error"]["message"]) == {"a", "b"}, wide.text
+
+
+def listed(message: str) -> set[str]:
+    """The model names a refusal lists after its last colon ("...; the embedding models served: a, b")."""
+    return {name.strip() for name in message.rsplit(":", 1)[1].split(",")}

@@ -143,7 +143,8 @@ class Admission:
         if not self.worker_alive():
             # The cause (an exception's text) is for the log and /admin/models, not for every client.
             raise EngineError(Kind.WORKER_DEAD, "the inference worker is not running")
-        served, pin = resolved or self.registry.resolve(request.model, request.task, version=request.version)
+        served, pin = resolved or self.registry.resolve(request.model, request.task, version=request.version,
+                                                        allowed=request.allowed_models)
         try:
             return await self._serve_on_model(served, pin, request, disconnected, admitted)
         except EngineError as exc:

@@ -105,7 +105,8 @@ class Documents:
         if not request.pairs and chunking.mode in long_rerank.MODES:
             raise EngineError(Kind.INVALID_INPUT, f"chunking mode {chunking.mode!r} scores (query, document) pairs; "
                               "texts are embedded pooled, by pieces or late", "invalid_value", field="chunking.mode")
-        served, pin = self.registry.resolve(request.model, request.task, version=request.version)
+        served, pin = self.registry.resolve(request.model, request.task, version=request.version,
+                                            allowed=request.allowed_models)
         started = time.monotonic()
         async with self.admission.hold(served.name if pin is None else f"{served.name}@{pin}",
                                        request.task) as slot:
