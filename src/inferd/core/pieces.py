@@ -107,6 +107,8 @@ class Documents:
                               "texts are embedded pooled, by pieces or late", "invalid_value", field="chunking.mode")
         served, pin = self.registry.resolve(request.model, request.task, version=request.version,
                                             allowed=request.allowed_models)
+        if request.tenant is not None:
+            request.tenant.allow(served.name)  # before its load (lazy mode) and its documents are split
         started = time.monotonic()
         async with self.admission.hold(served.name if pin is None else f"{served.name}@{pin}",
                                        request.task) as slot:
