@@ -23,6 +23,7 @@ from hostile.conftest import internal_errors
 KEYS = {"wide": "wide-secret-key-0001", "narrow": "narrow-secret-key-0002", "slow": "slow-secret-key-0003"}
 TOKENIZE_CAP = 64  # limits.max_tokenize_tokens of the server
 RATE = 3  # slow's requests per second
+ADMIN = "admin-key"
 
 
 @pytest.fixture(scope="module")
@@ -99,3 +100,54 @@ def test_two_authorization_headers_are_refused_whatever_they_hold(server: Server
         r = httpx.get(server.url + "/v1/models", headers=headers, timeout=10)
         assert r.status_code == 400, r.text
         assert r.json()["error"]["code"] == "invalid_authorization" and "2 Authorization headers" in r.text
+
+
+@pytest.mark.parametrize(("path", "body"), [
+    ("/v1/embeddings", {"input": "hello", "model": "no-such-model"}),
+    ("/v1/embed", {"texts": ["hello"], "model": "no-such-model"}),
+    ("/v2/embed", {"texts": ["hello"], "model": "no-such-model", "input_type": "search_query",
+                   "embedding_types": ["float"]}),
+    ("/v1/encode", {"input": ["hello"], "model": "no-such-model"})])
+def test_a_model_not_served_is_refused_naming_only_the_models_the_tenant_may_call(
+        server: Server, path: str, body: object) -> None:
+    """The refusal of an unknown name lists the models served: to a restricted tenant, only those /v1/models shows
+    it. It listed every one, so any tenant learnt by one typo what the others are served."""
+    refused = call(server, "narrow", "POST", path, body)
+    assert refused.status_code == 404, refused.text
+    message = refused.json()["error"]["message"]
+    assert "not served here" in message and listed(message) == {"b"}, message
+    wide = call(server, "wide", "POST", path, body)  # an unrestricted tenant still reads every name
+    assert wide.status_code == 404 and listed(wide.json()["error"]["message"]) == {"a", "b"}, wide.text
+
+
+def listed(message: str) -> set[str]:
+    """The model names a refusal lists after its last colon ("...; the embedding models served: a, b")."""
+    return {name.strip() for name in message.rsplit(":", 1)[1].split(",")}
+
+
+@pytest.fixture(scope="module")
+def lazy_server(tmp_path_factory: pytest.TempPathFactory, module_serve: Callable[..., Server]) -> Server:
+    """Two lazy models (each loads on its first request): ``a`` for everyone, ``b`` only for ``wide``."""
+    tmp = tmp_path_factory.mktemp("tenant-lazy")
+    model = write_tiny_bert(tmp / "bert", seed=3)
+    (tmp / "configs").mkdir()
+    shutil.copy(ROOT / "configs" / "base.yaml", tmp / "configs" / "base.yaml")
+    (tmp / "configs" / "dev.yaml").write_text(yaml.safe_dump({
+        "models": [{"name": "a", "path": str(model)}, {"name": "b", "path": str(model)}]}))
+    (tmp / "tenants.yaml").write_text(yaml.safe_dump({"tenants": [
+        {"name": "wide", "keys": [KEYS["wide"]]},
+        {"name": "narrow", "keys": [KEYS["narrow"]], "models": ["a"]}]}))
+    return module_serve({"INFERD_CONFIG_DIR": str(tmp / "configs"), "INFERD__MODEL__LOAD_MODE": "lazy",
+                         "INFERD__SERVER__ADMIN_KEY": ADMIN,
+                         "INFERD__SERVER__TENANTS_FILE": str(tmp / "tenants.yaml")}, wait="/health/live")
+
+
+def test_a_lazy_model_the_tenant_may_not_call_is_refused_without_loading_it(lazy_server: Server) -> None:
+    """The allow-list is read before the model is loaded: a tenant naming another's lazy model got its 404 only
+    after the server had loaded it (its memory, its time, a slot of another tenant's model) on its behalf."""
+    refused = call(lazy_server, "narrow", "POST", "/v1/embeddings", {"input": "hello", "model": "b"})
+    assert refused.status_code == 404 and refused.json()["error"]["code"] == "model_not_allowed", refused.text
+    models = httpx.get(lazy_server.url + "/admin/models", headers={"Authorization": f"Bearer {ADMIN}"},
+                       timeout=10).json()["models"]
+    assert {m["name"]: m["slots"] for m in models}["b"] == [], models
+    assert call(lazy_server, "narrow", "POST", "/v1/embeddings", {"input": "hello", "model": "a"}).status_code == 200

@@ -22,6 +22,7 @@ from conftest import Server, wait_for
 from hostile.conftest import internal_errors, log_mark
 from inferd.core import tenants as tenants_module
 from inferd.core.tenants import Tenancy, digest
+from inferd.core.text_options import TextOptions
 from inferd.settings import Settings
 
 ADMIN = "admin-key"
@@ -176,3 +177,19 @@ def test_a_cache_hit_never_tells_one_tenant_what_another_sent(tenant_server: Ser
     assert after["beta"] - before.get("beta", 0) == len(text)  # and charged as one
     again = embed("beta")  # beta's own text: a hit (the cache is on), uncharged, without the model's timings
     assert "x-inference-time" not in again.headers and usage(tenant_server)["beta"] == after["beta"]
+
+
+def test_a_text_holding_a_nul_cannot_plant_its_vector_as_another_text_s_cached_answer(tenant_server: Server) -> None:
+    """A cache key was the text followed by its options' suffix (which starts with a NUL): a plain text ending in
+    that very suffix had the key of the shorter text sent with those options, so a caller sharing the scope (an
+    open server, one tenant's many clients) planted its own vector as the answer to another's request."""
+    word = f"planted {uuid.uuid4().hex}"
+    suffix = TextOptions(direction="left").key_suffix
+    headers = {"Authorization": f"Bearer {KEYS['alpha']}"}
+    planted = httpx.post(tenant_server.url + "/embed", json={"inputs": word + suffix}, headers=headers, timeout=10)
+    assert planted.status_code == 200, planted.text
+    asked = httpx.post(tenant_server.url + "/embed", json={"inputs": word, "truncation_direction": "left"},
+                       headers=headers, timeout=10)
+    assert asked.status_code == 200, asked.text
+    assert "x-inference-time" in asked.headers  # computed, not the planted entry
+    assert asked.json() != planted.json()

@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pytest
 from enginekit import EngineKit
 from fakes import HashHandler, vector_for
 from settingskit import make_settings
@@ -16,6 +17,7 @@ from tinymodel import WORDS
 from tokenizers import Tokenizer
 
 from inferd.core.chunking import Chunking
+from inferd.core.errors import EngineError, Kind
 from inferd.core.tenants import Tenancy
 
 MAX_QUEUE = 6
@@ -53,3 +55,33 @@ def test_a_document_runs_in_waves_admitted_once_and_charged_per_piece(tmp_path: 
     assert tenant.in_flight == 0
     charged = tenant.report()["models"][engine.registry.names()[0]]["tokens"]
     assert charged == sum(map(len, pieces)) == result.prompt_tokens
+
+
+def test_a_tenant_over_its_limits_is_refused_before_its_documents_are_split(tmp_path: Path, tiny_model: Path,
+                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """A document's split (its tokenising, in one of limits.preprocess_concurrency places every tenant shares) is
+    work for an admitted request only: a tenant past its request rate had each long document split, holding a
+    place another tenant's document waited for, before its 429."""
+    handler = HashHandler()
+    handler.tokenizer = Tokenizer.from_file(str(tiny_model / "tokenizer.json"))
+    handler.max_seq_length = 12
+    settings = make_settings(tmp_path, server={"tenants": [{"name": "a", "keys": ["k"], "requests_per_second": 1}]})
+    kit = EngineKit(settings, handler)
+    tenant = Tenancy(settings).resolve("k")
+    engine = kit.engine
+    splits: list[int] = []
+    real = engine.documents._split
+    monkeypatch.setattr(engine.documents, "_split", lambda texts, *a: splits.append(len(texts)) or real(texts, *a))
+    text = " ".join(WORDS[(7 * i) % len(WORDS)] for i in range(60))
+
+    async def scenario() -> EngineError:
+        request = engine.request([text], tenant=tenant, chunking=Chunking("pieces", max_tokens=10))
+        await engine.process(request)  # the rate's one request this second
+        with pytest.raises(EngineError) as refused:
+            await engine.process(request)
+        return refused.value
+
+    refused = kit.run(scenario)
+    assert refused.kind is Kind.RATE_LIMITED and refused.code == "rate_limit_exceeded"
+    assert splits == [1]  # the admitted request's document only
+    assert tenant.in_flight == 0 and tenant.report()["refused"] == {"requests_per_second": 1}

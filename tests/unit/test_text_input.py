@@ -12,6 +12,7 @@ from prompted import CARD
 from tokenizers import Tokenizer, pre_tokenizers, processors
 from tokenizers.models import WordLevel
 
+from inferd.core.cache import cache_key
 from inferd.core.description import ModelDescription
 from inferd.core.errors import EngineError, ModelLoadError
 from inferd.core.outputs import asked, is_query
@@ -209,3 +210,14 @@ def test_the_prompt_is_the_described_model_s_own() -> None:
         prompt_text(d, Prompt(input_type="classification", field="input_type"), {"classification": "nope"})
     assert caught.value.field == "input_type" and 'Available prompts: ["passage","query"]' in caught.value.message
     assert prompt_text(ModelDescription("m", "v1", 1, "/m", "embedding"), Prompt(), {}) == ""
+
+
+def test_a_text_holding_a_nul_is_never_keyed_as_another_text_with_other_options() -> None:
+    """The options' suffix starts with a NUL: a text that ends in one (\\u0000 in JSON) must not take the key of
+    the shorter text with those options, nor of itself with the default ones."""
+    for options in (TextOptions(direction="left"), TextOptions(truncate=False), TextOptions(prompt="q: ")):
+        assert cache_key("one two" + options.key_suffix, PLAIN) != cache_key("one two", options)
+        pair = ("query", "one two")
+        assert cache_key(("query", "one two" + options.key_suffix), PLAIN) != cache_key(pair, options)
+    assert cache_key("one\x00", PLAIN) != cache_key("one", PLAIN)
+    assert cache_key("one two", PLAIN) == "one two"  # a plain text without a NUL is still keyed as itself

@@ -143,7 +143,8 @@ class Admission:
         if not self.worker_alive():
             # The cause (an exception's text) is for the log and /admin/models, not for every client.
             raise EngineError(Kind.WORKER_DEAD, "the inference worker is not running")
-        served, pin = resolved or self.registry.resolve(request.model, request.task, version=request.version)
+        served, pin = resolved or self.registry.resolve(request.model, request.task, version=request.version,
+                                                        allowed=request.allowed_models)
         try:
             return await self._serve_on_model(served, pin, request, disconnected, admitted)
         except EngineError as exc:
@@ -165,8 +166,10 @@ class Admission:
             # "Overloaded, retry" would promise a retry that can never fit in the queue.
             raise EngineError(Kind.INVALID_INPUT, f"{len(inputs)} texts given; at most {max_queue} "
                               "(batching.max_queue) per request", "too_many_items")
-        slot = await self._route(served, request.routing_key, pin)
         tenant, admitted = request.tenant, None
+        if tenant is not None:
+            tenant.allow(served.name)  # before the route: a model it may not call is not loaded for it (lazy mode)
+        slot = await self._route(served, request.routing_key, pin)
         self._enter()
         try:
             if tenant is not None and not admitted_before:

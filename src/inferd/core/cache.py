@@ -45,9 +45,20 @@ def cache_key(item: Any, options: TextOptions) -> str:
     document with its options (a rerank document's cut side and truncate change its score); one slot serves one
     task, so a pair's key never meets a text's."""
     if isinstance(item, str):
-        return item + options.key_suffix
+        return _keyed(item, options)
     query, document = item
-    return orjson.dumps([query, document + options.key_suffix]).decode()
+    return orjson.dumps([query, _keyed(document, options)]).decode()
+
+
+def _keyed(text: str, options: TextOptions) -> str:
+    """A text and its options as one string, never another text's with other options. The options' suffix starts
+    with the key's one NUL that is not the text's, so a text holding a NUL (JSON sends one as \\u0000) is keyed
+    with a lone NUL even with the default options: keyed as itself, the text "hello\\u0000" followed by a left cut's
+    suffix was the key of "hello" cut from the left, and its vector answered every later "hello" cut so."""
+    suffix = options.key_suffix
+    if not suffix and "\x00" in text:
+        suffix = "\x00"
+    return text + suffix
 
 
 def _key(owner: Hashable, scope: str | None, text: str) -> CacheKey:

@@ -293,7 +293,8 @@ class InferenceEngine:
         default), one result per input, with the description of the model load that computed them. Raises
         EngineError, or ClientGone when ``disconnected`` returns first (core/admission.py Admission.serve_inputs)."""
         try:  # the model, resolved once for the request; a refusal is admission's to give, in its own order
-            resolved: Resolved | None = self.registry.resolve(request.model, request.task, version=request.version)
+            resolved: Resolved | None = self.registry.resolve(request.model, request.task, version=request.version,
+                                                              allowed=request.allowed_models)
         except EngineError:
             resolved = None
         request = self.documents.with_default(request, resolved)

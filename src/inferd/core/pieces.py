@@ -31,7 +31,7 @@ from inferd.core.errors import EngineError, Kind, deadline_passed
 from inferd.core.outcomes import TaskResult, merged_timings
 from inferd.core.outputs import token_vectors_refusal
 from inferd.core.prompts import prompt_text
-from inferd.core.registry import ModelRegistry, Resolved
+from inferd.core.registry import ModelRegistry, Resolved, ServedModel
 from inferd.core.request import InferenceRequest
 from inferd.core.slots import ModelSlot
 from inferd.core.tasks.base import TokenVectorTask
@@ -105,7 +105,26 @@ class Documents:
         if not request.pairs and chunking.mode in long_rerank.MODES:
             raise EngineError(Kind.INVALID_INPUT, f"chunking mode {chunking.mode!r} scores (query, document) pairs; "
                               "texts are embedded pooled, by pieces or late", "invalid_value", field="chunking.mode")
-        served, pin = self.registry.resolve(request.model, request.task, version=request.version)
+        served, pin = self.registry.resolve(request.model, request.task, version=request.version,
+                                            allowed=request.allowed_models)
+        tenant = request.tenant
+        if tenant is None:
+            return await self._serve_split(served, pin, request, disconnected)
+        # The tenant is admitted once for the whole request (its request rate and concurrency count requests, not
+        # waves; a second wave would take a second place of its max_concurrent), and first: before its model is
+        # loaded (lazy mode) or its documents split, in places every tenant shares (limits.preprocess_concurrency),
+        # which a request its limits refuse must not hold. Every wave charges its pieces' tokens to its budget.
+        priority = tenant.admit(served.name, request.priority)
+        try:
+            return await self._serve_split(served, pin, dataclasses.replace(request, priority=priority), disconnected)
+        finally:
+            tenant.leave()
+
+    async def _serve_split(self, served: ServedModel, pin: str | None, request: InferenceRequest,
+                           disconnected: Callable[[], Awaitable[Any]] | None) -> TaskResult:
+        """``serve_pieces`` once its tenant (if any) is admitted."""
+        chunking = request.chunking
+        assert chunking is not None
         started = time.monotonic()
         async with self.admission.hold(served.name if pin is None else f"{served.name}@{pin}",
                                        request.task) as slot:
@@ -249,21 +268,8 @@ class Documents:
     async def _waves(self, request: InferenceRequest, inputs: list[Any], wave: int, in_flight: int,
                      deadline: float, disconnected: Callable[[], Awaitable[Any]] | None) -> list[TaskResult]:
         """``inputs`` run as ``request``'s (pinned to the load that split them), ``wave`` at a time, ``in_flight``
-        waves at once. The tenant is admitted once for them all (its request rate and concurrency count requests,
-        not waves; a second wave would take a second place of its ``max_concurrent``); every wave charges its
+        waves at once, as the request its tenant was admitted for (``serve_pieces``): every wave charges its
         pieces' tokens to the tenant's budget as any request does."""
-        tenant = request.tenant
-        if tenant is None:
-            return await self._each_wave(request, inputs, wave, in_flight, deadline, disconnected)
-        priority = tenant.admit(str(request.model), request.priority)
-        try:
-            return await self._each_wave(dataclasses.replace(request, priority=priority), inputs, wave, in_flight,
-                                         deadline, disconnected)
-        finally:
-            tenant.leave()
-
-    async def _each_wave(self, request: InferenceRequest, inputs: list[Any], wave: int, in_flight: int,
-                         deadline: float, disconnected: Callable[[], Awaitable[Any]] | None) -> list[TaskResult]:
         # One watcher of the client for every wave (each wave's would read the same connection).
         gone = None if disconnected is None else asyncio.ensure_future(disconnected())
 

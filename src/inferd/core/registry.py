@@ -5,13 +5,14 @@ A request names a model (``name``, or ``name@version`` to pin a version), or nam
 task's default model: the one marked ``default``, else the task's first. A name that is not served, or one of
 another task, is refused with the names that are (MODEL_NOT_FOUND); a route whose task no model serves is
 refused as such (WRONG_TASK). Routes read what they need before a request (``require_task``, ``task_of``) here,
-never a model's manager or slots.
+never a model's manager or slots. A refusal to a tenant restricted to some models (core/tenant.py) names only those,
+as /v1/models lists only those (api/catalog.py visible): the names another tenant is served are not its business.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 
 from inferd.core.cache import ResultCache
@@ -114,19 +115,21 @@ class ModelRegistry:
         name, at, version = (requested or "").partition("@")
         return self.resolve(name or None, None, version=version if at else None)[0].task
 
-    def resolve(self, name: str | None, task: str | None, *, version: str | None = None) -> Resolved:
+    def resolve(self, name: str | None, task: str | None, *, version: str | None = None,
+                allowed: Collection[str] = ()) -> Resolved:
         """The model a request runs on and the version to pin on its manager (None: its routing decides);
         refuses (MODEL_NOT_FOUND, WRONG_TASK) with the names that are served.
 
         ``name`` is a served name, or (as a single-model server always took it) a version of the task's default
-        model; ``version`` a version of the named model; ``task`` is the route's (None: any).
+        model; ``version`` a version of the named model; ``task`` is the route's (None: any). ``allowed``: the
+        served names the request's tenant may call (empty: every one), the only ones a refusal lists.
         """
         if name:
             served = self.get(name)
             if served is not None:
                 if task is not None and served.task not in (task, None):
                     raise _not_found(f"model {name!r} is a {served.task} model, not a {task} model; "
-                                     f"the {task} models served here: {self._names(task)}")
+                                     f"the {task} models served here: {self._names(task, allowed)}")
                 versions = [slot.version for _, slot in served.manager.slots()]
                 if version is not None and versions and version not in versions:
                     raise _not_found(f"model {name!r} serves version {' and '.join(versions)}, not {version!r}")
@@ -138,15 +141,19 @@ class ModelRegistry:
             what = f"{task} models" if task else "models"
             requested = name if version is None else f"{name}@{version}"
             raise _not_found(f"model {requested!r} is not served here; the {what} served: "
-                             f"{self._names(task) if task else _listing(list(self))}")
+                             f"{self._names(task, allowed) if task else _listing(self._shown(allowed))}")
         served = self.default_for(task)
         if served is None:
             raise ModelNotFound(Kind.WRONG_TASK, f"no {task} model is served here; the models served: "
-                                f"{_listing(list(self))}")
+                                f"{_listing(self._shown(allowed))}")
         return served, None
 
-    def _names(self, task: str) -> str:
-        return ", ".join(m.name for m in self.of_task(task)) or "none"
+    def _shown(self, allowed: Collection[str]) -> list[ServedModel]:
+        """The served models a refusal may name to a tenant that may call ``allowed`` (empty: every one)."""
+        return [m for m in self if not allowed or m.name in allowed]
+
+    def _names(self, task: str, allowed: Collection[str] = ()) -> str:
+        return ", ".join(m.name for m in self._shown(allowed) if m.task == task) or "none"
 
 
 class ModelNotFound(EngineError):

@@ -99,6 +99,12 @@ class InferenceRequest:
     def pairs(self) -> bool:
         return bool(self.inputs) and isinstance(self.inputs[0], tuple)
 
+    @property
+    def allowed_models(self) -> tuple[str, ...]:
+        """The served names its tenant may call (empty: every one): a refusal of its ``model`` names only those
+        (core/registry.py resolve)."""
+        return self.tenant.rules.models if self.tenant is not None else ()
+
     @classmethod
     def build(cls, limits: Limits, inputs: Any, *, task: str | None = None, model: str | None = None,
               priority: int = 0, timeout_ms: float | None = None, routing_key: str | None = None,

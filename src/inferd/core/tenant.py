@@ -94,10 +94,7 @@ class Tenant:
         """The checks before any work: the model, the priority (the tenant's default for 0), concurrency and the
         request rate. Returns the priority to run at; the caller must ``leave()`` once answered."""
         rules = self.rules
-        if rules.models and model not in rules.models:
-            self._refuse("model_not_allowed", model)
-            raise EngineError(Kind.MODEL_NOT_FOUND, f"model {model!r} is not available to this API key",
-                              "model_not_allowed", field="model")
+        self.allow(model)
         if priority == 0:
             priority = rules.default_priority
         if rules.priority_ceiling is not None and priority > rules.priority_ceiling:
@@ -123,6 +120,16 @@ class Tenant:
             self.requests.level -= 1.0
         self.in_flight += 1
         return priority
+
+    def allow(self, model: str) -> None:
+        """Refuses a model its ``models`` leave out. ``admit`` checks it, and admission (core/admission.py, and
+        core/pieces.py for a document's pieces) checks it first, before the model is loaded (lazy mode) or any text
+        is split for it: a tenant may not make the server load, or work with, a model it may not call."""
+        rules = self.rules
+        if rules.models and model not in rules.models:
+            self._refuse("model_not_allowed", model)
+            raise EngineError(Kind.MODEL_NOT_FOUND, f"model {model!r} is not available to this API key",
+                              "model_not_allowed", field="model")
 
     def leave(self) -> None:
         if not job_line.get():  # admitted in the same task, so the same context: a job line was not counted

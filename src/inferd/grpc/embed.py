@@ -19,6 +19,7 @@ from inferd.core.outcomes import TaskResult
 from inferd.core.prompts import Prompt
 from inferd.core.tasks.kinds import EMBEDDING, SPARSE, TOKEN_STATES
 from inferd.core.tasks.task import Output
+from inferd.core.tenants import current_tenant
 from inferd.grpc.call import Call, streaming, unary
 from inferd.grpc.status import Refused
 from inferd.grpc.streams import Answers, Pin, grouped, ordered
@@ -51,8 +52,13 @@ def metadata(result: TaskResult, chars: int, tokens: int | None = None) -> Any:
 
 def window(s: Services) -> int:
     """Messages of one stream in the engine at once: two of the largest batch, so a stream alone keeps the
-    scheduler's next batch full while one runs."""
-    return 2 * s.settings.batching.max_batch_size
+    scheduler's next batch full while one runs; at most its tenant's ``max_concurrent``. Each message is a request
+    of the tenant's, and the read-ahead is the server's doing, not the client's: beyond that limit it refused the
+    stream's own messages, ending the stream RESOURCE_EXHAUSTED however slowly the client sent them."""
+    ahead = 2 * s.settings.batching.max_batch_size
+    tenant = current_tenant.get()  # the RPC's, set by its key check (grpc/call.py) before the handler runs
+    limit = None if tenant is None else tenant.rules.max_concurrent
+    return ahead if limit is None else max(1, min(ahead, limit))
 
 
 def _alike(a: Any, b: Any) -> bool:

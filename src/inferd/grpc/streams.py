@@ -57,14 +57,20 @@ class Pin:
 
 async def ordered(call: Call, messages: AsyncIterator[M], answer: Callable[[M], Awaitable[R]],
                   window: int) -> AsyncIterator[R]:
-    """``answer`` of each message, in the messages' order, up to ``window`` running at once; the first runs alone
-    (it pins the stream's model, Pin). The first refusal ends the stream with it."""
+    """``answer`` of each message, in the messages' order, up to ``window`` running or answered and not yet sent at
+    once; the first runs alone (it pins the stream's model, Pin). The first refusal ends the stream with it.
+
+    A place of the window is taken before a message's task starts and given back once its answer is sent: the
+    queue's bound alone let a task start while the queue was full, and one more run while the first was awaited
+    (``window`` + 2 in the engine), past a tenant's ``max_concurrent`` the window is held to (grpc/embed.py)."""
     queue: asyncio.Queue[Any] = asyncio.Queue(max(1, window))
+    room = asyncio.Semaphore(max(1, window))
 
     async def read() -> None:
         try:
             first = True
             async for message in messages:
+                await room.acquire()
                 call.messages += 1
                 task = asyncio.ensure_future(answer(message))
                 await queue.put(task)
@@ -80,7 +86,9 @@ async def ordered(call: Call, messages: AsyncIterator[M], answer: Callable[[M], 
     reader = asyncio.ensure_future(read())
     try:
         while (item := await queue.get()) is not _END:
-            yield await item
+            answered = await item
+            room.release()
+            yield answered
     finally:
         reader.cancel()
         left = [reader]
