@@ -11,6 +11,8 @@ from __future__ import annotations
 import shutil
 import time
 from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -26,15 +28,20 @@ RATE = 3  # slow's requests per second
 ADMIN = "admin-key"
 
 
+def write_config(tmp: Path, dev: dict[str, Any]) -> None:
+    """``tmp``/configs: the repository's base layer and ``dev`` as the dev overlay."""
+    (tmp / "configs").mkdir()
+    shutil.copy(ROOT / "configs" / "base.yaml", tmp / "configs" / "base.yaml")
+    (tmp / "configs" / "dev.yaml").write_text(yaml.safe_dump(dev))
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory, module_serve: Callable[..., Server]) -> Server:
     tmp = tmp_path_factory.mktemp("tenant-routes")
     model = write_tiny_bert(tmp / "bert", seed=3)
-    (tmp / "configs").mkdir()
-    shutil.copy(ROOT / "configs" / "base.yaml", tmp / "configs" / "base.yaml")
-    (tmp / "configs" / "dev.yaml").write_text(yaml.safe_dump({
+    write_config(tmp, {
         "models": [{"name": "a", "path": str(model)}, {"name": "b", "path": str(model), "aliases": ["b-alias"]}],
-        "limits": {"max_tokenize_tokens": TOKENIZE_CAP}}))
+        "limits": {"max_tokenize_tokens": TOKENIZE_CAP}})
     (tmp / "tenants.yaml").write_text(yaml.safe_dump({"tenants": [
         {"name": "wide", "keys": [KEYS["wide"]]},
         {"name": "narrow", "keys": [KEYS["narrow"]], "models": ["b"]},
@@ -130,10 +137,7 @@ def lazy_server(tmp_path_factory: pytest.TempPathFactory, module_serve: Callable
     """Two lazy models (each loads on its first request): ``a`` for everyone, ``b`` only for ``wide``."""
     tmp = tmp_path_factory.mktemp("tenant-lazy")
     model = write_tiny_bert(tmp / "bert", seed=3)
-    (tmp / "configs").mkdir()
-    shutil.copy(ROOT / "configs" / "base.yaml", tmp / "configs" / "base.yaml")
-    (tmp / "configs" / "dev.yaml").write_text(yaml.safe_dump({
-        "models": [{"name": "a", "path": str(model)}, {"name": "b", "path": str(model)}]}))
+    write_config(tmp, {"models": [{"name": "a", "path": str(model)}, {"name": "b", "path": str(model)}]})
     (tmp / "tenants.yaml").write_text(yaml.safe_dump({"tenants": [
         {"name": "wide", "keys": [KEYS["wide"]]},
         {"name": "narrow", "keys": [KEYS["narrow"]], "models": ["a"]}]}))
