@@ -1,7 +1,9 @@
-"""What a client can make the server hold: the result cache's bytes, whatever outputs its texts ask for.
+"""What a client can make the server hold or send back: the result cache's bytes, whatever outputs its texts ask
+for, and refusals that quote an id or name from the URL.
 
-Issue: the cache was bounded by its entries only; a text's token states (``/embed_all``) or multi-vector output is a
-vector per token, so distinct long texts filled ``cache.max_entries`` entries of up to megabytes each.
+The cache was bounded by its entries only; a text's token states (``/embed_all``) or multi-vector output is a vector
+per token, so distinct long texts filled ``cache.max_entries`` entries of up to megabytes each. A refusal of an
+unknown file, batch or model named in the path or query quoted it whole (up to ``server.max_header_bytes``).
 """
 
 from __future__ import annotations
@@ -19,9 +21,11 @@ MAX_BYTES = 40_000
 
 
 @pytest.fixture(scope="module")
-def server(tiny_model: Path, module_serve: Callable[..., Server]) -> Server:
+def server(tiny_model: Path, module_serve: Callable[..., Server], tmp_path_factory: pytest.TempPathFactory) -> Server:
     return module_serve({"INFERD__MODEL__PATH": str(tiny_model), "INFERD__MODEL__LOAD_MODE": "eager",
-                         "INFERD__CACHE__MAX_ENTRIES": "1000", "INFERD__CACHE__MAX_BYTES": str(MAX_BYTES)},
+                         "INFERD__CACHE__MAX_ENTRIES": "1000", "INFERD__CACHE__MAX_BYTES": str(MAX_BYTES),
+                         "INFERD__JOBS__ENABLED": "true",
+                         "INFERD__JOBS__DATA_DIR": str(tmp_path_factory.mktemp("bounds-jobs"))},
                         wait="/health/ready")
 
 
@@ -38,3 +42,14 @@ def test_token_states_of_distinct_long_texts_stay_within_the_cache_s_byte_bound(
     held = metric_value(exposition, "inferd_cache_entries", cache="all-MiniLM-L6-v2")
     assert 1 <= held <= MAX_BYTES // (100 * HIDDEN_BYTES), exposition
     assert metric_value(exposition, "inferd_cache_hits_total", cache="all-MiniLM-L6-v2") >= 1
+
+
+def test_refusals_of_ids_and_names_in_the_url_quote_an_excerpt(server: Server) -> None:
+    mark = "QZX" + "k" * 8000
+    with httpx.Client(base_url=server.url, timeout=30) as client:
+        answers = [client.get(f"/health/ready?model={mark}"), client.get(f"/v1/files/{mark}"),
+                   client.get(f"/v1/files?after={mark}"), client.get(f"/v1/batches/{mark}"),
+                   client.post(f"/v1/batches/{mark}/cancel")]
+    for r in answers:
+        assert 400 <= r.status_code < 500, r.text[:300]
+        assert mark[:60] not in r.text and len(r.content) < 1000, r.text[:300]
