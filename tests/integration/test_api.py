@@ -309,6 +309,11 @@ def test_errors_echo_at_most_a_short_excerpt(api: httpx.Client) -> None:
         ("/predict", {"texts": mark}), ("/predict", {"texts": [mark * 2]}), ("/predict", {"texts": [mark, 1]}),
         ("/predict", {mark: 1, "texts": ["a"]}), ("/v1/embeddings", {"input": "a", "encoding_format": mark}),
         ("/v1/embeddings", {"input": "a", "dimensions": mark}), ("/v1/embeddings", {"input": "a", "user": [mark]}),
+        # Names the engine looks up: a model, a version of a served model, a prompt (a 404 or 422 quoted them whole).
+        ("/v1/embeddings", {"input": "a", "model": mark}), ("/v1/embeddings", {"input": "a", "model": mark + "@1"}),
+        ("/v1/embeddings", {"input": "a", "model": "all-MiniLM-L6-v2@" + mark}), ("/v1/embeddings", {"input": "a",
+                                                                                         "model": "@" + mark}),
+        ("/embed", {"inputs": "a", "prompt_name": mark}), ("/v2/embed", {"texts": ["a"], "model": mark}),
     ]
     for path, body in bodies:
         r = api.post(path, json=body)

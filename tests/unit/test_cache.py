@@ -12,6 +12,7 @@ from settingskit import make_settings
 
 from inferd.core.cache import ResultCache, cache_key
 from inferd.core.errors import EngineError, Kind
+from inferd.core.outputs import TextOutputs
 from inferd.core.text_options import PLAIN, TextOptions
 from inferd.utils.metrics import Metrics
 
@@ -53,6 +54,20 @@ def test_tenants_never_share_entries_and_a_freed_load_forgets_every_tenant_s() -
     cache.store("1", ["a"], [vec(1)], [1], "beta")
     cache.store("2", ["a"], [vec(1)], [1], "beta")
     assert cache.forget("1") == 2 and len(cache) == 1
+
+
+def test_the_byte_bound_evicts_the_least_recently_used_and_keeps_no_entry_larger_than_itself() -> None:
+    """A multi-vector or token-state answer is a vector per token: entries alone do not bound the bytes held."""
+    tokens = np.ones((100, 8), dtype=np.float32)  # 3,200 bytes, a long text's token states
+    cache = ResultCache(1000, max_bytes=7000)
+    cache.store("1", ["a", "b"], [TextOutputs(token_states=tokens), TextOutputs(token_states=tokens)], [100, 100])
+    cache.lookup("1", ["a"])  # a is now more recent than b
+    cache.store("1", ["c"], [TextOutputs(multivector=tokens)], [100])
+    assert sorted(cache.lookup("1", ["a", "b", "c"])) == [0, 2] and cache.nbytes == 6400
+    cache.store("1", ["huge"], [TextOutputs(token_states=np.ones((1000, 8), dtype=np.float32))], [1000])
+    assert cache.lookup("1", ["huge"]) == {} and len(cache) == 2  # not kept, and evicted nothing
+    cache.store("1", ["d"], [vec(1)], [1])  # a dense vector fits beside them
+    assert len(cache) == 3 and cache.forget("1") == 3 and cache.nbytes == 0
 
 
 def test_stored_vectors_are_copies_not_views_of_the_batch() -> None:

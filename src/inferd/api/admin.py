@@ -31,6 +31,7 @@ from inferd.core.errors import (
     SpaceChanged,
     TaskMismatch,
     VersionInUse,
+    excerpt,
 )
 from inferd.core.instances import Instance
 from inferd.core.registry import ServedModel
@@ -92,7 +93,7 @@ def _served(request: Request, name: str | None) -> ServedModel:
                        "model_required", "model")
     served = registry.get(name)
     if served is None:
-        raise refusal(Kind.MODEL_NOT_FOUND, f"model {name!r} is not served here; the models served: {names}",
+        raise refusal(Kind.MODEL_NOT_FOUND, f"model {excerpt(name)!r} is not served here; the models served: {names}",
                       param="model")
     return served
 

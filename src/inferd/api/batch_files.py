@@ -23,6 +23,7 @@ from inferd.api.answers import raw_body, responses
 from inferd.api.bodies import json_response
 from inferd.api.errors import APIError
 from inferd.api.services import inference_auth
+from inferd.core.errors import excerpt
 from inferd.core.tenants import current_tenant
 from inferd.jobs.files import new_id
 from inferd.jobs.lines import FileRefused, check_file
@@ -73,14 +74,14 @@ async def paged(after: str | None, listing: Callable[..., tuple[list[dict], bool
     try:
         return await asyncio.to_thread(listing, *args)
     except UnknownCursor:
-        raise APIError(400, f"after {after!r} names no object of yours (deleted since the last page?)",
+        raise APIError(400, f"after {excerpt(str(after))!r} names no object of yours (deleted since the last page?)",
                        "invalid_cursor", "after") from None
 
 
 async def owned_file(request: Request, file_id: str) -> dict[str, Any]:
     row = await asyncio.to_thread(runner(request).store().file, file_id, owner())
     if row is None:
-        raise APIError(404, f"no file {file_id!r}", "file_not_found", "file_id")
+        raise APIError(404, f"no file {excerpt(file_id)!r}", "file_not_found", "file_id")
     return row
 
 
@@ -162,7 +163,7 @@ async def delete_file(request: Request, file_id: str) -> Response:
     # Decided with the row locked (jobs/store.py): a batch made from the file at the same time keeps it or fails.
     outcome = await asyncio.to_thread(jobs.store().delete_file, row["id"], owner())
     if outcome == "in_use":
-        raise APIError(409, f"file {file_id!r} is the input of a batch still running; cancel it first",
+        raise APIError(409, f"file {excerpt(file_id)!r} is the input of a batch still running; cancel it first",
                        "file_in_use", "file_id")
     if outcome == "deleted":
         await asyncio.to_thread(jobs.files.remove, row["id"])

@@ -25,6 +25,7 @@ from inferd.api.bodies import json_response, read_body
 from inferd.api.errors import APIError
 from inferd.api.schemas import request_body
 from inferd.api.services import inference_auth
+from inferd.core.errors import excerpt
 from inferd.jobs.files import new_id
 from inferd.jobs.lines import FileRefused, duplicates_in, endpoint_of, split
 from inferd.jobs.runner import JobRunner
@@ -138,7 +139,7 @@ def _record(jobs: JobRunner, source: dict[str, Any], endpoint: str, body: BatchR
 async def _owned(request: Request, batch_id: str) -> dict[str, Any]:
     row = await asyncio.to_thread(runner(request).store().batch, batch_id, owner())
     if row is None:
-        raise APIError(404, f"no batch {batch_id!r}", "batch_not_found", "batch_id")
+        raise APIError(404, f"no batch {excerpt(batch_id)!r}", "batch_not_found", "batch_id")
     return row
 
 
@@ -159,7 +160,7 @@ async def cancel_batch(request: Request, batch_id: str) -> Response:
         jobs.wake()
     row = await _owned(request, batch_id)
     if row["status"] in ("completed", "failed", "expired"):
-        raise APIError(409, f"batch {batch_id!r} is already {row['status']}", "batch_finished", "batch_id")
+        raise APIError(409, f"batch {excerpt(batch_id)!r} is already {row['status']}", "batch_finished", "batch_id")
     return json_response(batch_object(row))
 
 

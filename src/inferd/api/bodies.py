@@ -15,7 +15,8 @@ from fastapi import Request
 from pydantic import BaseModel, ValidationError
 from starlette.responses import Response
 
-from inferd.api.errors import APIError, excerpt
+from inferd.api.errors import APIError
+from inferd.core.errors import excerpt
 
 B = TypeVar("B", bound=BaseModel)
 

@@ -173,11 +173,6 @@ def engine_refusal(exc: EngineError, names: Names, metrics: Any = None) -> APIEr
     return APIError(answer.status, f"{param}: {exc.message}", code, param, headers=headers, kind=exc.kind)
 
 
-def excerpt(text: str, limit: int = 40) -> str:
-    """A short, safe excerpt of user input for error messages (never the whole input)."""
-    return text if len(text) <= limit else text[:limit] + "…"
-
-
 def error_body(status: int, message: str, code: str, param: str | None = None,
                type_: str | None = None) -> bytes:
     return orjson.dumps(

@@ -13,7 +13,7 @@ from inferd.api.bodies import json_response
 from inferd.api.errors import refusal
 from inferd.api.services import services
 from inferd.api.state_schemas import Health
-from inferd.core.errors import Kind
+from inferd.core.errors import Kind, excerpt
 from inferd.core.registry import ServedModel
 
 # Health answers load balancers and probes, which hold no key.
@@ -45,7 +45,7 @@ def readiness(request: Request, model: str | None = None) -> tuple[int, dict[str
     if model is not None:
         served = s.registry.get(model)
         if served is None:
-            raise refusal(Kind.MODEL_NOT_FOUND, f"model {model!r} is not served here; the models served: "
+            raise refusal(Kind.MODEL_NOT_FOUND, f"model {excerpt(model)!r} is not served here; the models served: "
                           f"{', '.join(s.registry.names())}", param="model")
         ok, body = _model_readiness(served)
         return (200 if ok else 503), body

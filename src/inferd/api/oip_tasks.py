@@ -21,11 +21,11 @@ from starlette.requests import Request
 
 from inferd.api import vectors
 from inferd.api.catalog import visible
-from inferd.api.errors import Names, excerpt, refusal
+from inferd.api.errors import Names, refusal
 from inferd.api.oip_tensors import InferBody, OIPError, OutputTensor, TensorSpec
 from inferd.api.services import services
 from inferd.core.description import ModelDescription
-from inferd.core.errors import Kind
+from inferd.core.errors import Kind, excerpt
 from inferd.core.outcomes import TaskResult
 from inferd.core.registry import ServedModel
 from inferd.core.tasks.kinds import CLASSIFICATION, EMBEDDING, RERANK, task_of

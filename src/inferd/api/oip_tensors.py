@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-from inferd.api.errors import excerpt
+from inferd.core.errors import excerpt
 
 HEADER_LENGTH = "inference-header-content-length"
 BINARY = "application/octet-stream"

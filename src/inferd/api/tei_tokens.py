@@ -25,12 +25,12 @@ from inferd.api.client_schemas import (
     TEITokenizeRequest,
 )
 from inferd.api.engine_call import build
-from inferd.api.errors import Names, engine_refusal, excerpt, refusal
+from inferd.api.errors import Names, engine_refusal, refusal
 from inferd.api.schemas import request_body
 from inferd.api.services import Services, inference_auth, services
 from inferd.api.tei_shape import DECODED, TOKENS, tei_errors, tei_inputs, tei_responses
 from inferd.core.description import ModelDescription
-from inferd.core.errors import EngineError, Kind
+from inferd.core.errors import EngineError, Kind, excerpt
 from inferd.core.prompts import Prompt, prompt_text
 from inferd.core.request import InferenceRequest
 from inferd.core.tenants import current_tenant

@@ -65,6 +65,18 @@ def _key(owner: Hashable, scope: str | None, text: str) -> CacheKey:
     return owner, scope, hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
 
 
+def _nbytes(output: Any) -> int:
+    """The bytes an entry's arrays hold: what the byte bound counts. A dense vector is a few KiB, but a text's
+    multi-vector or token-state output is one vector per token (``[tokens, dim]``), up to the model's window: a long
+    text asking for it holds hundreds of times a short one's."""
+    if isinstance(output, TextOutputs):
+        arrays = [output.dense, output.multivector, output.token_states]
+        if output.sparse is not None:
+            arrays += [output.sparse.indices, output.sparse.values]
+        return sum(a.nbytes for a in arrays if isinstance(a, np.ndarray))
+    return output.nbytes if isinstance(output, np.ndarray) else 0
+
+
 def _owned(output: Any) -> Any:
     """A copy owning its memory: a row of the batch's output array would keep the whole batch array alive. A text's
     several outputs (core/outputs.py) stay themselves, their arrays copied (a sparse vector's are its own)."""
@@ -75,13 +87,20 @@ def _owned(output: Any) -> Any:
 
 
 class ResultCache:
-    def __init__(self, max_entries: int, metrics: Any = None, name: str = "embeddings") -> None:
+    """At most ``max_entries`` entries and (``max_bytes`` > 0) at most ``max_bytes`` bytes of their arrays: a count
+    alone bounds a cache of dense vectors, not one a client fills with multi-vector or token-state outputs (tens of
+    KiB to megabytes a text). An entry larger than the byte bound alone is not kept."""
+
+    def __init__(self, max_entries: int, metrics: Any = None, name: str = "embeddings", max_bytes: int = 0) -> None:
         if max_entries <= 0:
             raise ValueError("max_entries must be positive")
         self.max_entries = max_entries
+        self.max_bytes = max_bytes
         self.name = name
         self.metrics = metrics
         self._entries: OrderedDict[CacheKey, tuple[Any, int]] = OrderedDict()
+        self._sizes: dict[CacheKey, int] = {}
+        self.nbytes = 0
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -105,10 +124,15 @@ class ResultCache:
               scope: str | None = None) -> None:
         for text, output, count in zip(texts, outputs, tokens, strict=True):
             key = _key(owner, scope, text)
+            size = _nbytes(output)
+            if self.max_bytes and size > self.max_bytes:
+                continue  # it would evict every other entry and still not fit
+            self._drop(key)
             self._entries[key] = (_owned(output), count)
-            self._entries.move_to_end(key)
-        while len(self._entries) > self.max_entries:
-            self._entries.popitem(last=False)
+            self._sizes[key] = size
+            self.nbytes += size
+        while len(self._entries) > self.max_entries or (self.max_bytes and self.nbytes > self.max_bytes):
+            self._drop(next(iter(self._entries)))
         if self.metrics is not None:
             self.metrics.cache_entries.labels(self.name).set(len(self._entries))
 
@@ -116,10 +140,14 @@ class ResultCache:
         """Drop every entry of an owner (a model slot that was freed), of every scope; how many there were."""
         stale = [key for key in self._entries if key[0] == owner]
         for key in stale:
-            del self._entries[key]
+            self._drop(key)
         if stale and self.metrics is not None:
             self.metrics.cache_entries.labels(self.name).set(len(self._entries))
         return len(stale)
+
+    def _drop(self, key: CacheKey) -> None:
+        if self._entries.pop(key, None) is not None:
+            self.nbytes -= self._sizes.pop(key)
 
     async def answer(self, owner: Hashable, description: ModelDescription, inputs: list[Any], options: InputOptions,
                      scope: str | None, compute: Compute) -> TaskResult:

@@ -94,7 +94,8 @@ class InferenceEngine:
                                on_freed=functools.partial(self._slot_freed, entry.name))
         policy = Policy.from_settings(entry.batching)
         # Keyed by the slot's load, not its version string: the cache answers only for the model it serves.
-        cache = ResultCache(entry.cache.max_entries, self.metrics, entry.name) if entry.cache.max_entries else None
+        cache = (ResultCache(entry.cache.max_entries, self.metrics, entry.name, entry.cache.max_bytes)
+                 if entry.cache.max_entries else None)
         self.queue.add_lane(entry.name, policy, entry.batching.max_queue, entry.share)
         self.metrics.queue_depth.labels(entry.name).set(0)
         return ServedModel(entry, view, manager, policy, cache)
@@ -255,7 +256,7 @@ class InferenceEngine:
         taken = entry.model_copy(update={"model": taken.model, "canary": taken.canary})
         if taken != old:
             if taken.cache != old.cache:
-                served.cache = (ResultCache(taken.cache.max_entries, self.metrics, taken.name)
+                served.cache = (ResultCache(taken.cache.max_entries, self.metrics, taken.name, taken.cache.max_bytes)
                                 if taken.cache.max_entries else None)
             served.entry = taken
             served.settings = self.settings.for_model(taken)

@@ -67,6 +67,12 @@ class ClientGone(Exception):
     """The client went away before its answer was ready; its queued work was dropped."""
 
 
+def excerpt(text: str, limit: int = 40) -> str:
+    """A short excerpt of user input for error messages (never the whole input): a refusal that quoted a client's
+    model name or prompt name whole answered (and a gRPC status carried) as much as the body held, a megabyte."""
+    return text if len(text) <= limit else text[:limit] + "…"
+
+
 def deadline_passed() -> EngineError:
     # Seen by the waiter (the deadline's timer) or by the worker (the scheduler's expiry): the same answer.
     return EngineError(Kind.DEADLINE, "the request's deadline passed while it was queued")

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import orjson
 
 from inferd.core.description import ModelDescription
-from inferd.core.errors import EngineError, Kind
+from inferd.core.errors import EngineError, Kind, excerpt
 
 # Cohere's input types, and the prompt names each is looked up by (the first the model has), unless the
 # operator's model.input_type_prompts names one.
@@ -58,9 +58,9 @@ def prompt_text(description: ModelDescription, choice: Prompt, input_type_prompt
         return prompts.get(default, "") if default else ""
     if name not in prompts:
         if not prompts:
-            raise _unknown(choice.field, f"{name!r} was asked, but this model has no prompts "
+            raise _unknown(choice.field, f"{excerpt(name)!r} was asked, but this model has no prompts "
                            "(config_sentence_transformers.json)")
-        raise _unknown(choice.field, f"{name!r} is not one of this model's prompts. Available prompts: "
+        raise _unknown(choice.field, f"{excerpt(name)!r} is not one of this model's prompts. Available prompts: "
                        f"{orjson.dumps(sorted(prompts)).decode()}")
     return prompts[name]
 

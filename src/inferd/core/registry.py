@@ -16,7 +16,7 @@ from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 
 from inferd.core.cache import ResultCache
-from inferd.core.errors import EngineError, Kind
+from inferd.core.errors import EngineError, Kind, excerpt
 from inferd.core.manager import ModelManager
 from inferd.core.scheduler import Policy
 from inferd.settings import ModelEntry, Settings
@@ -132,14 +132,16 @@ class ModelRegistry:
                                      f"the {task} models served here: {self._names(task, allowed)}")
                 versions = [slot.version for _, slot in served.manager.slots()]
                 if version is not None and versions and version not in versions:
-                    raise _not_found(f"model {name!r} serves version {' and '.join(versions)}, not {version!r}")
+                    raise _not_found(f"model {name!r} serves version {' and '.join(versions)}, not "
+                                     f"{excerpt(version)!r}")
                 return served, version
             fallback = self.default_for(task)
             if fallback is not None and version is None and any(s.version == name
                                                                 for _, s in fallback.manager.slots()):
                 return fallback, name
             what = f"{task} models" if task else "models"
-            requested = name if version is None else f"{name}@{version}"
+            # Quoted in part: the name is the client's, as long as its body allowed (a megabyte).
+            requested = excerpt(name if version is None else f"{name}@{version}")
             raise _not_found(f"model {requested!r} is not served here; the {what} served: "
                              f"{self._names(task, allowed) if task else _listing(self._shown(allowed))}")
         served = self.default_for(task)

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeAlias
 
 from inferd.core.chunking import Chunking
-from inferd.core.errors import EngineError, Kind
+from inferd.core.errors import EngineError, Kind, excerpt
 from inferd.core.outputs import OUTPUTS
 from inferd.core.preprocess import InputError, check_texts
 from inferd.core.prompts import INPUT_TYPE_PROMPTS, Prompt
@@ -187,7 +187,7 @@ def _model(model: str | None) -> tuple[str | None, str | None]:
                           field="model")
     name, at, version = model.partition("@")
     if at and not (name and version):
-        raise EngineError(Kind.INVALID_INPUT, f"{model!r} is not name@version", "invalid_value", field="model")
+        raise EngineError(Kind.INVALID_INPUT, f"{excerpt(model)!r} is not name@version", "invalid_value", field="model")
     return name, (version if at else None)
 
 

@@ -42,9 +42,10 @@ from starlette.types import Message, Scope
 
 from inferd.api import cohere, inferd_encode, inferd_routes, openai
 from inferd.api.client_schemas import CohereRerankRequest
-from inferd.api.errors import APIError, error_response, excerpt
+from inferd.api.errors import APIError, error_response
 from inferd.api.middleware import new_request_id
 from inferd.api.schemas import ClassifyRequest, EmbeddingsRequest, EncodeRequest
+from inferd.core.errors import excerpt
 from inferd.core.request import MAX_TIMEOUT_MS
 from inferd.core.tenant import Tenant, job_line
 from inferd.core.tenants import current_tenant

@@ -103,6 +103,9 @@ class MemorySettings(Section):
 class CacheSettings(Section):
     # 0 = no cache. Each entry holds one vector (384 floats for MiniLM: 1.5 KiB) and a 16-byte key.
     max_entries: int = Field(0, ge=0)
+    # The most bytes the entries' arrays may hold (1 GiB; 0 = no byte bound): a multi-vector or token-state output is
+    # one vector per token, up to megabytes a text, so max_entries alone does not bound what a client can make it hold.
+    max_bytes: int = Field(1 << 30, ge=0)
 
 
 class ShadowSettings(Section):
