@@ -21,6 +21,7 @@ from inferd.core.description import Loaded, TaskFacts
 from inferd.core.preprocess import Encoded
 from inferd.core.spec import ModelSpec
 from inferd.core.tasks.base import Handler
+from inferd.core.tasks.embedding import EmbeddingHandler
 
 DIM = 4
 
@@ -55,3 +56,16 @@ class SlowHandler(Handler):
 
     def close(self) -> None:
         pass
+
+
+class SlowEmbedding(EmbeddingHandler):
+    """A real embedding model (a tiny BERT folder, so a tokenizer that long documents are split on) whose every
+    batch takes ``$LIFECYCLE_DELAY_S`` seconds more: a document's waves are still running when a signal comes."""
+
+    def load(self, spec: ModelSpec, device: torch.device) -> Loaded:
+        self.delay = float(os.environ.get("LIFECYCLE_DELAY_S", "0.3"))
+        return super().load(spec, device)
+
+    def infer(self, batch: list[Encoded]) -> Any:
+        time.sleep(self.delay)
+        return super().infer(batch)

@@ -17,6 +17,7 @@ import shutil
 import signal
 import subprocess
 import tempfile
+import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -183,3 +184,45 @@ def test_the_store_s_rules_hold_on_postgresql_and_a_schema_1_store_is_migrated(p
     finally:
         one.close()
         two.close()
+
+
+def test_a_drain_longer_than_the_line_retries_commits_no_job_line_as_a_failure(tmp_path: Path) -> None:
+    """A job's lines are refused "draining" while the server drains, and the runner retried a refused line for
+    RETRIES rounds (about 31 s) before committing the refusal as the line's record: a drain longer than that (a long
+    document still running, server.drain_timeout_s 60) turned the running chunk's lines into failed lines of the
+    batch instead of giving the chunk back for the restart."""
+    model = write_tiny_bert(tmp_path / "bert", seed=23)
+    # lifecycle_fakes:SlowEmbedding is that tiny BERT at 0.1 s a batch.
+    server = start_server(tmp_path, _env(model, tmp_path / "data", INFERD__MODEL__TASK="lifecycle_fakes:SlowEmbedding",
+                                         LIFECYCLE_DELAY_S="0.1", INFERD__BATCHING__MAX_BATCH_SIZE="1",
+                                         INFERD__JOBS__CHUNK_SIZE="32", INFERD__JOBS__LINES_IN_FLIGHT="4",
+                                         INFERD__SERVER__DRAIN_TIMEOUT_S="60",
+                                         INFERD__BATCHING__DEFAULT_TIMEOUT_MS="100000"), wait="/health/ready")
+    # A document of about 340 pieces, one a batch: 34 s of online work the drain waits for.
+    doc = " ".join(f"word{i} alpha beta gamma." for i in range(680))
+    answers: list[httpx.Response] = []
+    try:
+        with server.client() as client:
+            batch_id = create(client, upload(client, jsonl(embedding_lines(2000, "d"))).json()["id"]).json()["id"]
+        wait_for(lambda: _done(server, batch_id) >= 32, 120, "a chunk done")
+
+        def post() -> None:
+            with server.client(timeout=120) as c:
+                answers.append(c.post("/v1/embeddings", json={"input": [doc], "chunking": {"mode": "pooled",
+                                                                                           "max_tokens": 32}}))
+
+        sender = threading.Thread(target=post)
+        sender.start()
+        time.sleep(1.5)  # the document accepted, its first waves run (the job's lines are in flight too)
+        server.proc.send_signal(signal.SIGTERM)
+        sender.join(120)
+        assert server.proc.wait(70) == 0
+    finally:
+        server.stop(signal.SIGKILL)
+    assert answers and answers[0].status_code == 200, answers[0].text if answers else "no answer"
+    store = Store.at(tmp_path / "data", None)
+    try:
+        batch = store.batch(batch_id, None)
+    finally:
+        store.close()
+    assert batch is not None and batch["failed"] == 0 and batch["completed"] >= 32, batch

@@ -1,7 +1,8 @@
 """Graceful shutdown with a real server process: SIGTERM/SIGINT drain accepted work, refuse new work, exit 0.
 
 The model is ``lifecycle_fakes:SlowHandler``: every batch takes a known time, so requests are reliably in
-flight (running or queued) when the signal arrives, and a "stall" text is a request that never finishes.
+flight (running or queued) when the signal arrives, and a "stall" text is a request that never finishes. Long
+documents need a tokenizer to be split on: ``lifecycle_fakes:SlowEmbedding`` is a tiny BERT as slow.
 """
 
 from __future__ import annotations
@@ -16,8 +17,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 import httpx
-from conftest import Server, wait_for
+from conftest import Server, metric_value, wait_for
 from lifecycle_fakes import vector_for
+from tinymodel import write_tiny_bert
 
 
 def slow_server(serve: Callable[..., Server], tmp_path: Path, drain_timeout_s: float, **env: str) -> Server:
@@ -140,3 +142,36 @@ def test_shutdown_with_a_stuck_request_and_a_stalled_upload_fits_the_drain_timeo
     log = server.log()
     assert "Traceback" not in log and "Exception in ASGI application" not in log, log[-3000:]
     assert "POST /predict 503" in log  # the stalled upload logged as what it got
+
+
+def test_a_long_document_accepted_before_sigterm_runs_all_its_waves_through_the_drain(
+        tmp_path: Path, serve: Callable[..., Server]) -> None:
+    """A document's pieces run in waves; only a wave's pieces were counted as accepted work, so at SIGTERM the next
+    wave was refused and the whole document answered 503 (its computed pieces thrown away) with drain time to
+    spare, and the drain could end between two waves."""
+    server = serve({"INFERD__MODEL__TASK": "lifecycle_fakes:SlowEmbedding",
+                    "INFERD__MODEL__PATH": str(write_tiny_bert(tmp_path / "bert", seed=1)),
+                    "INFERD__MODEL__LOAD_MODE": "eager", "INFERD__BATCHING__MAX_BATCH_SIZE": "2",
+                    "INFERD__SERVER__DRAIN_TIMEOUT_S": "20", "LIFECYCLE_DELAY_S": "0.1"}, wait="/health/ready",
+                   timeout=120)
+    doc = " ".join(f"word{i} alpha beta gamma." for i in range(60))  # 30 pieces of 32 tokens: 15 waves of 2
+    body = {"input": [doc], "chunking": {"mode": "pooled", "max_tokens": 32}}
+    answers: list[httpx.Response] = []
+
+    def post() -> None:
+        with server.client(timeout=60) as c:
+            answers.append(c.post("/v1/embeddings", json=body))
+
+    sender = threading.Thread(target=post)
+    sender.start()
+    wait_for(lambda: metric_value(httpx.get(server.url + "/metrics", timeout=10).text, "inferd_batch_size_count") >= 2,
+             30, "the document's first waves ran")
+    server.proc.send_signal(signal.SIGTERM)
+    with server.client() as c:
+        wait_for(lambda: c.get("/health/ready").status_code == 503, 5, "draining")
+        late = c.post("/v1/embeddings", json=body)  # a document sent after the signal is refused at once
+        assert late.status_code == 503 and late.json()["error"]["code"] == "draining"
+    sender.join(60)
+    assert answers and answers[0].status_code == 200, answers[0].text if answers else "no answer"
+    assert len(answers[0].json()["data"][0]["embedding"]) > 0
+    assert exit_within(server, 20) == 0

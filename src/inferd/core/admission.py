@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
 
 from inferd.core.batcher import BatchQueue, QueueClosed, QueueFull
@@ -85,7 +85,12 @@ class Admission:
         self.queue = queue
         self.worker_alive = worker_alive
         self.in_flight = 0
+        # Requests that run as several (a long document's waves, core/pieces.py), counted from their acceptance to
+        # their answer: between two waves none of theirs is in flight, and a drain must wait for them all the same.
+        self.running_whole = 0
         self.draining = False
+        # The drain's time ran out: from now on nothing runs, not even the next wave of an accepted document.
+        self.drain_expired = False
         # A drain ran out of time with work still running: stopping need not wait for the worker.
         self.abandoned = False
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -118,6 +123,7 @@ class Admission:
             await asyncio.wait_for(self._idle.wait(), timeout)
             return True
         except TimeoutError:
+            self.drain_expired = True
             # Queued and running alike: a request still unanswered now gets its refusal rather than hang.
             stuck = {id(i.ticket): i.ticket for i in self.queue.drain_all()}
             stuck.update((id(t), t) for t in self._open)
@@ -126,19 +132,37 @@ class Admission:
                 Kind.DRAINING, "the server is shutting down; retry on another instance")).apply()
             return False
 
+    @contextlib.contextmanager
+    def whole_request(self) -> Iterator[None]:
+        """A request that runs as several (a long document's waves): refused if the server is draining now, else
+        accepted for its whole life, so a drain waits for its last wave rather than refusing the next one (its
+        pieces already computed would be thrown away, and the client answered 503 with drain time to spare)."""
+        if self.draining:
+            raise EngineError(Kind.DRAINING, "the server is draining; retry on another instance")
+        self.running_whole += 1
+        self._idle.clear()
+        try:
+            yield
+        finally:
+            self.running_whole -= 1
+            if self.in_flight == 0 and self.running_whole == 0:
+                self._idle.set()
+
     # -- one request -----------------------------------------------------------------------------------
 
     async def serve_inputs(self, request: InferenceRequest, disconnected: Disconnected | None = None, *,
-                           admitted: bool = False, resolved: Resolved | None = None) -> TaskResult:
+                           admitted: bool = False, resolved: Resolved | None = None,
+                           part_of_accepted: bool = False) -> TaskResult:
         """One request's inputs (texts, or (query, document) pairs) through the model, one result each.
 
         The request was validated when it was built (core/request.py); here only what depends on the model:
         its task (``request.task``), its priority bound and queue, the size it allows (``dimensions``) and its
         prompts, all read from the description of the slot picked to run the request, before any work.
         ``admitted``: the request's tenant was admitted by the caller, for the whole of a document's pieces;
-        ``resolved``: the request's model as the engine resolved it (None: resolved here).
+        ``resolved``: the request's model as the engine resolved it (None: resolved here); ``part_of_accepted``: a
+        part of a request accepted before a drain began (``whole_request``), which runs until the drain expires.
         """
-        if self.draining:
+        if self.draining and (not part_of_accepted or self.drain_expired):
             raise EngineError(Kind.DRAINING, "the server is draining; retry on another instance")
         if not self.worker_alive():
             # The cause (an exception's text) is for the log and /admin/models, not for every client.
@@ -358,5 +382,5 @@ class Admission:
     def _leave(self) -> None:
         self.in_flight -= 1
         self.metrics.in_flight.set(self.in_flight)
-        if self.in_flight == 0:
+        if self.in_flight == 0 and self.running_whole == 0:
             self._idle.set()

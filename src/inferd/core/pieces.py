@@ -105,6 +105,12 @@ class Documents:
         if not request.pairs and chunking.mode in long_rerank.MODES:
             raise EngineError(Kind.INVALID_INPUT, f"chunking mode {chunking.mode!r} scores (query, document) pairs; "
                               "texts are embedded pooled, by pieces or late", "invalid_value", field="chunking.mode")
+        with self.admission.whole_request():  # a drain lets every wave run (within its time)
+            return await self._serve_accepted(request, disconnected)
+
+    async def _serve_accepted(self, request: InferenceRequest, disconnected: Callable[[], Awaitable[Any]] | None
+                              ) -> TaskResult:
+        """``serve_pieces`` once the request is accepted (counted by the drain)."""
         served, pin = self.registry.resolve(request.model, request.task, version=request.version,
                                             allowed=request.allowed_models)
         tenant = request.tenant
@@ -287,7 +293,8 @@ class Documents:
                 part = dataclasses.replace(request, inputs=tuple(inputs[start:start + wave]), timeout_ms=left_ms,
                                            calibrate=request.calibrate and start == 0,
                                            text_options=request.text_options.taking(range(start, start + wave)))
-                return await self.admission.serve_inputs(part, None if gone is None else watch, admitted=True)
+                return await self.admission.serve_inputs(part, None if gone is None else watch, admitted=True,
+                                                         part_of_accepted=True)
 
         try:
             async with asyncio.TaskGroup() as group:

@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 
 from starlette.applications import Starlette
 
+from inferd.api.services import services_of
 from inferd.core.tenants import Tenancy
 from inferd.jobs.files import FileStore, new_id
 from inferd.jobs.lines import LineRunner, Record, bad, endpoint_of, parse_all, split
@@ -55,6 +56,7 @@ class JobRunner:
         self.settings = settings
         self.tenancy = tenancy
         self.metrics = metrics
+        self.app = app
         self.lines = LineRunner(app, settings.lines_in_flight)
         self.files = FileStore(settings.data_dir)
         self.worker = f"w-{secrets.token_hex(6)}"  # this process's leases
@@ -199,7 +201,10 @@ class JobRunner:
         while pending:
             answered = await self.lines.route_lines(pending, endpoint, tenant, batch["id"])
             final = [r for r in answered if not r.retry]
-            idle = 0 if final else idle + 1
+            # While the server drains every line is refused "draining": that is no sign the lines cannot run, and
+            # a drain longer than RETRIES rounds committed them as failures. The chunk waits; the stop that ends the
+            # drain gives it back to the store, to run again after the restart (or on another worker).
+            idle = 0 if final or services_of(self.app).engine.draining else idle + 1
             if idle > RETRIES:  # nothing got through for that long: the last answers are the records
                 records.extend(answered)
                 break
