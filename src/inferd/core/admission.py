@@ -145,8 +145,7 @@ class Admission:
             yield
         finally:
             self.running_whole -= 1
-            if self.in_flight == 0 and self.running_whole == 0:
-                self._idle.set()
+            self._settle()
 
     # -- one request -----------------------------------------------------------------------------------
 
@@ -382,5 +381,9 @@ class Admission:
     def _leave(self) -> None:
         self.in_flight -= 1
         self.metrics.in_flight.set(self.in_flight)
+        self._settle()
+
+    def _settle(self) -> None:
+        """Idle (what a drain waits for) once no request and no document's waves are running."""
         if self.in_flight == 0 and self.running_whole == 0:
             self._idle.set()

@@ -98,8 +98,8 @@ class ResultCache:
         self.max_bytes = max_bytes
         self.name = name
         self.metrics = metrics
-        self._entries: OrderedDict[CacheKey, tuple[Any, int]] = OrderedDict()
-        self._sizes: dict[CacheKey, int] = {}
+        # key -> (output, tokens, the output's bytes)
+        self._entries: OrderedDict[CacheKey, tuple[Any, int, int]] = OrderedDict()
         self.nbytes = 0
 
     def __len__(self) -> int:
@@ -114,7 +114,7 @@ class ResultCache:
             entry = self._entries.get(key)
             if entry is not None:
                 self._entries.move_to_end(key)
-                hits[i] = entry
+                hits[i] = entry[:2]
         if self.metrics is not None:
             self.metrics.cache_hits.labels(self.name).inc(len(hits))
             self.metrics.cache_misses.labels(self.name).inc(len(texts) - len(hits))
@@ -128,8 +128,7 @@ class ResultCache:
             if self.max_bytes and size > self.max_bytes:
                 continue  # it would evict every other entry and still not fit
             self._drop(key)
-            self._entries[key] = (_owned(output), count)
-            self._sizes[key] = size
+            self._entries[key] = (_owned(output), count, size)
             self.nbytes += size
         while len(self._entries) > self.max_entries or (self.max_bytes and self.nbytes > self.max_bytes):
             self._drop(next(iter(self._entries)))
@@ -146,8 +145,9 @@ class ResultCache:
         return len(stale)
 
     def _drop(self, key: CacheKey) -> None:
-        if self._entries.pop(key, None) is not None:
-            self.nbytes -= self._sizes.pop(key)
+        entry = self._entries.pop(key, None)
+        if entry is not None:
+            self.nbytes -= entry[2]
 
     async def answer(self, owner: Hashable, description: ModelDescription, inputs: list[Any], options: InputOptions,
                      scope: str | None, compute: Compute) -> TaskResult:

@@ -300,7 +300,7 @@ class InferenceEngine:
             resolved = None
         request = self.documents.with_default(request, resolved)
         if request.chunking is not None:
-            return await self.documents.serve_pieces(request, disconnected)
+            return await self.documents.serve_pieces(request, disconnected, resolved)
         return await self.admission.serve_inputs(request, disconnected, resolved=resolved)
 
     def hold(self, model: str | None = None, task: str | None = None) -> AbstractAsyncContextManager[ModelSlot]:

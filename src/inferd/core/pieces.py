@@ -89,14 +89,16 @@ class Documents:
         default = resolved[0].settings.model.chunking
         if default is None:
             return request
-        if any(o.truncate is not None or o.max_tokens is not None for o in request.text_options.per_text(1)):
+        options = request.text_options.per_text(len(request.inputs))
+        if any(o.truncate is not None or o.max_tokens is not None for o in options):
             return request
         chunking = Chunking(default.mode, default.max_tokens, default.overlap).check()
         return dataclasses.replace(request, chunking=chunking)
 
-    async def serve_pieces(self, request: InferenceRequest, disconnected: Callable[[], Awaitable[Any]] | None
-                           ) -> TaskResult:
-        """``request``'s texts (``request.chunking`` set) split, run as pieces, merged back per document."""
+    async def serve_pieces(self, request: InferenceRequest, disconnected: Callable[[], Awaitable[Any]] | None,
+                           resolved: Resolved | None = None) -> TaskResult:
+        """``request``'s texts (``request.chunking`` set) split, run as pieces, merged back per document; ``resolved``:
+        its model as the engine resolved it (None: resolved here, which gives the refusal)."""
         chunking = request.chunking
         assert chunking is not None
         refused = long_rerank.refusal(chunking) if request.pairs else None
@@ -106,13 +108,13 @@ class Documents:
             raise EngineError(Kind.INVALID_INPUT, f"chunking mode {chunking.mode!r} scores (query, document) pairs; "
                               "texts are embedded pooled, by pieces or late", "invalid_value", field="chunking.mode")
         with self.admission.whole_request():  # a drain lets every wave run (within its time)
-            return await self._serve_accepted(request, disconnected)
+            return await self._serve_accepted(request, disconnected, resolved)
 
-    async def _serve_accepted(self, request: InferenceRequest, disconnected: Callable[[], Awaitable[Any]] | None
-                              ) -> TaskResult:
+    async def _serve_accepted(self, request: InferenceRequest, disconnected: Callable[[], Awaitable[Any]] | None,
+                              resolved: Resolved | None) -> TaskResult:
         """``serve_pieces`` once the request is accepted (counted by the drain)."""
-        served, pin = self.registry.resolve(request.model, request.task, version=request.version,
-                                            allowed=request.allowed_models)
+        served, pin = resolved or self.registry.resolve(request.model, request.task, version=request.version,
+                                                        allowed=request.allowed_models)
         tenant = request.tenant
         if tenant is None:
             return await self._serve_split(served, pin, request, disconnected)
